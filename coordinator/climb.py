@@ -47,6 +47,8 @@ class DualSumState:
     max_parties: int
     total: EncryptedVector | None
     device_ids: frozenset[str]
+    length: int = DUAL_REPORT_LENGTH
+    """Values per report (FedDisk's loss reports reuse this sum, also 2)."""
 
     @property
     def num_reports(self) -> int:
@@ -54,15 +56,24 @@ class DualSumState:
         return len(self.device_ids)
 
 
-def init_dual_sum(public_key: PaillierPublicKey, *, max_parties: int) -> DualSumState:
+def init_dual_sum(
+    public_key: PaillierPublicKey,
+    *,
+    max_parties: int,
+    length: int = DUAL_REPORT_LENGTH,
+) -> DualSumState:
     """Start a dual step; at most ``max_parties`` reports (the devices' codec bound)."""
-    if max_parties < 1:
-        raise DualReportError(f"max_parties must be >= 1, got {max_parties}")
-    return DualSumState(public_key, max_parties, None, frozenset())
+    if max_parties < 1 or length < 1:
+        raise DualReportError(
+            f"max_parties and length must be >= 1, got {max_parties}, {length}"
+        )
+    return DualSumState(public_key, max_parties, None, frozenset(), length)
 
 
-def parse_dual_report(public_key: PaillierPublicKey, payload: bytes) -> EncryptedVector:
-    """Parse one device's report bytes (one party, ``DUAL_REPORT_LENGTH`` values).
+def parse_dual_report(
+    public_key: PaillierPublicKey, payload: bytes, length: int = DUAL_REPORT_LENGTH
+) -> EncryptedVector:
+    """Parse one device's report bytes (one party, ``length`` values).
 
     Raises:
         DualReportError: wrong length.
@@ -70,10 +81,8 @@ def parse_dual_report(public_key: PaillierPublicKey, payload: bytes) -> Encrypte
             more than one party claimed).
     """
     vector = encrypted_vector_from(payload, public_key, num_parties=1)
-    if vector.length != DUAL_REPORT_LENGTH:
-        raise DualReportError(
-            f"a dual report holds {DUAL_REPORT_LENGTH} values, got {vector.length}"
-        )
+    if vector.length != length:
+        raise DualReportError(f"a report holds {length} values, got {vector.length}")
     return vector
 
 
@@ -90,14 +99,18 @@ def apply_dual_report(
         return state, UpdateOutcome.DUPLICATE
     if state.num_reports >= state.max_parties:
         raise DualReportError(f"more than max_parties={state.max_parties} reports")
-    vector = parse_dual_report(state.public_key, payload)
+    vector = parse_dual_report(state.public_key, payload, state.length)
     total = (
         vector
         if state.total is None
         else add_encrypted(state.public_key, state.total, vector)
     )
     new_state = DualSumState(
-        state.public_key, state.max_parties, total, state.device_ids | {device_id}
+        state.public_key,
+        state.max_parties,
+        total,
+        state.device_ids | {device_id},
+        state.length,
     )
     return new_state, UpdateOutcome.ACCEPTED
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierPublicKey
 from ursa.protocol.messages import BaseMessage
 
@@ -38,6 +39,9 @@ class EpochView:
     epoch: int
     public_key: PaillierPublicKey | None
     registered: frozenset[str]
+    agent: str | None = None
+    agent_identity: DevicePublicIdentity | None = None
+    """The agent's identity keys, to check what it signs."""
 
 
 class CoordinatorView(Protocol):

@@ -165,7 +165,13 @@ class CoordinatorService(Recovery):
             work = self._epoch
             if work is None:
                 return None
-            return EpochView(work.epoch, work.public_key, frozenset(work.registered))
+            return EpochView(
+                work.epoch,
+                work.public_key,
+                frozenset(work.registered),
+                work.agent,
+                self._enrolled.get(work.agent),
+            )
 
     def online_devices(self) -> frozenset[str]:
         """Enrolled devices currently online (for the round plugin)."""

@@ -10,7 +10,7 @@ device:
    training NLL);
 2. the federated global MADE: ordinary FedAvg rounds of `train_made_local`
    (weights by sample count, eq. 11) until the fleet's validation NLL rises
-   (`ursa.coordinator.feddisk.MadeStopper`);
+   (`ursa.edge_sdk.made_stop.MadeStopper`);
 3. `feddisk_sample_weights`: the density-ratio classifier and the weights.
 
 Phase 2 is ordinary rounds of `train_local` with ``sample_weights``.

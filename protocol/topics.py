@@ -40,9 +40,11 @@ PUBLIC_KEY = "public_key"
 REGISTRY = "registry"
 MODEL = "model"
 CKKS_CONTEXT = "ckks_context"
+PHASE = "phase"
+"""FedDisk's switch to phase 2 (retained: a device that reconnects catches up)."""
 
 RETAINED_GLOBAL_NAMES = frozenset(
-    {STATUS, ROUND, EPOCH, PUBLIC_KEY, REGISTRY, MODEL, CKKS_CONTEXT}
+    {STATUS, ROUND, EPOCH, PUBLIC_KEY, REGISTRY, MODEL, CKKS_CONTEXT, PHASE}
 )
 """Global names published retained, so a device that (re)connects catches up."""
 
@@ -55,6 +57,7 @@ _NAME_BY_KIND = {
     "round_announce": ROUND,
     "model_available": MODEL,
     "ckks_context": CKKS_CONTEXT,
+    "feddisk_switch": PHASE,
     "transfer_manifest": TRANSFER,
     "chunk": TRANSFER,
     "chunk_request": TRANSFER,

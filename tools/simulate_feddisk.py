@@ -3,7 +3,7 @@
 The device side is `ursa.edge_sdk.feddisk` and `ursa.edge_sdk.training`
 (torch, one device at a time, exactly as on a device); the coordinator side is
 `ursa.coordinator.aggregation` (FedAvg by sample count, eq. 11) and
-`ursa.coordinator.feddisk.MadeStopper` (stop when the fleet's validation NLL
+`ursa.edge_sdk.made_stop.MadeStopper` (stop when the fleet's validation NLL
 rises, keep the best model). Each device holds out ``val_fraction`` of its
 training data (at least one sample) as its MADE validation split; the fleet's
 validation loss is the sample-weighted mean of the devices' NLLs (the paper
@@ -28,15 +28,15 @@ from ursa.coordinator.aggregation import (
     finalize_aggregation,
     init_aggregation,
 )
-from ursa.coordinator.feddisk import (
-    MadeStopper,
-    apply_validation_loss,
-    weighted_mean_loss,
-)
 from ursa.edge_sdk.feddisk import (
     DEFAULT_WEIGHT_CLIP,
     feddisk_sample_weights,
     train_local_made,
+)
+from ursa.edge_sdk.made_stop import (
+    MadeStopper,
+    apply_validation_loss,
+    weighted_mean_loss,
 )
 from ursa.edge_sdk.training import TrainConfig, made_nll, train_made_local
 from ursa.models.registry import initial_arrays

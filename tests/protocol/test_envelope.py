@@ -118,6 +118,13 @@ def _examples() -> list[m.BaseMessage]:
         m.DualStepRequest(**COORD, epoch=1, model_version=3),
         m.ClimbStats(**DEV, epoch=1, stats=CT),
         m.ClimbSum(**COORD, epoch=1, stats_sum=CT, num_parties=20),
+        m.MadeLossRequest(**COORD, epoch=1, model="made", model_version=4),
+        m.MadeLoss(**DEV, epoch=1, model_version=4, loss=CT),
+        m.MadeLossSum(**COORD, epoch=1, model_version=4, loss_sum=CT, num_parties=9),
+        m.MadeVerdict(
+            **DEV, epoch=1, model_version=4, stop=True, best_version=3, signature=SIG
+        ),
+        m.FeddiskSwitch(**COORD, made_model="made", made_version=3, model="classifier"),
         m.CkksContextAnnounce(**COORD, transfer_id="ckks-ctx"),
         m.RingStart(**COORD, ring_id="r1", order=("a", "b", "c"), hop_deadline_s=5.0),
         m.RingHop(

@@ -1,14 +1,19 @@
-"""FedDisk on the coordinator: when to stop the federated global MADE.
+"""FedDisk phase 1's stop rule: when to stop the federated global MADE.
 
-The global MADE is trained by ordinary FedAvg rounds (`ursa.coordinator.
-aggregation`, weights by sample count, FedDisk eq. 11); after each round the
-devices report the new model's NLL on their validation split and the fleet's
-sample-weighted mean decides: "the steps are repeated until the validation
-loss starts increasing" (§IV-B, Fig. 5). `MadeStopper` is that rule as a pure
-state machine; ``patience`` rises in a row (default 1, the paper's rule) stop
-the phase, and the model kept is the one with the lowest validation loss (the
-round before the rise). Every MADE round counts as a communication round
-(the paper's effective communication rounds, §VI-C.2).
+The global MADE is trained by ordinary FedAvg rounds (weights by sample
+count, FedDisk eq. 11); after each round the devices measure the new model's
+NLL on their validation split and the fleet's sample-weighted mean decides:
+"the steps are repeated until the validation loss starts increasing" (§IV-B,
+Fig. 5). `MadeStopper` is that rule as a pure state machine; ``patience``
+rises in a row (default 1, the paper's rule) stop the phase, and the model
+kept is the one with the lowest validation loss (the round before the rise).
+Every MADE round counts as a communication round (the paper's effective
+communication rounds, §VI-C.2).
+
+It lives on the device side because over the wire only devices learn the
+fleet's loss (they decrypt its Paillier sum); the epoch's agent applies the
+rule and tells the coordinator one stop bit and the best version
+(`ursa.edge_sdk.feddisk_steps`). The simulator uses it in-process.
 """
 
 from __future__ import annotations

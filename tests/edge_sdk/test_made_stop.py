@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ursa.coordinator.feddisk import (
+from ursa.edge_sdk.made_stop import (
     MadeStopError,
     MadeStopper,
     apply_validation_loss,

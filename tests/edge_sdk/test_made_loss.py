@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ursa.coordinator.climb import apply_dual_report, init_dual_sum
+from ursa.crypto.errors import CryptoError
+from ursa.crypto.paillier import (
+    encrypt_reals,
+    encrypted_vector_from,
+    generate_keypair,
+)
+from ursa.edge_sdk.made_loss import (
+    MadeLossCodec,
+    MadeLossError,
+    decrypt_fleet_loss,
+    encrypt_made_loss,
+    loss_report_values,
+)
+from ursa.edge_sdk.made_stop import weighted_mean_loss
+
+
+@pytest.fixture(scope="module")
+def keys():  # type: ignore[no-untyped-def]
+    return generate_keypair(512)  # test-only key size: the logic, not the security
+
+
+def test_encrypted_sum_after_bytes_round_trip_equals_plaintext_weighted_mean(
+    keys,  # type: ignore[no-untyped-def]
+) -> None:
+    public, secret = keys
+    codec = MadeLossCodec()
+    losses, counts = [12.5, -3.25, 40.0, 7.125], [9, 30, 1, 17]
+    state = init_dual_sum(public, max_parties=codec.max_parties)
+    for i, (loss, n) in enumerate(zip(losses, counts, strict=True)):
+        wire = encrypt_made_loss(public, codec, loss, n).to_bytes(public)
+        state, _ = apply_dual_report(state, f"dev{i}", wire)
+    assert state.total is not None
+    summed = encrypted_vector_from(state.total.to_bytes(public), public)
+
+    fleet = decrypt_fleet_loss(secret, codec, summed)
+
+    assert fleet.num_parties == 4
+    assert fleet.num_examples == sum(counts)
+    assert fleet.mean_nll == pytest.approx(weighted_mean_loss(losses, counts), abs=1e-6)
+
+
+def test_report_clips_a_diverged_loss_and_refuses_bad_sizes() -> None:
+    codec = MadeLossCodec(loss_bound=100.0, max_examples=50)
+
+    assert loss_report_values(1e9, 2, codec).tolist() == [200.0, 2.0]
+    assert loss_report_values(-1e9, 1, codec).tolist() == [-100.0, 1.0]
+    for bad_loss, n in ((float("nan"), 3), (float("inf"), 3), (1.0, 0), (1.0, 51)):
+        with pytest.raises(MadeLossError):
+            loss_report_values(bad_loss, n, codec)
+
+
+def test_decrypt_refuses_a_sum_of_the_wrong_shape_or_key(
+    keys,  # type: ignore[no-untyped-def]
+) -> None:
+    public, secret = keys
+    codec = MadeLossCodec()
+    three = encrypt_made_loss(public, codec, 1.0, 3)
+    other_public, _ = generate_keypair(512)
+    foreign = encrypt_made_loss(other_public, codec, 1.0, 3)
+    wrong_length = encrypt_reals(
+        public, codec.codec(), codec.max_parties, np.array([1.0, 2.0, 3.0])
+    )
+
+    assert decrypt_fleet_loss(secret, codec, three).mean_nll == pytest.approx(1.0)
+    with pytest.raises(MadeLossError):
+        decrypt_fleet_loss(secret, codec, wrong_length)
+    with pytest.raises(CryptoError):
+        decrypt_fleet_loss(secret, codec, foreign)
