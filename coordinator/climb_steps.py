@@ -26,6 +26,7 @@ from typing import Any
 
 from ursa.coordinator.aggregation import UpdateOutcome
 from ursa.coordinator.climb import (
+    DUAL_REPORT_LENGTH,
     DualReportError,
     DualSumState,
     apply_dual_report,
@@ -72,9 +73,14 @@ class DualStep:
         registered: frozenset[str],
         *,
         max_parties: int,
+        length: int = DUAL_REPORT_LENGTH,
     ) -> DualStep:
-        """Start a dual step for the registered devices of key epoch ``epoch``."""
-        state = init_dual_sum(public_key, max_parties=max_parties)
+        """Start a dual step for the registered devices of key epoch ``epoch``.
+
+        ``length`` is the values per report (FedDisk's loss step reuses this
+        encrypted sum with its own reports, `ursa.coordinator.feddisk_steps`).
+        """
+        state = init_dual_sum(public_key, max_parties=max_parties, length=length)
         return cls(round_index, epoch, model_version, public_key, registered, state)
 
     @classmethod
@@ -125,18 +131,27 @@ class DualStep:
             DualStepError: wrong epoch or round, an unregistered device, or a
                 report that is not one party's ``[f_i, lambda_i]`` ciphertext.
         """
+        return self.add_payload(device, message.epoch, message.stats)
+
+    def add_payload(self, device: str, epoch: int, payload: bytes) -> UpdateOutcome:
+        """Multiply one device's report bytes, sent under key epoch ``epoch``.
+
+        Raises:
+            DualStepError: as `add` (the step is over, another epoch, an
+                unregistered device, not one party's ``length``-value vector).
+        """
         if self.sent_sum:
             raise DualStepError("late", f"the dual step of round {self.round} is over")
-        if message.epoch != self.epoch:
+        if epoch != self.epoch:
             raise DualStepError(
-                "wrong_epoch", f"key epoch {message.epoch}, current {self.epoch}"
+                "wrong_epoch", f"key epoch {epoch}, current {self.epoch}"
             )
         if device not in self.registered:
             raise DualStepError(
                 "unauthorised", f"not registered in key epoch {self.epoch}"
             )
         try:
-            self.state, outcome = apply_dual_report(self.state, device, message.stats)
+            self.state, outcome = apply_dual_report(self.state, device, payload)
         except (DualReportError, CryptoError) as exc:
             raise DualStepError("bad_ciphertext", str(exc)) from None
         return outcome
@@ -170,6 +185,7 @@ class DualStep:
             "reporters": sorted(self.reporters),
             "total": None if total is None else total.to_bytes(self.public_key).hex(),
             "sent_sum": self.sent_sum,
+            "length": self.state.length,
         }
 
     @classmethod
@@ -191,8 +207,11 @@ class DualStep:
             if total is None
             else encrypted_vector_from(bytes.fromhex(total), public_key)
         )
+        length = int(record.get("length", DUAL_REPORT_LENGTH))
+        if vector is not None and vector.length != length:
+            raise ValueError(f"saved sum has {vector.length} values, not {length}")
         state = DualSumState(
-            public_key, max_parties, vector, frozenset(record["reporters"])
+            public_key, max_parties, vector, frozenset(record["reporters"]), length
         )
         return cls(
             int(record["round"]),

@@ -36,14 +36,21 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     [training]                        # optional: without it rounds only select
     initial_weights = "weights.ursw"  # `ursa model init ... --out weights.ursw`
     weighting = "climb"               # none (= fedavg) | fedavg | equal | climb
+                                      # | feddisk
     model = "classifier"              # the wire name devices train (their `model`)
     update_timeout_s = 300.0          # any other `TrainingConfig` field too
     dual_timeout_s = 60.0
+    # FedDisk only: the global MADE's initial weights (`ursa model init --model
+    # made ...`) and `FeddiskConfig` fields
+    made_initial_weights = "made.ursw"
+    feddisk = { max_made_rounds = 50 }
 
 The ``[training]`` section holds `TrainingConfig`'s fields plus
 ``initial_weights``, adopted as version 0 when no checkpoint exists yet; the
 architecture and its shape are the devices' business (their ``[training]``),
-so the coordinator needs no torch.
+so the coordinator needs no torch. With ``weighting = "feddisk"`` the
+classifier rounds are FedAvg and a `FeddiskPlugin` runs the MADE rounds first
+(the same deadlines and chunking, model name ``feddisk.made_model``).
 
 Environment overrides: ``URSA_<FIELD>`` for a top-level field and
 ``URSA_<SECTION>__<FIELD>`` for a nested one (``URSA_K=20``,
@@ -67,6 +74,7 @@ from ursa.protocol.codebook import Codebook, CodebookError
 from ursa.protocol.messages import ID_PATTERN
 
 if TYPE_CHECKING:  # imported lazily: training_round -> core -> this module
+    from ursa.coordinator.feddisk_plugin import FeddiskConfig
     from ursa.coordinator.training_round import TrainingConfig
 
 __all__ = [
@@ -160,21 +168,45 @@ class TrainingSection(BaseModel):
 
     initial_weights: Path | None = None
     """A `ursa.models.weights` file adopted as version 0 if no checkpoint exists."""
-    weighting: Literal["none", "fedavg", "equal", "climb"] = "fedavg"
+    weighting: Literal["none", "fedavg", "equal", "climb", "feddisk"] = "fedavg"
     """``none`` is plain FedAvg (weights by example count), as in `ursa demo`."""
+    made_initial_weights: Path | None = None
+    """FedDisk: the global MADE's version 0 (`ursa model init --model made`)."""
+    feddisk: dict[str, Any] = Field(default_factory=dict)
+    """FedDisk: `ursa.coordinator.feddisk_plugin.FeddiskConfig` fields."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:
         self.training_config()  # a bad TrainingConfig field fails the load
+        if self.weighting == "feddisk":
+            self.made_training_config()
+        elif self.feddisk or self.made_initial_weights is not None:
+            raise ValueError("feddisk settings need weighting = 'feddisk'")
         return self
 
     def training_config(self) -> TrainingConfig:
-        """The `TrainingConfig` this section describes."""
+        """The `TrainingConfig` this section describes (the classifier's)."""
         from ursa.coordinator.training_round import TrainingConfig
 
-        weighting = "fedavg" if self.weighting == "none" else self.weighting
+        weighting = self.weighting
+        if weighting in ("none", "feddisk"):
+            weighting = "fedavg"
         fields = dict(self.model_extra or {})
         return TrainingConfig.model_validate({**fields, "weighting": weighting})
+
+    def feddisk_config(self) -> FeddiskConfig:
+        """FedDisk's phase-1 settings."""
+        from ursa.coordinator.feddisk_plugin import FeddiskConfig
+
+        return FeddiskConfig.model_validate(self.feddisk)
+
+    def made_training_config(self) -> TrainingConfig:
+        """The MADE rounds' `TrainingConfig`: the classifier's, FedAvg, MADE's name."""
+        made = self.feddisk_config().made_model
+        classifier = self.training_config()
+        if made == classifier.model:
+            raise ValueError(f"the MADE and the classifier are both named {made!r}")
+        return classifier.model_copy(update={"model": made})
 
 
 class CoordinatorConfig(_Frozen):

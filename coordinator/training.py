@@ -290,6 +290,16 @@ class TrainingPlugin(RoundPlugin):
 
     # --- publishing ---------------------------------------------------------------
 
+    def publish_latest(self, round_index: int, send: Send) -> None:
+        """Send the latest version's chunks to all now (once per version).
+
+        For a plugin that needs devices to hold the model before a round
+        trains from it (FedDisk's loss step); chunk requests for it are
+        answered here as usual.
+        """
+        self._send = send
+        self._publish_model(round_index)
+
     def _publish_model(self, round_index: int) -> None:
         version = self._latest.version
         if self._published_version == version:

@@ -21,6 +21,10 @@ What a device does (the coordinator's side is in ``coordinator/service.py``):
    signed. On a signed `SelectionResult` naming this device: `Trainer.train`,
    or with a `ModelTrainer` the training round of ``model_steps.py`` (model
    download, CLIMB dual steps of ``climb_steps.py``, delta upload).
+5. With a `PhasedTrainer` (FedDisk, ``feddisk_steps.py``): after each global
+   MADE round, the encrypted validation loss on `MadeLossRequest`, the
+   decrypted fleet loss and the stop rule on `MadeLossSum` (the agent sends
+   the signed `MadeVerdict`), and the sample weights on `FeddiskSwitch`.
 
 Messages arrive in any order across topics: one that needs something not
 known yet (the coordinator identity, the agent's identity, the key, the
@@ -48,6 +52,7 @@ from ursa.edge_sdk.climb_steps import ClimbSteps
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.device_core import BlockedError, DeviceStats
 from ursa.edge_sdk.epoch_steps import EpochSteps
+from ursa.edge_sdk.feddisk_steps import FeddiskSteps
 from ursa.edge_sdk.registration import RegistrationError
 from ursa.edge_sdk.state import DeviceStateDir
 from ursa.edge_sdk.trainer import NoOpTrainer, Trainer
@@ -93,7 +98,7 @@ def device_will(config: DeviceConfig) -> tuple[str, bytes]:
     return status_topic(config.federation, config.device_id), encode(offline)
 
 
-class EdgeClient(EpochSteps, ClimbSteps):
+class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
     """One device in a federation: enrolment, key epochs, registration, selection.
 
     Args:
@@ -145,6 +150,7 @@ class EdgeClient(EpochSteps, ClimbSteps):
         self._registered_epoch: int | None = None
         self._init_model_steps()
         self._init_climb_steps()
+        self._init_feddisk_steps()
 
     # --- public view ----------------------------------------------------------
 
@@ -273,6 +279,7 @@ class EdgeClient(EpochSteps, ClimbSteps):
 
     def _restore_training(self) -> None:
         self._restore_climb()
+        self._restore_feddisk()
 
     # --- sending --------------------------------------------------------------
 
@@ -362,6 +369,9 @@ class EdgeClient(EpochSteps, ClimbSteps):
             "chunk_request": self._on_chunk_request,  # type: ignore[dict-item]
             "dual_step_request": self._on_dual_step_request,  # type: ignore[dict-item]
             "climb_sum": self._on_climb_sum,  # type: ignore[dict-item]
+            "made_loss_request": self._on_made_loss_request,  # type: ignore[dict-item]
+            "made_loss_sum": self._on_made_loss_sum,  # type: ignore[dict-item]
+            "feddisk_switch": self._on_feddisk_switch,  # type: ignore[dict-item]
         }
         kind = message_kind(message)
         handler = handlers.get(kind)

@@ -23,12 +23,14 @@ files and the environment; `EdgeClient` receives a `DeviceConfig`::
     wire_dtype = "float16"                # upload precision (float32 default)
     train = { epochs = 1, batch_size = 16, lr = 0.05 }   # `TrainConfig` fields
     climb = { eta_d = 0.1 }               # only when the coordinator runs CLIMB
+    feddisk = { made_hidden_sizes = [64] }  # only when it runs FedDisk ({} = defaults)
 
 A training device takes its labels from its data (no ``labels_file``). The
 SDK never reads ``data_file``: `ursa device run` loads it (``.npz`` with
 arrays ``x`` and ``y``, or a spec of `ursa.tools.loaders.load_dataset` such
-as ``digits`` or ``csv:PATH``) and builds the `TorchTrainer`; ``train`` is
-checked then too, since `TrainConfig` lives with torch.
+as ``digits`` or ``csv:PATH``) and builds the `TorchTrainer` (wrapped in a
+`FeddiskTrainer` when ``feddisk`` is given); ``train`` and ``feddisk`` are
+checked then too, since `TrainConfig` and `FeddiskSettings` live with torch.
 
 Environment overrides: ``URSA_<FIELD>`` and ``URSA_<SECTION>__<FIELD>``, JSON
 values where they parse (``URSA_OBFUSCATOR_POOL_SIZE=8``).
@@ -79,9 +81,18 @@ class DeviceTrainingConfig(_Frozen):
     """`ursa.edge_sdk.training.TrainConfig` fields (checked when training starts)."""
     climb: ClimbConfig | None = None
     """CLIMB's dual settings; give it when the coordinator's weighting is climb."""
+    feddisk: dict[str, Any] | None = None
+    """`ursa.edge_sdk.feddisk_trainer.FeddiskSettings` fields when the
+    coordinator's weighting is feddisk (``{}``: the defaults)."""
     wire_dtype: Literal["float32", "float16"] = "float32"
     seed: int | None = Field(default=None, ge=0)
     """The device's training seed; None derives one from the device id."""
+
+    @model_validator(mode="after")
+    def _one_weighting(self) -> Self:
+        if self.climb is not None and self.feddisk is not None:
+            raise ValueError("give climb or feddisk, not both")
+        return self
 
 
 class DeviceConfig(_Frozen):

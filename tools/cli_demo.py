@@ -54,7 +54,13 @@ def register(sub: Subparsers) -> None:
         "--weighting",
         choices=("none", "climb", "feddisk"),
         default="climb",
-        help="client weights: none (FedAvg), climb, feddisk (not over the wire yet)",
+        help="client weights: none (FedAvg), climb, feddisk (MADE rounds first)",
+    )
+    demo.add_argument(
+        "--made-rounds",
+        type=int,
+        default=10,
+        help="feddisk: at most this many MADE rounds before the classifier's",
     )
     demo.add_argument(
         "--balance",
@@ -113,6 +119,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         lr=args.lr,
         dual_period=args.dual_period,
+        made_rounds=args.made_rounds,
         wire_dtype="float16" if args.float16 else "float32",
         seed=args.seed,
         processes=args.processes,

@@ -6,9 +6,11 @@ file), stop cleanly on SIGTERM/SIGINT, and log to stderr. Also runnable as
 ``python -m ursa.tools.cli_service coordinator serve --config FILE``.
 
 With a ``[training]`` section the coordinator runs `TrainingPlugin` rounds
-(initial weights from `ursa model init`, also registered here) and the device
-trains a `TorchTrainer` on its ``data_file``; torch is imported only then, so
-a selection-only device and the coordinator run without it.
+(initial weights from `ursa model init`, also registered here; FedDisk: a
+`FeddiskPlugin` over a MADE and a classifier `TrainingPlugin`) and the device
+trains a `TorchTrainer` (FedDisk: inside a `FeddiskTrainer`) on its
+``data_file``; torch is imported only then, so a selection-only device and
+the coordinator run without it.
 """
 
 from __future__ import annotations
@@ -86,17 +88,34 @@ def training_plugin(config: CoordinatorConfig) -> RoundPlugin | None:
     Raises:
         ServiceSetupError: no checkpoint yet and no usable initial weights.
     """
-    if config.training is None:
+    section = config.training
+    if section is None:
         return None
+    from ursa.coordinator.feddisk_plugin import FeddiskPlugin
     from ursa.coordinator.models import ModelStoreError
     from ursa.coordinator.training import TrainingPlugin
 
     try:
-        return TrainingPlugin(
+        classifier = TrainingPlugin(
             federation=config.federation,
             state_dir=config.state_dir,
-            config=config.training.training_config(),
-            initial_weights=config.training.initial_weights,
+            config=section.training_config(),
+            initial_weights=section.initial_weights,
+        )
+        if section.weighting != "feddisk":
+            return classifier
+        made = TrainingPlugin(
+            federation=config.federation,
+            state_dir=config.state_dir,
+            config=section.made_training_config(),
+            initial_weights=section.made_initial_weights,
+        )
+        return FeddiskPlugin(
+            federation=config.federation,
+            made=made,
+            classifier=classifier,
+            state_dir=config.state_dir,
+            config=section.feddisk_config(),
         )
     except (ModelStoreError, OSError, ValueError) as exc:
         raise ServiceSetupError(f"[training]: {exc}") from None
@@ -190,7 +209,7 @@ def torch_trainer(
     except (ModelConfigError, ValueError) as exc:
         raise ServiceSetupError(f"[training]: {exc}") from None
     seed = device_seed(device_id) if training.seed is None else training.seed
-    return TorchTrainer(
+    trainer = TorchTrainer(
         x,
         y,
         architecture=training.architecture,
@@ -201,6 +220,15 @@ def torch_trainer(
         wire_dtype=training.wire_dtype,
         seed=seed,
     )
+    if training.feddisk is None:
+        return trainer
+    from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
+
+    try:
+        settings = FeddiskSettings.model_validate(training.feddisk)
+    except ValueError as exc:
+        raise ServiceSetupError(f"[training] feddisk: {exc}") from None
+    return FeddiskTrainer(trainer, settings=settings, seed=seed)
 
 
 def build_device(config: DeviceConfig, labels_path: Path | None = None) -> EdgeClient:

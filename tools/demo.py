@@ -4,7 +4,8 @@ What runs (all on this machine):
 
 * a broker: the embedded amqtt one (``--broker mqtt://host:port`` for another);
 * the coordinator service in this process, with the `TrainingPlugin`
-  (FedAvg, or CLIMB over Paillier, or FedDisk when built) and an evaluation
+  (FedAvg, or CLIMB over Paillier, or FedDisk: MADE rounds with an encrypted
+  fleet validation loss first, then weighted classifier rounds) and an evaluation
   callback that scores every new global model on the held-out test split
   (torch, here in the harness; the service itself never imports torch);
 * N devices, each an `EdgeClient` + `TorchTrainer` in its own spawned
@@ -46,10 +47,12 @@ from ursa.tools.demo_devices import DeviceReport, DeviceSpec, FleetSpec
 
 if TYPE_CHECKING:
     from ursa.coordinator.config import CoordinatorConfig
+    from ursa.coordinator.feddisk_plugin import FeddiskPlugin
     from ursa.coordinator.training import Evaluator, RoundRecord, TrainingPlugin
 
 __all__ = [
     "DemoError",
+    "MadeHooks",
     "TrainingDemoSettings",
     "run_training_demo",
     "write_initial_weights",
@@ -90,6 +93,9 @@ class TrainingDemoSettings:
     eta_d: float = 0.1
     epsilon: float = 0.002
     dual_period: int = 1
+    made_rounds: int = 10
+    """FedDisk: the cap on MADE rounds (the phase stops earlier when the
+    fleet's validation loss rises)."""
     wire_dtype: str = "float32"
     test_fraction: float = 0.25
     seed: int = 0
@@ -109,11 +115,8 @@ class TrainingDemoSettings:
             raise DemoError("--balance flicker needs at least 3 devices (the ring)")
         if self.weighting not in WEIGHTINGS:
             raise DemoError(f"weighting must be one of {WEIGHTINGS}")
-        if self.weighting == "feddisk":
-            raise DemoError(
-                "--weighting feddisk is not available over the wire yet "
-                "(use `ursa simulate train --methods feddisk`)"
-            )
+        if self.made_rounds < 1:
+            raise DemoError("--made-rounds must be at least 1")
         if not 1 <= self.k <= self.devices:
             raise DemoError(f"need 1 <= K <= devices, got K={self.k}")
         if self.rounds < 1:
@@ -201,6 +204,7 @@ def _print_summary(out: TextIO, report: dict[str, Any]) -> None:
         f"ONNX vs torch on the test split: identical={onnx.get('identical')} "
         f"(max |logit diff| {_fmt(onnx.get('max_abs_logit_diff'), 6)})",
         *_flicker_lines(report.get("flicker")),
+        *_feddisk_lines(report.get("feddisk")),
         f"report: {report['report_dir']} ({', '.join(report.get('files', []))})",
         f"wall time {report['wall_s']:.1f} s",
     ]
@@ -215,6 +219,16 @@ def _flicker_lines(section: dict[str, Any] | None) -> list[str]:
         f"{_fmt(section.get('gi_after'))} ({section.get('stop_reason')}), "
         f"+{section.get('samples_added', 0)} / -{section.get('samples_removed', 0)} "
         f"samples, {section['wall_s']:.1f} s"
+    ]
+
+
+def _feddisk_lines(section: dict[str, Any] | None) -> list[str]:
+    if section is None:
+        return []
+    return [
+        f"FedDisk: {section['made_rounds']} MADE rounds (best version "
+        f"{section['best_made_version']}), then classifier rounds from round "
+        f"{section['switch_round']}; {section['effective_rounds']} rounds in all"
     ]
 
 
@@ -313,7 +327,9 @@ def coordinator_config(
         min_devices=s.devices,
         k=s.k,
         tries=1 if random else s.tries,
-        rounds=s.rounds,
+        # FedDisk: up to made_rounds MADE rounds come first; the harness stops
+        # the run once s.rounds classifier rounds are done
+        rounds=s.rounds + (s.made_rounds if s.weighting == "feddisk" else 0),
         key_bits=s.key_bits,
         seed=s.seed,
         deadlines=DeadlinesConfig(
@@ -322,7 +338,7 @@ def coordinator_config(
             volunteer_s=60,
             distributions_s=60,
             agent_s=60,
-            training_s=UPDATE_TIMEOUT_S + DUAL_TIMEOUT_S + 60,
+            training_s=UPDATE_TIMEOUT_S + 2 * DUAL_TIMEOUT_S + 60,
         ),
     )
 
@@ -333,9 +349,14 @@ def training_plugin(
     initial: Path,
     evaluate: Evaluator,
     on_round: Callable[[RoundRecord], None],
-) -> TrainingPlugin:
-    """The coordinator's training phase for the chosen weighting."""
+    made: MadeHooks | None = None,
+) -> TrainingPlugin | FeddiskPlugin:
+    """The coordinator's training phase for the chosen weighting.
+
+    FedDisk needs ``made``: the MADE's initial weights and its round hooks.
+    """
     from ursa.coordinator.aggregation import Weighting
+    from ursa.coordinator.feddisk_plugin import FeddiskConfig, FeddiskPlugin
     from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 
     weighting = Weighting.CLIMB if s.weighting == "climb" else Weighting.FEDAVG
@@ -345,7 +366,7 @@ def training_plugin(
         update_timeout_s=UPDATE_TIMEOUT_S,
         dual_timeout_s=DUAL_TIMEOUT_S,
     )
-    return TrainingPlugin(
+    classifier = TrainingPlugin(
         federation=FEDERATION,
         state_dir=workdir / "coordinator",
         config=config,
@@ -353,3 +374,38 @@ def training_plugin(
         evaluate=evaluate,
         on_round=on_round,
     )
+    if s.weighting != "feddisk":
+        return classifier
+    if made is None:
+        raise DemoError("feddisk needs the MADE's initial weights")
+    feddisk = FeddiskConfig(
+        max_made_rounds=s.made_rounds,
+        loss_timeout_s=DUAL_TIMEOUT_S,
+        verdict_timeout_s=DUAL_TIMEOUT_S,
+    )
+    made_plugin = TrainingPlugin(
+        federation=FEDERATION,
+        state_dir=workdir / "coordinator",
+        config=config.model_copy(update={"model": feddisk.made_model}),
+        initial_weights=made.initial,
+        evaluate=made.evaluate,
+        on_round=made.on_round,
+    )
+    return FeddiskPlugin(
+        federation=FEDERATION,
+        made=made_plugin,
+        classifier=classifier,
+        state_dir=workdir / "coordinator",
+        config=feddisk,
+        on_switch=made.on_switch,
+    )
+
+
+@dataclass(frozen=True)
+class MadeHooks:
+    """FedDisk's MADE rounds in the demo: initial weights and callbacks."""
+
+    initial: Path
+    evaluate: Evaluator
+    on_round: Callable[[RoundRecord], None]
+    on_switch: Callable[[int, int], None]

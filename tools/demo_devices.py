@@ -52,6 +52,8 @@ class FleetSpec:
     model_config: dict[str, Any]
     train: dict[str, Any]
     climb: dict[str, Any] | None = None
+    feddisk: dict[str, Any] | None = None
+    """`FeddiskSettings` fields when the run uses FedDisk."""
     wire_dtype: Literal["float32", "float16"] = "float32"
     obfuscator_pool_size: int = 4
     log_level: int = logging.WARNING
@@ -130,11 +132,12 @@ def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> Edg
     from ursa.edge_sdk.climb import ClimbConfig
     from ursa.edge_sdk.config import BrokerConfig, DeviceConfig
     from ursa.edge_sdk.torch_trainer import TorchTrainer
+    from ursa.edge_sdk.trainer import ModelTrainer
     from ursa.edge_sdk.training import TrainConfig
     from ursa.protocol.transport import TransportError
 
     climb = None if spec.climb is None else ClimbConfig(**spec.climb)
-    trainer = TorchTrainer(
+    classifier = TorchTrainer(
         device.x,
         device.y,
         architecture=spec.architecture,
@@ -144,6 +147,12 @@ def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> Edg
         wire_dtype=spec.wire_dtype,
         seed=device.seed,
     )
+    trainer: ModelTrainer = classifier
+    if spec.feddisk is not None:
+        from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
+
+        settings = FeddiskSettings.model_validate(spec.feddisk)
+        trainer = FeddiskTrainer(classifier, settings=settings, seed=device.seed)
     config = DeviceConfig(
         device_id=device.device_id,
         federation=spec.federation,

@@ -20,6 +20,7 @@ from ursa.tools.demo import (
     ARCHITECTURE,
     FEDERATION,
     DemoError,
+    MadeHooks,
     TrainingDemoSettings,
     coordinator_config,
     report_of,
@@ -48,7 +49,11 @@ _STAGE_NOTES = {
     "volunteering": "round 1: devices volunteer",
     "distributions": "round 1: encrypted label distributions of the tries",
     "agent": "round 1: the agent picks the best try",
-    "training": "round 1: training (CLIMB: the dual step first)",
+    "training": "round 1: training",
+}
+_TRAINING_NOTES = {
+    "climb": "round 1: training (CLIMB: the dual step first)",
+    "feddisk": "round 1: FedDisk's global MADE trains first",
 }
 
 
@@ -62,6 +67,7 @@ class DemoRun:
         self.workdir = workdir
         self.progress = progress
         self.rounds: list[dict[str, Any]] = []
+        self.made_rounds: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
     # --- data ----------------------------------------------------------------
@@ -141,10 +147,11 @@ class DemoRun:
                 f"||p_o - p_u||_1 {l1:.3f}, {len(record.contributed)} updates",
             )
 
+        made = self._made_hooks(fed) if s.weighting == "feddisk" else None
         broker, url = start_broker(s.broker_url)
         try:
             report = self._with_broker(
-                url, fed, ids, model_config, initial, evaluate, on_round
+                url, fed, ids, model_config, initial, evaluate, on_round, made
             )
         finally:
             if broker is not None:
@@ -163,11 +170,14 @@ class DemoRun:
         initial: Path,
         evaluate: Any,
         on_round: Any,
+        made: MadeHooks | None,
     ) -> dict[str, Any]:
+        from ursa.coordinator.feddisk_plugin import FeddiskPlugin
         from ursa.coordinator.service import CoordinatorService
 
         s = self.settings
-        plugin = training_plugin(s, self.workdir, initial, evaluate, on_round)
+        plugin = training_plugin(s, self.workdir, initial, evaluate, on_round, made)
+        classifier = plugin.classifier if isinstance(plugin, FeddiskPlugin) else plugin
         service = CoordinatorService(
             coordinator_config(s, self.workdir, url), plugin=plugin
         )
@@ -214,7 +224,11 @@ class DemoRun:
                 if any(p.exitcode is not None for p in procs):
                     self.progress.note("a device process exited early; stopping")
                     break
-            done = service.is_done
+                if made is not None and self._classifier_rounds() >= s.rounds:
+                    break  # FedDisk: the MADE phase ended early
+            done = service.is_done or (
+                made is not None and self._classifier_rounds() >= s.rounds
+            )
         finally:
             fleet.stop.set()
             reports = wait_for_reports(fleet.results, len(ids), 60.0)
@@ -232,12 +246,68 @@ class DemoRun:
 
             figures = {r.device_id: r.flicker for r in reports if r.flicker}
             out["flicker"] = summarise(section, figures)
+        if isinstance(plugin, FeddiskPlugin):
+            out["feddisk"] = {
+                "made_rounds": plugin.made_rounds,
+                "best_made_version": plugin.best_version,
+                "switch_round": plugin.switch_round,
+                "made": list(self.made_rounds),
+                "effective_rounds": plugin.made_rounds + self._classifier_rounds(),
+            }
         return out | {
             "completed": done,
             "devices": devices,
-            "_final_arrays": plugin.global_arrays,
-            "final_version": plugin.version,
+            "_final_arrays": classifier.global_arrays,
+            "final_version": classifier.version,
         }
+
+    def _classifier_rounds(self) -> int:
+        with self.lock:
+            return len(self.rounds)
+
+    def _made_hooks(self, fed: Federation) -> MadeHooks:
+        """FedDisk: the global MADE's initial weights and the harness's callbacks.
+
+        The harness scores each global MADE on the held-out test split (test
+        NLL, nats per sample); the coordinator sees none of it.
+        """
+        from ursa.edge_sdk.feddisk_trainer import FeddiskSettings
+
+        s = self.settings
+        made_config = FeddiskSettings().made_model_config(fed.input_dim)
+        initial = self.workdir / "made.ursw"
+        write_initial_weights(initial, made_config, seed=s.seed, architecture="made")
+
+        def evaluate(round_index: int, version: int, arrays: Any) -> dict[str, Any]:
+            from ursa.edge_sdk.training import made_nll
+
+            return {"test_nll": made_nll(made_config, arrays, fed.test_x)}
+
+        def on_round(record: RoundRecord) -> None:
+            nll = float(record.metrics.get("test_nll", float("nan")))
+            with self.lock:
+                self.made_rounds.append(
+                    {
+                        "round": record.round,
+                        "version": record.version,
+                        "test_nll": nll,
+                        "contributed": len(record.contributed),
+                        "elapsed_s": record.elapsed_s,
+                    }
+                )
+            self.progress.note(
+                f"FedDisk MADE round {record.round}: version {record.version}, "
+                f"test NLL {nll:.2f}, {len(record.contributed)} updates"
+            )
+
+        def on_switch(round_index: int, made_version: int) -> None:
+            self.progress.note(
+                f"FedDisk: MADE phase over at round {round_index} (global MADE "
+                f"version {made_version}); devices weight their samples, "
+                "classifier rounds follow"
+            )
+
+        return MadeHooks(initial, evaluate, on_round, on_switch)
 
     def _balance(
         self, url: str, public: dict[str, Any], num_classes: int, fleet: Any
@@ -270,7 +340,12 @@ class DemoRun:
         state = service.state
         stage = str(state.stage)
         if stage != last and state.round <= 1 and not self.rounds:
-            self.progress.note(_STAGE_NOTES.get(stage, f"coordinator stage {stage}"))
+            notes = _STAGE_NOTES | (
+                {"training": _TRAINING_NOTES[self.settings.weighting]}
+                if self.settings.weighting in _TRAINING_NOTES
+                else {}
+            )
+            self.progress.note(notes.get(stage, f"coordinator stage {stage}"))
         return stage
 
     def _finish(
@@ -344,6 +419,7 @@ def _fleet(
         "model_config": model_config,
         "train": {"epochs": s.local_epochs, "batch_size": s.batch_size, "lr": s.lr},
         "climb": climb,
+        "feddisk": {} if s.weighting == "feddisk" else None,
         "wire_dtype": s.wire_dtype,
     }
 

@@ -4,6 +4,10 @@ The coordinator has no torch, so its ``[training] initial_weights`` file is
 made here, with the ``train`` extra, in `ursa.models.weights`' format::
 
     ursa model init --model mlp --input-dim 64 --classes 10 --out weights.ursw
+    ursa model init --model made --input-dim 64 --hidden-sizes 64 --out made.ursw
+
+(the second is FedDisk's global MADE: ``--hidden-sizes`` must equal the
+devices' ``feddisk.made_hidden_sizes``).
 
 It prints the model options the devices' ``[training]`` sections must use.
 """
@@ -23,6 +27,8 @@ if TYPE_CHECKING:
 __all__ = ["TRAIN_EXTRA_HINT", "model_options", "register", "write_initial_weights"]
 
 TRAIN_EXTRA_HINT = "needs torch: pip install 'ursa-fl[train]'"
+DEFAULT_MADE_HIDDEN = (64,)
+"""Equal to `ursa.edge_sdk.feddisk_trainer.FeddiskSettings().made_hidden_sizes`."""
 
 
 def register(sub: Subparsers) -> None:
@@ -32,11 +38,11 @@ def register(sub: Subparsers) -> None:
     init = commands.add_parser(
         "init", help="write initial weights for the coordinator (train extra)"
     )
-    init.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
-    init.add_argument("--classes", type=int, required=True, help="number of classes")
-    init.add_argument("--input-dim", type=int, help="mlp: features per sample")
+    init.add_argument("--model", choices=("mlp", "cnn", "made"), default="mlp")
+    init.add_argument("--classes", type=int, help="number of classes (mlp, cnn)")
+    init.add_argument("--input-dim", type=int, help="mlp, made: features per sample")
     init.add_argument(
-        "--hidden-sizes", type=int, nargs="+", help="mlp: hidden layer widths"
+        "--hidden-sizes", type=int, nargs="+", help="mlp, made: hidden layer widths"
     )
     init.add_argument(
         "--input-shape", type=int, nargs=3, metavar=("C", "H", "W"), help="cnn"
@@ -52,13 +58,19 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
     Raises:
         ValueError: an option the architecture needs is missing.
     """
-    options: dict[str, Any] = {"num_classes": args.classes}
-    if args.model == "mlp":
+    options: dict[str, Any] = {}
+    if args.model != "made":
+        if args.classes is None:
+            raise ValueError(f"--model {args.model} needs --classes")
+        options["num_classes"] = args.classes
+    if args.model in ("mlp", "made"):
         if args.input_dim is None:
-            raise ValueError("--model mlp needs --input-dim")
+            raise ValueError(f"--model {args.model} needs --input-dim")
         options["input_dim"] = args.input_dim
         if args.hidden_sizes:
             options["hidden_sizes"] = list(args.hidden_sizes)
+        elif args.model == "made":  # the devices' FeddiskSettings default
+            options["hidden_sizes"] = list(DEFAULT_MADE_HIDDEN)
     elif args.input_shape is not None:
         options["input_shape"] = list(args.input_shape)
     return options
@@ -90,6 +102,13 @@ def _init(args: argparse.Namespace) -> int:
     except (ImportError, ValueError, OSError) as exc:
         print(f"ursa model init: {exc}", file=sys.stderr)
         return 2
+    if args.model == "made":
+        hidden = json.dumps(options["hidden_sizes"])
+        print(f"wrote {args.out}; the coordinator's [training] section:")
+        print(f'made_initial_weights = "{args.out}"')
+        print("and the devices' [training] section:")
+        print(f"feddisk = {{ made_hidden_sizes = {hidden} }}")
+        return 0
     print(f"wrote {args.out}; devices' [training] section:")
     print(f'architecture = "{args.model}"')
     print(f"model_options = {_toml_inline(options)}")

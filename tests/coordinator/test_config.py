@@ -136,7 +136,10 @@ def test_training_weighting_none_is_fedavg_and_section_optional(
 @pytest.mark.parametrize(
     "bad",
     [
-        {"weighting": "feddisk"},
+        {"weighting": "feddisk", "feddisk": {"max_made_rounds": 0}},
+        {"weighting": "feddisk", "feddisk": {"made_model": "classifier"}},
+        {"feddisk": {"max_made_rounds": 3}},  # without weighting = "feddisk"
+        {"weighting": "fedsomething"},
         {"update_timeout_s": 0},
         {"model": "Not A Name"},
         {"surprise": 1},

@@ -158,3 +158,78 @@ def test_selection_only_device_runs_without_torch(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
     with pytest.raises(cli_service.ServiceSetupError, match="labels"):
         cli_service.build_device(_device(tmp_path))
+
+
+def test_model_init_writes_feddisk_made_weights_and_the_matching_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ursa.models.registry import initial_arrays
+    from ursa.models.weights import arrays_from_bytes
+
+    out_file = tmp_path / "made.ursw"
+    argv = ["model", "init", "--model", "made", "--input-dim", "16", "--seed", "2"]
+    assert cli_service.main([*argv, "--out", str(out_file)]) == 0
+    arrays = arrays_from_bytes(out_file.read_bytes())
+    expected = initial_arrays("made", {"input_dim": 16, "hidden_sizes": [64]}, seed=2)
+    assert sorted(arrays) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(arrays[name], value)
+    out = capsys.readouterr().out
+    assert f'made_initial_weights = "{out_file}"' in out
+    assert "feddisk = { made_hidden_sizes = [64] }" in out
+    assert cli_service.main(["model", "init", "--out", str(out_file)]) == 2
+    assert "--classes" in capsys.readouterr().err
+
+
+def test_feddisk_section_builds_the_two_phase_plugin(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from ursa.coordinator.feddisk_plugin import FeddiskPlugin
+
+    assert _model_init(tmp_path, "--input-dim", "8") == 0
+    made_file = tmp_path / "made.ursw"
+    argv = ["model", "init", "--model", "made", "--input-dim", "8"]
+    assert cli_service.main([*argv, "--out", str(made_file)]) == 0
+    section: dict[str, Any] = {
+        "initial_weights": str(tmp_path / "w.ursw"),
+        "weighting": "feddisk",
+        "feddisk": {"max_made_rounds": 7},
+    }
+    with pytest.raises(cli_service.ServiceSetupError, match="initial weights"):
+        cli_service.training_plugin(_coordinator(tmp_path, section))
+    section["made_initial_weights"] = str(made_file)
+    plugin = cli_service.training_plugin(_coordinator(tmp_path, section))
+
+    assert isinstance(plugin, FeddiskPlugin)
+    assert plugin.phase == "made" and plugin.made_rounds == 0
+    assert plugin.made.config.model == "made" and plugin.made.version == 0
+    assert plugin.classifier.config.model == "classifier"
+    assert plugin.classifier.config.weighting == "fedavg"
+    assert (tmp_path / "c" / "models" / "made").is_dir()
+    with pytest.raises(ValidationError, match="weighting = 'feddisk'"):
+        _coordinator(tmp_path, {**section, "weighting": "climb"})
+    with pytest.raises(ValidationError, match="max_made_rounds"):
+        _coordinator(tmp_path, {**section, "feddisk": {"max_made_rounds": 0}})
+
+
+def test_feddisk_device_wraps_its_torch_trainer(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from ursa.edge_sdk.feddisk_trainer import FeddiskTrainer
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.random((12, 4)), y=np.arange(12) % 3)
+    training: dict[str, Any] = {
+        "data_file": str(tmp_path / "d.npz"),
+        "model_options": {"input_dim": 4, "num_classes": 3},
+        "feddisk": {"made_hidden_sizes": [8]},
+    }
+    trainer = cli_service.build_device(_device(tmp_path, training=training))._trainer
+
+    assert isinstance(trainer, FeddiskTrainer)
+    assert trainer.phase == "made" and trainer.model == "made"
+    with pytest.raises(cli_service.ServiceSetupError, match="feddisk"):
+        bad = {**training, "feddisk": {"made_lr": -1.0}}
+        cli_service.build_device(_device(tmp_path, training=bad))
+    with pytest.raises(ValidationError, match="not both"):
+        _device(tmp_path, training={**training, "climb": {}})

@@ -70,8 +70,8 @@ def test_tiny_demo_reports_held_out_accuracy_and_identical_onnx(
 def test_settings_the_demo_cannot_run_are_refused_with_a_reason(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["demo", "--weighting", "feddisk"]) == 2
-    assert "feddisk is not available over the wire" in capsys.readouterr().err
+    assert main(["demo", "--weighting", "feddisk", "--made-rounds", "0"]) == 2
+    assert "--made-rounds must be at least 1" in capsys.readouterr().err
     assert main(["demo", "--devices", "4", "--k", "2"]) == 2
     assert "cannot deal the data out: EMD_avg 1.5" in capsys.readouterr().err
 
@@ -137,3 +137,30 @@ def test_balance_flicker_corrects_the_global_mix_before_training(
 def test_flicker_needs_a_ring_of_three(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--balance", "flicker", "--devices", "2", "--k", "1"]) == 2
     assert "needs at least 3 devices" in capsys.readouterr().err
+
+
+def test_feddisk_demo_runs_made_rounds_then_weighted_classifier_rounds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("amqtt")
+    argv = [
+        "demo", "--weighting", "feddisk", "--made-rounds", "2", "--json",
+        "--devices", "6", "--k", "2", "--tries", "2", "--rounds", "2",
+        "--key-bits", "512", "--processes", "2", "--local-epochs", "1",
+        "--timeout", "240", "--report-dir", str(tmp_path / "report"),
+    ]  # fmt: skip
+
+    code = main(argv)
+
+    captured = capsys.readouterr()
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    assert code == 0 and report["completed"], captured.err[-2000:]
+    assert report["onnx_check"]["identical"] is True
+    section = report["feddisk"]
+    made = section["made_rounds"]
+    assert 1 <= made <= 2 and section["switch_round"] == made + 1
+    assert [r["round"] for r in section["made"]] == list(range(1, made + 1))
+    assert all(np.isfinite(r["test_nll"]) for r in section["made"])
+    assert [r["round"] for r in report["rounds"]][:2] == [made + 1, made + 2]
+    assert section["effective_rounds"] == made + len(report["rounds"])
+    assert "FedDisk: MADE phase over at round" in captured.err

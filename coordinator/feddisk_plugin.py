@@ -1,0 +1,431 @@
+"""FedDisk on the coordinator: MADE rounds with a blind stop rule, then the classifier.
+
+Phase 1 trains the global MADE by ordinary FedAvg rounds (the ``made``
+`TrainingPlugin`) until the fleet's validation NLL rises; phase 2 trains the
+classifier (the ``classifier`` `TrainingPlugin`) with per-sample weights the
+devices compute from the MADEs. Round r, after the signed selection::
+
+    phase made, MADE version v = 0 or already judged:
+        a MADE training round (`ursa.coordinator.training`), counted
+    phase made, v > 0 not yet judged (the loss step, `feddisk_steps`):
+        1  TransferManifest("made.v<v>") + Chunks -> all
+        2  MadeLossRequest(r, epoch, made, v) -> all; MadeLoss(Enc([nll*n, n]))
+           from every registered online device -> encrypted running sum
+        3  [all reported, or loss_timeout_s] MadeLossSum -> all (nobody
+           reported: no sum, train on); devices decrypt the fleet's mean NLL
+        4  the epoch's agent -> MadeVerdict(epoch, v, stop, best), signed
+           [or verdict_timeout_s: train on]
+        5  stop, or max_made_rounds MADE rounds trained -> SWITCH:
+           FeddiskSwitch(made, best, classifier) -> all (retained; devices
+           kept the best MADE's weights themselves), then round r is the
+           first classifier round; else round r is another MADE round
+    phase classifier: a classifier training round
+
+What the coordinator learns: ciphertexts, one stop bit per MADE round and
+the best version. It never holds an epoch secret key, so it sees no loss and
+no split size. A loss report or verdict is refused with an `ErrorReply`
+(another epoch or version, an unregistered device, a garbled ciphertext, a
+verdict not from the epoch's agent or not signed by it, a verdict before the
+sum). State (phase, counts, best version, the open loss step) lives in
+``<state_dir>/feddisk.json``, written atomically after every change: a
+restarted coordinator calling `on_selected` again for the same round resumes
+where it was, with fresh loss and verdict deadlines (a re-sent
+`FeddiskSwitch` is harmless: devices are idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ursa.coordinator.aggregation import UpdateOutcome
+from ursa.coordinator.core import Clock, RejectedError
+from ursa.coordinator.feddisk_steps import (
+    DualStepError,
+    FeddiskState,
+    MadeLossStep,
+    Role,
+)
+from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
+from ursa.coordinator.training import TrainingPlugin
+from ursa.protocol.messages import (
+    COORDINATOR,
+    NAME_PATTERN,
+    BaseMessage,
+    ChunkRequest,
+    ErrorCode,
+    FeddiskSwitch,
+    MadeLoss,
+    MadeVerdict,
+)
+
+__all__ = ["FeddiskConfig", "FeddiskPlugin"]
+
+logger = logging.getLogger("ursa.coordinator.feddisk")
+
+Phase = Literal["made", "classifier"]
+
+
+class FeddiskConfig(BaseModel):
+    """How the coordinator runs FedDisk's phase 1 (frozen)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    made_model: str = Field(default="made", pattern=NAME_PATTERN, max_length=24)
+    max_made_rounds: int = Field(default=50, ge=1)
+    """MADE training rounds at most; then the switch, whatever the loss does."""
+    loss_timeout_s: float = Field(default=60.0, gt=0.0)
+    """Loss reports are not waited for after this long (from the request)."""
+    verdict_timeout_s: float = Field(default=30.0, gt=0.0)
+    """The agent's verdict is not waited for after this long (from the sum)."""
+    max_parties: int = Field(default=100_000, ge=1)
+    """Equal to `ursa.edge_sdk.made_loss.MadeLossCodec().max_parties`."""
+
+
+class FeddiskPlugin(RoundPlugin):
+    """FedDisk rounds: MADE training judged blind, then classifier training.
+
+    Args:
+        federation: The federation id (messages carry it).
+        made: The global MADE's training rounds (FedAvg weighting).
+        classifier: The classifier's training rounds (phase 2).
+        state_dir: The coordinator's state directory.
+        config: FedDisk's phase-1 settings.
+        clock: Seconds, for the loss and verdict deadlines.
+        on_switch: Called with (round, best MADE version) after the switch.
+
+    Raises:
+        ValueError: ``made`` does not train ``config.made_model``, or both
+            plugins train the same model.
+        FeddiskStateError: ``feddisk.json`` is corrupt.
+    """
+
+    def __init__(
+        self,
+        *,
+        federation: str,
+        made: TrainingPlugin,
+        classifier: TrainingPlugin,
+        state_dir: Path,
+        config: FeddiskConfig | None = None,
+        clock: Clock = time.time,
+        on_switch: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.config = config or FeddiskConfig()
+        if made.config.model != self.config.made_model:
+            raise ValueError(
+                f"the MADE plugin trains {made.config.model!r}, FedDisk expects "
+                f"{self.config.made_model!r}"
+            )
+        if classifier.config.model == made.config.model:
+            raise ValueError(f"MADE and classifier are both {made.config.model!r}")
+        self._federation = federation
+        self._made = made
+        self._classifier = classifier
+        self._clock = clock
+        self._on_switch = on_switch
+        self._state = FeddiskState.load(Path(state_dir))
+        self._view: CoordinatorView | None = None
+        self._step: MadeLossStep | None = None
+        self._deadline_at = 0.0
+        self._selected: tuple[str, ...] = ()
+        self._announced = False
+
+    # --- public view ------------------------------------------------------------
+
+    @property
+    def phase(self) -> Phase:
+        """``"made"`` (phase 1) or ``"classifier"`` (phase 2)."""
+        return "classifier" if self._state.switch_round is not None else "made"
+
+    @property
+    def made_rounds(self) -> int:
+        """MADE training rounds run so far."""
+        return self._state.made_rounds
+
+    @property
+    def best_version(self) -> int | None:
+        """The best MADE version (the agent's last word), None before any verdict."""
+        return self._state.best_version
+
+    @property
+    def switch_round(self) -> int | None:
+        """The first classifier round, None in phase 1."""
+        return self._state.switch_round
+
+    @property
+    def made(self) -> TrainingPlugin:
+        """The global MADE's training rounds."""
+        return self._made
+
+    @property
+    def classifier(self) -> TrainingPlugin:
+        """The classifier's training rounds."""
+        return self._classifier
+
+    # --- RoundPlugin ------------------------------------------------------------
+
+    def attach(self, view: CoordinatorView) -> None:
+        """Keep the service's view and pass it to both training plugins."""
+        self._view = view
+        self._made.attach(view)
+        self._classifier.attach(view)
+
+    def on_selected(
+        self, round_index: int, selected: tuple[str, ...], send: Send
+    ) -> None:
+        """Judge the latest MADE version if due, else train the phase's model."""
+        self._selected = selected
+        state = self._state
+        if self.phase == "classifier":
+            if not self._announced:
+                self._announce_switch(round_index, send)
+            self._classifier.on_selected(round_index, selected, send)
+            return
+        if state.round == round_index and state.role is Role.MADE:
+            self._made.on_selected(round_index, selected, send)  # a restart
+            return
+        version = self._made.version
+        if version > 0 and version != state.judged_version:
+            self._open_loss(round_index, version, send)
+            return
+        self._decide(round_index, None, send)
+
+    def on_message(self, round_index: int, message: BaseMessage, send: Send) -> None:
+        """Take loss reports and verdicts; route the rest to the active model."""
+        if isinstance(message, MadeLoss):
+            self._on_loss(round_index, message, send)
+        elif isinstance(message, MadeVerdict):
+            self._on_verdict(round_index, message, send)
+        elif isinstance(message, ChunkRequest):
+            self._on_chunk_request(round_index, message, send)
+        else:
+            self._active().on_message(round_index, message, send)
+
+    def on_tick(self, round_index: int, now: float, send: Send) -> None:
+        """Close the loss step or the verdict wait at their deadlines, else delegate."""
+        step = self._open_step(round_index)
+        if step is None:
+            self._active().on_tick(round_index, now, send)
+        elif not step.sent_sum:
+            if step.is_complete(self._online()) or now >= self._deadline_at:
+                self._close_loss(step, now, send)
+        elif now >= self._deadline_at:
+            logger.warning(
+                "round %d: no verdict on %s version %d from the agent; training on",
+                round_index,
+                step.model,
+                step.model_version,
+            )
+            self._decide(round_index, None, send)
+
+    def is_complete(self, round_index: int) -> bool:
+        """Whether the round's training (and its loss step) is done."""
+        if self.phase == "classifier":
+            return self._classifier.is_complete(round_index)
+        current = self._state.round
+        if current != round_index:
+            return current is not None and current > round_index
+        if self._state.role is Role.LOSS:
+            return False
+        return self._made.is_complete(round_index)
+
+    # --- the loss step ------------------------------------------------------------
+
+    def _open_step(self, round_index: int) -> MadeLossStep | None:
+        step = self._step
+        if step is None or step.round != round_index or self.phase != "made":
+            return None
+        return step
+
+    def _open_loss(self, round_index: int, version: int, send: Send) -> None:
+        epoch = None if self._view is None else self._view.epoch_view()
+        if epoch is None or epoch.public_key is None:
+            logger.warning(
+                "round %d: no key epoch; %s version %d is not judged",
+                round_index,
+                self.config.made_model,
+                version,
+            )
+            self._state.judged_version = version
+            self._decide(round_index, None, send)
+            return
+        step = MadeLossStep.resume_or_open(
+            round_index,
+            epoch,
+            self.config.made_model,
+            version,
+            self._state.loss_step,
+            max_parties=self.config.max_parties,
+        )
+        self._step = step
+        self._state.enter(round_index, Role.LOSS, step.to_record())
+        self._publish_made(round_index, send)
+        now = self._clock()
+        if step.sent_sum:  # a restart while waiting for the verdict
+            result = step.result(self._federation)
+            if result is not None:
+                send(result, None)
+            self._deadline_at = now + self.config.verdict_timeout_s
+            return
+        self._deadline_at = now + self.config.loss_timeout_s
+        send(step.request(self._federation), None)
+        if step.is_complete(self._online()):
+            self._close_loss(step, now, send)
+
+    def _on_loss(self, round_index: int, message: MadeLoss, send: Send) -> None:
+        step = self._open_step(round_index)
+        if step is None:
+            raise RejectedError(
+                ErrorCode.LATE, f"round {round_index} has no open MADE loss step"
+            )
+        try:
+            outcome = step.add(message.sender, message)
+        except DualStepError as exc:
+            raise RejectedError(exc.code, str(exc)) from None
+        if outcome is UpdateOutcome.DUPLICATE:
+            logger.info(
+                "round %d: second loss report of %s ignored",
+                round_index,
+                message.sender,
+            )
+            return
+        self._state.save_step(step.to_record())
+        if step.is_complete(self._online()):
+            self._close_loss(step, self._clock(), send)
+
+    def _close_loss(self, step: MadeLossStep, now: float, send: Send) -> None:
+        result = step.result(self._federation)
+        step.mark_sent()
+        if result is None:
+            logger.warning(
+                "round %d: no loss report on %s version %d; training on",
+                step.round,
+                step.model,
+                step.model_version,
+            )
+            self._decide(step.round, None, send)
+            return
+        self._state.save_step(step.to_record())
+        self._deadline_at = now + self.config.verdict_timeout_s
+        send(result, None)
+        logger.info(
+            "round %d: summed %d loss reports on %s version %d",
+            step.round,
+            result.num_parties,
+            step.model,
+            step.model_version,
+        )
+
+    def _on_verdict(self, round_index: int, message: MadeVerdict, send: Send) -> None:
+        step = self._open_step(round_index)
+        if step is None:
+            raise RejectedError(
+                ErrorCode.LATE, f"round {round_index} awaits no MADE verdict"
+            )
+        epoch = None if self._view is None else self._view.epoch_view()
+        try:
+            step.check_verdict(message, epoch)
+        except DualStepError as exc:
+            raise RejectedError(exc.code, str(exc)) from None
+        logger.info(
+            "round %d: agent's verdict on %s version %d: stop=%s, best %d",
+            round_index,
+            step.model,
+            step.model_version,
+            message.stop,
+            message.best_version,
+        )
+        self._decide(round_index, message, send)
+
+    # --- decisions ------------------------------------------------------------------
+
+    def _decide(
+        self, round_index: int, verdict: MadeVerdict | None, send: Send
+    ) -> None:
+        """After a judgement (or none): switch, or another MADE round."""
+        state = self._state
+        step, self._step = self._step, None
+        if step is not None:
+            state.judged_version = step.model_version
+        if verdict is not None:
+            state.best_version = verdict.best_version
+        capped = state.made_rounds >= self.config.max_made_rounds
+        if (verdict is not None and verdict.stop) or capped:
+            self._switch(round_index, "stop" if not capped else "round cap", send)
+            return
+        state.made_rounds += 1  # a round already training never comes here
+        state.enter(round_index, Role.MADE, None)
+        self._made.on_selected(round_index, self._selected, send)
+
+    def _switch(self, round_index: int, why: str, send: Send) -> None:
+        state = self._state
+        if state.best_version is None:
+            state.best_version = self._made.version
+        state.switch_round = round_index
+        state.enter(round_index, Role.CLASSIFIER, None)
+        logger.info(
+            "round %d: FedDisk switches to %s (%s after %d MADE rounds; best %s "
+            "version %d)",
+            round_index,
+            self._classifier.config.model,
+            why,
+            state.made_rounds,
+            self.config.made_model,
+            state.best_version,
+        )
+        self._announce_switch(round_index, send)
+        if self._on_switch is not None:
+            try:
+                self._on_switch(round_index, state.best_version)
+            except Exception:
+                logger.exception("round %d: on_switch callback failed", round_index)
+        self._classifier.on_selected(round_index, self._selected, send)
+
+    def _announce_switch(self, round_index: int, send: Send) -> None:
+        best = self._state.best_version
+        assert best is not None
+        send(
+            FeddiskSwitch(
+                federation=self._federation,
+                round=round_index,
+                sender=COORDINATOR,
+                made_model=self.config.made_model,
+                made_version=best,
+                model=self._classifier.config.model,
+            ),
+            None,
+        )
+        self._announced = True
+
+    # --- MADE downloads -------------------------------------------------------------
+
+    def _publish_made(self, round_index: int, send: Send) -> None:
+        """Send the latest MADE version to all: they judge it before it trains."""
+        self._made.publish_latest(round_index, send)
+
+    def _on_chunk_request(
+        self, round_index: int, request: ChunkRequest, send: Send
+    ) -> None:
+        active = self._active()
+        other = self._made if active is self._classifier else self._classifier
+        try:
+            active.on_message(round_index, request, send)
+        except RejectedError as first:
+            try:
+                other.on_message(round_index, request, send)
+            except RejectedError:
+                raise first from None
+
+    # --- helpers --------------------------------------------------------------------
+
+    def _active(self) -> TrainingPlugin:
+        return self._classifier if self.phase == "classifier" else self._made
+
+    def _online(self) -> frozenset[str]:
+        return frozenset() if self._view is None else self._view.online_devices()
