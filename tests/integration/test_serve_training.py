@@ -26,16 +26,22 @@ pytestmark = pytest.mark.integration
 
 N, K, ROUNDS = 4, 3, 2
 SAMPLES = 60
+CLIMB_DEVICE = "[training.climb]\neta_d = 0.1\n"
+FEDDISK_DEVICE = (
+    "[training.feddisk]\nlocal_made_max_epochs = 10\nclassifier_epochs = 3\n"
+)
 
 
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "ursa.tools.cli_service", *args]
 
 
-def _coordinator_toml(fed: Any, state_dir: Path, weights: Path) -> str:
+def _coordinator_toml(
+    fed: Any, state_dir: Path, weights: Path, rounds: int = ROUNDS
+) -> str:
     return (
         f'federation = "{fed.federation}"\nstate_dir = "{state_dir}"\n'
-        f"min_devices = {N}\nk = {K}\ntries = 2\nrounds = {ROUNDS}\n"
+        f"min_devices = {N}\nk = {K}\ntries = 2\nrounds = {rounds}\n"
         "key_bits = 512\nseed = 3\n"
         f'[broker]\nurl = "{fed.url}"\nusername = "coordinator"\nkeepalive_s = 5\n'
         '[enrolment]\nmode = "tofu"\n'
@@ -46,7 +52,9 @@ def _coordinator_toml(fed: Any, state_dir: Path, weights: Path) -> str:
     )
 
 
-def _device_toml(fed: Any, device_id: str, root: Path, data: Path) -> str:
+def _device_toml(
+    fed: Any, device_id: str, root: Path, data: Path, weighting: str = CLIMB_DEVICE
+) -> str:
     return (
         f'device_id = "{device_id}"\nfederation = "{fed.federation}"\n'
         f'state_dir = "{root / device_id}"\nobfuscator_pool_size = 2\n'
@@ -54,8 +62,16 @@ def _device_toml(fed: Any, device_id: str, root: Path, data: Path) -> str:
         f'[training]\ndata_file = "{data}"\n'
         "model_options = { input_dim = 64, num_classes = 10, hidden_sizes = [16] }\n"
         'wire_dtype = "float16"\ntrain = { epochs = 1, batch_size = 8, lr = 0.1 }\n'
-        "[training.climb]\neta_d = 0.1\n"
+        + weighting
     )
+
+
+def _model_init(weights: Path) -> None:
+    init = _cli(
+        "model", "init", "--classes", "10", "--input-dim", "64",
+        "--hidden-sizes", "16", "--out", str(weights),
+    )  # fmt: skip
+    subprocess.run(init, check=True, timeout=60, capture_output=True)
 
 
 def test_serve_and_device_run_train_two_climb_rounds(
@@ -63,12 +79,67 @@ def test_serve_and_device_run_train_two_climb_rounds(
 ) -> None:
     fed = mqtt_federation("servetrain")
     weights = tmp_path / "initial.ursw"
-    init = _cli(
-        "model", "init", "--classes", "10", "--input-dim", "64",
-        "--hidden-sizes", "16", "--out", str(weights),
-    )  # fmt: skip
-    subprocess.run(init, check=True, timeout=60, capture_output=True)
+    _model_init(weights)
+    state_dir = tmp_path / "coordinator"
+    _serve_and_run(
+        fed, tmp_path, _coordinator_toml(fed, state_dir, weights), CLIMB_DEVICE
+    )
 
+    store = ModelStore(state_dir, "classifier")
+    latest = store.latest()
+    assert latest is not None and latest.version == ROUNDS
+    checkpoints = sorted(p.name for p in store.path.glob("v*.ursw"))
+    assert checkpoints == [f"v{v:06d}.ursw" for v in range(ROUNDS + 1)]
+    selected = {
+        m.round: set(m.selected) for _, m in fed.capture.messages("selection_result")
+    }
+    assert sorted(selected) == list(range(1, ROUNDS + 1))
+    updates: dict[int, set[str]] = {}
+    for _, update in fed.capture.messages("model_update"):
+        assert update.base_version == update.round - 1
+        updates.setdefault(update.round, set()).add(update.sender)
+    assert updates == selected  # every selected device trained and uploaded
+    assert fed.capture.messages("climb_stats"), "no CLIMB dual step ran"
+    hellos = {m.sender for _, m in fed.capture.messages("hello")}
+    assert hellos == set(fed.device_ids(N))  # the `ursa device run` device too
+
+
+def test_serve_and_device_run_feddisk_made_then_classifier(
+    mqtt_federation: Any, tmp_path: Path
+) -> None:
+    fed = mqtt_federation("servedisk")
+    weights, made = tmp_path / "initial.ursw", tmp_path / "made.ursw"
+    _model_init(weights)
+    init = _cli("model", "init", "--model", "made", "--input-dim", "64")
+    subprocess.run(
+        [*init, "--out", str(made)], check=True, timeout=60, capture_output=True
+    )
+    state_dir = tmp_path / "coordinator"
+    toml = _coordinator_toml(fed, state_dir, weights, rounds=1 + ROUNDS)
+    toml = toml.replace('weighting = "climb"', 'weighting = "feddisk"') + (
+        f'made_initial_weights = "{made}"\nfeddisk = {{ max_made_rounds = 1 }}\n'
+    )
+    _serve_and_run(fed, tmp_path, toml, FEDDISK_DEVICE)
+
+    made_latest = ModelStore(state_dir, "made").latest()
+    assert made_latest is not None and made_latest.version == 1  # the round cap
+    latest = ModelStore(state_dir, "classifier").latest()
+    assert latest is not None and latest.version == ROUNDS
+    (_, switch), *_again = fed.capture.messages("feddisk_switch")
+    assert (switch.round, switch.made_version) == (2, 1)
+    sums = fed.capture.messages("made_loss_sum")
+    assert [(m.round, m.num_parties) for _, m in sums] == [(2, N)]
+    for _, update in fed.capture.messages("model_update"):
+        made_round = update.round == 1
+        assert update.model == ("made" if made_round else "classifier")
+        assert update.base_version == (0 if made_round else update.round - 2)
+    assert not fed.capture.messages("climb_stats")
+
+
+def _serve_and_run(
+    fed: Any, tmp_path: Path, coordinator_text: str, device_weighting: str
+) -> None:
+    """Serve in a subprocess, one `device run` subprocess, the rest in-process."""
     digits = load_digits()
     x, y = digits.flat(), digits.y
     order = np.argsort(y, kind="stable")  # skewed: consecutive classes per device
@@ -78,12 +149,11 @@ def test_serve_and_device_run_train_two_climb_rounds(
         data = tmp_path / f"{device_id}.npz"
         np.savez(data, x=x[part], y=y[part])
         path = tmp_path / f"{device_id}.toml"
-        path.write_text(_device_toml(fed, device_id, tmp_path, data))
+        path.write_text(_device_toml(fed, device_id, tmp_path, data, device_weighting))
         configs.append((device_id, path))
 
-    state_dir = tmp_path / "coordinator"
     coordinator_toml = tmp_path / "coordinator.toml"
-    coordinator_toml.write_text(_coordinator_toml(fed, state_dir, weights))
+    coordinator_toml.write_text(coordinator_text)
     password = fed.broker.credentials
     log_path = tmp_path / "processes.log"
     processes: list[subprocess.Popen[bytes]] = []
@@ -117,21 +187,3 @@ def test_serve_and_device_run_train_two_climb_rounds(
             if process.poll() is None:
                 process.kill()
                 process.wait()
-
-    store = ModelStore(state_dir, "classifier")
-    latest = store.latest()
-    assert latest is not None and latest.version == ROUNDS
-    checkpoints = sorted(p.name for p in store.path.glob("v*.ursw"))
-    assert checkpoints == [f"v{v:06d}.ursw" for v in range(ROUNDS + 1)]
-    selected = {
-        m.round: set(m.selected) for _, m in fed.capture.messages("selection_result")
-    }
-    assert sorted(selected) == list(range(1, ROUNDS + 1))
-    updates: dict[int, set[str]] = {}
-    for _, update in fed.capture.messages("model_update"):
-        assert update.base_version == update.round - 1
-        updates.setdefault(update.round, set()).add(update.sender)
-    assert updates == selected  # every selected device trained and uploaded
-    assert fed.capture.messages("climb_stats"), "no CLIMB dual step ran"
-    hellos = {m.sender for _, m in fed.capture.messages("hello")}
-    assert hellos == set(fed.device_ids(N))  # the `ursa device run` device too
