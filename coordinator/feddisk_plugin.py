@@ -43,22 +43,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ursa.coordinator.aggregation import UpdateOutcome
 from ursa.coordinator.core import Clock, RejectedError
-from ursa.coordinator.feddisk_steps import (
-    DualStepError,
-    FeddiskState,
-    MadeLossStep,
-    Role,
-)
-from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
+from ursa.coordinator.feddisk_judging import FeddiskJudging
+from ursa.coordinator.feddisk_state import FeddiskState, Role
+from ursa.coordinator.plugin import CoordinatorView, Send
 from ursa.coordinator.training import TrainingPlugin
 from ursa.protocol.messages import (
     COORDINATOR,
     NAME_PATTERN,
     BaseMessage,
     ChunkRequest,
-    ErrorCode,
     FeddiskSwitch,
     MadeLoss,
     MadeVerdict,
@@ -87,7 +81,7 @@ class FeddiskConfig(BaseModel):
     """Equal to `ursa.edge_sdk.made_loss.MadeLossCodec().max_parties`."""
 
 
-class FeddiskPlugin(RoundPlugin):
+class FeddiskPlugin(FeddiskJudging):
     """FedDisk rounds: MADE training judged blind, then classifier training.
 
     Args:
@@ -131,7 +125,7 @@ class FeddiskPlugin(RoundPlugin):
         self._on_switch = on_switch
         self._state = FeddiskState.load(Path(state_dir))
         self._view: CoordinatorView | None = None
-        self._step: MadeLossStep | None = None
+        self._step = None
         self._deadline_at = 0.0
         self._selected: tuple[str, ...] = ()
         self._announced = False
@@ -209,20 +203,8 @@ class FeddiskPlugin(RoundPlugin):
 
     def on_tick(self, round_index: int, now: float, send: Send) -> None:
         """Close the loss step or the verdict wait at their deadlines, else delegate."""
-        step = self._open_step(round_index)
-        if step is None:
+        if not self._tick_loss(round_index, now, send):
             self._active().on_tick(round_index, now, send)
-        elif not step.sent_sum:
-            if step.is_complete(self._online()) or now >= self._deadline_at:
-                self._close_loss(step, now, send)
-        elif now >= self._deadline_at:
-            logger.warning(
-                "round %d: no verdict on %s version %d from the agent; training on",
-                round_index,
-                step.model,
-                step.model_version,
-            )
-            self._decide(round_index, None, send)
 
     def is_complete(self, round_index: int) -> bool:
         """Whether the round's training (and its loss step) is done."""
@@ -234,114 +216,6 @@ class FeddiskPlugin(RoundPlugin):
         if self._state.role is Role.LOSS:
             return False
         return self._made.is_complete(round_index)
-
-    # --- the loss step ------------------------------------------------------------
-
-    def _open_step(self, round_index: int) -> MadeLossStep | None:
-        step = self._step
-        if step is None or step.round != round_index or self.phase != "made":
-            return None
-        return step
-
-    def _open_loss(self, round_index: int, version: int, send: Send) -> None:
-        epoch = None if self._view is None else self._view.epoch_view()
-        if epoch is None or epoch.public_key is None:
-            logger.warning(
-                "round %d: no key epoch; %s version %d is not judged",
-                round_index,
-                self.config.made_model,
-                version,
-            )
-            self._state.judged_version = version
-            self._decide(round_index, None, send)
-            return
-        step = MadeLossStep.resume_or_open(
-            round_index,
-            epoch,
-            self.config.made_model,
-            version,
-            self._state.loss_step,
-            max_parties=self.config.max_parties,
-        )
-        self._step = step
-        self._state.enter(round_index, Role.LOSS, step.to_record())
-        self._publish_made(round_index, send)
-        now = self._clock()
-        if step.sent_sum:  # a restart while waiting for the verdict
-            result = step.result(self._federation)
-            if result is not None:
-                send(result, None)
-            self._deadline_at = now + self.config.verdict_timeout_s
-            return
-        self._deadline_at = now + self.config.loss_timeout_s
-        send(step.request(self._federation), None)
-        if step.is_complete(self._online()):
-            self._close_loss(step, now, send)
-
-    def _on_loss(self, round_index: int, message: MadeLoss, send: Send) -> None:
-        step = self._open_step(round_index)
-        if step is None:
-            raise RejectedError(
-                ErrorCode.LATE, f"round {round_index} has no open MADE loss step"
-            )
-        try:
-            outcome = step.add(message.sender, message)
-        except DualStepError as exc:
-            raise RejectedError(exc.code, str(exc)) from None
-        if outcome is UpdateOutcome.DUPLICATE:
-            logger.info(
-                "round %d: second loss report of %s ignored",
-                round_index,
-                message.sender,
-            )
-            return
-        self._state.save_step(step.to_record())
-        if step.is_complete(self._online()):
-            self._close_loss(step, self._clock(), send)
-
-    def _close_loss(self, step: MadeLossStep, now: float, send: Send) -> None:
-        result = step.result(self._federation)
-        step.mark_sent()
-        if result is None:
-            logger.warning(
-                "round %d: no loss report on %s version %d; training on",
-                step.round,
-                step.model,
-                step.model_version,
-            )
-            self._decide(step.round, None, send)
-            return
-        self._state.save_step(step.to_record())
-        self._deadline_at = now + self.config.verdict_timeout_s
-        send(result, None)
-        logger.info(
-            "round %d: summed %d loss reports on %s version %d",
-            step.round,
-            result.num_parties,
-            step.model,
-            step.model_version,
-        )
-
-    def _on_verdict(self, round_index: int, message: MadeVerdict, send: Send) -> None:
-        step = self._open_step(round_index)
-        if step is None:
-            raise RejectedError(
-                ErrorCode.LATE, f"round {round_index} awaits no MADE verdict"
-            )
-        epoch = None if self._view is None else self._view.epoch_view()
-        try:
-            step.check_verdict(message, epoch)
-        except DualStepError as exc:
-            raise RejectedError(exc.code, str(exc)) from None
-        logger.info(
-            "round %d: agent's verdict on %s version %d: stop=%s, best %d",
-            round_index,
-            step.model,
-            step.model_version,
-            message.stop,
-            message.best_version,
-        )
-        self._decide(round_index, message, send)
 
     # --- decisions ------------------------------------------------------------------
 
@@ -405,10 +279,6 @@ class FeddiskPlugin(RoundPlugin):
 
     # --- MADE downloads -------------------------------------------------------------
 
-    def _publish_made(self, round_index: int, send: Send) -> None:
-        """Send the latest MADE version to all: they judge it before it trains."""
-        self._made.publish_latest(round_index, send)
-
     def _on_chunk_request(
         self, round_index: int, request: ChunkRequest, send: Send
     ) -> None:
@@ -426,6 +296,3 @@ class FeddiskPlugin(RoundPlugin):
 
     def _active(self) -> TrainingPlugin:
         return self._classifier if self.phase == "classifier" else self._made
-
-    def _online(self) -> frozenset[str]:
-        return frozenset() if self._view is None else self._view.online_devices()

@@ -18,13 +18,13 @@ ordinary rounds (model ``settings.made_model``) and, per MADE round:
    Limits: a device that missed a request or a sum (offline) has a stale
    stopper and would give a different verdict if it became agent; a device
    whose report came too late still applies the sum (as in CLIMB).
-3. `FeddiskSwitch(made_version)` (retained): the device takes the global
-   MADE of that version (the kept best, else the one it holds, else its
-   closest with a warning; it never downloads again), trains its local MADE
-   and density-ratio classifier (`PhasedTrainer.switch`, on the delivery
-   thread like training), persists the phase and its sample weights
-   (``feddisk_weights.npy``) and forgets the MADE downloads, because the
-   classifier's versions restart at 0. A second switch is ignored; a
+3. `FeddiskSwitch(made_version)` (retained; `ursa.edge_sdk.feddisk_switch`):
+   the device takes the global MADE of that version (the kept best, else the
+   one it holds, else its closest with a warning; it never downloads again),
+   trains its local MADE and density-ratio classifier (`PhasedTrainer.switch`,
+   on the delivery thread like training), persists the phase and its sample
+   weights (``feddisk_weights.npy``) and forgets the MADE downloads, because
+   the classifier's versions restart at 0. A second switch is ignored; a
    restarted device resumes phase 2 from its state directory.
 
 While in phase 1 a `ModelAvailable` of another model is parked (retried
@@ -34,28 +34,17 @@ re-requested later. Losses are logged at DEBUG only.
 
 from __future__ import annotations
 
-import io
-import json
 import logging
-import math
 import time
-from abc import abstractmethod
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
-
-import numpy as np
-import numpy.typing as npt
 
 from ursa.crypto.paillier import encrypted_vector_from
 from ursa.edge_sdk.device_core import BlockedError, derived_id
+from ursa.edge_sdk.feddisk_state import write_made
+from ursa.edge_sdk.feddisk_switch import FeddiskSwitchSteps, MadeReport
 from ursa.edge_sdk.made_loss import decrypt_fleet_loss, encrypt_made_loss
-from ursa.edge_sdk.made_stop import MadeStopper, apply_validation_loss
-from ursa.edge_sdk.model_steps import ModelSteps
-from ursa.edge_sdk.trainer import ModelTrainer
-from ursa.models.weights import Arrays, arrays_from_bytes, arrays_to_bytes
+from ursa.edge_sdk.made_stop import apply_validation_loss
+from ursa.models.weights import Arrays
 from ursa.protocol.messages import (
-    FeddiskSwitch,
     MadeLoss,
     MadeLossRequest,
     MadeLossSum,
@@ -63,98 +52,13 @@ from ursa.protocol.messages import (
     ModelAvailable,
 )
 
-if TYPE_CHECKING:
-    from ursa.edge_sdk.feddisk_trainer import FeddiskSettings
-
-__all__ = [
-    "FEDDISK_MADE_FILE",
-    "FEDDISK_STATE_FILE",
-    "FEDDISK_WEIGHTS_FILE",
-    "FeddiskSteps",
-    "PhasedTrainer",
-]
+__all__ = ["FeddiskSteps"]
 
 logger = logging.getLogger("ursa.edge_sdk")
 
-FEDDISK_STATE_FILE = "feddisk.json"
-FEDDISK_WEIGHTS_FILE = "feddisk_weights.npy"
-FEDDISK_MADE_FILE = "feddisk_made.bin"
-UNCAPPED_ROUNDS = 1 << 30
-"""The device's stopper has no round cap: the coordinator enforces its own."""
 
-Phase = Literal["made", "classifier"]
-
-
-class PhasedTrainer(ModelTrainer):
-    """A `ModelTrainer` with FedDisk's two phases (no torch here).
-
-    Attributes:
-        phase: ``"made"`` (trains the global MADE, `model` is the MADE's name)
-            or ``"classifier"`` (phase 2, the classifier with sample weights).
-        settings: FedDisk's settings (MADE name, patience, loss codec, ...).
-    """
-
-    phase: Phase
-    settings: FeddiskSettings
-
-    @abstractmethod
-    def validation_loss(self, made_arrays: Arrays) -> tuple[float, int]:
-        """The MADE's mean NLL on the validation split, and the split's size."""
-
-    @abstractmethod
-    def switch(self, global_made: Arrays | None) -> dict[str, float]:
-        """Compute the sample weights from the global MADE; enter phase 2.
-
-        ``None`` (no global MADE reached this device) gives uniform weights.
-        Returns a summary for reports (no per-sample data).
-        """
-
-    @abstractmethod
-    def restore_weights(self, weights: npt.NDArray[np.float64] | None) -> None:
-        """Enter phase 2 with persisted sample weights (None: uniform)."""
-
-    @property
-    @abstractmethod
-    def sample_weights(self) -> npt.NDArray[np.float64] | None:
-        """The phase-2 sample weights (None before the switch or if uniform)."""
-
-
-@dataclass
-class _MadeReport:
-    epoch: int
-    round: int
-    version: int
-    arrays: Arrays
-    message: MadeLoss
-
-
-class FeddiskSteps(ModelSteps):
+class FeddiskSteps(FeddiskSwitchSteps):
     """FedDisk phase 1 (loss reports, stop rule, switch) on top of the model steps."""
-
-    feddisk_summary: dict[str, float] | None
-    _made_request: MadeLossRequest | None
-    _made_report: _MadeReport | None
-    _made_stopper: MadeStopper
-    _made_best: tuple[int, Arrays] | None
-    _made_applied: tuple[int, int, int] | None
-
-    def _init_feddisk_steps(self) -> None:
-        self.feddisk_summary = None
-        self._made_request = None
-        self._made_report = None
-        trainer = self._phased()
-        patience = 1 if trainer is None else trainer.settings.made_patience
-        self._made_stopper = MadeStopper(patience=patience, max_rounds=UNCAPPED_ROUNDS)
-        self._made_best = None
-        self._made_applied = None
-
-    def _phased(self) -> PhasedTrainer | None:
-        trainer = self._trainer
-        return trainer if isinstance(trainer, PhasedTrainer) else None
-
-    def _in_made_phase(self) -> PhasedTrainer | None:
-        trainer = self._phased()
-        return trainer if trainer is not None and trainer.phase == "made" else None
 
     # --- hooks ----------------------------------------------------------------
 
@@ -230,7 +134,7 @@ class FeddiskSteps(ModelSteps):
             model_version=version,
             loss=vector.to_bytes(public_key),
         )
-        self._made_report = _MadeReport(
+        self._made_report = MadeReport(
             request.epoch, request.round, version, arrays, message
         )
         self._send(message)
@@ -263,7 +167,7 @@ class FeddiskSteps(ModelSteps):
             )
             if self._made_stopper.improved:
                 self._made_best = (report.version, report.arrays)
-                self._write_atomic(FEDDISK_MADE_FILE, arrays_to_bytes(report.arrays))
+                write_made(self._state_dir(), report.arrays)
             logger.debug("%s: fleet MADE NLL %.4f", self.device_id, fleet.mean_nll)
             logger.info(
                 "%s: MADE round %d over %d devices: stop=%s",
@@ -295,152 +199,3 @@ class FeddiskSteps(ModelSteps):
             best_version=version if best is None else best[0],
         )
         self._send(self._signed(verdict))
-
-    def _on_feddisk_switch(self, message: FeddiskSwitch) -> None:
-        trainer = self._in_made_phase()
-        if trainer is None:
-            return  # not FedDisk, or already switched
-        if message.made_model != trainer.model:
-            logger.warning(
-                "%s: switch names MADE %r, this device trains %r",
-                self.device_id,
-                message.made_model,
-                trainer.model,
-            )
-        try:
-            summary = trainer.switch(self._switch_made(message.made_version))
-        except ValueError as exc:  # e.g. a MADE that does not fit: take part anyway
-            logger.error(
-                "%s: FedDisk weights failed (%s); phase 2 with uniform weights",
-                self.device_id,
-                exc,
-            )
-            summary = trainer.switch(None)
-        if trainer.model != message.model:
-            logger.warning(
-                "%s: phase 2 trains %r, this device's classifier is %r",
-                self.device_id,
-                message.model,
-                trainer.model,
-            )
-        weights = trainer.sample_weights
-        if weights is not None:
-            self._write_atomic(FEDDISK_WEIGHTS_FILE, _npy_bytes(weights))
-        self._save_feddisk("classifier", made_version=message.made_version)
-        self.feddisk_summary = summary
-        self._reset_downloads()
-        logger.info(
-            "%s: FedDisk phase 2 from MADE version %d",
-            self.device_id,
-            message.made_version,
-        )
-        logger.debug("%s: FedDisk weights %s", self.device_id, summary)
-        self._maybe_train()
-
-    def _switch_made(self, version: int) -> Arrays | None:
-        """The global MADE of ``version``, else the closest held, with a warning."""
-        best, report = self._made_best, self._made_report
-        held: list[tuple[int, Arrays]] = []
-        if best is not None:
-            held.append(best)
-        if self._model_version is not None and self._model_arrays is not None:
-            held.append((self._model_version, self._model_arrays))
-        if report is not None:
-            held.append((report.version, report.arrays))
-        for held_version, arrays in held:
-            if held_version == version:
-                return arrays
-        if not held:
-            logger.warning(
-                "%s: no global MADE here; phase 2 with uniform weights",
-                self.device_id,
-            )
-            return None
-        logger.warning(
-            "%s: MADE version %d is not here; weights from version %d",
-            self.device_id,
-            version,
-            held[0][0],
-        )
-        return held[0][1]
-
-    def _reset_downloads(self) -> None:
-        """Forget phase 1's model downloads (the classifier's versions restart)."""
-        for transfer_id in self._model_inflight:
-            self._model_parts.discard(transfer_id)
-        self._model_inflight.clear()
-        self._model_version = self._model_arrays = self._model_notice = None
-        self._notice_at = 0.0
-        self._wanted = None
-        self._sent_updates.clear()
-        self._made_request = self._made_report = self._made_best = None
-
-    # --- persistence ----------------------------------------------------------
-
-    def _restore_feddisk(self) -> None:
-        """Reload the stopper, the best MADE or phase 2's weights (state dir)."""
-        trainer = self._phased()
-        path = self._config.state_dir / FEDDISK_STATE_FILE
-        if trainer is None or not path.exists():
-            return
-        try:
-            data = json.loads(path.read_text())
-            if data["phase"] == "classifier":
-                weights = None
-                if data.get("weighted", True):
-                    stored = np.load(self._feddisk_path(FEDDISK_WEIGHTS_FILE))
-                    weights = np.asarray(stored, dtype=np.float64)
-                trainer.restore_weights(weights)
-                return
-            best_loss = data["best_loss"]
-            self._made_stopper = MadeStopper(
-                patience=trainer.settings.made_patience,
-                max_rounds=UNCAPPED_ROUNDS,
-                rounds=int(data["rounds"]),
-                best_round=int(data["best_round"]),
-                best_loss=math.inf if best_loss is None else float(best_loss),
-                since_best=int(data["since_best"]),
-            )
-            applied = data["applied"]
-            if applied is not None:
-                epoch, round_index, version = (int(v) for v in applied)
-                self._made_applied = (epoch, round_index, version)
-            if data["best_version"] is not None:
-                made = self._feddisk_path(FEDDISK_MADE_FILE).read_bytes()
-                self._made_best = (int(data["best_version"]), arrays_from_bytes(made))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            logger.error(
-                "%s: %s unreadable (%s); FedDisk state reset", self.device_id, path, exc
-            )
-            self._init_feddisk_steps()
-
-    def _save_feddisk(self, phase: Phase, *, made_version: int | None = None) -> None:
-        stopper, best = self._made_stopper, self._made_best
-        trainer = self._phased()
-        data: dict[str, Any] = {
-            "phase": phase,
-            "rounds": stopper.rounds,
-            "best_round": stopper.best_round,
-            "best_loss": None if math.isinf(stopper.best_loss) else stopper.best_loss,
-            "since_best": stopper.since_best,
-            "applied": self._made_applied,
-            "best_version": None if best is None else best[0],
-            "made_version": made_version,
-            "weighted": trainer is not None and trainer.sample_weights is not None,
-        }
-        self._write_atomic(FEDDISK_STATE_FILE, json.dumps(data).encode())
-
-    def _feddisk_path(self, name: str) -> Path:
-        return Path(self._config.state_dir) / name
-
-    def _write_atomic(self, name: str, payload: bytes) -> None:
-        path = self._feddisk_path(name)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(payload)
-        tmp.replace(path)
-
-
-def _npy_bytes(weights: npt.NDArray[np.float64]) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, np.asarray(weights, dtype=np.float64), allow_pickle=False)
-    return buffer.getvalue()

@@ -26,8 +26,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from ursa.edge_sdk.feddisk_steps import PhasedTrainer
 from ursa.edge_sdk.made_loss import MadeLossCodec
+from ursa.edge_sdk.phased_trainer import PhasedTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
 from ursa.edge_sdk.trainer import LocalDelta
 from ursa.models.weights import Arrays, spec_of

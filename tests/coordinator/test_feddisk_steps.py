@@ -1,21 +1,13 @@
-"""FedDisk's loss step on the coordinator: blind sums, refusals, verdicts, state."""
+"""FedDisk's loss step on the coordinator: blind sums, refusals, verdicts."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from ursa.coordinator.aggregation import UpdateOutcome
-from ursa.coordinator.feddisk_steps import (
-    MADE_LOSS_LENGTH,
-    DualStepError,
-    FeddiskState,
-    FeddiskStateError,
-    MadeLossStep,
-    Role,
-)
+from ursa.coordinator.feddisk_steps import MADE_LOSS_LENGTH, DualStepError, MadeLossStep
 from ursa.coordinator.plugin import EpochView
 from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.paillier import (
@@ -231,25 +223,3 @@ def test_bad_verdicts_are_refused_with_their_code(keys: Keys) -> None:
         with pytest.raises(DualStepError) as info:
             step.check_verdict(message, view)
         assert info.value.code == code, message
-
-
-def test_state_round_trips_through_its_file(tmp_path: Path) -> None:
-    state = FeddiskState.load(tmp_path)
-    assert state.made_rounds == 0 and state.role is None
-
-    state.made_rounds = 3
-    state.judged_version = 2
-    state.best_version = 2
-    state.enter(5, Role.LOSS, {"round": 5})
-    loaded = FeddiskState.load(tmp_path)
-
-    assert loaded == state
-    state.switch_round = 6
-    state.enter(6, Role.CLASSIFIER, None)
-    assert FeddiskState.load(tmp_path) == state
-
-
-def test_a_corrupt_state_file_is_an_error(tmp_path: Path) -> None:
-    (tmp_path / "feddisk.json").write_text('{"format": 1, "made_rounds": "x"}')
-    with pytest.raises(FeddiskStateError, match="unusable"):
-        FeddiskState.load(tmp_path)

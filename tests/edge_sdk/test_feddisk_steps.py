@@ -14,7 +14,7 @@ from ursa.crypto.identity import DeviceIdentity, verify_signature
 from ursa.crypto.paillier import encrypted_vector_from, sum_encrypted
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.config import DeviceConfig
-from ursa.edge_sdk.feddisk_steps import (
+from ursa.edge_sdk.feddisk_state import (
     FEDDISK_MADE_FILE,
     FEDDISK_STATE_FILE,
     FEDDISK_WEIGHTS_FILE,
