@@ -226,6 +226,7 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
                 transport.flush(5.0)
             except TransportError as exc:
                 logger.warning("%s: could not flush on stop: %s", self.device_id, exc)
+            self._outbox.close()  # a handler answering meanwhile: dropped quietly
             transport.close()
         if self._pool is not None:
             self._pool.close()
@@ -303,6 +304,8 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
 
     def handle(self, topic: str, payload: bytes) -> None:
         """The transport handler: validate, dispatch, retry waiting messages."""
+        if self._lifecycle is ClientState.STOPPED:
+            return
         try:
             with self._lock:
                 message = self._accept(topic, payload)

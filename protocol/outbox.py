@@ -6,6 +6,10 @@ their state lock. They queue instead, and the caller flushes once the state is
 consistent. A flush already under way in another frame or thread makes a
 second flush return at once: the running one drains whatever was queued
 meanwhile, so messages leave in the order they were queued.
+
+`close` marks an owner that is shutting down: what is still queued or fails
+afterwards (another thread answering a last message while the transport
+closes) is dropped with a DEBUG line instead of an error.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Outbox:
         self._items: deque[Outgoing] = deque()
         self._lock = threading.Lock()
         self._flushing = False
+        self._closed = False
 
     def __len__(self) -> int:
         with self._lock:
@@ -55,12 +60,26 @@ class Outbox:
         with self._lock:
             self._items.append(item)
 
+    def close(self) -> None:
+        """The owner is shutting down: drop what is queued from now on, quietly."""
+        with self._lock:
+            self._closed = True
+            dropped = len(self._items)
+            self._items.clear()
+        if dropped:
+            logger.debug(
+                "%s: %d queued publishes dropped on close", self._owner, dropped
+            )
+
     def flush(self, transport: Transport | None) -> None:
         """Publish everything queued, in order; failed publishes are logged."""
         if transport is None:
             return
         with self._lock:
             if self._flushing:
+                return
+            if self._closed:
+                self._items.clear()
                 return
             self._flushing = True
         try:
@@ -75,9 +94,8 @@ class Outbox:
                         item.topic, item.payload, qos=item.qos, retain=item.retain
                     )
                 except TransportError as exc:
-                    logger.error(
-                        "%s: publish to %s failed: %s", self._owner, item.topic, exc
-                    )
+                    log = logger.debug if self._closed else logger.error
+                    log("%s: publish to %s failed: %s", self._owner, item.topic, exc)
         except BaseException:
             with self._lock:
                 self._flushing = False

@@ -51,6 +51,21 @@ def test_a_failed_publish_is_logged_and_the_rest_still_goes(
     assert "dev1: publish to a failed" in caplog.text
 
 
+def test_after_close_queued_and_failing_publishes_are_dropped_without_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    outbox = Outbox("dev1")
+    recorder = _Recorder()
+    with caplog.at_level(logging.DEBUG, logger="ursa.protocol.outbox"):
+        outbox.put("x", b"1", 1)
+        outbox.close()
+        outbox.put("y", b"2", 1)  # a handler answering while the owner stops
+        outbox.flush(recorder)  # type: ignore[arg-type]
+    assert recorder.sent == [] and len(outbox) == 0
+    assert "dropped on close" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 def test_flush_without_a_transport_keeps_the_queue() -> None:
     outbox = Outbox("t")
     outbox.put("a", b"1", 1)
