@@ -59,7 +59,7 @@ def register(sub: Subparsers) -> None:
     demo.add_argument(
         "--made-rounds",
         type=int,
-        default=10,
+        default=50,
         help="feddisk: at most this many MADE rounds before the classifier's",
     )
     demo.add_argument(

@@ -93,7 +93,7 @@ class TrainingDemoSettings:
     eta_d: float = 0.1
     epsilon: float = 0.002
     dual_period: int = 1
-    made_rounds: int = 10
+    made_rounds: int = 50
     """FedDisk: the cap on MADE rounds (the phase stops earlier when the
     fleet's validation loss rises)."""
     wire_dtype: str = "float32"

@@ -69,6 +69,9 @@ class DemoRun:
         self.rounds: list[dict[str, Any]] = []
         self.made_rounds: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        self.stop_service = threading.Event()
+        """Set to end the coordinator's loop (FedDisk: after the last classifier
+        round, from the service thread, so no further round aggregates)."""
 
     # --- data ----------------------------------------------------------------
 
@@ -138,8 +141,12 @@ class DemoRun:
             l1 = float(distance_to_uniform(dists[chosen].mean(axis=0)))
             entry = _round_entry(record, l1)
             with self.lock:
+                if len(self.rounds) >= s.rounds:
+                    return  # FedDisk: a round after the last one, not reported
                 self.rounds.append(entry)
                 done = len(self.rounds)
+            if done >= s.rounds:
+                self.stop_service.set()
             self.progress.line(
                 done,
                 f"round {record.round}: acc {entry['accuracy']:.3f}, worst class "
@@ -181,7 +188,7 @@ class DemoRun:
         service = CoordinatorService(
             coordinator_config(s, self.workdir, url), plugin=plugin
         )
-        stop = threading.Event()
+        stop = self.stop_service
         service.start()
         loop = threading.Thread(target=service.run, args=(stop,), daemon=True)
         loop.start()
