@@ -149,13 +149,7 @@ class FeddiskSwitchSteps(ModelSteps):
 
     def _reset_downloads(self) -> None:
         """Forget phase 1's model downloads (the classifier's versions restart)."""
-        for transfer_id in self._model_inflight:
-            self._model_parts.discard(transfer_id)
-        self._model_inflight.clear()
-        self._model_version = self._model_arrays = self._model_notice = None
-        self._notice_at = 0.0
-        self._wanted = None
-        self._sent_updates.clear()
+        self._forget_downloads()
         self._made_request = self._made_report = self._made_best = None
 
     # --- persistence (`ursa.edge_sdk.feddisk_state`) ---------------------------

@@ -263,6 +263,20 @@ class ModelSteps(RoundSteps):
 
     # --- download -------------------------------------------------------------
 
+    def _forget_downloads(self) -> None:
+        """Drop every downloaded or in-flight version and the current notice.
+
+        For a device whose trainer switches to another model (FedDisk's
+        phase 2), whose versions restart at 0.
+        """
+        for transfer_id in self._model_inflight:
+            self._model_parts.discard(transfer_id)
+        self._model_inflight.clear()
+        self._model_version = self._model_arrays = self._model_notice = None
+        self._notice_at = 0.0
+        self._wanted = None
+        self._sent_updates.clear()
+
     def _want(self, version: int, transfer_id: str) -> None:
         """Make sure ``version`` is downloaded (or on its way)."""
         if self._model_version is not None and self._model_version >= version:
