@@ -231,8 +231,6 @@ class DemoRun:
                 if any(p.exitcode is not None for p in procs):
                     self.progress.note("a device process exited early; stopping")
                     break
-                if made is not None and self._classifier_rounds() >= s.rounds:
-                    break  # FedDisk: the MADE phase ended early
             done = service.is_done or (
                 made is not None and self._classifier_rounds() >= s.rounds
             )
