@@ -143,23 +143,28 @@ class MqttFederation:
     def device_ids(self, n: int) -> list[str]:
         return [f"{DEVICE_PREFIX}{i:03d}" for i in range(n)]
 
+    def device_config(self, device_id: str) -> DeviceConfig:
+        """A device of this federation on this broker, state under tmp_path."""
+        return DeviceConfig(
+            device_id=device_id,
+            federation=self.federation,
+            state_dir=self.tmp_path / device_id,
+            broker=BrokerConfig(
+                url=self.url,
+                username=device_id,
+                password=self.broker.credentials[device_id],
+                keepalive_s=5,
+            ),
+            obfuscator_pool_size=2,
+        )
+
     def start_devices(self, n: int) -> list[EdgeClient]:
         started = []
         for index, device_id in enumerate(self.device_ids(n)):
-            config = DeviceConfig(
-                device_id=device_id,
-                federation=self.federation,
-                state_dir=self.tmp_path / device_id,
-                broker=BrokerConfig(
-                    url=self.url,
-                    username=device_id,
-                    password=self.broker.credentials[device_id],
-                    keepalive_s=5,
-                ),
-                obfuscator_pool_size=2,
-            )
             client = EdgeClient(
-                config, device_labels(index), rng=np.random.default_rng(index)
+                self.device_config(device_id),
+                device_labels(index),
+                rng=np.random.default_rng(index),
             )
             client.start()
             self.clients[device_id] = client

@@ -15,7 +15,6 @@ from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.identity import verify_signature
 from ursa.edge_sdk.client import EdgeClient
-from ursa.edge_sdk.config import BrokerConfig, DeviceConfig
 from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.training import TrainConfig, evaluate
@@ -101,18 +100,7 @@ def test_feddisk_trains_the_made_then_the_weighted_classifier_over_mosquitto(
             seed=i,
         )
         client = EdgeClient(
-            DeviceConfig(
-                device_id=device_id,
-                federation="disk",
-                state_dir=tmp_path / device_id,
-                broker=BrokerConfig(
-                    url=fed.url,
-                    username=device_id,
-                    password=fed.broker.credentials[device_id],
-                    keepalive_s=5,
-                ),
-                obfuscator_pool_size=2,
-            ),
+            fed.device_config(device_id),
             y[parts[i]],
             trainer=FeddiskTrainer(classifier, settings=SETTINGS, seed=i),
             rng=np.random.default_rng(i),

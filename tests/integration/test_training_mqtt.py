@@ -15,7 +15,6 @@ from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.climb import ClimbConfig
-from ursa.edge_sdk.config import BrokerConfig, DeviceConfig
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.training import TrainConfig, evaluate
 from ursa.models.registry import initial_arrays
@@ -77,18 +76,7 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
             seed=i,
         )
         client = EdgeClient(
-            DeviceConfig(
-                device_id=device_id,
-                federation="learn",
-                state_dir=tmp_path / device_id,
-                broker=BrokerConfig(
-                    url=fed.url,
-                    username=device_id,
-                    password=fed.broker.credentials[device_id],
-                    keepalive_s=5,
-                ),
-                obfuscator_pool_size=2,
-            ),
+            fed.device_config(device_id),
             y[parts[i]],
             trainer=trainer,
             rng=np.random.default_rng(i),
