@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 
+from ursa._compat import StrEnum
 from ursa.models.weights import Arrays, FloatArray, spec_of
 
 

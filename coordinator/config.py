@@ -62,13 +62,14 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing_extensions import Self
 
+from ursa._compat import tomllib
 from ursa.protocol.broker_config import BrokerConfig
 from ursa.protocol.codebook import Codebook, CodebookError
 from ursa.protocol.messages import ID_PATTERN

@@ -9,12 +9,12 @@ phase machine.
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ursa._compat import StrEnum
 from ursa.coordinator.models import write_atomic
 
 __all__ = ["STATE_FILE", "FeddiskState", "FeddiskStateError", "Role"]
@@ -27,7 +27,7 @@ class FeddiskStateError(ValueError):
     """A ``feddisk.json`` that cannot be read (the operator must fix or remove it)."""
 
 
-class Role(enum.StrEnum):
+class Role(StrEnum):
     """What the current round does."""
 
     MADE = "made"

@@ -31,11 +31,12 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+from ursa._compat import StrEnum
 
 if TYPE_CHECKING:
     from ursa.crypto.ckks import CkksKeyOwner, CkksPublicContext

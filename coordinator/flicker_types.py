@@ -6,11 +6,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ursa._compat import StrEnum
 from ursa.coordinator import flicker as fl
 from ursa.coordinator.flicker_redundancy import DEFAULT_MAX_PRODUCT_CIPHERTEXTS
 from ursa.protocol.messages import DEFAULT_CHUNK_SIZE, ID_PATTERN

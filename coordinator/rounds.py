@@ -21,12 +21,12 @@ coordinator's generator and touch no network, clock or database.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from ursa._compat import StrEnum
 from ursa.coordinator.selection import finalize_selections
 
 __all__ = [
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-class Stage(enum.StrEnum):
+class Stage(StrEnum):
     """Where the coordinator is in the protocol."""
 
     ENROLMENT = "enrolment"

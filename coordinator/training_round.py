@@ -9,12 +9,12 @@ service) when it must be refused; `ursa.coordinator.training` drives it.
 
 from __future__ import annotations
 
-import enum
 import logging
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ursa._compat import StrEnum
 from ursa.coordinator.aggregation import (
     AggregationError,
     AggregationState,
@@ -69,7 +69,7 @@ class TrainingConfig(BaseModel):
     keep_versions: int = Field(default=DEFAULT_KEEP_VERSIONS, ge=1)
 
 
-class Phase(enum.StrEnum):
+class Phase(StrEnum):
     """Where an open round is."""
 
     DUAL = "dual"

@@ -35,7 +35,6 @@ coordinator restart re-announces) is idempotent. Nothing secret is logged.
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -44,6 +43,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from ursa._compat import StrEnum
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.obfuscators import ObfuscatorPool
@@ -78,7 +78,7 @@ logger = logging.getLogger("ursa.edge_sdk")
 _RELAYED_BY_AGENT = frozenset({"agent_public_key", "sealed_secret_key"})
 
 
-class ClientState(enum.StrEnum):
+class ClientState(StrEnum):
     """Lifecycle of an `EdgeClient`."""
 
     NEW = "new"

@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing_extensions import Self
 
+from ursa._compat import tomllib
 from ursa.edge_sdk.climb import ClimbConfig
 from ursa.protocol.broker_config import BrokerConfig
 from ursa.protocol.messages import COORDINATOR, ID_PATTERN, NAME_PATTERN

@@ -20,11 +20,12 @@ torch is imported inside the methods only.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from typing_extensions import Self
 
 from ursa.edge_sdk.made_loss import MadeLossCodec
 from ursa.edge_sdk.phased_trainer import PhasedTrainer

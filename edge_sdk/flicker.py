@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from ursa._compat import StrEnum
 from ursa.crypto.ckks import unit_vector
 
 if TYPE_CHECKING:

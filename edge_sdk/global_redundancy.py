@@ -234,7 +234,10 @@ def _part_grid(
         layout.per_ciphertext,
         layout.repeats,
     )
-    return grid.transpose(0, 2, 1, 3).reshape(layout.candidates, vector_slots)
+    placed: npt.NDArray[np.generic] = grid.transpose(0, 2, 1, 3).reshape(
+        layout.candidates, vector_slots
+    )
+    return placed
 
 
 def signed_products(

@@ -97,7 +97,10 @@ def _rotate(images: FloatArray, angle_deg: float) -> FloatArray:
     """Rotate the last two axes about the centre, bilinear, zero outside."""
     quarter = angle_deg / 90.0
     if quarter == round(quarter):
-        return np.rot90(images, k=round(quarter) % 4, axes=(-2, -1)).copy()
+        turned: FloatArray = np.rot90(
+            images, k=round(quarter) % 4, axes=(-2, -1)
+        ).copy()
+        return turned
     h, w = images.shape[-2:]
     cy, cx = (h - 1) / 2.0, (w - 1) / 2.0
     theta = -np.deg2rad(angle_deg)  # counter-clockwise as displayed, like np.rot90

@@ -9,10 +9,10 @@ the client id is known. For a device, client id = username = device id
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Self
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from typing_extensions import Self
 
 from ursa.protocol.mqtt_config import DEFAULT_KEEPALIVE_S, DEFAULT_TIMEOUT_S, MqttConfig
 

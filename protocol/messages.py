@@ -22,11 +22,13 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from enum import StrEnum
-from typing import Annotated, Literal, Self, TypeVar, get_args
+from typing import Annotated, Literal, TypeVar, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic import model_validator as _model_validator
+from typing_extensions import Self
+
+from ursa._compat import StrEnum
 
 PROTOCOL_VERSION = 1
 COORDINATOR = "coordinator"

@@ -20,12 +20,13 @@ Errors (every failure at the transport edge is one of these)::
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from ursa._compat import StrEnum
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
@@ -93,7 +94,7 @@ class InvalidTopicError(TransportError, ValueError):
     """A topic name or topic filter is not valid MQTT syntax."""
 
 
-class TransportState(enum.StrEnum):
+class TransportState(StrEnum):
     """Lifecycle of a transport; methods check it."""
 
     NEW = "new"

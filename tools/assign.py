@@ -160,7 +160,8 @@ def scale_counts_to_fit(
     asked = demand > 0
     factor = min(1.0, float((available[asked] / demand[asked]).min(initial=1.0)))
     if factor >= 1.0:
-        return table.copy()
+        unchanged: IndexArray = table.copy()
+        return unchanged
     scaled = table * factor
     fitted: IndexArray = np.floor(scaled).astype(np.int64)
     targets = np.minimum(np.round(scaled.sum(axis=0)), available).astype(np.int64)
