@@ -14,11 +14,11 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.plugin import RoundPlugin
 from ursa.coordinator.rounds import RoundState, Stage, advance
@@ -38,18 +38,13 @@ from ursa.protocol.topics import (
 from ursa.protocol.transport import Transport
 
 __all__ = [
-    "Clock",
     "EpochWork",
-    "RejectedError",
     "RoundWork",
     "ServiceCore",
     "derived_id",
 ]
 
 logger = logging.getLogger("ursa.coordinator")
-
-Clock = Callable[[], float]
-"""Seconds (wall clock by default: deadlines are persisted across restarts)."""
 
 STATE_KEY = "state"
 
@@ -58,15 +53,6 @@ def derived_id(*parts: object) -> str:
     """A deterministic message id (32 hex digits) from its meaning."""
     text = "|".join(str(p) for p in parts)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-class RejectedError(Exception):
-    """A message refused by a stage handler: an error code and a reason."""
-
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(f"{code}: {reason}")
-        self.code = code
-        self.reason = reason
 
 
 @dataclass

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from ursa.coordinator.core import EpochWork, RejectedError, ServiceCore
+from ursa.coordinator.core import EpochWork, ServiceCore
 from ursa.coordinator.enrolment import device_keys_of
 from ursa.coordinator.rounds import Stage, advance
 from ursa.crypto.errors import CryptoError
@@ -40,6 +40,7 @@ from ursa.protocol.messages import (
     SealedSecretKey,
     SealRequest,
 )
+from ursa.protocol.router import RejectedError
 
 __all__ = ["EpochStages"]
 

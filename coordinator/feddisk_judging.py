@@ -16,12 +16,13 @@ from abc import abstractmethod
 from typing import TYPE_CHECKING
 
 from ursa.coordinator.aggregation import UpdateOutcome
-from ursa.coordinator.core import Clock, RejectedError
+from ursa.coordinator.clock import Clock
 from ursa.coordinator.feddisk_state import FeddiskState, Role
 from ursa.coordinator.feddisk_steps import DualStepError, MadeLossStep
 from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
 from ursa.coordinator.training import TrainingPlugin
 from ursa.protocol.messages import ErrorCode, MadeLoss, MadeVerdict
+from ursa.protocol.router import RejectedError
 
 if TYPE_CHECKING:
     from ursa.coordinator.feddisk_plugin import FeddiskConfig

@@ -43,7 +43,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ursa.coordinator.core import Clock, RejectedError
+from ursa.coordinator.clock import Clock
 from ursa.coordinator.feddisk_judging import FeddiskJudging
 from ursa.coordinator.feddisk_state import FeddiskState, Role
 from ursa.coordinator.plugin import CoordinatorView, Send
@@ -57,6 +57,7 @@ from ursa.protocol.messages import (
     MadeLoss,
     MadeVerdict,
 )
+from ursa.protocol.router import RejectedError
 
 __all__ = ["FeddiskConfig", "FeddiskPlugin"]
 

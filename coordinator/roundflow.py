@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 
-from ursa.coordinator.core import RejectedError, RoundWork, ServiceCore
+from ursa.coordinator.core import RoundWork, ServiceCore
 from ursa.coordinator.rounds import (
     Stage,
     advance,
@@ -51,6 +51,7 @@ from ursa.protocol.messages import (
     TrySums,
     Volunteer,
 )
+from ursa.protocol.router import RejectedError
 
 __all__ = ["RoundStages"]
 

@@ -58,11 +58,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
-from ursa.coordinator.core import (
-    Clock,
-    RejectedError,
-)
 from ursa.coordinator.enrolment import decide_enrolment, enrol_result
 from ursa.coordinator.plugin import EpochView, NoTraining, RoundPlugin
 from ursa.coordinator.recovery import Recovery
@@ -73,13 +70,22 @@ from ursa.protocol.envelope import decode, encode, message_kind
 from ursa.protocol.errors import DecodeError, OversizeError, TopicError, VersionError
 from ursa.protocol.messages import (
     COORDINATOR,
+    AgentAnswer,
+    AgentPublicKey,
     BaseMessage,
+    ChunkRequest,
+    EncryptedDistribution,
     ErrorCode,
     ErrorReply,
+    Heartbeat,
     Hello,
+    Registration,
+    SealedSecretKey,
     Status,
+    Volunteer,
 )
 from ursa.protocol.outbox import Outbox
+from ursa.protocol.router import Dispatch, RejectedError, Router
 from ursa.protocol.topics import (
     STATUS,
     coordinator_subscriptions,
@@ -131,6 +137,7 @@ class CoordinatorService(Recovery):
         self._epoch = None
         self._round = None
         self._started = False
+        self._router = self._routes()
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -357,25 +364,47 @@ class CoordinatorService(Recovery):
                 self._reject(device, kind, exc.code, exc.reason, message.message_id)
             self._step(now)
 
+    def _routes(self) -> Router:
+        """The runtime's handlers; a message's sender is its topic's device."""
+        router = Router(COORDINATOR)
+        owner = "coordinator"
+        router.register(Hello, lambda m: self._on_hello(m.sender, m), owner=owner)
+        router.register(
+            AgentPublicKey,
+            lambda m: self._on_agent_public_key(m.sender, m),
+            owner=owner,
+        )
+        router.register(
+            SealedSecretKey,
+            lambda m: self._on_sealed_secret_key(m.sender, m),
+            owner=owner,
+        )
+        router.register(
+            Registration, lambda m: self._on_registration(m.sender, m), owner=owner
+        )
+        router.register(
+            Volunteer, lambda m: self._on_volunteer(m.sender, m), owner=owner
+        )
+        router.register(
+            EncryptedDistribution,
+            lambda m: self._on_distribution(m.sender, m),
+            owner=owner,
+        )
+        router.register(
+            AgentAnswer, lambda m: self._on_agent_answer(m.sender, m), owner=owner
+        )
+        router.register(ErrorReply, self._on_error_reply, owner=owner)
+        router.register(Heartbeat, lambda m: None, owner=owner)
+        return router
+
+    def _on_error_reply(self, message: ErrorReply) -> None:
+        logger.info("%s reports %s: %s", message.sender, message.code, message.reason)
+
     def _dispatch(self, device: str, message: BaseMessage) -> None:
-        handlers: dict[str, Callable[[str, BaseMessage], None]] = {
-            "hello": self._on_hello,  # type: ignore[dict-item]
-            "agent_public_key": self._on_agent_public_key,  # type: ignore[dict-item]
-            "sealed_secret_key": self._on_sealed_secret_key,  # type: ignore[dict-item]
-            "registration": self._on_registration,  # type: ignore[dict-item]
-            "volunteer": self._on_volunteer,  # type: ignore[dict-item]
-            "encrypted_distribution": self._on_distribution,  # type: ignore[dict-item]
-            "agent_answer": self._on_agent_answer,  # type: ignore[dict-item]
-        }
-        kind = message_kind(message)
-        handler = handlers.get(kind)
-        if handler is not None:
-            handler(device, message)
-        elif isinstance(message, ErrorReply):
-            logger.info("%s reports %s: %s", device, message.code, message.reason)
-        elif kind == "heartbeat":
+        if self._router.dispatch(message) is not Dispatch.UNHANDLED:
             return
-        elif kind == "chunk_request":  # model downloads, in any stage
+        kind = message_kind(message)
+        if isinstance(message, ChunkRequest):  # model downloads, in any stage
             self._plugin.on_message(self._state.round, message, self._send)
         elif self._state.stage is Stage.TRAINING and self._round is not None:
             if message.round != self._round.round:

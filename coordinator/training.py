@@ -51,7 +51,7 @@ from ursa.coordinator.aggregation import (
     init_aggregation,
 )
 from ursa.coordinator.climb_steps import DualStep, DualStepError
-from ursa.coordinator.core import Clock, RejectedError
+from ursa.coordinator.clock import Clock
 from ursa.coordinator.model_transfer import (
     OutgoingModels,
     TransferRejectedError,
@@ -78,6 +78,7 @@ from ursa.protocol.messages import (
     TransferManifest,
 )
 from ursa.protocol.messages import ModelUpdate as UpdateMessage
+from ursa.protocol.router import RejectedError
 
 __all__ = [
     "WRONG_VERSION",

@@ -24,7 +24,6 @@ from ursa.coordinator.aggregation import (
     apply_update,
 )
 from ursa.coordinator.climb_steps import DualStep
-from ursa.coordinator.core import RejectedError
 from ursa.coordinator.model_transfer import TransferRejectedError, Uploads
 from ursa.coordinator.models import DEFAULT_KEEP_VERSIONS
 from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes
@@ -36,6 +35,7 @@ from ursa.protocol.messages import (
     TransferManifest,
 )
 from ursa.protocol.messages import ModelUpdate as UpdateMessage
+from ursa.protocol.router import RejectedError
 
 __all__ = ["WRONG_VERSION", "OpenRound", "Phase", "TrainingConfig"]
 

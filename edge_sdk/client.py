@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -50,7 +50,7 @@ from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
 from ursa.edge_sdk.climb_steps import ClimbSteps
 from ursa.edge_sdk.config import DeviceConfig
-from ursa.edge_sdk.device_core import BlockedError, DeviceStats
+from ursa.edge_sdk.device_core import DeviceStats
 from ursa.edge_sdk.epoch_steps import EpochSteps
 from ursa.edge_sdk.feddisk_steps import FeddiskSteps
 from ursa.edge_sdk.registration import RegistrationError
@@ -60,14 +60,32 @@ from ursa.protocol.envelope import decode, encode, message_kind
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import (
     COORDINATOR,
+    AgentPublicKey,
     BaseMessage,
+    Chunk,
+    ChunkRequest,
+    ClimbSum,
+    DualStepRequest,
+    EnrolResult,
     ErrorReply,
+    FeddiskSwitch,
     Hello,
     KeyEpochStart,
+    MadeLossRequest,
+    MadeLossSum,
+    ModelAvailable,
+    RegistrySum,
     RoundAnnounce,
+    SealedSecretKey,
+    SealRequest,
+    SelectionResult,
     Status,
+    TransferManifest,
+    TryAssignment,
+    TrySums,
 )
 from ursa.protocol.outbox import Outbox
+from ursa.protocol.router import Dispatch, RejectedError, Router
 from ursa.protocol.topics import device_subscriptions, parse_topic, status_topic
 from ursa.protocol.transport import Transport, TransportError
 
@@ -76,6 +94,8 @@ __all__ = ["ClientState", "DeviceStats", "EdgeClient", "device_will"]
 logger = logging.getLogger("ursa.edge_sdk")
 
 _RELAYED_BY_AGENT = frozenset({"agent_public_key", "sealed_secret_key"})
+_REFUSALS = (CryptoError, RegistrationError, RejectedError, ValueError)
+"""What a handler raises for a message it refuses: logged, never fatal."""
 
 
 class ClientState(StrEnum):
@@ -133,7 +153,6 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         self._lifecycle = ClientState.NEW
         self._lock = threading.RLock()
         self._outbox = Outbox(self._config.device_id)
-        self._blocked: dict[str, BaseMessage] = {}
         self.stats = DeviceStats()
         self.enrolled = threading.Event()
         self._coordinator: DevicePublicIdentity | None = None
@@ -151,6 +170,7 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         self._init_model_steps()
         self._init_climb_steps()
         self._init_feddisk_steps()
+        self._router = self._routes()
 
     # --- public view ----------------------------------------------------------
 
@@ -342,53 +362,49 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
             return None
         return message
 
-    def _process(self, message: BaseMessage) -> None:
-        if self._run_handler(message):
-            progress = True
-            while progress and self._blocked:
-                progress = False
-                for kind, waiting in list(self._blocked.items()):
-                    del self._blocked[kind]
-                    if self._run_handler(waiting):
-                        progress = True
+    def _routes(self) -> Router:
+        """Every kind this device handles, by the step that owns it."""
+        router = Router(self.device_id)
+        epoch, rounds, model = "key_epoch", "selection", "model_transfer"
+        climb, feddisk = "climb", "feddisk"
+        router.register(EnrolResult, self._on_enrol_result, owner=epoch)
+        router.register(ErrorReply, self._on_error_reply, owner="client")
+        router.register(KeyEpochStart, self._on_key_epoch_start, owner=epoch)
+        router.register(SealRequest, self._on_seal_request, owner=epoch)
+        router.register(AgentPublicKey, self._on_agent_public_key, owner=epoch)
+        router.register(SealedSecretKey, self._on_sealed_secret_key, owner=epoch)
+        router.register(RegistrySum, self._on_registry_sum, owner=rounds)
+        router.register(RoundAnnounce, self._on_round_announce, owner=rounds)
+        router.register(TryAssignment, self._on_try_assignment, owner=rounds)
+        router.register(TrySums, self._on_try_sums, owner=rounds)
+        router.register(SelectionResult, self._on_selection_result, owner=rounds)
+        router.register(ModelAvailable, self._on_model_available, owner=model)
+        router.register(TransferManifest, self._on_transfer_manifest, owner=model)
+        router.register(Chunk, self._on_chunk, owner=model)
+        router.register(ChunkRequest, self._on_chunk_request, owner=model)
+        router.register(DualStepRequest, self._on_dual_step_request, owner=climb)
+        router.register(ClimbSum, self._on_climb_sum, owner=climb)
+        router.register(MadeLossRequest, self._on_made_loss_request, owner=feddisk)
+        router.register(MadeLossSum, self._on_made_loss_sum, owner=feddisk)
+        router.register(FeddiskSwitch, self._on_feddisk_switch, owner=feddisk)
+        return router
 
-    def _run_handler(self, message: BaseMessage) -> bool:
-        """Handle one message; True if it was consumed (not blocked)."""
-        handlers: dict[str, Callable[[BaseMessage], None]] = {
-            "enrol_result": self._on_enrol_result,  # type: ignore[dict-item]
-            "error": self._on_error_reply,  # type: ignore[dict-item]
-            "key_epoch_start": self._on_key_epoch_start,  # type: ignore[dict-item]
-            "seal_request": self._on_seal_request,  # type: ignore[dict-item]
-            "agent_public_key": self._on_agent_public_key,  # type: ignore[dict-item]
-            "sealed_secret_key": self._on_sealed_secret_key,  # type: ignore[dict-item]
-            "registry_sum": self._on_registry_sum,  # type: ignore[dict-item]
-            "round_announce": self._on_round_announce,  # type: ignore[dict-item]
-            "try_assignment": self._on_try_assignment,  # type: ignore[dict-item]
-            "try_sums": self._on_try_sums,  # type: ignore[dict-item]
-            "selection_result": self._on_selection_result,  # type: ignore[dict-item]
-            "model_available": self._on_model_available,  # type: ignore[dict-item]
-            "transfer_manifest": self._on_transfer_manifest,  # type: ignore[dict-item]
-            "chunk": self._on_chunk,  # type: ignore[dict-item]
-            "chunk_request": self._on_chunk_request,  # type: ignore[dict-item]
-            "dual_step_request": self._on_dual_step_request,  # type: ignore[dict-item]
-            "climb_sum": self._on_climb_sum,  # type: ignore[dict-item]
-            "made_loss_request": self._on_made_loss_request,  # type: ignore[dict-item]
-            "made_loss_sum": self._on_made_loss_sum,  # type: ignore[dict-item]
-            "feddisk_switch": self._on_feddisk_switch,  # type: ignore[dict-item]
-        }
-        kind = message_kind(message)
-        handler = handlers.get(kind)
-        if handler is None:
-            logger.debug("%s: no handler for %s", self.device_id, kind)
-            return True
+    def _process(self, message: BaseMessage) -> None:
+        """Dispatch; once a message is consumed, retry the ones that waited."""
         try:
-            handler(message)
-        except BlockedError:
-            self._blocked[kind] = message
-            return False
-        except (CryptoError, RegistrationError, ValueError) as exc:
-            logger.warning("%s: refused %s: %s", self.device_id, kind, exc)
-        return True
+            outcome = self._router.dispatch(message)
+        except _REFUSALS as exc:
+            self._refused(message, exc)
+            return
+        if outcome is Dispatch.UNHANDLED:
+            logger.debug("%s: no handler for %s", self.device_id, message_kind(message))
+        elif outcome is Dispatch.HANDLED:
+            self._router.retry_parked(self._refused)
+
+    def _refused(self, message: BaseMessage, exc: Exception) -> None:
+        if not isinstance(exc, _REFUSALS):
+            raise exc
+        logger.warning("%s: refused %s: %s", self.device_id, message_kind(message), exc)
 
     def _on_error_reply(self, message: ErrorReply) -> None:
         self._on_error(message)

@@ -40,9 +40,10 @@ from ursa.edge_sdk.climb import (
     decrypt_dual_means,
     encrypt_dual_report,
 )
-from ursa.edge_sdk.device_core import BlockedError, derived_id
+from ursa.edge_sdk.device_core import derived_id
 from ursa.edge_sdk.model_steps import ModelSteps
 from ursa.protocol.messages import ClimbStats, ClimbSum, DualStepRequest, ErrorReply
+from ursa.protocol.router import NotReadyError
 
 __all__ = ["CLIMB_STATE_FILE", "DUAL_WAIT_S", "ClimbSteps"]
 
@@ -125,7 +126,7 @@ class ClimbSteps(ModelSteps):
             return
         self._require_epoch(message.epoch)
         if self._public_key is None or self._secret_key is None:
-            raise BlockedError
+            raise NotReadyError
         report = self._report
         if report is not None and (report.epoch, report.round) == (
             message.epoch,
@@ -182,7 +183,7 @@ class ClimbSteps(ModelSteps):
             return
         secret_key = self._secret_key
         if secret_key is None:
-            raise BlockedError
+            raise NotReadyError
         started = time.perf_counter()
         vector = encrypted_vector_from(message.stats_sum, secret_key.public_key)
         if vector.num_parties != message.num_parties:

@@ -4,7 +4,7 @@
 coordinator identity, the adopted key epoch, the agent's identity, the
 epoch's keys and obfuscator pool, its registry slot, the decrypted overall
 registry and the current round. Handlers that need something not known yet
-raise `BlockedError`; the client parks that message and retries it after the
+raise `NotReadyError`; the client parks that message and retries it after the
 next change. Sending goes through an outbox that the client flushes outside
 its lock.
 """
@@ -27,11 +27,11 @@ from ursa.edge_sdk.trainer import Trainer
 from ursa.protocol.envelope import encode, message_kind, signing_bytes
 from ursa.protocol.messages import BaseMessage, KeyEpochStart, RoundAnnounce
 from ursa.protocol.outbox import Outbox
+from ursa.protocol.router import NotReadyError
 from ursa.protocol.topics import name_for, qos_for, up_topic
 
 __all__ = [
     "DISTRIBUTION_CODEC",
-    "BlockedError",
     "DeviceCore",
     "DeviceStats",
     "derived_id",
@@ -40,10 +40,6 @@ __all__ = [
 
 DISTRIBUTION_CODEC = FixedPoint(bound=1.0)
 """Label distributions in [0, 1], 24 fraction bits (the protocol-wide scale)."""
-
-
-class BlockedError(Exception):
-    """A message that needs something the device does not know yet."""
 
 
 class DeviceStats:
@@ -112,7 +108,7 @@ class DeviceCore:
         """The adopted epoch if it is `epoch`; blocks on a newer one, refuses older."""
         current = self._epoch
         if current is None or epoch > current.epoch:
-            raise BlockedError
+            raise NotReadyError
         if epoch < current.epoch:
             raise ValueError(f"key epoch {epoch} is over (current {current.epoch})")
         return current

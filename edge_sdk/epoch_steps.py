@@ -20,7 +20,6 @@ from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey, generate_keypair
 from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.device_core import (
-    BlockedError,
     DeviceCore,
     derived_id,
     seal_context,
@@ -38,6 +37,7 @@ from ursa.protocol.messages import (
     SealedSecretKey,
     SealRequest,
 )
+from ursa.protocol.router import NotReadyError
 
 __all__ = ["EpochSteps"]
 
@@ -92,7 +92,7 @@ class EpochSteps(DeviceCore):
 
     def _on_key_epoch_start(self, message: KeyEpochStart) -> None:
         if self._coordinator is None:
-            raise BlockedError
+            raise NotReadyError
         self._verify(self._coordinator, message)
         if self._epoch is not None and message.epoch <= self._epoch.epoch:
             return
@@ -179,7 +179,7 @@ class EpochSteps(DeviceCore):
     def _on_agent_public_key(self, message: AgentPublicKey) -> None:
         epoch = self._require_epoch(message.epoch)
         if self._agent is None:
-            raise BlockedError
+            raise NotReadyError
         if message.sender != epoch.agent:
             raise ValueError(f"public key from {message.sender}, not the agent")
         self._verify(self._agent, message)
@@ -204,7 +204,7 @@ class EpochSteps(DeviceCore):
         if self._secret_key is not None:
             return
         if self._agent is None or self._public_key is None:
-            raise BlockedError
+            raise NotReadyError
         started = time.perf_counter()
         context = seal_context(self._config.federation, epoch.epoch)
         plaintext = open_sealed(self._identity, self._agent, context, message.box)

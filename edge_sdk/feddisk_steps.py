@@ -38,7 +38,7 @@ import logging
 import time
 
 from ursa.crypto.paillier import encrypted_vector_from
-from ursa.edge_sdk.device_core import BlockedError, derived_id
+from ursa.edge_sdk.device_core import derived_id
 from ursa.edge_sdk.feddisk_state import write_made
 from ursa.edge_sdk.feddisk_switch import FeddiskSwitchSteps, MadeReport
 from ursa.edge_sdk.made_loss import decrypt_fleet_loss, encrypt_made_loss
@@ -51,6 +51,7 @@ from ursa.protocol.messages import (
     MadeVerdict,
     ModelAvailable,
 )
+from ursa.protocol.router import NotReadyError
 
 __all__ = ["FeddiskSteps"]
 
@@ -69,7 +70,7 @@ class FeddiskSteps(FeddiskSwitchSteps):
     def _on_model_available(self, message: ModelAvailable) -> None:
         trainer = self._in_made_phase()
         if trainer is not None and message.model != trainer.model:
-            raise BlockedError  # phase 2's model: retried after the switch
+            raise NotReadyError  # phase 2's model: retried after the switch
         super()._on_model_available(message)
 
     # --- handlers -------------------------------------------------------------
@@ -80,7 +81,7 @@ class FeddiskSteps(FeddiskSwitchSteps):
             return
         self._require_epoch(message.epoch)
         if self._public_key is None:
-            raise BlockedError
+            raise NotReadyError
         report = self._made_report
         if report is not None and (report.epoch, report.round) == (
             message.epoch,
@@ -154,7 +155,7 @@ class FeddiskSteps(FeddiskSwitchSteps):
         self._require_epoch(message.epoch)
         secret_key = self._secret_key
         if secret_key is None:
-            raise BlockedError
+            raise NotReadyError
         if not self._made_stopper.stopped:
             started = time.perf_counter()
             vector = encrypted_vector_from(message.loss_sum, secret_key.public_key)

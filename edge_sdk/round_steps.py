@@ -27,7 +27,6 @@ from ursa.crypto.paillier import (
 )
 from ursa.edge_sdk.device_core import (
     DISTRIBUTION_CODEC,
-    BlockedError,
     DeviceCore,
     derived_id,
 )
@@ -50,6 +49,7 @@ from ursa.protocol.messages import (
     TrySums,
     Volunteer,
 )
+from ursa.protocol.router import NotReadyError
 
 __all__ = ["RoundSteps"]
 
@@ -95,7 +95,7 @@ class RoundSteps(DeviceCore):
         if self._registry is not None:
             return
         if self._secret_key is None or self._public_key is None:
-            raise BlockedError
+            raise NotReadyError
         started = time.perf_counter()
         vector = encrypted_vector_from(message.registry_sum, self._public_key)
         if vector.num_parties != message.num_parties:
@@ -122,7 +122,7 @@ class RoundSteps(DeviceCore):
     def _on_round_announce(self, message: RoundAnnounce) -> None:
         self._require_epoch(message.epoch)
         if self._registry is None:
-            raise BlockedError
+            raise NotReadyError
         index = self._index
         if index is None or self._registry[index] == 0:
             logger.info(
@@ -155,7 +155,7 @@ class RoundSteps(DeviceCore):
     def _current_round(self, round_index: int) -> RoundAnnounce:
         announce = self._announce
         if announce is None or round_index > announce.round:
-            raise BlockedError
+            raise NotReadyError
         if round_index < announce.round:
             raise ValueError(f"round {round_index} is over")
         return announce
@@ -218,7 +218,7 @@ class RoundSteps(DeviceCore):
 
     def _on_selection_result(self, message: SelectionResult) -> None:
         if self._coordinator is None:
-            raise BlockedError
+            raise NotReadyError
         self._verify(self._coordinator, message)
         if self.device_id not in message.selected or message.round in self._trained:
             return

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ursa.coordinator.core import RejectedError
 from ursa.coordinator.feddisk_plugin import FeddiskConfig, FeddiskPlugin
 from ursa.coordinator.model_transfer import model_transfer_id
 from ursa.coordinator.plugin import EpochView
@@ -34,6 +33,7 @@ from ursa.protocol.messages import (
     MadeVerdict,
     ModelUpdate,
 )
+from ursa.protocol.router import RejectedError
 
 FED = "fed"
 DEVICES = ("d0", "d1", "d2")

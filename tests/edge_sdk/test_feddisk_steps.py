@@ -366,7 +366,7 @@ def test_switch_uses_the_best_made_persists_weights_and_resets_downloads(
     fleet.made_round(1, bad)
     client, trainer = fleet.clients["d1"], fleet.trainers["d1"]
     fleet.announce("clf", 0, round_index=3)  # phase 2's model, before the switch
-    assert "model_available" in client._blocked
+    assert client._router.is_parked(ModelAvailable)
     assert client.model_version == 1
 
     fleet.switch(made_version=0)
@@ -384,7 +384,7 @@ def test_switch_uses_the_best_made_persists_weights_and_resets_downloads(
         "classifier"
     )
     assert client.model_version is None and client.model_arrays is None
-    assert "model_available" not in client._blocked  # released after the switch
+    assert not client._router.is_parked(ModelAvailable)  # released after the switch
     notice = client._model_notice
     assert notice is not None and (notice.model, notice.model_version) == ("clf", 0)
     assert client._wanted is not None
