@@ -207,6 +207,10 @@ class FeddiskPlugin(FeddiskJudging):
         if not self._tick_loss(round_index, now, send):
             self._active().on_tick(round_index, now, send)
 
+    def methods(self) -> tuple[str, ...]:
+        """FedDisk: devices judge the MADE rounds and weight their samples."""
+        return ("feddisk",)
+
     def is_complete(self, round_index: int) -> bool:
         """Whether the round's training (and its loss step) is done."""
         if self.phase == "classifier":

@@ -79,6 +79,10 @@ class RoundPlugin(ABC):
     def is_complete(self, round_index: int) -> bool:
         """Whether the round's training phase is done."""
 
+    def methods(self) -> tuple[str, ...]:
+        """Methods this plugin needs devices to run (signed into each key epoch)."""
+        return ()
+
 
 class NoTraining(RoundPlugin):
     """Selection only: every round completes as soon as it is selected."""

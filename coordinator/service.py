@@ -398,6 +398,11 @@ class CoordinatorService(Recovery):
         return router
 
     def _on_error_reply(self, message: ErrorReply) -> None:
+        if message.code == ErrorCode.METHOD_MISMATCH:  # an operator must act
+            logger.error(
+                "%s sits out: method_mismatch: %s", message.sender, message.reason
+            )
+            return
         logger.info("%s reports %s: %s", message.sender, message.code, message.reason)
 
     def _dispatch(self, device: str, message: BaseMessage) -> None:

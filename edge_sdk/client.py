@@ -401,6 +401,13 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         elif outcome is Dispatch.HANDLED:
             self._router.retry_parked(self._refused)
 
+    def methods(self) -> tuple[str, ...]:
+        """Dubhe always; CLIMB or FedDisk when the trainer runs them."""
+        trainer = self._model_trainer()
+        climb = ("climb",) if trainer is not None and trainer.climb is not None else ()
+        feddisk = ("feddisk",) if self._phased() is not None else ()
+        return ("dubhe", *climb, *feddisk)
+
     def _refused(self, message: BaseMessage, exc: Exception) -> None:
         if not isinstance(exc, _REFUSALS):
             raise exc

@@ -141,5 +141,9 @@ class DeviceCore:
     def _maybe_register(self, *, resend: bool) -> None:
         raise NotImplementedError
 
+    def methods(self) -> tuple[str, ...]:
+        """The methods this device runs (must equal the key epoch's signed list)."""
+        raise NotImplementedError
+
     def _send_hello(self) -> None:
         raise NotImplementedError

@@ -31,6 +31,7 @@ from ursa.protocol.messages import (
     COORDINATOR,
     AgentPublicKey,
     EnrolResult,
+    ErrorCode,
     ErrorReply,
     IdentityKeys,
     KeyEpochStart,
@@ -96,10 +97,34 @@ class EpochSteps(DeviceCore):
         self._verify(self._coordinator, message)
         if self._epoch is not None and message.epoch <= self._epoch.epoch:
             return
+        if set(message.methods) != set(self.methods()):
+            self._refuse_methods(message)
+            return
         agent = _public_identity(message.agent_keys)
         if message.agent == self.device_id and agent != self._identity.public():
             raise ValueError("the epoch names this device with other identity keys")
         self._adopt_epoch(message, encode(message), persist=True)
+
+    def _refuse_methods(self, notice: KeyEpochStart) -> None:
+        """Tell the coordinator (and the log) why this device sits the epoch out."""
+        reason = (
+            f"federation runs {', '.join(notice.methods)}; "
+            f"device is configured for {', '.join(self.methods())}"
+        )
+        logger.error(
+            "%s: refusing key epoch %d: %s", self.device_id, notice.epoch, reason
+        )
+        self._send(
+            ErrorReply(
+                federation=self._config.federation,
+                round=notice.round,
+                sender=self.device_id,
+                message_id=derived_id(self.device_id, "method_mismatch", notice.epoch),
+                code=ErrorCode.METHOD_MISMATCH,
+                reason=reason[:256],
+                in_reply_to=notice.message_id,
+            )
+        )
 
     def _adopt_epoch(
         self, notice: KeyEpochStart, payload: bytes, *, persist: bool

@@ -18,7 +18,22 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from ursa.protocol.errors import TopicError
-from ursa.protocol.messages import COORDINATOR, ID_PATTERN
+from ursa.protocol.messages import (
+    CKKS_CONTEXT,
+    CONTROL,
+    COORDINATOR,
+    EPOCH,
+    ID_PATTERN,
+    MESSAGE_TYPES,
+    METRICS,
+    MODEL,
+    PHASE,
+    PUBLIC_KEY,
+    REGISTRY,
+    ROUND,
+    STATUS,
+    TRANSFER,
+)
 
 ROOT: Final = "ursa"
 VERSION_LEVEL: Final = "v1"
@@ -26,42 +41,40 @@ GLOBAL: Final = "global"
 DEV: Final = "dev"
 UP: Final = "up"
 DOWN: Final = "down"
-STATUS: Final = "status"
-
-# Topic names (the last level). Commands, replies and ciphertexts use CONTROL.
-CONTROL = "control"
-TRANSFER = "transfer"
-"""Manifests, chunks and chunk requests (one topic keeps them in order)."""
-METRICS = "metrics"
-"""Heartbeats and metrics, QoS 0."""
-ROUND = "round"
-EPOCH = "epoch"
-PUBLIC_KEY = "public_key"
-REGISTRY = "registry"
-MODEL = "model"
-CKKS_CONTEXT = "ckks_context"
-PHASE = "phase"
-"""FedDisk's switch to phase 2 (retained: a device that reconnects catches up)."""
 
 RETAINED_GLOBAL_NAMES = frozenset(
-    {STATUS, ROUND, EPOCH, PUBLIC_KEY, REGISTRY, MODEL, CKKS_CONTEXT, PHASE}
+    {STATUS} | {cls.topic for cls in MESSAGE_TYPES.values() if cls.retained}
 )
-"""Global names published retained, so a device that (re)connects catches up."""
+"""Global names published retained (read off the message classes), so a device
+that (re)connects catches up; the coordinator's status is retained too."""
 
-_NAME_BY_KIND = {
-    "status": STATUS,
-    "heartbeat": METRICS,
-    "key_epoch_start": EPOCH,
-    "agent_public_key": PUBLIC_KEY,
-    "registry_sum": REGISTRY,
-    "round_announce": ROUND,
-    "model_available": MODEL,
-    "ckks_context": CKKS_CONTEXT,
-    "feddisk_switch": PHASE,
-    "transfer_manifest": TRANSFER,
-    "chunk": TRANSFER,
-    "chunk_request": TRANSFER,
-}
+__all__ = [
+    "CKKS_CONTEXT",
+    "CONTROL",
+    "EPOCH",
+    "METRICS",
+    "MODEL",
+    "PHASE",
+    "PUBLIC_KEY",
+    "REGISTRY",
+    "RETAINED_GLOBAL_NAMES",
+    "ROUND",
+    "STATUS",
+    "TRANSFER",
+    "Topic",
+    "coordinator_subscriptions",
+    "device_acl_patterns",
+    "device_subscriptions",
+    "down_topic",
+    "federation_filter",
+    "global_topic",
+    "name_for",
+    "parse_topic",
+    "qos_for",
+    "shared_subscription",
+    "status_topic",
+    "up_topic",
+]
 
 MAX_LEVELS = 7
 _ID_RE = re.compile(ID_PATTERN)
@@ -91,8 +104,12 @@ class Topic:
 
 
 def name_for(kind: str) -> str:
-    """The topic name a message kind is published under (CONTROL by default)."""
-    return _NAME_BY_KIND.get(kind, CONTROL)
+    """The topic name a message kind is published under (its class declares it).
+
+    Raises:
+        KeyError: not a message kind.
+    """
+    return MESSAGE_TYPES[kind].topic
 
 
 def qos_for(name: str) -> Literal[0, 1]:

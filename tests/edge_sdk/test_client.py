@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.config import CoordinatorConfig, DeadlinesConfig, EnrolmentConfig
+from ursa.coordinator.plugin import NoTraining, RoundPlugin
 from ursa.coordinator.service import CoordinatorService
 from ursa.crypto.encoding import PackingLayout
 from ursa.crypto.identity import DeviceIdentity
@@ -45,7 +46,9 @@ class Clock:
 class Harness:
     """A coordinator and N devices on one synchronous bus, with a spy."""
 
-    def __init__(self, tmp: Path, n: int, **overrides: Any) -> None:
+    def __init__(
+        self, tmp: Path, n: int, plugin: RoundPlugin | None = None, **overrides: Any
+    ) -> None:
         self.tmp, self.bus, self.clock = tmp, InMemoryBus(), Clock()
         settings: dict[str, Any] = dict(
             federation=FED,
@@ -64,6 +67,7 @@ class Harness:
             CoordinatorConfig(**settings),
             transport=InMemoryTransport(self.bus, "coordinator"),
             clock=self.clock,
+            plugin=plugin,
         )
         self.ids = [f"d{i}" for i in range(n)]
         self.clients: dict[str, EdgeClient] = {}
@@ -121,8 +125,8 @@ class Harness:
 def harness(tmp_path: Path) -> Any:
     made: list[Harness] = []
 
-    def make(n: int, **overrides: Any) -> Harness:
-        made.append(Harness(tmp_path, n, **overrides))
+    def make(n: int, plugin: RoundPlugin | None = None, **overrides: Any) -> Harness:
+        made.append(Harness(tmp_path, n, plugin, **overrides))
         return made[-1]
 
     yield make
@@ -219,6 +223,30 @@ def test_a_registry_sum_that_does_not_add_up_is_refused(
     assert "does not add up to its 4 parties; refusing it" in caplog.text
     assert not any(c.has_registry for c in h.clients.values())
     assert h.messages("volunteer") == []
+
+
+class _NeedsClimb(NoTraining):
+    def methods(self) -> tuple[str, ...]:
+        return ("climb",)
+
+
+def test_a_device_without_the_federations_methods_refuses_the_epoch(
+    harness: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = harness(2, plugin=_NeedsClimb())
+    caplog.set_level(logging.INFO)
+    h.coordinator.start()
+    for device_id in h.ids:
+        h.client(device_id).start()  # selection-only: no CLIMB trainer
+
+    assert h.messages("key_epoch_start")[0].methods == ("dubhe", "climb")
+    refusals = [m for m in h.messages("error") if m.code == "method_mismatch"]
+    assert {m.sender for m in refusals} == {"d0", "d1"}
+    expected = "federation runs dubhe, climb; device is configured for dubhe"
+    assert refusals[0].reason == expected
+    assert f"d0 sits out: method_mismatch: {expected}" in caplog.text
+    assert all(c.epoch is None for c in h.clients.values())
+    assert h.messages("registration") == []
 
 
 def test_a_wrong_coordinator_pin_stops_the_device(

@@ -161,6 +161,7 @@ class Fleet:
             sigma=(0.0,),
             max_parties=10,
             key_bits=512,  # test-only key size: the logic, not the security
+            methods=("dubhe", "feddisk"),
         )
         signature = self.identity.sign(signing_bytes(notice))
         self.send(notice.model_copy(update={"signature": signature}))

@@ -71,6 +71,7 @@ def _examples() -> list[m.BaseMessage]:
             groups=(1, 2, 10),
             sigma=(0.5, 0.3, 0.0),
             max_parties=200,
+            methods=("dubhe", "climb"),
             signature=SIG,
         ),
         m.SealRequest(**COORD, epoch=1, recipients=(keys,)),
@@ -78,15 +79,6 @@ def _examples() -> list[m.BaseMessage]:
         m.SealedSecretKey(**DEV, epoch=1, recipient="dev-02", box=CT),
         m.Registration(**DEV, epoch=1, registry=CT),
         m.RegistrySum(**COORD, epoch=1, registry_sum=CT, num_parties=30),
-        m.SigmaSearchStart(**COORD, epoch=1, candidates=((0.5, 0.0), (0.3, 0.0))),
-        m.SearchSums(
-            **COORD,
-            epoch=1,
-            candidates=(
-                m.CandidateSums(candidate=0, sums=(CT, CT), member_counts=(5, 6)),
-            ),
-        ),
-        m.SearchAnswer(**DEV, epoch=1, best_candidate=0, signature=SIG),
         m.RoundAnnounce(
             **COORD,
             epoch=1,
@@ -254,12 +246,12 @@ def test_missing_kind_raises_decode_error() -> None:
         decode(_envelope(m.Heartbeat(**DEV, seq=1), kind=_DROP))
 
 
-@pytest.mark.parametrize("version", [0, 2, 99])
+@pytest.mark.parametrize("version", [0, 1, 3, 99])
 def test_other_protocol_version_raises_version_error(version: int) -> None:
     with pytest.raises(VersionError) as info:
         decode(_envelope(m.Heartbeat(**DEV, seq=1), protocol_version=version))
     assert info.value.version == version
-    assert info.value.supported == 1
+    assert info.value.supported == m.PROTOCOL_VERSION == 2
 
 
 @pytest.mark.parametrize("version", ["1", 1.0, True, None])

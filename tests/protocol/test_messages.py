@@ -27,6 +27,7 @@ def _epoch(**overrides: Any) -> m.KeyEpochStart:
         "groups": (1, 2, 10),
         "sigma": (0.5, 0.3, 0.0),
         "max_parties": 1000,
+        "methods": ("dubhe",),
     }
     fields.update(overrides)
     return m.KeyEpochStart(**COORD, **fields)
@@ -45,7 +46,7 @@ def test_common_fields_have_defaults_for_id_time_and_version() -> None:
     first = m.Heartbeat(**DEV, seq=1)
     second = m.Heartbeat(**DEV, seq=1)
 
-    assert first.protocol_version == m.PROTOCOL_VERSION == 1
+    assert first.protocol_version == m.PROTOCOL_VERSION == 2
     assert first.message_id != second.message_id
     assert len(first.message_id) == 32
     assert first.sent_at > 0

@@ -195,3 +195,23 @@ def test_arbitrary_device_text_is_either_one_level_or_rejected(text: str) -> Non
     assert len(topic.split("/")) == 7
     assert not any(ch in text for ch in "+#/$\x00\n")
     assert t.parse_topic(topic).device == text
+
+
+def test_each_message_class_declares_its_topic_and_retention() -> None:
+    from ursa.protocol.messages import MESSAGE_TYPES
+
+    for kind, cls in MESSAGE_TYPES.items():
+        assert t.name_for(kind) == cls.topic
+        assert t.global_topic("fed", cls.topic).endswith("/" + cls.topic)
+    retained = {cls.__name__ for cls in MESSAGE_TYPES.values() if cls.retained}
+    assert retained == {
+        "Status",
+        "KeyEpochStart",
+        "AgentPublicKey",
+        "RegistrySum",
+        "RoundAnnounce",
+        "ModelAvailable",
+        "CkksContextAnnounce",
+        "FeddiskSwitch",
+    }
+    assert {cls.topic for cls in MESSAGE_TYPES.values()} >= {t.CONTROL, t.TRANSFER}

@@ -1,0 +1,269 @@
+"""Every ursa wire message: frozen pydantic models in one discriminated union.
+
+One module per concern, each the wire contract both sides import: `base`
+(common fields, id rules, topic names, `ErrorReply`), `session` (enrolment and
+liveness), `keys` (the Paillier key epoch), `transfer` (chunked transfers),
+`training` (announce, selection result, models and updates), and one module
+per method (`dubhe`, `climb`, `feddisk`, `flicker`). A kind's topic is
+declared on its class. Ciphertexts, keys, sealed boxes and tensors are raw
+`bytes`; `ursa.protocol.envelope` puts them on the wire as msgpack.
+
+Messages that carry authority (key epoch, agent answers, selection result)
+have a `signature` field: Ed25519 over `envelope.signing_bytes(message)`,
+empty until signed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, get_args
+
+from pydantic import Field, TypeAdapter
+
+from ursa.protocol.messages.base import (
+    CKKS_CONTEXT,
+    CONTROL,
+    COORDINATOR,
+    DEFAULT_CHUNK_SIZE,
+    EPOCH,
+    ID_PATTERN,
+    MAX_CHUNK_COUNT,
+    MAX_CHUNK_SIZE,
+    MAX_DEVICES,
+    MAX_SIGNATURE_BYTES,
+    MAX_TRANSFER_BYTES,
+    MAX_TRIES,
+    METRICS,
+    MODEL,
+    NAME_PATTERN,
+    PHASE,
+    PROTOCOL_VERSION,
+    PUBLIC_KEY,
+    REGISTRY,
+    ROUND,
+    STATUS,
+    TRANSFER,
+    BaseMessage,
+    Blob,
+    Count,
+    DeviceId,
+    DeviceList,
+    ErrorCode,
+    ErrorReply,
+    Fraction,
+    Id,
+    Key32,
+    Name,
+    Positive,
+    Sha256Hex,
+    Signature,
+    Text,
+    TryIndices,
+)
+from ursa.protocol.messages.climb import (
+    ClimbStats,
+    ClimbSum,
+    DualStepRequest,
+)
+from ursa.protocol.messages.dubhe import (
+    AgentAnswer,
+    EncryptedDistribution,
+    Registration,
+    RegistrySum,
+    TryAssignment,
+    TrySums,
+    Volunteer,
+)
+from ursa.protocol.messages.feddisk import (
+    FeddiskSwitch,
+    MadeLoss,
+    MadeLossRequest,
+    MadeLossSum,
+    MadeVerdict,
+)
+from ursa.protocol.messages.flicker import (
+    MAX_REDUNDANCY_CIPHERTEXTS,
+    REDUNDANCY_SCALE_BITS,
+    CkksContextAnnounce,
+    CosineReply,
+    CosineRequest,
+    CountUpdate,
+    RedundancyAsk,
+    RedundancyOffer,
+    RedundancyReply,
+    RedundancyResult,
+    ResampleRequest,
+    RingHop,
+    RingResult,
+    RingStart,
+)
+from ursa.protocol.messages.keys import (
+    AgentPublicKey,
+    KeyEpochStart,
+    SealedSecretKey,
+    SealRequest,
+)
+from ursa.protocol.messages.session import (
+    DeviceKeys,
+    EnrolResult,
+    Heartbeat,
+    Hello,
+    IdentityKeys,
+    Status,
+)
+from ursa.protocol.messages.training import (
+    ModelAvailable,
+    ModelUpdate,
+    RoundAnnounce,
+    SelectionResult,
+)
+from ursa.protocol.messages.transfer import (
+    Chunk,
+    ChunkRequest,
+    TransferManifest,
+)
+
+__all__ = [
+    "CKKS_CONTEXT",
+    "CONTROL",
+    "COORDINATOR",
+    "DEFAULT_CHUNK_SIZE",
+    "EPOCH",
+    "ID_PATTERN",
+    "MAX_CHUNK_COUNT",
+    "MAX_CHUNK_SIZE",
+    "MAX_DEVICES",
+    "MAX_REDUNDANCY_CIPHERTEXTS",
+    "MAX_SIGNATURE_BYTES",
+    "MAX_TRANSFER_BYTES",
+    "MAX_TRIES",
+    "MESSAGE_ADAPTER",
+    "MESSAGE_TYPES",
+    "METRICS",
+    "MODEL",
+    "NAME_PATTERN",
+    "PHASE",
+    "PROTOCOL_VERSION",
+    "PUBLIC_KEY",
+    "REDUNDANCY_SCALE_BITS",
+    "REGISTRY",
+    "ROUND",
+    "STATUS",
+    "TRANSFER",
+    "AgentAnswer",
+    "AgentPublicKey",
+    "BaseMessage",
+    "Blob",
+    "Chunk",
+    "ChunkRequest",
+    "CkksContextAnnounce",
+    "ClimbStats",
+    "ClimbSum",
+    "CosineReply",
+    "CosineRequest",
+    "Count",
+    "CountUpdate",
+    "DeviceId",
+    "DeviceKeys",
+    "DeviceList",
+    "DualStepRequest",
+    "EncryptedDistribution",
+    "EnrolResult",
+    "ErrorCode",
+    "ErrorReply",
+    "FeddiskSwitch",
+    "Fraction",
+    "Heartbeat",
+    "Hello",
+    "Id",
+    "IdentityKeys",
+    "Key32",
+    "KeyEpochStart",
+    "MadeLoss",
+    "MadeLossRequest",
+    "MadeLossSum",
+    "MadeVerdict",
+    "Message",
+    "ModelAvailable",
+    "ModelUpdate",
+    "Name",
+    "Positive",
+    "RedundancyAsk",
+    "RedundancyOffer",
+    "RedundancyReply",
+    "RedundancyResult",
+    "Registration",
+    "RegistrySum",
+    "ResampleRequest",
+    "RingHop",
+    "RingResult",
+    "RingStart",
+    "RoundAnnounce",
+    "SealRequest",
+    "SealedSecretKey",
+    "SelectionResult",
+    "Sha256Hex",
+    "Signature",
+    "Status",
+    "Text",
+    "TransferManifest",
+    "TryAssignment",
+    "TryIndices",
+    "TrySums",
+    "Volunteer",
+]
+
+Message = Annotated[
+    Hello
+    | EnrolResult
+    | ErrorReply
+    | Status
+    | Heartbeat
+    | KeyEpochStart
+    | SealRequest
+    | AgentPublicKey
+    | SealedSecretKey
+    | Registration
+    | RegistrySum
+    | RoundAnnounce
+    | Volunteer
+    | TryAssignment
+    | EncryptedDistribution
+    | TrySums
+    | AgentAnswer
+    | SelectionResult
+    | TransferManifest
+    | Chunk
+    | ChunkRequest
+    | ModelAvailable
+    | ModelUpdate
+    | DualStepRequest
+    | ClimbStats
+    | ClimbSum
+    | MadeLossRequest
+    | MadeLoss
+    | MadeLossSum
+    | MadeVerdict
+    | FeddiskSwitch
+    | CkksContextAnnounce
+    | RingStart
+    | RingHop
+    | RingResult
+    | CosineRequest
+    | CosineReply
+    | ResampleRequest
+    | CountUpdate
+    | RedundancyOffer
+    | RedundancyAsk
+    | RedundancyReply
+    | RedundancyResult,
+    Field(discriminator="kind"),
+]
+"""Any ursa wire message, discriminated by `kind`."""
+
+MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+
+MESSAGE_TYPES: dict[str, type[BaseMessage]] = {
+    get_args(cls.model_fields["kind"].annotation)[0]: cls
+    for cls in get_args(get_args(Message)[0])
+}
+"""Kind tag -> message class."""

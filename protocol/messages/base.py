@@ -1,0 +1,187 @@
+"""What every wire message shares: fields, id and size rules, topic names, errors.
+
+Each message carries `kind` (the union tag), `protocol_version`, `federation`,
+`round` (the sender's view of the current round, 0 before the first), `sender`
+(a device id or `"coordinator"`), a `message_id` (handlers are idempotent by
+it) and `sent_at` (unix seconds). A message class declares the last level of
+the topic it travels on (`topic`, CONTROL unless it says otherwise) and
+whether it is published retained when global, so a kind's route is read off
+its class and no table elsewhere can disagree with it. Validation here is
+structural and cheap (ids, lengths, ranges); cryptographic checks belong to
+the receiver.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, ClassVar, Literal, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from ursa._compat import StrEnum
+
+PROTOCOL_VERSION = 2
+"""2: `KeyEpochStart` carries the federation's signed method list."""
+
+COORDINATOR = "coordinator"
+"""The `sender` of coordinator messages; reserved, never a device id."""
+
+ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,31}$"
+
+DEFAULT_CHUNK_SIZE = 256 * 1024
+
+MAX_CHUNK_SIZE = 1024 * 1024
+"""Largest chunk and largest inline ciphertext or weights blob."""
+
+MAX_TRANSFER_BYTES = 1 << 30
+
+MAX_CHUNK_COUNT = 1 << 16
+
+MAX_DEVICES = 10_000
+"""Longest device list in one message (selection, ring order, seal request)."""
+
+MAX_TRIES = 256
+
+MAX_SIGNATURE_BYTES = 64
+
+
+# Topic names (the last topic level). Commands, replies and ciphertexts use CONTROL.
+CONTROL = "control"
+TRANSFER = "transfer"
+"""Manifests, chunks and chunk requests (one topic keeps them in order)."""
+METRICS = "metrics"
+"""Heartbeats and metrics, QoS 0."""
+STATUS = "status"
+ROUND = "round"
+EPOCH = "epoch"
+PUBLIC_KEY = "public_key"
+REGISTRY = "registry"
+MODEL = "model"
+CKKS_CONTEXT = "ckks_context"
+PHASE = "phase"
+"""FedDisk's switch to phase 2 (retained: a device that reconnects catches up)."""
+
+_T = TypeVar("_T")
+
+
+class ErrorCode(StrEnum):
+    """Values of `ErrorReply.code` (the field accepts any name, for newer peers)."""
+
+    MALFORMED = "malformed"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    OVERSIZE = "oversize"
+    UNKNOWN_DEVICE = "unknown_device"
+    UNAUTHORISED = "unauthorised"
+    WRONG_ROUND = "wrong_round"
+    WRONG_EPOCH = "wrong_epoch"
+    BAD_CIPHERTEXT = "bad_ciphertext"
+    BAD_SIGNATURE = "bad_signature"
+    TRANSFER_FAILED = "transfer_failed"
+    LATE = "late"
+    METHOD_MISMATCH = "method_mismatch"
+    INTERNAL = "internal"
+
+
+def _not_reserved(value: str) -> str:
+    if value == COORDINATOR:
+        raise ValueError(f"{COORDINATOR!r} is reserved and cannot be a device id")
+    return value
+
+
+def _signature_length(value: bytes) -> bytes:
+    if len(value) not in (0, MAX_SIGNATURE_BYTES):
+        raise ValueError("signature must be empty (unsigned) or 64 bytes (Ed25519)")
+    return value
+
+
+def unique_entries(items: tuple[_T, ...]) -> tuple[_T, ...]:
+    """Validator: a tuple without repeats (device lists, indices)."""
+    if len(set(items)) != len(items):
+        raise ValueError("entries must be unique")
+    return items
+
+
+Id = Annotated[str, Field(pattern=ID_PATTERN)]
+
+
+DeviceId = Annotated[str, Field(pattern=ID_PATTERN), AfterValidator(_not_reserved)]
+
+
+DeviceList = Annotated[
+    tuple[DeviceId, ...],
+    Field(min_length=1, max_length=MAX_DEVICES),
+    AfterValidator(unique_entries),
+]
+
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+Text = Annotated[str, Field(max_length=256)]
+
+
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+Count = Annotated[int, Field(ge=0)]
+
+
+Positive = Annotated[int, Field(ge=1)]
+
+
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+Key32 = Annotated[bytes, Field(min_length=32, max_length=32)]
+
+
+Blob = Annotated[bytes, Field(min_length=1, max_length=MAX_CHUNK_SIZE)]
+"""A ciphertext, sealed box or inline tensor: non-empty, at most one chunk."""
+
+
+Signature = Annotated[
+    bytes, Field(max_length=MAX_SIGNATURE_BYTES), AfterValidator(_signature_length)
+]
+
+
+TryIndices = Annotated[
+    tuple[Count, ...],
+    Field(min_length=1, max_length=MAX_TRIES),
+    AfterValidator(unique_entries),
+]
+
+
+def _new_message_id() -> str:
+    return uuid.uuid4().hex
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+
+
+class BaseMessage(_Frozen):
+    """Fields common to every wire message."""
+
+    protocol_version: Positive = PROTOCOL_VERSION
+    federation: Id
+    round: Count
+    sender: Id
+    message_id: Id = Field(default_factory=_new_message_id)
+    sent_at: Annotated[float, Field(ge=0.0)] = Field(default_factory=time.time)
+
+    topic: ClassVar[str] = CONTROL
+    """The last topic level this kind travels on."""
+    retained: ClassVar[bool] = False
+    """Published retained when global, so a device that (re)connects catches up."""
+
+
+class ErrorReply(BaseMessage):
+    """Either way: a rejected message, as data (`code` is usually an ErrorCode)."""
+
+    kind: Literal["error"] = "error"
+    code: Name
+    reason: Text
+    in_reply_to: Id | None = None

@@ -1,0 +1,104 @@
+"""The Paillier key epoch (Dubhe Fig. 4): the signed notice, sealing, the agent's key.
+
+Infrastructure rather than a method: Dubhe's registry, CLIMB's dual step and
+FedDisk's loss judging all encrypt under the epoch's key.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import AfterValidator, Field
+from pydantic import model_validator as _model_validator
+from typing_extensions import Self
+
+from ursa.protocol.messages.base import (
+    EPOCH,
+    MAX_DEVICES,
+    PUBLIC_KEY,
+    BaseMessage,
+    Count,
+    DeviceId,
+    Fraction,
+    Name,
+    Positive,
+    Signature,
+    unique_entries,
+)
+from ursa.protocol.messages.session import DeviceKeys
+
+
+class KeyEpochStart(BaseMessage):
+    """Coordinator to all: a new key epoch, its agent and registry parameters.
+
+    `agent_keys` are the agent's enrolled identity keys: devices verify the
+    agent's signed `AgentPublicKey` and open its `SealedSecretKey` with them.
+    `methods` names the methods the federation runs on its devices (signed
+    with the rest), so a device configured for other ones refuses the epoch
+    with `method_mismatch` instead of silently skipping their steps.
+    """
+
+    kind: Literal["key_epoch_start"] = "key_epoch_start"
+    topic: ClassVar[str] = EPOCH
+    retained: ClassVar[bool] = True
+    epoch: Count
+    agent: DeviceId
+    agent_keys: DeviceKeys
+    num_classes: Annotated[int, Field(ge=2, le=4096)]
+    groups: Annotated[tuple[Positive, ...], Field(min_length=1, max_length=16)]
+    sigma: Annotated[tuple[Fraction, ...], Field(min_length=1, max_length=16)]
+    max_parties: Positive
+    key_bits: Annotated[int, Field(ge=512, le=8192)] = 2048
+    methods: Annotated[
+        tuple[Name, ...],
+        Field(min_length=1, max_length=16),
+        AfterValidator(unique_entries),
+    ]
+    signature: Signature = b""
+
+    @_model_validator(mode="after")
+    def _registry_params(self) -> Self:
+        if any(a >= b for a, b in zip(self.groups, self.groups[1:], strict=False)):
+            raise ValueError("groups must be strictly increasing")
+        if self.groups[-1] != self.num_classes:
+            raise ValueError("groups must end with num_classes")
+        if len(self.sigma) != len(self.groups) or self.sigma[-1] != 0.0:
+            raise ValueError("sigma needs one threshold per group, the last 0")
+        if self.agent_keys.device_id != self.agent:
+            raise ValueError("agent_keys must be the keys of the agent")
+        return self
+
+
+class SealRequest(BaseMessage):
+    """Coordinator to agent: the devices to seal the epoch's secret key to."""
+
+    kind: Literal["seal_request"] = "seal_request"
+    epoch: Count
+    recipients: Annotated[
+        tuple[DeviceKeys, ...], Field(min_length=1, max_length=MAX_DEVICES)
+    ]
+
+    @_model_validator(mode="after")
+    def _unique_recipients(self) -> Self:
+        unique_entries(tuple(r.device_id for r in self.recipients))
+        return self
+
+
+class AgentPublicKey(BaseMessage):
+    """Agent to all (relayed): the epoch's Paillier public key, signed."""
+
+    kind: Literal["agent_public_key"] = "agent_public_key"
+    topic: ClassVar[str] = PUBLIC_KEY
+    retained: ClassVar[bool] = True
+    epoch: Count
+    public_key: Annotated[bytes, Field(min_length=1, max_length=4096)]
+    signature: Signature = b""
+
+
+class SealedSecretKey(BaseMessage):
+    """Agent to one device (relayed, unopenable by the coordinator)."""
+
+    kind: Literal["sealed_secret_key"] = "sealed_secret_key"
+    epoch: Count
+    recipient: DeviceId
+    box: Annotated[bytes, Field(min_length=1, max_length=16 * 1024)]
