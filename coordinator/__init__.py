@@ -1,12 +1,20 @@
 """Coordinator service: round state machine, encrypted and model aggregation."""
 
 from ursa.coordinator.config import CoordinatorConfig, load_coordinator_config
-from ursa.coordinator.plugin import RoundPlugin
+from ursa.coordinator.feddisk_plugin import FeddiskConfig, FeddiskPlugin
+from ursa.coordinator.plugin import NoTraining, RoundPlugin
 from ursa.coordinator.service import CoordinatorService
+from ursa.coordinator.training import TrainingPlugin
+from ursa.coordinator.training_round import TrainingConfig
 
 __all__ = [
     "CoordinatorConfig",
     "CoordinatorService",
+    "FeddiskConfig",
+    "FeddiskPlugin",
+    "NoTraining",
     "RoundPlugin",
+    "TrainingConfig",
+    "TrainingPlugin",
     "load_coordinator_config",
 ]

@@ -1,18 +1,58 @@
 """Device side: EdgeClient, registration, self-selection, local training.
 
-`import ursa.edge_sdk` never imports torch: training lives in
-`ursa.edge_sdk.training` and is imported only by a device that trains.
+`import ursa.edge_sdk` never imports torch, so a selection-only device runs
+without it: the torch trainers import torch on first use, and the names of
+`ursa.edge_sdk.training` (which imports torch) load on first access.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ursa.edge_sdk.client import EdgeClient
-from ursa.edge_sdk.config import DeviceConfig, load_device_config
-from ursa.edge_sdk.trainer import NoOpTrainer, Trainer, TrainingReport
+from ursa.edge_sdk.climb import ClimbConfig
+from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig, load_device_config
+from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
+from ursa.edge_sdk.torch_trainer import TorchTrainer
+from ursa.edge_sdk.trainer import (
+    LocalDelta,
+    ModelTrainer,
+    NoOpTrainer,
+    Trainer,
+    TrainingReport,
+)
+
+if TYPE_CHECKING:
+    from ursa.edge_sdk.training import TrainConfig, TrainingError
 
 __all__ = [
+    "ClimbConfig",
     "DeviceConfig",
+    "DeviceTrainingConfig",
     "EdgeClient",
+    "FeddiskSettings",
+    "FeddiskTrainer",
+    "LocalDelta",
+    "ModelTrainer",
     "NoOpTrainer",
+    "TorchTrainer",
+    "TrainConfig",
     "Trainer",
+    "TrainingError",
     "TrainingReport",
     "load_device_config",
 ]
+
+_LAZY = {
+    "TrainConfig": "ursa.edge_sdk.training",
+    "TrainingError": "ursa.edge_sdk.training",
+}
+"""Names whose module imports torch: loaded on first access only."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ursa.edge_sdk' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

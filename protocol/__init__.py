@@ -10,22 +10,39 @@ from ursa.protocol.errors import (
     VersionError,
 )
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
-from ursa.protocol.messages import MESSAGE_ADAPTER, PROTOCOL_VERSION, Message
+from ursa.protocol.messages import (
+    MESSAGE_ADAPTER,
+    MESSAGE_TYPES,
+    PROTOCOL_VERSION,
+    BaseMessage,
+    ErrorCode,
+    ErrorReply,
+    Message,
+)
 from ursa.protocol.mqtt import MqttConfig, MqttTransport
+from ursa.protocol.router import Dispatch, NotReadyError, RejectedError, Router
 from ursa.protocol.transport import Transport, TransportError
 
 __all__ = [
     "MESSAGE_ADAPTER",
+    "MESSAGE_TYPES",
     "PROTOCOL_VERSION",
+    "BaseMessage",
     "ChunkError",
     "DecodeError",
+    "Dispatch",
+    "ErrorCode",
+    "ErrorReply",
     "InMemoryBus",
     "InMemoryTransport",
     "Message",
     "MqttConfig",
     "MqttTransport",
+    "NotReadyError",
     "OversizeError",
     "ProtocolError",
+    "RejectedError",
+    "Router",
     "TopicError",
     "Transport",
     "TransportError",
