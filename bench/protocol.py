@@ -42,7 +42,7 @@ from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.mqtt import MqttTransport
 from ursa.protocol.topics import parse_topic
-from ursa.tools.mosquitto import MosquittoBroker
+from ursa.tools.broker.mosquitto import MosquittoBroker
 
 FEDERATION = "bench"
 BUDGETS = [Budget("selection_round_s", at_most=2.0)]

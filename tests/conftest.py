@@ -26,7 +26,7 @@ import pytest
 
 from ursa.protocol.mqtt import MqttTransport
 from ursa.protocol.transport import MessageHandler
-from ursa.tools.mosquitto import MosquittoBroker, find_mosquitto
+from ursa.tools.broker.mosquitto import MosquittoBroker, find_mosquitto
 
 DEVICE_IDS: tuple[str, ...] = tuple(f"dev{i:03d}" for i in range(64))
 COORDINATOR = "coordinator"

@@ -81,7 +81,7 @@ def read_devices(devices: str, devices_file: Path | None) -> dict[str, str | Non
 
 
 def _run_mosquitto_config(args: argparse.Namespace) -> int:
-    from ursa.tools.mosquitto import MosquittoError, write_mosquitto_config
+    from ursa.tools.broker.mosquitto import MosquittoError, write_mosquitto_config
 
     devices = read_devices(args.devices, args.devices_file)
     if not devices:
@@ -124,7 +124,7 @@ def _run_mosquitto_config(args: argparse.Namespace) -> int:
 
 
 def _run_embedded(args: argparse.Namespace) -> int:
-    from ursa.tools.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
+    from ursa.tools.broker.embedded import EmbeddedBroker, EmbeddedBrokerError
 
     try:
         broker = EmbeddedBroker(args.host, args.port).start()

@@ -296,7 +296,7 @@ def start_broker(url: str | None) -> tuple[Any, str]:
     """The embedded broker (started) and its URL, or (None, the given URL)."""
     if url is not None:
         return None, url
-    from ursa.tools.embedded_broker import EmbeddedBroker
+    from ursa.tools.broker.embedded import EmbeddedBroker
 
     broker = EmbeddedBroker().start()
     return broker, broker.url

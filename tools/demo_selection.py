@@ -149,7 +149,7 @@ def run_selection_demo(
     broker = None
     url = settings.broker_url
     if url is None:
-        from ursa.tools.embedded_broker import EmbeddedBroker
+        from ursa.tools.broker.embedded import EmbeddedBroker
 
         broker = EmbeddedBroker().start()
         url = broker.url

@@ -30,7 +30,7 @@ from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.config import BrokerConfig, DeviceConfig
 from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
-from ursa.tools.mosquitto import MosquittoBroker
+from ursa.tools.broker.mosquitto import MosquittoBroker
 
 DEVICE_PREFIX = "dev"
 KEY_BITS = 1024

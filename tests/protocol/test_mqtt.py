@@ -20,7 +20,7 @@ from ursa.protocol.transport import (
     TransportError,
     TransportState,
 )
-from ursa.tools.mosquitto import MosquittoBroker
+from ursa.tools.broker.mosquitto import MosquittoBroker
 
 WAIT_S = 5.0
 FED = "fed"

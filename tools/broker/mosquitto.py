@@ -39,7 +39,7 @@ from typing import IO
 from pydantic import SecretStr
 
 from ursa.protocol.mqtt import MqttConfig
-from ursa.tools.tls import TlsError, make_tls_files
+from ursa.tools.broker.tls import TlsError, make_tls_files
 
 __all__ = [
     "DEFAULT_MAX_PACKET_BYTES",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ursa.tools.tls import make_tls_files
+from ursa.tools.broker.tls import make_tls_files
 
 
 def test_tls_files_form_a_verifiable_chain(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from ursa.protocol.mqtt import MqttTransport
-from ursa.tools.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
+from ursa.tools.broker.embedded import EmbeddedBroker, EmbeddedBrokerError
 
 pytest.importorskip(
     "amqtt", reason="amqtt not installed (pip install 'ursa-fl[broker]')"

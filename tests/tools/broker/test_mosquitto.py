@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ursa.protocol.mqtt import MqttTransport
-from ursa.tools.mosquitto import (
+from ursa.tools.broker.mosquitto import (
     MosquittoBroker,
     MosquittoError,
     hash_password,

@@ -1,0 +1,1 @@
+"""Brokers: Mosquitto config and runner, the embedded demo broker, TLS files."""
