@@ -23,8 +23,8 @@ from ursa.edge_sdk.registration import (
     thresholds_for,
 )
 from ursa.protocol.codebook import Codebook
-from ursa.tools.metrics import distributions
-from ursa.tools.partition import dubhe_partition
+from ursa.tools.data.metrics import distributions
+from ursa.tools.data.partition import dubhe_partition
 
 NUM_CLIENTS = 100_000
 K = 100

@@ -169,8 +169,8 @@ def load_training_data(
     Raises:
         ServiceSetupError: the file is missing, unreadable or not a data set.
     """
-    from ursa.tools.datasets import DatasetError
-    from ursa.tools.loaders import load_dataset
+    from ursa.tools.data.datasets import DatasetError
+    from ursa.tools.data.loaders import load_dataset
 
     spec = f"npz:{data_file}" if data_file.lower().endswith(".npz") else data_file
     try:

@@ -76,7 +76,7 @@ class DemoRun:
     # --- data ----------------------------------------------------------------
 
     def _federation(self) -> Federation:
-        from ursa.tools.loaders import load_dataset
+        from ursa.tools.data.loaders import load_dataset
         from ursa.tools.simulate_data import PartitionSpec, build_federation
 
         s = self.settings
@@ -95,7 +95,7 @@ class DemoRun:
             raise DemoError(f"cannot deal the data out: {exc}") from None
 
     def _random_baseline(self, dists: np.ndarray) -> float:
-        from ursa.tools.metrics import distance_to_uniform
+        from ursa.tools.data.metrics import distance_to_uniform
 
         rng = np.random.default_rng([self.settings.seed, 1])
         picks = np.array(
@@ -110,7 +110,7 @@ class DemoRun:
 
     def execute(self) -> dict[str, Any]:
         """Run everything and return the report (also written to the folder)."""
-        from ursa.tools.metrics import distance_to_uniform, distributions
+        from ursa.tools.data.metrics import distance_to_uniform, distributions
 
         s = self.settings
         started = time.perf_counter()

@@ -39,8 +39,8 @@ from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import SelectionResult
 from ursa.protocol.mqtt import MqttConfig, MqttTransport
 from ursa.protocol.topics import global_topic, name_for
-from ursa.tools.metrics import distance_to_uniform, distributions
-from ursa.tools.partition import dubhe_partition
+from ursa.tools.data.metrics import distance_to_uniform, distributions
+from ursa.tools.data.partition import dubhe_partition
 
 __all__ = ["DemoSettings", "run_selection_demo"]
 

@@ -77,7 +77,7 @@ class _DigitsSetup:
 
 
 def _digits_setup(name: str, seed: int) -> _DigitsSetup:
-    from ursa.tools.loaders import load_digits
+    from ursa.tools.data.loaders import load_digits
 
     data = load_digits()
     keep = data.y < TRAIN_CLASSES

@@ -1,6 +1,6 @@
 """Population generators for the selection simulator, by name (SPEC §6).
 
-* ``"dubhe"``: `ursa.tools.partition.dubhe_partition` (the default). Every
+* ``"dubhe"``: `ursa.tools.data.partition.dubhe_partition` (the default). Every
   device is ``(1 - s) p_g + s q_k``: a common i.i.d. share ``1 - s`` (about
   14% at rho=10, EMD_avg=1.5, C=10) plus a contiguous piece of the
   label-sorted data, so each device holds one or (at a class boundary) two
@@ -39,8 +39,8 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from ursa.tools.metrics import emd_avg
-from ursa.tools.partition import (
+from ursa.tools.data.metrics import emd_avg
+from ursa.tools.data.partition import (
     DEFAULT_SAMPLES_PER_CLIENT,
     DEFAULT_SKEW_SPREAD,
     EMD_TOLERANCE,

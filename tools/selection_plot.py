@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ursa.tools.metrics import distance_to_uniform, distributions
+from ursa.tools.data.metrics import distance_to_uniform, distributions
 from ursa.tools.selection_sums import PLAINTEXT, SumBackend
 from ursa.tools.simulate_selection import SelectionConfig, evaluate, make_population
 

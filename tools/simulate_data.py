@@ -3,7 +3,7 @@
 Label-skew partitions (``climb``, ``dubhe``, ``dirichlet``): the data
 set is split into train and test (stratified, so the test set keeps the
 original near-balanced classes, as MNIST's test set does in the papers); a
-partitioner of `ursa.tools.partition` gives the shape of an N x C count table,
+partitioner of `ursa.tools.data.partition` gives the shape of an N x C count table,
 `scale_counts_to_fit` shrinks it by one common factor until every class fits
 the training data, and `assign_by_counts` deals out samples without
 replacement (``iid``: a shuffled equal split of the training part). For
@@ -27,20 +27,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ursa.tools.assign import (
+from ursa.tools.data.assign import (
     add_feature_noise,
     assign_by_counts,
     noise_levels,
     scale_counts_to_fit,
 )
-from ursa.tools.datasets import Dataset, train_test_split
-from ursa.tools.fleet_mlp import DeviceData
-from ursa.tools.metrics import emd_avg, imbalance_ratio
-from ursa.tools.partition import (
+from ursa.tools.data.datasets import Dataset, train_test_split
+from ursa.tools.data.metrics import emd_avg, imbalance_ratio
+from ursa.tools.data.partition import (
     climb_partition,
     dirichlet_partition,
     dubhe_partition,
 )
+from ursa.tools.fleet_mlp import DeviceData
 
 PARTITIONS = ("climb", "dubhe", "dirichlet", "iid", "noise")
 DEFAULT_TEST_FRACTION = 0.25

@@ -52,6 +52,7 @@ from ursa.edge_sdk.climb import (
 from ursa.edge_sdk.training import TrainConfig, train_local
 from ursa.models.registry import initial_arrays
 from ursa.models.weights import Arrays
+from ursa.tools.data.metrics import distributions
 from ursa.tools.fleet_mlp import (
     DeviceData,
     FleetResult,
@@ -59,7 +60,6 @@ from ursa.tools.fleet_mlp import (
     forward,
     train_fleet,
 )
-from ursa.tools.metrics import distributions
 from ursa.tools.simulate_data import Federation
 from ursa.tools.simulate_feddisk import FeddiskSettings, feddisk_phase_one
 from ursa.tools.simulate_participants import make_selector

@@ -40,12 +40,12 @@ from numpy.typing import NDArray
 from ursa.edge_sdk.registration import registry_indices, thresholds_for
 from ursa.protocol.codebook import Codebook, default_groups
 from ursa.tools.baselines import greedy_selection, random_selection
-from ursa.tools.metrics import (
+from ursa.tools.data.metrics import (
     distance_to_uniform,
     distributions,
     population_distributions,
 )
-from ursa.tools.partition import (
+from ursa.tools.data.partition import (
     DEFAULT_SAMPLES_PER_CLIENT,
     DEFAULT_SKEW_SPREAD,
     Population,
@@ -105,7 +105,7 @@ class SelectionConfig:
     the agent's criterion in the search: "paper" or "distance" (see
     `search_sigma`). ``skew_spread`` spreads the device skews (0: all equal).
     ``partition`` names the population generator (`PARTITIONS`; "dubhe" is
-    `ursa.tools.partition.dubhe_partition`).
+    `ursa.tools.data.partition.dubhe_partition`).
     """
 
     num_classes: int = 10

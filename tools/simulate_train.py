@@ -104,7 +104,7 @@ def run_train_comparison(config: TrainSimConfig) -> dict[str, Any]:
 def _run_comparison(config: TrainSimConfig) -> dict[str, Any]:
     from ursa.edge_sdk.climb import ClimbConfig
     from ursa.edge_sdk.training import TrainConfig
-    from ursa.tools.loaders import load_dataset
+    from ursa.tools.data.loaders import load_dataset
     from ursa.tools.simulate_data import PartitionSpec, build_federation
     from ursa.tools.simulate_feddisk import FeddiskSettings
     from ursa.tools.simulate_methods import RunSettings, run_method

@@ -38,7 +38,7 @@ def _images() -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], rs.CentroidFeat
     The temperature (3x the default) spreads class 2's cosines around eta, so
     the global test keeps some candidates and removes others.
     """
-    from ursa.tools.loaders import load_digits
+    from ursa.tools.data.loaders import load_digits
 
     data = load_digits()
     keep = data.y < CLASSES

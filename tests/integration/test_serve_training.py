@@ -20,7 +20,7 @@ import pytest
 from ursa.coordinator.models import ModelStore
 from ursa.edge_sdk.config import load_device_config
 from ursa.tools import cli_service
-from ursa.tools.loaders import load_digits
+from ursa.tools.data.loaders import load_digits
 
 pytestmark = pytest.mark.integration
 

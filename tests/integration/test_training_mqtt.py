@@ -19,7 +19,7 @@ from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.training import TrainConfig, evaluate
 from ursa.models.registry import initial_arrays
 from ursa.models.weights import arrays_to_bytes
-from ursa.tools.loaders import load_digits
+from ursa.tools.data.loaders import load_digits
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ursa.tools.loaders import load_digits
+from ursa.tools.data.loaders import load_digits
 from ursa.tools.simulate_data import FederationError, PartitionSpec, build_federation
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from ursa.edge_sdk.training import TrainConfig, evaluate_loss
 from ursa.models.registry import initial_arrays
-from ursa.tools.loaders import load_digits
+from ursa.tools.data.loaders import load_digits
 from ursa.tools.simulate_data import PartitionSpec, build_federation
 from ursa.tools.simulate_feddisk import FeddiskSettings
 from ursa.tools.simulate_methods import RunSettings, device_losses, run_method

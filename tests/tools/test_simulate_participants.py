@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ursa.tools.metrics import distributions
-from ursa.tools.partition import dubhe_partition
+from ursa.tools.data.metrics import distributions
+from ursa.tools.data.partition import dubhe_partition
 from ursa.tools.simulate_participants import make_selector
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from ursa.tools import simulate_selection as simulator
 from ursa.tools.cli import main
-from ursa.tools.metrics import distributions
-from ursa.tools.partition import PartitionError
+from ursa.tools.data.metrics import distributions
+from ursa.tools.data.partition import PartitionError
 from ursa.tools.selection_partition import class_device_counts, selection_population
 from ursa.tools.selection_plot import participation_sweep, plot_selection
 from ursa.tools.simulate_selection import (

@@ -1,6 +1,6 @@
 """The in-memory data set type, its typed error and a (stratified) train/test split.
 
-Loaders for the standard file formats live in `ursa.tools.loaders`; they all
+Loaders for the standard file formats live in `ursa.tools.data.loaders`; they all
 return a `Dataset`. Arrays are float32 features and int64 labels; a `Dataset`
 never copies or mutates the arrays it is given (it is frozen, the arrays are
 shared), and every operation that changes data returns a new one.

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ursa.tools.metrics import distributions, emd_avg, imbalance_ratio
-from ursa.tools.partition import (
+from ursa.tools.data.metrics import distributions, emd_avg, imbalance_ratio
+from ursa.tools.data.partition import (
     PartitionError,
     climb_partition,
     dirichlet_partition,

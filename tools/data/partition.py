@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ursa.tools.metrics import emd_avg, imbalance_ratio
+from ursa.tools.data.metrics import emd_avg, imbalance_ratio
 
 DEFAULT_SAMPLES_PER_CLIENT = 500
 DEFAULT_SKEW_SPREAD = 0.0

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ursa.tools.datasets import (
+from ursa.tools.data.datasets import (
     Dataset,
     DatasetError,
     IndexArray,

@@ -1,4 +1,4 @@
-"""Tests for ursa.tools.loaders, each on small files written here in the real format."""
+"""Tests for ursa.tools.data.loaders, on small files written here in the real format."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ursa.tools.datasets import DatasetError
-from ursa.tools.loaders import (
+from ursa.tools.data.datasets import DatasetError
+from ursa.tools.data.loaders import (
     RestrictedUnpickler,
     load_cifar10_batches,
     load_csv,

@@ -1,11 +1,11 @@
-"""Tests for ursa.tools.datasets: the Dataset type, its helpers and the split."""
+"""Tests for ursa.tools.data.datasets: the Dataset type, its helpers and the split."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ursa.tools.datasets import (
+from ursa.tools.data.datasets import (
     Dataset,
     DatasetError,
     dataset_from_arrays,

@@ -1,11 +1,11 @@
-"""Tests for ursa.tools.assign: count tables to indices, scaling, feature noise."""
+"""Tests for ursa.tools.data.assign: count tables to indices, scaling, feature noise."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ursa.tools.assign import (
+from ursa.tools.data.assign import (
     AssignmentError,
     add_feature_noise,
     assign_by_counts,

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ursa.tools.cifar import RestrictedUnpickler, load_cifar10_batches
-from ursa.tools.datasets import (
+from ursa.tools.data.cifar import RestrictedUnpickler, load_cifar10_batches
+from ursa.tools.data.datasets import (
     Dataset,
     DatasetError,
     IndexArray,

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from ursa.tools.metrics import (
+from ursa.tools.data.metrics import (
     MetricError,
     distance_to_uniform,
     distributions,

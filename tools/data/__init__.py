@@ -1,0 +1,1 @@
+"""Data sets, their loaders, partitioners and label-distribution metrics."""
