@@ -25,8 +25,8 @@ from ursa.edge_sdk import flicker as dev
 from ursa.edge_sdk.flicker_client import ring_seal_context
 from ursa.protocol.envelope import encode
 from ursa.protocol.messages import RingHop
-from ursa.tools.flicker_fleet import build_fleet
-from ursa.tools.flicker_tables import get_table
+from ursa.tools.simulate.flicker_fleet import build_fleet
+from ursa.tools.simulate.flicker_tables import get_table
 
 BUDGETS = [Budget("ckks_public_context_bytes", at_most=500_000)]
 TABLE = "D1"

@@ -18,8 +18,8 @@ def register(sub: Subparsers) -> None:
     simulate = sub.add_parser("simulate", help="in-process simulations")
     names = simulate.add_subparsers(dest="simulation", required=True)
     _register_selection(names)
-    from ursa.tools.simulate_flicker import add_flicker_parser
-    from ursa.tools.simulate_train import add_train_parser
+    from ursa.tools.simulate.flicker import add_flicker_parser
+    from ursa.tools.simulate.train import add_train_parser
 
     add_flicker_parser(names)
     add_train_parser(names)
@@ -120,10 +120,10 @@ def _register_selection(names: Subparsers) -> None:
 
 def _run_selection(args: argparse.Namespace) -> int:
     from ursa.crypto.errors import CryptoError
-    from ursa.tools.encrypted_sums import EncryptedSums, simulate_encrypted
-    from ursa.tools.selection_plot import participation_sweep, plot_selection
-    from ursa.tools.selection_sums import PLAINTEXT
-    from ursa.tools.simulate_selection import SelectionConfig, simulate_selection
+    from ursa.tools.simulate.encrypted_sums import EncryptedSums, simulate_encrypted
+    from ursa.tools.simulate.selection import SelectionConfig, simulate_selection
+    from ursa.tools.simulate.selection_plot import participation_sweep, plot_selection
+    from ursa.tools.simulate.selection_sums import PLAINTEXT
 
     draws = ("paper", "stratified") if args.draw == "both" else (args.draw,)
     try:

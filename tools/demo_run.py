@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ursa.coordinator.service import CoordinatorService
     from ursa.coordinator.training import RoundRecord
     from ursa.tools.demo import _Progress
-    from ursa.tools.simulate_data import Federation
+    from ursa.tools.simulate.federation import Federation
 
 __all__ = ["DemoRun"]
 
@@ -77,7 +77,7 @@ class DemoRun:
 
     def _federation(self) -> Federation:
         from ursa.tools.data.loaders import load_dataset
-        from ursa.tools.simulate_data import PartitionSpec, build_federation
+        from ursa.tools.simulate.federation import PartitionSpec, build_federation
 
         s = self.settings
         spec = PartitionSpec(

@@ -15,9 +15,13 @@ from ursa.protocol.envelope import decode, encode
 from ursa.protocol.inmemory import InMemoryTransport
 from ursa.protocol.messages import BaseMessage, RedundancyReply
 from ursa.protocol.topics import CONTROL, up_topic
-from ursa.tools.flicker_fleet import FEDERATION, Fleet, build_fleet
-from ursa.tools.flicker_run import CountingContext, CountingKeyOwner, run_flicker
-from ursa.tools.flicker_train import _digits_setup, _encrypted_global_test
+from ursa.tools.simulate.flicker_fleet import FEDERATION, Fleet, build_fleet
+from ursa.tools.simulate.flicker_run import (
+    CountingContext,
+    CountingKeyOwner,
+    run_flicker,
+)
+from ursa.tools.simulate.flicker_train import _digits_setup, _encrypted_global_test
 
 pytest.importorskip("tenseal")
 

@@ -22,9 +22,9 @@ from ursa.protocol.messages import (
     RingStart,
 )
 from ursa.protocol.topics import CONTROL, up_topic
-from ursa.tools.flicker_fleet import FEDERATION, Fleet, build_fleet
-from ursa.tools.flicker_run import run_flicker
-from ursa.tools.flicker_tables import get_table
+from ursa.tools.simulate.flicker_fleet import FEDERATION, Fleet, build_fleet
+from ursa.tools.simulate.flicker_run import run_flicker
+from ursa.tools.simulate.flicker_tables import get_table
 
 pytest.importorskip("tenseal")
 

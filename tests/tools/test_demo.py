@@ -14,7 +14,7 @@ from ursa.models.inference import OnnxClassifier
 from ursa.tools.cli import build_parser, main
 from ursa.tools.data.loaders import load_dataset
 from ursa.tools.demo import TrainingDemoSettings, run_training_demo
-from ursa.tools.simulate_data import PartitionSpec, build_federation
+from ursa.tools.simulate.federation import PartitionSpec, build_federation
 
 pytestmark = pytest.mark.integration
 

@@ -48,8 +48,8 @@ from ursa.crypto.paillier import (
     generate_keypair,
     sum_encrypted,
 )
-from ursa.tools.selection_sums import DISTRIBUTION_SCALE, SumBackend
-from ursa.tools.simulate_selection import SelectionConfig, simulate_selection
+from ursa.tools.simulate.selection import SelectionConfig, simulate_selection
+from ursa.tools.simulate.selection_sums import DISTRIBUTION_SCALE, SumBackend
 
 ENCRYPTED_MAX_CLIENTS = 2000
 """Largest N an encrypted simulation accepts without ``force``."""

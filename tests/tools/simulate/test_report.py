@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ursa.tools.simulate_methods import RunResult
-from ursa.tools.simulate_report import (
+from ursa.tools.simulate.methods import RunResult
+from ursa.tools.simulate.report import (
     average_runs,
     climb_targets,
     feddisk_vs_fedavg,

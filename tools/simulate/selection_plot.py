@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from ursa.tools.data.metrics import distance_to_uniform, distributions
-from ursa.tools.selection_sums import PLAINTEXT, SumBackend
-from ursa.tools.simulate_selection import SelectionConfig, evaluate, make_population
+from ursa.tools.simulate.selection import SelectionConfig, evaluate, make_population
+from ursa.tools.simulate.selection_sums import PLAINTEXT, SumBackend
 
 DEFAULT_SWEEP_RATES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 """Participation rates K/N of the sweep (Dubhe Fig. 9 spans 10/1000 to 1000/1000)."""

@@ -9,8 +9,8 @@ import pytest
 
 from ursa.coordinator import flicker as coord
 from ursa.edge_sdk import flicker as dev
-from ursa.tools import simulate_flicker as sim
-from ursa.tools.flicker_tables import PAPER_RESULTS, TABLES, get_table
+from ursa.tools.simulate import flicker as sim
+from ursa.tools.simulate.flicker_tables import PAPER_RESULTS, TABLES, get_table
 
 pytest.importorskip("tenseal")
 

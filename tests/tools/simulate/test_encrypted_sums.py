@@ -7,17 +7,17 @@ import numpy as np
 import pytest
 
 from ursa.crypto import PaillierPublicKey, PaillierSecretKey, generate_keypair
-from ursa.tools import encrypted_sums
 from ursa.tools.cli import main
-from ursa.tools.encrypted_sums import (
+from ursa.tools.simulate import encrypted_sums
+from ursa.tools.simulate.encrypted_sums import (
     ENCRYPTED_MAX_CLIENTS,
     EncryptedSums,
     RegistryCheckError,
     check_encrypted_size,
     simulate_encrypted,
 )
-from ursa.tools.selection_sums import plain_registry_sum, plain_try_sums
-from ursa.tools.simulate_selection import SelectionConfig, simulate_selection
+from ursa.tools.simulate.selection import SelectionConfig, simulate_selection
+from ursa.tools.simulate.selection_sums import plain_registry_sum, plain_try_sums
 
 Keys = tuple[PaillierPublicKey, PaillierSecretKey]
 

@@ -8,17 +8,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ursa.tools import simulate_selection as simulator
 from ursa.tools.cli import main
 from ursa.tools.data.metrics import distributions
 from ursa.tools.data.partition import PartitionError
-from ursa.tools.selection_partition import class_device_counts, selection_population
-from ursa.tools.selection_plot import participation_sweep, plot_selection
-from ursa.tools.simulate_selection import (
+from ursa.tools.simulate import selection as simulator
+from ursa.tools.simulate.selection import (
     SelectionConfig,
     SumBackend,
     simulate_selection,
 )
+from ursa.tools.simulate.selection_partition import (
+    class_device_counts,
+    selection_population,
+)
+from ursa.tools.simulate.selection_plot import participation_sweep, plot_selection
 
 SMALL = SelectionConfig(
     num_classes=5,

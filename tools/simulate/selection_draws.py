@@ -1,6 +1,6 @@
 """Dubhe's volunteer draws, per-try sums and sigma search for the simulator.
 
-Split out of `ursa.tools.simulate_selection` (which re-exports `search_sigma`).
+Split out of `ursa.tools.simulate.selection` (which re-exports `search_sigma`).
 Every random choice comes from its own stream, ``np.random.default_rng([seed,
 stream])``, numbered below, so an encrypted `SumBackend` sees the same draws.
 """
@@ -21,7 +21,7 @@ from ursa.edge_sdk.registration import (
     try_distances,
 )
 from ursa.protocol.codebook import Codebook
-from ursa.tools.selection_sums import DISTRIBUTION_SCALE, PLAINTEXT, SumBackend
+from ursa.tools.simulate.selection_sums import DISTRIBUTION_SCALE, PLAINTEXT, SumBackend
 
 DRAWS = ("paper", "stratified")
 SEARCH_SCORES = ("paper", "distance")

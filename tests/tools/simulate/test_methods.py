@@ -8,9 +8,9 @@ import pytest
 from ursa.edge_sdk.training import TrainConfig, evaluate_loss
 from ursa.models.registry import initial_arrays
 from ursa.tools.data.loaders import load_digits
-from ursa.tools.simulate_data import PartitionSpec, build_federation
-from ursa.tools.simulate_feddisk import FeddiskSettings
-from ursa.tools.simulate_methods import RunSettings, device_losses, run_method
+from ursa.tools.simulate.feddisk import FeddiskSettings
+from ursa.tools.simulate.federation import PartitionSpec, build_federation
+from ursa.tools.simulate.methods import RunSettings, device_losses, run_method
 
 TRAIN = TrainConfig(epochs=1, batch_size=4, lr=0.1)
 

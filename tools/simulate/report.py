@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ursa.tools.simulate_methods import FINAL_WINDOW, RunResult
+from ursa.tools.simulate.methods import FINAL_WINDOW, RunResult
 
 PAPER_CLIMB_MNIST = {
     "table1_N500_K100_rho10_3minority_alpha0.1": {

@@ -41,7 +41,7 @@ from ursa.edge_sdk.made_stop import (
 from ursa.edge_sdk.training import TrainConfig, made_nll, train_made_local
 from ursa.models.registry import initial_arrays
 from ursa.models.weights import Arrays
-from ursa.tools.simulate_data import Federation
+from ursa.tools.simulate.federation import Federation
 
 
 @dataclass(frozen=True)

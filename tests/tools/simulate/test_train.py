@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ursa.tools.simulate_train import add_train_parser, config_from_args, main
+from ursa.tools.simulate.train import add_train_parser, config_from_args, main
 
 
 def test_cli_runs_a_tiny_comparison(capsys: pytest.CaptureFixture[str]) -> None:

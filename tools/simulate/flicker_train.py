@@ -23,7 +23,7 @@ from ursa.coordinator import flicker as coord
 from ursa.crypto.ckks import pad_length
 from ursa.edge_sdk import flicker as dev
 from ursa.edge_sdk import resampling as rs
-from ursa.tools.flicker_run import (
+from ursa.tools.simulate.flicker_run import (
     CountingContext,
     CountingKeyOwner,
     SimulationError,
@@ -32,7 +32,7 @@ from ursa.tools.flicker_run import (
     run_flicker,
     run_local_baseline,
 )
-from ursa.tools.flicker_tables import METHODS, PAPER_RESULTS, get_table
+from ursa.tools.simulate.flicker_tables import METHODS, PAPER_RESULTS, get_table
 
 __all__ = [
     "TRAIN_CLASSES",

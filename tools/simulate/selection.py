@@ -21,11 +21,11 @@ the search coins and trims, the devices' coins, the coordinator's trims, the
 random and greedy baselines, the rank shuffle and the devices' shared seed
 each have their own, so adding a method never shifts another method's draws.
 
-Draws, try sums and the sigma search live in `ursa.tools.selection_draws`,
-the sum backends in `ursa.tools.selection_sums` (plaintext) and
-`ursa.tools.encrypted_sums` (Paillier), the participation-rate sweep and plots
-in `ursa.tools.selection_plot`, the population variants in
-`ursa.tools.selection_partition`.
+Draws, try sums and the sigma search live in `ursa.tools.simulate.selection_draws`,
+the sum backends in `ursa.tools.simulate.selection_sums` (plaintext) and
+`ursa.tools.simulate.encrypted_sums` (Paillier), the participation-rate sweep and plots
+in `ursa.tools.simulate.selection_plot`, the population variants in
+`ursa.tools.simulate.selection_partition`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from numpy.typing import NDArray
 
 from ursa.edge_sdk.registration import registry_indices, thresholds_for
 from ursa.protocol.codebook import Codebook, default_groups
-from ursa.tools.baselines import greedy_selection, random_selection
 from ursa.tools.data.metrics import (
     distance_to_uniform,
     distributions,
@@ -50,7 +49,8 @@ from ursa.tools.data.partition import (
     DEFAULT_SKEW_SPREAD,
     Population,
 )
-from ursa.tools.selection_draws import (
+from ursa.tools.simulate.baselines import greedy_selection, random_selection
+from ursa.tools.simulate.selection_draws import (
     DRAWS,
     SEARCH_SCORES,
     STREAM_GREEDY,
@@ -62,8 +62,8 @@ from ursa.tools.selection_draws import (
     rng_stream,
     search_sigma,
 )
-from ursa.tools.selection_partition import PARTITIONS, selection_population
-from ursa.tools.selection_sums import (
+from ursa.tools.simulate.selection_partition import PARTITIONS, selection_population
+from ursa.tools.simulate.selection_sums import (
     DISTRIBUTION_SCALE,
     PLAINTEXT,
     RegistrySum,
@@ -289,9 +289,9 @@ def simulate_selection(
 
 
 def __getattr__(name: str) -> Any:
-    """The sweep and plot live in `ursa.tools.selection_plot`; importable here too."""
+    """The sweep and plot live in `ursa.tools.simulate.selection_plot`."""
     if name in ("participation_sweep", "plot_selection", "DEFAULT_SWEEP_RATES"):
-        from ursa.tools import selection_plot
+        from ursa.tools.simulate import selection_plot
 
         return getattr(selection_plot, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

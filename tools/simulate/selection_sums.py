@@ -4,7 +4,7 @@ The selection simulator never adds registries or distributions itself: it
 asks a `SumBackend` for (1) the overall registry, from each device's registry
 slot, and (2) the per-try sums of the tentative members' distributions in
 fixed point. `PLAINTEXT` adds integers with numpy; the encrypted backend
-(`ursa.tools.encrypted_sums`) adds packed Paillier ciphertexts and decrypts
+(`ursa.tools.simulate.encrypted_sums`) adds packed Paillier ciphertexts and decrypts
 the same integers, so the selections that follow are identical.
 """
 

@@ -6,7 +6,7 @@ import torch
 
 from ursa.edge_sdk.training import TrainConfig, evaluate_loss, train_local
 from ursa.models.registry import build_model, initial_arrays, load_arrays
-from ursa.tools.fleet_mlp import (
+from ursa.tools.simulate.fleet_mlp import (
     DeviceData,
     FleetTrainingError,
     cross_entropy,

@@ -1,8 +1,8 @@
 """`ursa simulate train`: seeded in-process method comparisons (no broker).
 
 For each seed the same federation and initial model are given to every
-(method, selection) variant (`ursa.tools.simulate_methods.run_method`); the
-report (`ursa.tools.simulate_report`) gives per variant and seed, then
+(method, selection) variant (`ursa.tools.simulate.methods.run_method`); the
+report (`ursa.tools.simulate.report`) gives per variant and seed, then
 averaged over seeds, the final accuracy (mean of the last 10 rounds), the
 worst class and worst minority class, and the rounds to a target accuracy
 (FedDisk's MADE rounds counted); with FedAvg and FedDisk both in the run, the
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from ursa.tools.simulate_methods import RunResult
+    from ursa.tools.simulate.methods import RunResult
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -105,10 +105,10 @@ def _run_comparison(config: TrainSimConfig) -> dict[str, Any]:
     from ursa.edge_sdk.climb import ClimbConfig
     from ursa.edge_sdk.training import TrainConfig
     from ursa.tools.data.loaders import load_dataset
-    from ursa.tools.simulate_data import PartitionSpec, build_federation
-    from ursa.tools.simulate_feddisk import FeddiskSettings
-    from ursa.tools.simulate_methods import RunSettings, run_method
-    from ursa.tools.simulate_report import (
+    from ursa.tools.simulate.feddisk import FeddiskSettings
+    from ursa.tools.simulate.federation import PartitionSpec, build_federation
+    from ursa.tools.simulate.methods import RunSettings, run_method
+    from ursa.tools.simulate.report import (
         PAPER_CLIMB_MNIST,
         average_runs,
         climb_targets,
@@ -204,7 +204,7 @@ def _minority(config: TrainSimConfig) -> list[int]:
 def _comparisons(
     runs: dict[str, list[RunResult]], config: TrainSimConfig, multiple: bool
 ) -> dict[str, Any]:
-    from ursa.tools.simulate_report import feddisk_vs_fedavg
+    from ursa.tools.simulate.report import feddisk_vs_fedavg
 
     out: dict[str, Any] = {}
     for selection in config.selections:
@@ -316,7 +316,7 @@ def config_from_args(args: argparse.Namespace) -> TrainSimConfig:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from ursa.tools.simulate_report import format_report
+    from ursa.tools.simulate.report import format_report
 
     report = run_train_comparison(config_from_args(args))
     print(json.dumps(report, indent=2) if args.json else format_report(report))

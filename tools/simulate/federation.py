@@ -40,7 +40,7 @@ from ursa.tools.data.partition import (
     dirichlet_partition,
     dubhe_partition,
 )
-from ursa.tools.fleet_mlp import DeviceData
+from ursa.tools.simulate.fleet_mlp import DeviceData
 
 PARTITIONS = ("climb", "dubhe", "dirichlet", "iid", "noise")
 DEFAULT_TEST_FRACTION = 0.25

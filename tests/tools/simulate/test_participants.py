@@ -5,7 +5,7 @@ import pytest
 
 from ursa.tools.data.metrics import distributions
 from ursa.tools.data.partition import dubhe_partition
-from ursa.tools.simulate_participants import make_selector
+from ursa.tools.simulate.participants import make_selector
 
 
 def _population() -> np.ndarray:

@@ -5,10 +5,10 @@ we do not have) the data work is modelled by
 `ursa.edge_sdk.flicker.CountResampler`: over-sampling is exact
 (``round(1/LI)``), under-sampling removes ``redundant_fraction`` of the
 ``theta`` share that the local test would buffer. `simulate_table` runs
-FLICKER (`ursa.tools.flicker_run.run_flicker`) and the local baselines of
+FLICKER (`ursa.tools.simulate.flicker_run.run_flicker`) and the local baselines of
 §4.2 beside it, and puts the paper's Table 5 / Table 7 next to the result.
 ``--train`` adds the learning comparison on digits
-(`ursa.tools.flicker_train.run_train_comparison`).
+(`ursa.tools.simulate.flicker_train.run_train_comparison`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ursa.coordinator import flicker as coord
 from ursa.edge_sdk import flicker as dev
-from ursa.tools.flicker_run import (
+from ursa.tools.simulate.flicker_run import (
     CountingContext,
     CountingKeyOwner,
     FlickerRun,
@@ -31,8 +31,12 @@ from ursa.tools.flicker_run import (
     run_flicker,
     run_local_baseline,
 )
-from ursa.tools.flicker_tables import METHODS, PAPER_RESULTS, get_table
-from ursa.tools.flicker_train import format_train, run_train_comparison, scale_table
+from ursa.tools.simulate.flicker_tables import METHODS, PAPER_RESULTS, get_table
+from ursa.tools.simulate.flicker_train import (
+    format_train,
+    run_train_comparison,
+    scale_table,
+)
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]

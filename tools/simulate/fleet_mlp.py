@@ -16,7 +16,7 @@ a round's devices in one set of batched numpy matmuls (~50x faster here):
   momentum with the buffer started at the first step, no dampening);
 * same result: ``delta = (local - global) * delta_scale`` in float32.
 
-`tests/tools/test_fleet_mlp.py` checks the deltas against `train_local` (to
+`tests/tools/simulate/test_fleet_mlp.py` checks the deltas against `train_local` (to
 float32 rounding). Only SGD and the MLP are covered; anything else goes
 through `train_local` (the simulator's sequential trainer). Torch is not
 needed here.

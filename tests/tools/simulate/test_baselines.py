@@ -3,7 +3,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ursa.tools.baselines import BaselineError, greedy_selection, random_selection
+from ursa.tools.simulate.baselines import (
+    BaselineError,
+    greedy_selection,
+    random_selection,
+)
 
 
 def _greedy_oracle(p: np.ndarray, k: int, start: int) -> list[int]:
@@ -53,7 +57,7 @@ def test_greedy_balances_one_hot_devices_perfectly() -> None:
 def test_greedy_chunks_give_the_same_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     p = np.random.default_rng(6).dirichlet(np.ones(3), size=25)
     whole = greedy_selection(p, 5, 9, np.random.default_rng(3))
-    monkeypatch.setattr("ursa.tools.baselines.GREEDY_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr("ursa.tools.simulate.baselines.GREEDY_CHUNK_ELEMENTS", 1)
     assert np.array_equal(greedy_selection(p, 5, 9, np.random.default_rng(3)), whole)
 
 

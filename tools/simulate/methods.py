@@ -3,16 +3,16 @@
 `run_method` plays ``rounds`` rounds of one method on one `Federation` with the
 system's own algorithm code, only without a broker:
 
-* selection: ``random`` or ``dubhe`` (`ursa.tools.simulate_participants`,
+* selection: ``random`` or ``dubhe`` (`ursa.tools.simulate.participants`,
   with the devices' and coordinator's own Dubhe functions);
 * ``climb``: every ``dual_period`` rounds all N devices evaluate ``f_i`` at the
   global model and run `ursa.edge_sdk.climb.apply_dual_means_all` on the means
   (plaintext means, or with ``climb_encrypted`` the real Paillier path:
   `encrypt_dual_report` -> `ursa.coordinator.climb` -> `decrypt_dual_means`);
   participants scale their deltas by ``w_i``;
-* ``feddisk``: phase 1 (`ursa.tools.simulate_feddisk`), then weighted rounds;
+* ``feddisk``: phase 1 (`ursa.tools.simulate.feddisk`), then weighted rounds;
 * ``focal``: local focal loss (gamma 2, as the CLIMB reference code);
-* training: `ursa.tools.fleet_mlp.train_fleet` (the vectorised equivalent of
+* training: `ursa.tools.simulate.fleet_mlp.train_fleet` (the vectorised equivalent of
   `train_local`, tested equal) or ``trainer="sequential"`` (`train_local` per
   device); aggregation: `ursa.coordinator.aggregation` (FedAvg by sample count,
   equal weights under FedVC, CLIMB's average of scaled deltas).
@@ -53,16 +53,16 @@ from ursa.edge_sdk.training import TrainConfig, train_local
 from ursa.models.registry import initial_arrays
 from ursa.models.weights import Arrays
 from ursa.tools.data.metrics import distributions
-from ursa.tools.fleet_mlp import (
+from ursa.tools.simulate.feddisk import FeddiskSettings, feddisk_phase_one
+from ursa.tools.simulate.federation import Federation
+from ursa.tools.simulate.fleet_mlp import (
     DeviceData,
     FleetResult,
     cross_entropy,
     forward,
     train_fleet,
 )
-from ursa.tools.simulate_data import Federation
-from ursa.tools.simulate_feddisk import FeddiskSettings, feddisk_phase_one
-from ursa.tools.simulate_participants import make_selector
+from ursa.tools.simulate.participants import make_selector
 
 METHODS = ("fedavg", "focal", "climb", "feddisk")
 TRAINERS = ("vectorised", "sequential")

@@ -4,7 +4,11 @@ import numpy as np
 import pytest
 
 from ursa.tools.data.loaders import load_digits
-from ursa.tools.simulate_data import FederationError, PartitionSpec, build_federation
+from ursa.tools.simulate.federation import (
+    FederationError,
+    PartitionSpec,
+    build_federation,
+)
 
 
 @pytest.fixture(scope="module")

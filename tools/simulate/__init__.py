@@ -1,0 +1,1 @@
+"""In-process simulators: Dubhe selection, FLICKER, method comparisons by training."""
