@@ -102,7 +102,11 @@ def _option(args: argparse.Namespace, name: str) -> int:
 def _run_demo(args: argparse.Namespace) -> int:
     if args.selection_only:
         return _run_selection(args)
-    from ursa.tools.demo import DemoError, TrainingDemoSettings, run_training_demo
+    from ursa.tools.demo.training import (
+        DemoError,
+        TrainingDemoSettings,
+        run_training_demo,
+    )
 
     settings = TrainingDemoSettings(
         devices=_option(args, "devices"),
@@ -137,7 +141,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _run_selection(args: argparse.Namespace) -> int:
-    from ursa.tools.demo_selection import DemoSettings, run_selection_demo
+    from ursa.tools.demo.selection import DemoSettings, run_selection_demo
 
     settings = DemoSettings(
         devices=_option(args, "devices"),

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ursa.bench.protocol import run as run_protocol_bench
-from ursa.tools.demo_selection import DemoSettings, run_selection_demo
+from ursa.tools.demo.selection import DemoSettings, run_selection_demo
 
 pytestmark = pytest.mark.integration
 

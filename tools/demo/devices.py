@@ -94,7 +94,7 @@ def run_device_process(
     await), so devices connect one at a time, and retry a failed start.
 
     ``flicker_sync`` (a ready queue and a done Event): take part in FLICKER
-    first (`ursa.tools.demo_flicker.balance_devices`), then train on the
+    first (`ursa.tools.demo.flicker.balance_devices`), then train on the
     resampled views.
     """
     logging.basicConfig(level=spec.log_level, format="%(asctime)s %(name)s %(message)s")
@@ -104,7 +104,7 @@ def run_device_process(
     figures: dict[str, dict[str, Any]] = {}
     try:
         if flicker_sync is not None:
-            from ursa.tools.demo_flicker import balance_devices
+            from ursa.tools.demo.flicker import balance_devices
 
             ready, done = flicker_sync
             timeout = float(spec.extra.get("flicker_timeout_s", 600.0))

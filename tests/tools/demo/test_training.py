@@ -13,7 +13,7 @@ import pytest
 from ursa.models.inference import OnnxClassifier
 from ursa.tools.cli import build_parser, main
 from ursa.tools.data.loaders import load_dataset
-from ursa.tools.demo import TrainingDemoSettings, run_training_demo
+from ursa.tools.demo.training import TrainingDemoSettings, run_training_demo
 from ursa.tools.simulate.federation import PartitionSpec, build_federation
 
 pytestmark = pytest.mark.integration
@@ -89,7 +89,7 @@ def test_selection_only_keeps_its_own_defaults() -> None:
 
 
 def test_report_json_is_strict() -> None:
-    from ursa.tools.demo_report import json_safe
+    from ursa.tools.demo.report import json_safe
 
     cleaned = json_safe({"a": float("nan"), "b": [1.0, float("inf")], "c": (2, "x")})
 

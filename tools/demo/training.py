@@ -21,7 +21,7 @@ coordinator, which sees no label distribution) computes each round's
 ``||p_o - p_u||_1`` from the partition it made.
 
 ``--balance flicker`` runs FLICKER among the device processes before the
-first round (`ursa.tools.demo_flicker`): each device then trains on its
+first round (`ursa.tools.demo.flicker`): each device then trains on its
 resampled training view; the report gains a ``flicker`` section.
 
 Defaults (measured on 2 cores: see README): 20 devices, K = 8, H = 5,
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
-from ursa.tools.demo_devices import DeviceReport, DeviceSpec, FleetSpec
+from ursa.tools.demo.devices import DeviceReport, DeviceSpec, FleetSpec
 
 if TYPE_CHECKING:
     from ursa.coordinator.config import CoordinatorConfig
@@ -166,8 +166,8 @@ def run_training_demo(
     """Run the demo, write the report folder, print a summary (or the JSON)."""
     import json
 
-    from ursa.tools.demo_report import json_safe
-    from ursa.tools.demo_run import DemoRun
+    from ursa.tools.demo.report import json_safe
+    from ursa.tools.demo.run import DemoRun
 
     settings.check()
     out = out if out is not None else sys.stdout
@@ -261,7 +261,7 @@ def spawn_devices(
     holds its settings); the harness reads `DeviceFleet.flicker_ready` and
     sets `DeviceFleet.flicker_done`.
     """
-    from ursa.tools.demo_devices import run_device_process
+    from ursa.tools.demo.devices import run_device_process
 
     context = multiprocessing.get_context("spawn")
     handle = DeviceFleet([], context.Event(), context.Queue(), context.Lock())

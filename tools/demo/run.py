@@ -1,6 +1,6 @@
 """One `ursa demo` run: data, broker, coordinator thread, device processes, report.
 
-`DemoRun.execute` is the harness behind `ursa.tools.demo.run_training_demo`
+`DemoRun.execute` is the harness behind `ursa.tools.demo.training.run_training_demo`
 (see its module docstring for what runs). The harness knows every device's
 labels (it made the partition) and the test split; the coordinator knows
 neither: it gets only the evaluation callback's figures for the report.
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ursa.tools.demo import (
+from ursa.tools.demo.devices import DeviceSpec, wait_for_reports
+from ursa.tools.demo.training import (
     ARCHITECTURE,
     FEDERATION,
     DemoError,
@@ -29,12 +30,11 @@ from ursa.tools.demo import (
     training_plugin,
     write_initial_weights,
 )
-from ursa.tools.demo_devices import DeviceSpec, wait_for_reports
 
 if TYPE_CHECKING:
     from ursa.coordinator.service import CoordinatorService
     from ursa.coordinator.training import RoundRecord
-    from ursa.tools.demo import _Progress
+    from ursa.tools.demo.training import _Progress
     from ursa.tools.simulate.federation import Federation
 
 __all__ = ["DemoRun"]
@@ -208,7 +208,7 @@ class DemoRun:
         flicker = s.balance == "flicker"
         public = {}
         if flicker:
-            from ursa.tools.demo_flicker import flicker_extra, provision_identities
+            from ursa.tools.demo.flicker import flicker_extra, provision_identities
 
             public = provision_identities(fleet_settings["state_root"], ids)
             fleet_settings["extra"] = {
@@ -247,7 +247,7 @@ class DemoRun:
         devices = sorted((report_of(r) for r in reports), key=lambda d: d["device_id"])
         out: dict[str, Any] = {}
         if section is not None:
-            from ursa.tools.demo_flicker import summarise
+            from ursa.tools.demo.flicker import summarise
 
             figures = {r.device_id: r.flicker for r in reports if r.flicker}
             out["flicker"] = summarise(section, figures)
@@ -318,7 +318,7 @@ class DemoRun:
         self, url: str, public: dict[str, Any], num_classes: int, fleet: Any
     ) -> dict[str, Any]:
         """Run FLICKER's coordinator side, then let the devices train."""
-        from ursa.tools.demo_flicker import run_coordinator_side
+        from ursa.tools.demo.flicker import run_coordinator_side
 
         self.progress.note("FLICKER: encrypted class counts, then resampling")
         try:
@@ -356,7 +356,7 @@ class DemoRun:
     def _finish(
         self, report: dict[str, Any], model_config: dict[str, Any], fed: Federation
     ) -> dict[str, Any]:
-        from ursa.tools.demo_report import onnx_check, summarise_devices, write_report
+        from ursa.tools.demo.report import onnx_check, summarise_devices, write_report
 
         s = self.settings
         arrays = report.pop("_final_arrays")

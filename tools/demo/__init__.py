@@ -1,0 +1,1 @@
+"""`ursa demo`: the whole system on one machine, training or selection only."""
