@@ -76,7 +76,7 @@ def test_torch_only_in_models_and_training() -> None:
         "ursa.protocol",
         "ursa.coordinator",
         "ursa.edge_sdk",
-        "ursa.tools.cli",
+        "ursa.tools.cli.app",
     ],
 )
 def test_light_import_paths_do_not_load_torch(module: str) -> None:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ursa.tools.cli import main
+from ursa.tools.cli.app import main
 
 KEYS = {
     "registry_encrypt_ms", "registry_encrypt_per_slot_ms", "registry_encrypt_speedup",

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from ursa.bench import flicker as bench
-from ursa.tools.cli import main
+from ursa.tools.cli.app import main
 
 pytest.importorskip("tenseal")
 

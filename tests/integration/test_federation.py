@@ -229,7 +229,7 @@ def test_coordinator_killed_mid_round_resumes_and_leaks_nothing(
     command = [
         sys.executable,
         "-m",
-        "ursa.tools.cli_service",
+        "ursa.tools.cli.service",
         "--log-level",
         "DEBUG",
         "coordinator",

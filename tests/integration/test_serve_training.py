@@ -19,7 +19,7 @@ import pytest
 
 from ursa.coordinator.models import ModelStore
 from ursa.edge_sdk.config import load_device_config
-from ursa.tools import cli_service
+from ursa.tools.cli import service as cli_service
 from ursa.tools.data.loaders import load_digits
 
 pytestmark = pytest.mark.integration
@@ -33,7 +33,7 @@ FEDDISK_DEVICE = (
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ursa.tools.cli_service", *args]
+    return [sys.executable, "-m", "ursa.tools.cli.service", *args]
 
 
 def _coordinator_toml(

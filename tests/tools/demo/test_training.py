@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ursa.models.inference import OnnxClassifier
-from ursa.tools.cli import build_parser, main
+from ursa.tools.cli.app import build_parser, main
 from ursa.tools.data.loaders import load_dataset
 from ursa.tools.demo.training import TrainingDemoSettings, run_training_demo
 from ursa.tools.simulate.federation import PartitionSpec, build_federation
@@ -77,7 +77,7 @@ def test_settings_the_demo_cannot_run_are_refused_with_a_reason(
 
 
 def test_selection_only_keeps_its_own_defaults() -> None:
-    from ursa.tools.cli_demo import _option
+    from ursa.tools.cli.demo import _option
 
     parser = build_parser()
     selection = parser.parse_args(["demo", "--selection-only"])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ursa.crypto import PaillierPublicKey, PaillierSecretKey, generate_keypair
-from ursa.tools.cli import main
+from ursa.tools.cli.app import main
 from ursa.tools.simulate import encrypted_sums
 from ursa.tools.simulate.encrypted_sums import (
     ENCRYPTED_MAX_CLIENTS,

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ursa.tools.cli import main
+from ursa.tools.cli.app import main
 from ursa.tools.data.metrics import distributions
 from ursa.tools.data.partition import PartitionError
 from ursa.tools.simulate import selection as simulator

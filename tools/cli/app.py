@@ -1,6 +1,6 @@
 """The `ursa` command line: one entry point; each area registers its subcommands.
 
-Each area lives in its own `ursa.tools.cli_<area>` module with a
+Each area lives in its own `ursa.tools.cli.<area>` module with a
 `register(subparsers)` function, so heavy imports (torch, TenSEAL) happen only
 when the subcommand that needs them runs.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import sys
 from collections.abc import Callable, Sequence
 
 from ursa._version import __version__
@@ -18,11 +17,11 @@ from ursa._version import __version__
 Handler = Callable[[argparse.Namespace], int]
 
 _AREAS = (
-    "ursa.tools.cli_bench",
-    "ursa.tools.cli_simulate",
-    "ursa.tools.cli_broker",
-    "ursa.tools.cli_service",
-    "ursa.tools.cli_demo",
+    "ursa.tools.cli.bench",
+    "ursa.tools.cli.simulate",
+    "ursa.tools.cli.broker",
+    "ursa.tools.cli.service",
+    "ursa.tools.cli.demo",
 )
 
 
@@ -52,6 +51,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = args.handler
     return handler(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ursa.tools import cli_service
+from ursa.tools.cli import service as cli_service
 
 
 def test_subcommands_parse() -> None:
@@ -147,7 +147,7 @@ def test_selection_only_device_runs_without_torch(tmp_path: Path) -> None:
         "import sys\n"
         "from pathlib import Path\n"
         "from ursa.edge_sdk.config import DeviceConfig\n"
-        "from ursa.tools.cli_service import build_device\n"
+        "from ursa.tools.cli.service import build_device\n"
         f"root = Path({str(tmp_path)!r})\n"
         "config = DeviceConfig(device_id='dev001', federation='f', state_dir=root,"
         " labels_file=root / 'l.npy')\n"

@@ -3,7 +3,7 @@
 Both read a TOML/JSON config (``--config``) with ``URSA_*`` environment
 overrides (secrets such as ``URSA_BROKER__PASSWORD`` belong there, not in the
 file), stop cleanly on SIGTERM/SIGINT, and log to stderr. Also runnable as
-``python -m ursa.tools.cli_service coordinator serve --config FILE``.
+``python -m ursa.tools.cli.service coordinator serve --config FILE``.
 
 With a ``[training]`` section the coordinator runs `TrainingPlugin` rounds
 (initial weights from `ursa model init`, also registered here; FedDisk: a
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from ursa.tools import init_weights
+from ursa.tools.cli import model
 
 if TYPE_CHECKING:
     from ursa.coordinator.config import CoordinatorConfig
@@ -64,7 +64,7 @@ def register(sub: Subparsers) -> None:
         "--labels", type=Path, help="labels file (.npy, .txt, .csv); else labels_file"
     )
     run.set_defaults(handler=_device_run)
-    init_weights.register(sub)
+    model.register(sub)
 
 
 class ServiceSetupError(ValueError):
@@ -202,7 +202,7 @@ def torch_trainer(
         from ursa.edge_sdk.training import TrainConfig
         from ursa.models.registry import ModelConfigError, parse_config
     except ImportError:
-        raise ServiceSetupError(f"[training] {init_weights.TRAIN_EXTRA_HINT}") from None
+        raise ServiceSetupError(f"[training] {model.TRAIN_EXTRA_HINT}") from None
     try:
         parse_config(training.architecture, training.model_options)
         train = TrainConfig.model_validate(training.train)

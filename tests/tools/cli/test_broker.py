@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ursa.tools import cli_broker
-from ursa.tools.cli_broker import read_devices, register
+from ursa.tools.cli import broker as cli_broker
+from ursa.tools.cli.broker import read_devices, register
 
 
 def run(argv: list[str]) -> int:

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from ursa import __version__
-from ursa.tools.cli import build_parser, main
+from ursa.tools.cli.app import build_parser, main
 
 
 def test_version_flag_prints_the_package_version(

@@ -1,0 +1,1 @@
+"""The `ursa` command line: the entry point and one module per area."""
