@@ -287,11 +287,3 @@ def simulate_selection(
     report["elapsed_s"] = time.perf_counter() - start
     return report
 
-
-def __getattr__(name: str) -> Any:
-    """The sweep and plot live in `ursa.tools.simulate.selection_plot`."""
-    if name in ("participation_sweep", "plot_selection", "DEFAULT_SWEEP_RATES"):
-        from ursa.tools.simulate import selection_plot
-
-        return getattr(selection_plot, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,6 @@ import pytest
 from ursa.tools.cli.app import main
 from ursa.tools.data.metrics import distributions
 from ursa.tools.data.partition import PartitionError
-from ursa.tools.simulate import selection as simulator
 from ursa.tools.simulate.selection import (
     SelectionConfig,
     SumBackend,
@@ -132,13 +131,6 @@ def test_kept_selections_are_k_distinct_devices_per_round() -> None:
         assert len(rows) == 7
         assert all(len(set(row)) == 5 and max(row) < 60 for row in rows)
     assert "selections" not in simulate_selection(config)
-
-
-def test_sweep_and_plot_stay_importable_from_the_simulator() -> None:
-    assert simulator.participation_sweep is participation_sweep
-    assert simulator.plot_selection is plot_selection
-    with pytest.raises(AttributeError):
-        _ = simulator.no_such_name
 
 
 def test_class_device_counts_sum_to_n() -> None:
