@@ -102,11 +102,8 @@ def _option(args: argparse.Namespace, name: str) -> int:
 def _run_demo(args: argparse.Namespace) -> int:
     if args.selection_only:
         return _run_selection(args)
-    from ursa.tools.demo.training import (
-        DemoError,
-        TrainingDemoSettings,
-        run_training_demo,
-    )
+    from ursa.tools.demo.settings import DemoError, TrainingDemoSettings
+    from ursa.tools.demo.training import run_training_demo
 
     settings = TrainingDemoSettings(
         devices=_option(args, "devices"),

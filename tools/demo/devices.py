@@ -14,69 +14,20 @@ from __future__ import annotations
 import logging
 import multiprocessing.queues
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
+
+from ursa.tools.demo.fleet import DeviceReport, DeviceSpec, FleetSpec
 
 if TYPE_CHECKING:
     from ursa.edge_sdk.client import EdgeClient
 
-__all__ = ["DeviceReport", "DeviceSpec", "FleetSpec", "run_device_process"]
+__all__ = ["DeviceFleet", "run_device_process", "spawn_devices"]
 
 POLL_S = 0.5
 CONNECT_ATTEMPTS = 3
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """One device: its id, its local training data and its seed."""
-
-    device_id: str
-    x: npt.NDArray[np.float32]
-    y: npt.NDArray[np.int64]
-    seed: int
-
-
-@dataclass(frozen=True)
-class FleetSpec:
-    """What a device process runs (picklable)."""
-
-    federation: str
-    broker_url: str
-    state_root: Path
-    devices: tuple[DeviceSpec, ...]
-    architecture: str
-    model_config: dict[str, Any]
-    train: dict[str, Any]
-    climb: dict[str, Any] | None = None
-    feddisk: dict[str, Any] | None = None
-    """`FeddiskSettings` fields when the run uses FedDisk."""
-    wire_dtype: Literal["float32", "float16"] = "float32"
-    obfuscator_pool_size: int = 4
-    log_level: int = logging.WARNING
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class DeviceReport:
-    """A device's figures at the end of the demo (no private data)."""
-
-    device_id: str
-    crypto_s: float
-    bytes_sent: int
-    bytes_received: int
-    messages_sent: int
-    messages_received: int
-    train_s: float
-    rounds_trained: int
-    update_bytes: int
-    dual_steps: int
-    selected_rounds: tuple[int, ...]
-    error: str | None = None
-    flicker: dict[str, Any] | None = None
 
 
 def run_device_process(
@@ -224,3 +175,47 @@ def wait_for_reports(
         except Exception:  # queue.Empty
             break
     return reports
+
+
+@dataclass
+class DeviceFleet:
+    """The running device processes and what they share with the harness."""
+
+    processes: list[Any]
+    stop: Any
+    results: Any
+    connect_lock: Any
+    flicker_ready: Any = None
+    flicker_done: Any = None
+
+
+def spawn_devices(
+    specs: list[DeviceSpec],
+    fleet: dict[str, Any],
+    processes: int,
+    *,
+    flicker: bool = False,
+) -> DeviceFleet:
+    """Start the device processes (spawn), devices split evenly among them.
+
+    ``flicker``: the devices take part in FLICKER first (``fleet["extra"]``
+    holds its settings); the harness reads `DeviceFleet.flicker_ready` and
+    sets `DeviceFleet.flicker_done`.
+    """
+    context = multiprocessing.get_context("spawn")
+    handle = DeviceFleet([], context.Event(), context.Queue(), context.Lock())
+    sync = None
+    if flicker:
+        handle.flicker_ready, handle.flicker_done = context.Queue(), context.Event()
+        sync = (handle.flicker_ready, handle.flicker_done)
+    groups = [g for g in np.array_split(np.arange(len(specs)), processes) if len(g)]
+    for group in groups:
+        spec = FleetSpec(devices=tuple(specs[i] for i in group), **fleet)
+        proc = context.Process(
+            target=run_device_process,
+            args=(spec, handle.stop, handle.results, handle.connect_lock, sync),
+            daemon=True,
+        )
+        proc.start()
+        handle.processes.append(proc)
+    return handle

@@ -37,7 +37,7 @@ import numpy as np
 if TYPE_CHECKING:
     from ursa.crypto.identity import DevicePublicIdentity
     from ursa.protocol.mqtt import MqttTransport
-    from ursa.tools.demo.devices import DeviceSpec, FleetSpec
+    from ursa.tools.demo.fleet import DeviceSpec, FleetSpec
 
 __all__ = [
     "FLICKER_FEDERATION",

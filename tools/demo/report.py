@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.models.weights import Arrays
+from ursa.tools.demo.fleet import DeviceReport
 
-__all__ = ["json_safe", "onnx_check", "summarise_devices", "write_report"]
+__all__ = ["json_safe", "onnx_check", "report_of", "summarise_devices", "write_report"]
 
 
 def json_safe(value: Any) -> Any:
@@ -161,3 +163,13 @@ def _plots(report: dict[str, Any], folder: Path) -> list[str]:
     fig.savefig(folder / "devices.png", dpi=110)
     plt.close(fig)
     return ["accuracy.png", "selection.png", "devices.png"]
+
+
+def report_of(device: DeviceReport) -> dict[str, Any]:
+    """A device's figures for the JSON report."""
+    data = asdict(device)
+    data.pop("flicker", None)
+    data["crypto_ms"] = 1000.0 * data.pop("crypto_s")
+    data["train_ms"] = 1000.0 * data.pop("train_s")
+    data["selected_rounds"] = list(device.selected_rounds)
+    return data

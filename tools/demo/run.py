@@ -12,36 +12,37 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
-from ursa.tools.demo.devices import DeviceSpec, wait_for_reports
-from ursa.tools.demo.training import (
-    ARCHITECTURE,
-    FEDERATION,
-    DemoError,
+from ursa.tools.demo.coordinator import (
     MadeHooks,
-    TrainingDemoSettings,
     coordinator_config,
-    report_of,
-    spawn_devices,
     start_broker,
     training_plugin,
     write_initial_weights,
+)
+from ursa.tools.demo.devices import spawn_devices, wait_for_reports
+from ursa.tools.demo.fleet import DeviceSpec
+from ursa.tools.demo.settings import (
+    ARCHITECTURE,
+    FEDERATION,
+    DemoError,
+    TrainingDemoSettings,
 )
 
 if TYPE_CHECKING:
     from ursa.coordinator.service import CoordinatorService
     from ursa.coordinator.training import RoundRecord
-    from ursa.tools.demo.training import _Progress
     from ursa.tools.simulate.federation import Federation
 
-__all__ = ["DemoRun"]
+__all__ = ["DemoRun", "Progress"]
 
 logger = logging.getLogger("ursa.demo")
 
 RANDOM_BASELINE_DRAWS = 2000
+BAR_WIDTH = 30
 _STAGE_NOTES = {
     "enrolment": "waiting for every device to start and enrol",
     "key_epoch": "key epoch: the agent makes the Paillier key and seals it",
@@ -57,11 +58,35 @@ _TRAINING_NOTES = {
 }
 
 
+class Progress:
+    """Per-round progress lines on stderr (from the coordinator's thread)."""
+
+    def __init__(self, err: TextIO, total: int) -> None:
+        self.err, self.total, self.started = err, total, time.perf_counter()
+        self.lock = threading.Lock()
+
+    def line(self, done: int, text: str) -> None:
+        """A progress bar for ``done`` of the rounds, with ``text``."""
+        filled = BAR_WIDTH * done // max(1, self.total)
+        bar = "#" * filled + "." * (BAR_WIDTH - filled)
+        elapsed = time.perf_counter() - self.started
+        with self.lock:
+            self.err.write(f"[{bar}] {done}/{self.total} {text} ({elapsed:.0f} s)\n")
+            self.err.flush()
+
+    def note(self, text: str) -> None:
+        """A line of ``text`` with the time since the start."""
+        with self.lock:
+            elapsed = time.perf_counter() - self.started
+            self.err.write(f"ursa demo: {text} ({elapsed:.0f} s)\n")
+            self.err.flush()
+
+
 class DemoRun:
     """Everything one demo run holds (see `execute`)."""
 
     def __init__(
-        self, settings: TrainingDemoSettings, workdir: Path, progress: _Progress
+        self, settings: TrainingDemoSettings, workdir: Path, progress: Progress
     ) -> None:
         self.settings = settings
         self.workdir = workdir
@@ -244,6 +269,8 @@ class DemoRun:
             stop.set()
             loop.join(10.0)
             service.stop()
+        from ursa.tools.demo.report import report_of
+
         devices = sorted((report_of(r) for r in reports), key=lambda d: d["device_id"])
         out: dict[str, Any] = {}
         if section is not None:

@@ -13,7 +13,8 @@ import pytest
 from ursa.models.inference import OnnxClassifier
 from ursa.tools.cli.app import build_parser, main
 from ursa.tools.data.loaders import load_dataset
-from ursa.tools.demo.training import TrainingDemoSettings, run_training_demo
+from ursa.tools.demo.settings import TrainingDemoSettings
+from ursa.tools.demo.training import run_training_demo
 from ursa.tools.simulate.federation import PartitionSpec, build_federation
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,72 @@
+"""What `ursa demo` (training) runs: its settings, their checks and constants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DemoError", "TrainingDemoSettings"]
+
+FEDERATION = "demo"
+ARCHITECTURE = "mlp"
+SELECTIONS = ("dubhe", "random")
+UPDATE_TIMEOUT_S = 120.0
+DUAL_TIMEOUT_S = 60.0
+WEIGHTINGS = ("none", "climb", "feddisk")
+BALANCES = ("none", "flicker")
+
+
+class DemoError(ValueError):
+    """Settings the demo cannot run (the message says why)."""
+
+
+@dataclass(frozen=True)
+class TrainingDemoSettings:
+    """What `ursa demo` runs (the CLI's options)."""
+
+    devices: int = 20
+    k: int = 8
+    tries: int = 5
+    rounds: int = 25
+    rho: float = 10.0
+    emd: float = 1.5
+    selection: str = "dubhe"
+    weighting: str = "climb"
+    balance: str = "none"
+    key_bits: int = 2048
+    local_epochs: int = 5
+    batch_size: int = 4
+    lr: float = 0.1
+    hidden_sizes: tuple[int, ...] = (128, 128)
+    eta_d: float = 0.1
+    epsilon: float = 0.002
+    dual_period: int = 1
+    made_rounds: int = 50
+    """FedDisk: the cap on MADE rounds (the phase stops earlier when the
+    fleet's validation loss rises)."""
+    wire_dtype: str = "float32"
+    test_fraction: float = 0.25
+    seed: int = 0
+    processes: int | None = None
+    report_dir: Path = Path("ursa-report")
+    broker_url: str | None = None
+    timeout_s: float = 900.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Raise `DemoError` for settings the demo cannot run."""
+        if self.selection not in SELECTIONS:
+            raise DemoError(f"selection must be one of {SELECTIONS}")
+        if self.balance not in BALANCES:
+            raise DemoError(f"balance must be one of {BALANCES}")
+        if self.balance == "flicker" and self.devices < 3:
+            raise DemoError("--balance flicker needs at least 3 devices (the ring)")
+        if self.weighting not in WEIGHTINGS:
+            raise DemoError(f"weighting must be one of {WEIGHTINGS}")
+        if self.made_rounds < 1:
+            raise DemoError("--made-rounds must be at least 1")
+        if not 1 <= self.k <= self.devices:
+            raise DemoError(f"need 1 <= K <= devices, got K={self.k}")
+        if self.rounds < 1:
+            raise DemoError("need at least one round")
