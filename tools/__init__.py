@@ -1,1 +1,1 @@
-"""The ursa CLI, simulation, data sets and partitioners, plots."""
+"""The ursa CLI and what it runs: simulators, data sets, the demo, brokers."""
