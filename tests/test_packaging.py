@@ -1,0 +1,21 @@
+"""pyproject lists every package folder, so the wheel holds every module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ursa._compat import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+NOT_INSTALLED = {"tests", ".venv", "build"}
+
+
+def test_every_package_folder_is_in_the_packages_list() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = set(config["tool"]["setuptools"]["packages"])
+    folders = {
+        ".".join(("ursa", *init.parent.relative_to(ROOT).parts))
+        for init in ROOT.rglob("__init__.py")
+        if not NOT_INSTALLED & set(init.relative_to(ROOT).parts)
+    }
+    assert listed == folders
