@@ -55,12 +55,14 @@ from ursa.crypto.errors import (
 )
 
 __all__ = [
+    "CKKS_UNAVAILABLE",
     "MASK_BITS",
     "MAX_PUBLIC_CONTEXT_BYTES",
     "CkksKeyOwner",
     "CkksParams",
     "CkksPublicContext",
     "pad_length",
+    "require_tenseal",
     "unit_vector",
 ]
 
@@ -80,15 +82,26 @@ FloatArray = npt.NDArray[np.float64]
 Values = Sequence[float] | npt.NDArray[Any]
 
 
+CKKS_UNAVAILABLE = "CKKS unavailable: install ursa-fl[ckks] on Python ≥ 3.11"
+"""TenSEAL 0.3.18, the first with aarch64 wheels, has none for Python 3.10."""
+
+
 def _tenseal() -> Any:
     """Import TenSEAL lazily so that ``import ursa.crypto`` never needs it."""
     try:
         import tenseal
     except ImportError as exc:
-        raise BackendUnavailableError(
-            "CKKS needs TenSEAL: pip install 'ursa-fl[ckks]'"
-        ) from exc
+        raise BackendUnavailableError(CKKS_UNAVAILABLE) from exc
     return tenseal
+
+
+def require_tenseal() -> None:
+    """Raise `BackendUnavailableError` now if TenSEAL cannot be imported.
+
+    FLICKER calls this when it is configured, so that a device without TenSEAL
+    fails at start-up with the fix instead of when the first ciphertext arrives.
+    """
+    _tenseal()
 
 
 def pad_length(length: int) -> int:

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ursa.crypto.ckks import CkksPublicContext
+from ursa.crypto.ckks import CkksPublicContext, require_tenseal
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.sealing import open_sealed, seal
@@ -175,6 +175,7 @@ class FlickerParticipant(DeviceWire):
         max_context_bytes: int = DEFAULT_MAX_CONTEXT_BYTES,
         global_test: bool = True,
     ) -> None:
+        require_tenseal()  # at configuration time, not when a ciphertext arrives
         super().__init__(identity, federation, transport)
         self.peers = dict(peers)
         self.state = dev.init_device(counts)

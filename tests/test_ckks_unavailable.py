@@ -1,0 +1,63 @@
+"""Without TenSEAL (Python 3.10 has no 0.3.18 wheel) FLICKER fails when configured.
+
+These tests run on every Python; the 3.10 CI run has no TenSEAL at all, so
+there the subprocess test checks the real absence, not a patched one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ursa.coordinator.flicker_service import FlickerCoordinator
+from ursa.coordinator.flicker_types import FlickerServiceConfig
+from ursa.crypto.ckks import CKKS_UNAVAILABLE, require_tenseal
+from ursa.crypto.errors import BackendUnavailableError
+from ursa.crypto.identity import DeviceIdentity
+from ursa.edge_sdk.flicker_client import FlickerParticipant
+from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
+
+MESSAGE = "CKKS unavailable: install ursa-fl[ckks] on Python ≥ 3.11"
+
+
+@pytest.fixture
+def no_tenseal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tenseal", None)  # import raises ImportError
+
+
+@pytest.mark.usefixtures("no_tenseal")
+def test_require_tenseal_raises_the_install_instruction() -> None:
+    with pytest.raises(BackendUnavailableError) as caught:
+        require_tenseal()
+    assert str(caught.value) == MESSAGE == CKKS_UNAVAILABLE
+
+
+@pytest.mark.usefixtures("no_tenseal")
+def test_flicker_device_fails_when_constructed() -> None:
+    identity = DeviceIdentity.generate("dev-a")
+    with pytest.raises(BackendUnavailableError, match="CKKS unavailable"):
+        FlickerParticipant(
+            identity=identity,
+            federation="fed",
+            peers={"dev-a": identity.public()},
+            counts=(1, 2, 3),
+            transport=InMemoryTransport(InMemoryBus(), "dev-a"),
+        )
+
+
+@pytest.mark.usefixtures("no_tenseal")
+def test_flicker_coordinator_fails_when_constructed() -> None:
+    config = FlickerServiceConfig(federation="fed", num_classes=3)
+    with pytest.raises(BackendUnavailableError, match="CKKS unavailable"):
+        FlickerCoordinator(config, {}, InMemoryTransport(InMemoryBus(), "coordinator"))
+
+
+def test_flicker_modules_import_without_tenseal() -> None:
+    code = (
+        "import sys; sys.modules['tenseal'] = None; "
+        "import ursa.edge_sdk, ursa.edge_sdk.flicker_client, ursa.coordinator, "
+        "ursa.coordinator.flicker_service"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
