@@ -40,6 +40,7 @@ def test_epoch_and_round_round_trip(tmp_path: Path) -> None:
     assert (record.candidates, record.selected, record.try_index) == ((0,), ("a",), 0)
     assert store.last_result() == b"result"
     assert store.rounds_in_epoch(1) == 1
+    store.close()
 
 
 def test_a_round_completes_once(tmp_path: Path) -> None:
@@ -48,6 +49,7 @@ def test_a_round_completes_once(tmp_path: Path) -> None:
     assert store.complete_round(1)
     assert not store.complete_round(1)
     assert store.completed_rounds() == 1
+    store.close()
 
 
 def test_transactions_roll_back_together(tmp_path: Path) -> None:
@@ -61,6 +63,7 @@ def test_transactions_roll_back_together(tmp_path: Path) -> None:
     with store.transaction():
         store.mark_seen("m1", 1.0)
     assert store.is_seen("m1")
+    store.close()
 
 
 def test_presence_and_meta(tmp_path: Path) -> None:
@@ -72,6 +75,7 @@ def test_presence_and_meta(tmp_path: Path) -> None:
     assert store.online() == {"a"}
     assert store.get_meta("state") == "{}"
     assert store.get_meta("missing") is None
+    store.close()
 
 
 def test_seen_ids_are_pruned_to_the_newest(tmp_path: Path) -> None:
@@ -83,6 +87,7 @@ def test_seen_ids_are_pruned_to_the_newest(tmp_path: Path) -> None:
     assert not store.is_seen("m0") and not store.is_seen("m19")
     count = store._exec("SELECT COUNT(*) FROM seen").fetchone()[0]
     assert count <= 2 * 10
+    store.close()
 
 
 def test_max_seen_must_be_positive(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -261,7 +262,7 @@ def test_coordinator_killed_mid_round_resumes_and_leaks_nothing(
         process.wait(timeout=10)
         assert process.returncode == -signal.SIGKILL
         db = base.state_dir / DB_FILENAME
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
             enrolled_before = conn.execute("SELECT * FROM devices").fetchall()
             state = json.loads(
                 conn.execute("SELECT value FROM meta WHERE key='state'").fetchone()[0]
@@ -277,7 +278,7 @@ def test_coordinator_killed_mid_round_resumes_and_leaks_nothing(
             process.kill()
             process.wait()
 
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
         assert conn.execute("SELECT * FROM devices").fetchall() == enrolled_before
         completed = [
             r[0] for r in conn.execute("SELECT round FROM rounds WHERE completed=1")
