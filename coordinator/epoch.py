@@ -177,7 +177,8 @@ class EpochStages(ServiceCore):
             )
         return work
 
-    def _on_agent_public_key(self, device: str, message: AgentPublicKey) -> None:
+    def _on_agent_public_key(self, message: AgentPublicKey) -> None:
+        device = message.sender  # admission checked it is the topic's device
         work = self._current_epoch(message.epoch)
         if device != work.agent:
             raise RejectedError(
@@ -214,7 +215,8 @@ class EpochStages(ServiceCore):
         self._store.set_public_key(work.epoch, payload)
         self._send_raw(payload, "agent_public_key", None)
 
-    def _on_sealed_secret_key(self, device: str, message: SealedSecretKey) -> None:
+    def _on_sealed_secret_key(self, message: SealedSecretKey) -> None:
+        device = message.sender  # admission checked it is the topic's device
         work = self._current_epoch(message.epoch)
         if device != work.agent:
             raise RejectedError(
@@ -227,7 +229,8 @@ class EpochStages(ServiceCore):
             )
         self._send_raw(encode(message), "sealed_secret_key", message.recipient)
 
-    def _on_registration(self, device: str, message: Registration) -> None:
+    def _on_registration(self, message: Registration) -> None:
+        device = message.sender  # admission checked it is the topic's device
         work = self._current_epoch(message.epoch)
         if device not in work.recipients:
             raise RejectedError(

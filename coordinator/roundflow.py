@@ -284,7 +284,8 @@ class RoundStages(ServiceCore):
             )
         return work
 
-    def _on_volunteer(self, device: str, message: Volunteer) -> None:
+    def _on_volunteer(self, message: Volunteer) -> None:
+        device = message.sender  # admission checked it is the topic's device
         work = self._open_round(message, Stage.VOLUNTEERING)
         epoch = self._epoch
         if epoch is None or device not in epoch.registered:
@@ -302,7 +303,8 @@ class RoundStages(ServiceCore):
         self._store.add_volunteer(work.round, device, message.draws)
         work.volunteers[device] = message.draws
 
-    def _on_distribution(self, device: str, message: EncryptedDistribution) -> None:
+    def _on_distribution(self, message: EncryptedDistribution) -> None:
+        device = message.sender  # admission checked it is the topic's device
         work = self._open_round(message, Stage.DISTRIBUTIONS)
         epoch = self._epoch
         if device not in work.members() or epoch is None or epoch.public_key is None:
@@ -325,7 +327,8 @@ class RoundStages(ServiceCore):
         self._store.add_distribution(work.round, device, message.distribution)
         work.distributions[device] = vector
 
-    def _on_agent_answer(self, device: str, message: AgentAnswer) -> None:
+    def _on_agent_answer(self, message: AgentAnswer) -> None:
+        device = message.sender  # admission checked it is the topic's device
         work = self._open_round(message, Stage.AGENT)
         epoch = self._epoch
         if epoch is None or device != epoch.agent:

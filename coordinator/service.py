@@ -359,42 +359,24 @@ class CoordinatorService(Recovery):
                 self._online.add(device)
                 self._store.set_online(device, True)
             try:
-                self._dispatch(device, message)
+                self._dispatch(message)
             except RejectedError as exc:
                 self._reject(device, kind, exc.code, exc.reason, message.message_id)
             self._step(now)
 
     def _routes(self) -> Router:
-        """The runtime's handlers; a message's sender is its topic's device."""
+        """The runtime's handlers (admission already checked each sender)."""
         router = Router(COORDINATOR)
-        owner = "coordinator"
-        router.register(Hello, lambda m: self._on_hello(m.sender, m), owner=owner)
-        router.register(
-            AgentPublicKey,
-            lambda m: self._on_agent_public_key(m.sender, m),
-            owner=owner,
-        )
-        router.register(
-            SealedSecretKey,
-            lambda m: self._on_sealed_secret_key(m.sender, m),
-            owner=owner,
-        )
-        router.register(
-            Registration, lambda m: self._on_registration(m.sender, m), owner=owner
-        )
-        router.register(
-            Volunteer, lambda m: self._on_volunteer(m.sender, m), owner=owner
-        )
-        router.register(
-            EncryptedDistribution,
-            lambda m: self._on_distribution(m.sender, m),
-            owner=owner,
-        )
-        router.register(
-            AgentAnswer, lambda m: self._on_agent_answer(m.sender, m), owner=owner
-        )
-        router.register(ErrorReply, self._on_error_reply, owner=owner)
-        router.register(Heartbeat, lambda m: None, owner=owner)
+        own = "coordinator"
+        router.register(Hello, self._on_hello, owner=own)
+        router.register(AgentPublicKey, self._on_agent_public_key, owner=own)
+        router.register(SealedSecretKey, self._on_sealed_secret_key, owner=own)
+        router.register(Registration, self._on_registration, owner=own)
+        router.register(Volunteer, self._on_volunteer, owner=own)
+        router.register(EncryptedDistribution, self._on_distribution, owner=own)
+        router.register(AgentAnswer, self._on_agent_answer, owner=own)
+        router.register(ErrorReply, self._on_error_reply, owner=own)
+        router.register(Heartbeat, lambda m: None, owner=own)
         return router
 
     def _on_error_reply(self, message: ErrorReply) -> None:
@@ -405,7 +387,8 @@ class CoordinatorService(Recovery):
             return
         logger.info("%s reports %s: %s", message.sender, message.code, message.reason)
 
-    def _dispatch(self, device: str, message: BaseMessage) -> None:
+    def _dispatch(self, message: BaseMessage) -> None:
+        """The router's handler, else the training plugin's (in an open round)."""
         if self._router.dispatch(message) is not Dispatch.UNHANDLED:
             return
         kind = message_kind(message)
@@ -447,7 +430,8 @@ class CoordinatorService(Recovery):
                     self._online.discard(device)
                 self._step(now)
 
-    def _on_hello(self, device: str, message: Hello) -> None:
+    def _on_hello(self, message: Hello) -> None:
+        device = message.sender  # admission checked it is the topic's device
         known = self._enrolled.get(device)
         decision = decide_enrolment(message, known, self._config.enrolment)
         if decision.accepted and decision.is_new and decision.identity is not None:
