@@ -1,4 +1,11 @@
-"""SQLite persistence of the coordinator: devices, key epochs, rounds, seen ids.
+"""SQLite persistence of the coordinator: the one store of its state.
+
+Core tables (devices, key epochs, rounds, seen ids), each method's progress
+(``method_state``: one JSON value per method and key) and the records of live
+phases (``phases``: `ursa.coordinator.gather.Gather`,
+`ursa.coordinator.wait.Wait`, `ursa.coordinator.relay.Relay` as JSON), so no
+method keeps files of its own. Model checkpoints are artefacts, not state:
+they stay files (`ursa.coordinator.models`).
 
 One file, ``<state_dir>/coordinator.sqlite3`` (WAL, ``synchronous=NORMAL``:
 a committed transaction survives a process kill; a power cut may lose the
@@ -23,6 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 __all__ = ["DB_FILENAME", "CoordinatorStore", "EpochRecord", "RoundRecord"]
 
@@ -57,6 +65,11 @@ CREATE TABLE IF NOT EXISTS distributions (
     round INTEGER NOT NULL, device_id TEXT NOT NULL, blob BLOB NOT NULL,
     PRIMARY KEY (round, device_id));
 CREATE TABLE IF NOT EXISTS seen (message_id TEXT PRIMARY KEY, seen_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS method_state (
+    method TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (method, key));
+CREATE TABLE IF NOT EXISTS phases (
+    key TEXT PRIMARY KEY, round INTEGER NOT NULL, record TEXT NOT NULL);
 """
 
 
@@ -164,6 +177,57 @@ class CoordinatorStore:
                     "DELETE FROM seen WHERE rowid <= (SELECT MAX(rowid) FROM seen) - ?",
                     (self._max_seen,),
                 )
+
+    # --- methods' progress and live phases ------------------------------------
+
+    def method_state(self, method: str, key: str) -> Any:
+        """A method's saved JSON value under ``key``, or None.
+
+        Raises:
+            ValueError: the saved value is not JSON.
+        """
+        row = self._exec(
+            "SELECT value FROM method_state WHERE method = ? AND key = ?",
+            (method, key),
+        ).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def set_method_state(self, method: str, key: str, value: Any) -> None:
+        """Save a method's JSON-able value under ``key``."""
+        self._exec(
+            "INSERT OR REPLACE INTO method_state VALUES (?, ?, ?)",
+            (method, key, json.dumps(value)),
+        )
+
+    def phase(self, key: str) -> dict[str, Any] | None:
+        """A live phase's record, or None.
+
+        Raises:
+            ValueError: the saved record is not a JSON object.
+        """
+        row = self._exec("SELECT record FROM phases WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        record = json.loads(row[0])
+        if not isinstance(record, dict):
+            raise ValueError(f"phase {key}: the record is not an object")
+        return record
+
+    def save_phase(self, key: str, round_index: int, record: dict[str, Any]) -> None:
+        """Save (or replace) a live phase's record, opened in ``round_index``."""
+        self._exec(
+            "INSERT OR REPLACE INTO phases VALUES (?, ?, ?)",
+            (key, round_index, json.dumps(record)),
+        )
+
+    def drop_phase(self, key: str) -> None:
+        """Forget a finished phase."""
+        self._exec("DELETE FROM phases WHERE key = ?", (key,))
+
+    def phase_keys(self) -> list[str]:
+        """The keys of the live phases (inspection, tests)."""
+        rows = self._exec("SELECT key FROM phases ORDER BY key").fetchall()
+        return [str(r[0]) for r in rows]
 
     # --- devices and presence -----------------------------------------------
 
@@ -368,5 +432,5 @@ class CoordinatorStore:
         )
 
 
-def _opt_bytes(value: object) -> bytes | None:
-    return None if value is None else bytes(value)  # type: ignore[call-overload]
+def _opt_bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)

@@ -93,3 +93,32 @@ def test_seen_ids_are_pruned_to_the_newest(tmp_path: Path) -> None:
 def test_max_seen_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_seen"):
         CoordinatorStore(tmp_path / "db.sqlite3", max_seen=0)
+
+
+def test_method_state_and_phase_records_survive_a_reopen(tmp_path: Path) -> None:
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    store.set_method_state("feddisk", "progress", {"made_rounds": 2})
+    store.save_phase("climb.dual/m/3", 3, {"kind": "gather", "answered": ["d0"]})
+    store.save_phase("climb.dual/m/3", 3, {"kind": "gather", "answered": ["d1"]})
+    store.save_phase("wait/3", 3, {"kind": "wait"})
+    store.drop_phase("wait/3")
+    store.close()
+
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    assert store.method_state("feddisk", "progress") == {"made_rounds": 2}
+    assert store.method_state("feddisk", "other") is None
+    assert store.phase_keys() == ["climb.dual/m/3"]
+    assert store.phase("climb.dual/m/3") == {"kind": "gather", "answered": ["d1"]}
+    assert store.phase("wait/3") is None
+
+
+def test_a_phase_record_rolls_back_with_its_message(tmp_path: Path) -> None:
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    with pytest.raises(RuntimeError), store.transaction():
+        store.mark_seen("m1", 1.0)
+        store.save_phase("p", 1, {"kind": "gather"})
+        store.set_method_state("feddisk", "progress", 1)
+        raise RuntimeError("crash before commit")
+
+    assert not store.is_seen("m1") and store.phase("p") is None
+    assert store.method_state("feddisk", "progress") is None
