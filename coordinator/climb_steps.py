@@ -1,21 +1,17 @@
 """CLIMB dual steps over the wire, coordinator side (SPEC §5, CLIMB Alg. 1).
 
 One dual step per round that needs one (every ``dual_period`` rounds),
-before the round's participants train::
+before the round's participants train, is a `ursa.coordinator.secure_mean`
+with CLIMB's messages::
 
     coordinator -> DualStepRequest(round, key epoch, model version) -> all
     device      -> ClimbStats(Enc([f_i, lambda_i]))    (every registered device)
     [every registered online device reported, or the dual deadline]
     coordinator -> ClimbSum(Enc(sum), num_parties) -> all
 
-The coordinator holds only the epoch's Paillier public key: it multiplies
-the reports into one ciphertext (`ursa.coordinator.climb`) and never sees a
+The coordinator holds only the epoch's Paillier public key and never sees a
 loss or a dual variable. Devices decrypt the means and update their own
-lambda and weight (`ursa.edge_sdk.climb_steps`). A report from a device
-outside the epoch's registry, under another key epoch or round, or that is
-not one party's two-value vector is refused; a second report from a device
-is ignored. The state round-trips through JSON (`to_record`/`from_record`)
-so a restarted coordinator resumes the step.
+lambda and weight (`ursa.edge_sdk.climb_steps`).
 """
 
 from __future__ import annotations
@@ -34,13 +30,54 @@ from ursa.coordinator.climb import (
     init_dual_sum,
 )
 from ursa.coordinator.plugin import EpochView
+from ursa.coordinator.secure_mean import MeanHead, MeanWire
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.paillier import PaillierPublicKey, encrypted_vector_from
 from ursa.protocol.messages import COORDINATOR, ClimbStats, ClimbSum, DualStepRequest
 
-__all__ = ["DualStep", "DualStepError"]
+__all__ = ["ClimbDualWire", "DualStep", "DualStepError", "dual_step_key"]
 
 logger = logging.getLogger("ursa.coordinator.training")
+
+
+def dual_step_key(model: str, round_index: int) -> str:
+    """The phase key of a round's dual step (one per trained model and round)."""
+    return f"climb.dual/{model}/{round_index}"
+
+
+class ClimbDualWire(MeanWire[ClimbStats]):
+    """CLIMB's dual step as an encrypted mean of ``[f_i, lambda_i]``."""
+
+    purpose = "climb.dual"
+    length = DUAL_REPORT_LENGTH
+
+    def request(self, head: MeanHead) -> DualStepRequest:
+        """Evaluate the loss at this model version and report."""
+        return DualStepRequest(
+            federation=head.federation,
+            round=head.round,
+            sender=COORDINATOR,
+            epoch=head.epoch,
+            model_version=head.version,
+        )
+
+    def payload(self, report: ClimbStats, head: MeanHead) -> tuple[int, bytes]:
+        """The report's key epoch and ciphertext."""
+        return report.epoch, report.stats
+
+    def result(self, head: MeanHead, total: bytes, num_parties: int) -> ClimbSum:
+        """The encrypted sum the devices turn into means."""
+        return ClimbSum(
+            federation=head.federation,
+            round=head.round,
+            sender=COORDINATOR,
+            epoch=head.epoch,
+            stats_sum=total,
+            num_parties=num_parties,
+        )
+
+
+# FedDisk's loss step still runs on this until it is ported to secure_mean.
 
 
 class DualStepError(ValueError):

@@ -7,7 +7,6 @@ Layout under ``<state_dir>/models/<model>/``::
     v000012.ursw          one file per version, the last `keep` kept
     latest.json           {"version", "round", "sha256", "size", "file"}
     round-000013.npz      the running sum of an open round (restart resume)
-    round-000013.dual.json  the encrypted dual-step sum of an open round
 
 Every file is written to a temporary name in the same directory, flushed,
 fsync'ed and renamed over the old one, then the directory is fsync'ed, so a
@@ -16,6 +15,11 @@ is written after the version's file: a version is never announced before its
 weights are on disk. The initial weights come from a file the operator makes
 with the ``train`` extra (torch), because the coordinator has no torch:
 ``ursa.tools.demo.write_initial_weights`` or ``arrays_to_bytes(initial_arrays(...))``.
+
+These files are model artefacts (megabytes of weights an operator may copy
+or inspect), so they stay files; everything else the coordinator keeps (the
+phases of a round, methods' progress) is in its one SQLite store
+(`ursa.coordinator.store`).
 """
 
 from __future__ import annotations
@@ -191,9 +195,6 @@ class ModelStore:
     def _partial_path(self, round_index: int) -> Path:
         return self.path / f"round-{round_index:06d}.npz"
 
-    def _dual_path(self, round_index: int) -> Path:
-        return self.path / f"round-{round_index:06d}.dual.json"
-
     def save_partial(
         self, round_index: int, base_version: int, state: AggregationState
     ) -> None:
@@ -239,23 +240,7 @@ class ModelStore:
             frozenset(meta["device_ids"]),
         )
 
-    def save_dual(self, round_index: int, record: dict[str, Any]) -> None:
-        """Checkpoint an open dual step (JSON: epoch, devices, sum as hex)."""
-        write_atomic(self._dual_path(round_index), json.dumps(record).encode())
-
-    def load_dual(self, round_index: int) -> dict[str, Any] | None:
-        """The dual step saved for this round, if any."""
-        path = self._dual_path(round_index)
-        if not path.exists():
-            return None
-        try:
-            data: dict[str, Any] = json.loads(path.read_text())
-        except ValueError as exc:
-            raise ModelStoreError(f"{path} is corrupt: {exc}") from None
-        return data
-
     def clear_round(self, round_index: int) -> None:
-        """Remove an aggregated round's partial files."""
-        for path in (self._partial_path(round_index), self._dual_path(round_index)):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        """Remove an aggregated round's running sum."""
+        with contextlib.suppress(FileNotFoundError):
+            self._partial_path(round_index).unlink()

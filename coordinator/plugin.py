@@ -10,7 +10,9 @@ admitted device message the selection stages do not consume (already
 authenticated, deduplicated and checked for the round), and the coordinator
 completes the round once `is_complete()` is true or the training deadline
 passes, whichever comes first. Optional hooks: `attach(view)` once at start
-(read-only access to the key epoch and who is online), `on_tick(round, now,
+(read-only access to the key epoch and who is online, and the coordinator's
+store for the plugin's progress and phase records: `on_message` runs inside
+the transaction that marks the message seen), `on_tick(round, now,
 send)` at every tick of the training stage (sub-phase deadlines, re-requests);
 device `chunk_request`s reach `on_message` in any stage (model downloads).
 """
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from ursa.coordinator.store import CoordinatorStore
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierPublicKey
 from ursa.protocol.messages import BaseMessage
@@ -45,7 +48,7 @@ class EpochView:
 
 
 class CoordinatorView(Protocol):
-    """What the service lets a plugin read."""
+    """What the service gives a plugin: the epoch, who is online, the store."""
 
     def epoch_view(self) -> EpochView | None:
         """The current key epoch, or None before the first."""
@@ -53,6 +56,11 @@ class CoordinatorView(Protocol):
 
     def online_devices(self) -> frozenset[str]:
         """Enrolled devices currently online."""
+        ...
+
+    @property
+    def store(self) -> CoordinatorStore:
+        """The coordinator's store (method state and phase records go here)."""
         ...
 
 

@@ -5,8 +5,8 @@ Round r, after the signed selection (base version v = the latest checkpoint)::
     1  [v new]  TransferManifest("<model>.v<v>") + Chunks -> all  (global)
     2  [CLIMB, every dual_period rounds]  DualStepRequest(r, epoch, v) -> all;
        ClimbStats from every registered online device -> encrypted running
-       sum (`ursa.coordinator.climb_steps`); [all reported or dual deadline]
-       ClimbSum -> all
+       sum (`ursa.coordinator.climb_steps`, a `ursa.coordinator.secure_mean`);
+       [all reported or dual deadline] ClimbSum -> all
     3  ModelAvailable(r, v, transfer id) -> all (retained): the selected
        devices train from v (a device missing chunks asks `ChunkRequest`,
        answered on its own down topic with the manifest and those chunks)
@@ -27,9 +27,11 @@ rounds are refused by the service as ``wrong_round``). Silent devices are
 dropped at the deadline (and at once when their last will says offline).
 Upload chunks still missing are re-requested every ``retry_s``.
 
-Restarts: the running sum and the dual step are checkpointed after every
-accepted message; `on_selected` for the same round (a restarted service)
-resumes them and re-publishes what the round waits on. The coordinator
+Restarts: the running sum (a model artefact file, `ursa.coordinator.models`)
+and the dual step (a phase record in the coordinator's store, written in the
+transaction of the message) are checkpointed after every accepted message;
+`on_selected` for the same round (a restarted service) resumes them and
+re-publishes what the round waits on. The coordinator
 needs no torch: it starts from an initial weights file (see
 `ursa.coordinator.models`) and evaluates only through the optional
 ``evaluate`` callback (the demo's uses torch, lazily).
@@ -50,8 +52,10 @@ from ursa.coordinator.aggregation import (
     finalize_aggregation,
     init_aggregation,
 )
-from ursa.coordinator.climb_steps import DualStep, DualStepError
+from ursa.coordinator.climb import DualSumState
+from ursa.coordinator.climb_steps import ClimbDualWire, dual_step_key
 from ursa.coordinator.clock import Clock
+from ursa.coordinator.gather import Gather
 from ursa.coordinator.model_transfer import (
     OutgoingModels,
     TransferRejectedError,
@@ -59,7 +63,10 @@ from ursa.coordinator.model_transfer import (
     model_notice,
 )
 from ursa.coordinator.models import ModelStore
+from ursa.coordinator.phase import PhaseStatus
 from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
+from ursa.coordinator.secure_mean import MeanHead, secure_mean
+from ursa.coordinator.store import CoordinatorStore
 from ursa.coordinator.training_round import (
     WRONG_VERSION,
     OpenRound,
@@ -158,6 +165,7 @@ class TrainingPlugin(RoundPlugin):
         self._on_round = on_round
         self._clock = clock
         self._view: CoordinatorView | None = None
+        self._phases: CoordinatorStore | None = None
         self._send: Send | None = None
         self._outgoing = OutgoingModels(federation, chunk_size=self.config.chunk_size)
         self._published_version: int | None = None
@@ -182,8 +190,9 @@ class TrainingPlugin(RoundPlugin):
         return self._store
 
     def attach(self, view: CoordinatorView) -> None:
-        """Keep the service's view (key epoch, who is online)."""
+        """Keep the service's view (key epoch, who is online) and its store."""
         self._view = view
+        self._phases = view.store
 
     # --- RoundPlugin ------------------------------------------------------------
 
@@ -225,15 +234,12 @@ class TrainingPlugin(RoundPlugin):
             work.phase = Phase.DONE  # aggregated just before a restart
             return
         self._publish_model(round_index)
-        work.dual = self._open_dual(round_index)
-        if work.dual is not None:
-            work.phase = Phase.DUAL
-            work.deadline_at = now + self.config.dual_timeout_s
-            send(work.dual.request(self._federation), None)
-            if work.dual.sent_sum or self._dual_complete(work.dual):
-                self._close_dual(work, now)
+        work.dual = self._open_dual(round_index, now)
+        if work.dual is None:
+            self._start_training(work, now)
             return
-        self._start_training(work, now)
+        work.phase = Phase.DUAL
+        self._after_dual_event(work, now)
 
     def on_message(self, round_index: int, message: BaseMessage, send: Send) -> None:
         """Route a training-phase message (refusals raise `RejectedError`)."""
@@ -268,8 +274,9 @@ class TrainingPlugin(RoundPlugin):
         if work is None or work.index != round_index:
             return
         if work.phase is Phase.DUAL and work.dual is not None:
-            if self._dual_complete(work.dual) or now >= work.deadline_at:
-                self._close_dual(work, now)
+            work.dual.track_online(self._online(), self._emit)
+            work.dual.poll(now, self._emit)
+            self._after_dual_event(work, now)
             return
         if work.phase is not Phase.TRAIN:
             return
@@ -327,12 +334,8 @@ class TrainingPlugin(RoundPlugin):
             return
         self._published_version = None
         self._publish_model(work.index)
-        if work.dual is not None and work.phase is Phase.DUAL:
-            self._emit(work.dual.request(self._federation), None)
-        if work.dual is not None and work.dual.sent_sum:
-            result = work.dual.result(self._federation)
-            if result is not None:
-                self._emit(result, None)
+        if work.dual is not None:
+            work.dual.republish(self._emit)
         if work.phase is Phase.TRAIN:
             self._emit(self._notice(work), None)
 
@@ -346,9 +349,12 @@ class TrainingPlugin(RoundPlugin):
         self._emit(self._notice(work), None)
         self._maybe_finish(work)
 
-    # --- CLIMB dual step ----------------------------------------------------------
+    # --- CLIMB dual step ---------------------------------------------------------
 
-    def _open_dual(self, round_index: int) -> DualStep | None:
+    def _open_dual(
+        self, round_index: int, now: float
+    ) -> Gather[ClimbStats, DualSumState] | None:
+        """The round's dual step if due: resumed from the store, else asked."""
         cfg = self.config
         due = (round_index - 1) % cfg.dual_period == 0
         if cfg.weighting is not Weighting.CLIMB or not due:
@@ -357,19 +363,24 @@ class TrainingPlugin(RoundPlugin):
         if epoch is None or epoch.public_key is None:
             logger.warning("round %d: no epoch key; no dual step", round_index)
             return None
-        return DualStep.resume_or_open(
-            round_index,
-            epoch,
-            self._latest.version,
-            self._store.load_dual(round_index),
+        key = dual_step_key(cfg.model, round_index)
+        head = MeanHead(self._federation, round_index, epoch.epoch, self.version)
+        return secure_mean(
+            ClimbDualWire(),
+            head,
+            key=key,
+            public_key=epoch.public_key,
+            registered=epoch.registered,
+            online=self._online(),
             max_parties=cfg.climb_max_parties,
+            now=now,
+            timeout_s=cfg.dual_timeout_s,
+            send=self._emit,
+            saved=None if self._phases is None else self._phases.phase(key),
         )
 
     def _online(self) -> frozenset[str]:
         return frozenset() if self._view is None else self._view.online_devices()
-
-    def _dual_complete(self, dual: DualStep) -> bool:
-        return dual.is_complete(self._online())
 
     def _on_climb_stats(
         self, work: OpenRound, device: str, message: ClimbStats
@@ -379,34 +390,27 @@ class TrainingPlugin(RoundPlugin):
             raise RejectedError(
                 ErrorCode.LATE, f"round {work.index} has no open dual step"
             )
-        try:
-            outcome = dual.add(device, message)
-        except DualStepError as exc:
-            raise RejectedError(exc.code, str(exc)) from None
-        if outcome is UpdateOutcome.DUPLICATE:
+        if dual.offer(device, message, self._emit) is UpdateOutcome.DUPLICATE:
             logger.info(
                 "round %d: second dual report of %s ignored", work.index, device
             )
             return
-        self._store.save_dual(work.index, dual.to_record())
-        if self._dual_complete(dual):
-            self._close_dual(work, self._clock())
+        self._after_dual_event(work, self._clock())
 
-    def _close_dual(self, work: OpenRound, now: float) -> None:
+    def _after_dual_event(self, work: OpenRound, now: float) -> None:
+        """Save the dual step; once it closed (its sum is out), train."""
         dual = work.dual
         assert dual is not None
-        result = dual.result(self._federation)
-        if result is None:
+        if self._phases is not None:
+            self._phases.save_phase(dual.key, work.index, dual.to_record())
+        if dual.is_open:
+            return
+        if dual.status is PhaseStatus.FALLBACK:
             logger.warning("round %d: no dual report; weights unchanged", work.index)
         else:
-            self._emit(result, None)
             logger.info(
-                "round %d: dual step summed %d reports",
-                work.index,
-                result.num_parties,
+                "round %d: dual step summed %d reports", work.index, len(dual.answered)
             )
-        dual.sent_sum = True
-        self._store.save_dual(work.index, dual.to_record())
         self._start_training(work, now)
 
     # --- updates ------------------------------------------------------------------
@@ -455,6 +459,8 @@ class TrainingPlugin(RoundPlugin):
             logger.warning("round %d: dropped silent devices %s", work.index, dropped)
         work.close()
         self._store.clear_round(work.index)
+        if work.dual is not None and self._phases is not None:
+            self._phases.drop_phase(work.dual.key)
         metrics: Mapping[str, Any] = {}
         if self._evaluate is not None:
             try:
@@ -468,7 +474,7 @@ class TrainingPlugin(RoundPlugin):
             work.selected,
             contributed,
             dropped,
-            0 if work.dual is None else work.dual.state.num_reports,
+            0 if work.dual is None else len(work.dual.answered),
             self._clock() - work.started_at,
             metrics,
         )

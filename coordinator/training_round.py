@@ -23,7 +23,8 @@ from ursa.coordinator.aggregation import (
     Weighting,
     apply_update,
 )
-from ursa.coordinator.climb_steps import DualStep
+from ursa.coordinator.climb import DualSumState
+from ursa.coordinator.gather import Gather
 from ursa.coordinator.model_transfer import TransferRejectedError, Uploads
 from ursa.coordinator.models import DEFAULT_KEEP_VERSIONS
 from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes
@@ -31,6 +32,7 @@ from ursa.protocol.messages import (
     NAME_PATTERN,
     Chunk,
     ChunkRequest,
+    ClimbStats,
     ErrorCode,
     TransferManifest,
 )
@@ -91,7 +93,8 @@ class OpenRound:
     aggregation: AggregationState
     uploads: Uploads
     started_at: float
-    dual: DualStep | None = None
+    dual: Gather[ClimbStats, DualSumState] | None = None
+    """CLIMB's dual step of the round (`ursa.coordinator.climb_steps`)."""
     pending: dict[str, tuple[UpdateMessage, float]] = field(default_factory=dict)
 
     def check_participant(self, device: str) -> None:

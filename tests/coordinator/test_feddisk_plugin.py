@@ -14,6 +14,7 @@ import pytest
 from ursa.coordinator.feddisk_plugin import FeddiskConfig, FeddiskPlugin
 from ursa.coordinator.model_transfer import model_transfer_id
 from ursa.coordinator.plugin import EpochView
+from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.paillier import (
@@ -62,6 +63,7 @@ class FakeClock:
 @dataclass
 class FakeView:
     epoch: EpochView | None
+    store: CoordinatorStore
     online: frozenset[str] = frozenset(DEVICES)
 
     def epoch_view(self) -> EpochView | None:
@@ -85,8 +87,11 @@ class Harness:
 
     def __post_init__(self) -> None:
         epoch = EpochView(1, self.public, frozenset(DEVICES), "d0", AGENT.public())
-        self.view = FakeView(epoch)
+        self.view = FakeView(epoch, self.open_store())
         self.plugin = self.restart()
+
+    def open_store(self) -> CoordinatorStore:
+        return CoordinatorStore(self.tmp_path / "state" / DB_FILENAME)
 
     def restart(self) -> FeddiskPlugin:
         """New plugins on the same state dir (a restarted coordinator)."""

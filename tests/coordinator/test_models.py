@@ -96,10 +96,8 @@ def test_an_open_round_survives_a_restart(tmp_path: Path) -> None:
     for name, value in state.weighted_sum.items():
         np.testing.assert_array_equal(restored.weighted_sum[name], value)
     assert store.load_partial(7, 3) is None, "another base version does not resume"
-    store.save_dual(7, {"epoch": 1})
-    assert store.load_dual(7) == {"epoch": 1}
     store.clear_round(7)
-    assert store.load_partial(7, 2) is None and store.load_dual(7) is None
+    assert store.load_partial(7, 2) is None
 
 
 def test_write_atomic_replaces_the_whole_file(tmp_path: Path) -> None:

@@ -337,6 +337,21 @@ def test_float16_deltas_are_half_the_bytes_and_still_aggregate(
     )
 
 
+def restart_coordinator(fed: Any, config: TrainingConfig) -> TrainingPlugin:
+    """Stop the coordinator; a new, unstarted one with a new plugin on its state."""
+    fed.coordinator.stop()
+    plugin = TrainingPlugin(
+        federation=FED, state_dir=fed.config.state_dir, config=config, clock=fed.clock
+    )
+    fed.coordinator = CoordinatorService(
+        fed.config,
+        transport=InMemoryTransport(fed.bus, "coordinator"),
+        clock=fed.clock,
+        plugin=plugin,
+    )
+    return plugin
+
+
 def test_a_coordinator_restart_mid_round_keeps_the_updates_already_counted(
     federation: Any, tmp_path: Path
 ) -> None:
@@ -346,17 +361,7 @@ def test_a_coordinator_restart_mid_round_keeps_the_updates_already_counted(
     chosen = selections(fed)[1]
     silent = chosen[0]
     assert not fed.coordinator.is_done
-    fed.coordinator.stop()
-
-    plugin = TrainingPlugin(
-        federation=FED, state_dir=fed.config.state_dir, clock=fed.clock
-    )
-    fed.coordinator = CoordinatorService(
-        fed.config,
-        transport=InMemoryTransport(fed.bus, "coordinator"),
-        clock=fed.clock,
-        plugin=plugin,
-    )
+    plugin = restart_coordinator(fed, TrainingConfig())
     fed.bus.drop_filter = None
     fed.coordinator.start()  # resumes round 1; the silent device re-sends
 
@@ -367,3 +372,31 @@ def test_a_coordinator_restart_mid_round_keeps_the_updates_already_counted(
     for name, value in plugin.global_arrays.items():
         np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
     assert silent in record.contributed
+
+
+def test_a_coordinator_restart_mid_dual_step_resumes_its_encrypted_sum(
+    federation: Any, tmp_path: Path
+) -> None:
+    fed = federation(num_devices=6, k=3, tries=1, rounds=1)
+    climb = ClimbConfig(eta_d=0.5, epsilon=0.01)
+    late = fed.device_ids[-1]
+
+    def drop(sender: str, receiver: str, topic: str, payload: bytes) -> bool:
+        return sender == late and decode(payload).kind == "climb_stats"
+
+    fed.bus.drop_filter = drop
+    config = TrainingConfig(weighting=Weighting.CLIMB)
+    start_training(fed, tmp_path, config, climb=climb)
+    assert not fed.coordinator.is_done and fed.messages("climb_sum") == []
+    assert fed.coordinator.store.phase_keys() == ["climb.dual/classifier/1"]
+    plugin = restart_coordinator(fed, config)
+    fed.bus.drop_filter = None
+    fed.coordinator.start()  # re-asks; only the missing report is new
+
+    assert fed.coordinator.is_done and plugin.version == 1
+    assert [r.dual_reporters for r in plugin.history] == [6]
+    assert [m.num_parties for _, m in fed.messages("climb_sum")] == [6]
+    _, lambdas = climb_oracle(fed, 1, climb)
+    got = np.array([fed.devices[d].climb_lambda for d in fed.device_ids])
+    np.testing.assert_allclose(got, lambdas, atol=1e-6)
+    assert fed.coordinator.store.phase_keys() == []

@@ -1,0 +1,213 @@
+"""One encrypted mean over a key epoch's registered devices, blind to the coordinator.
+
+CLIMB's dual step and FedDisk's MADE loss step are the same protocol with
+their own messages (kept until the generic mean messages replace them)::
+
+    coordinator -> request(round, key epoch, version) -> all
+    device      -> report(Enc([v_1 .. v_length]))       (every registered device)
+    [every registered online device reported, or the deadline]
+    coordinator -> result(Enc(sum), num_parties) -> all  (nobody: no result)
+
+`secure_mean` builds it as a `ursa.coordinator.gather.Gather` whose fold is
+the running ciphertext product of `ursa.coordinator.climb` under the epoch's
+Paillier public key: the coordinator never sees a plaintext, devices decrypt
+the sum and divide by ``num_parties``. A `MeanWire` says what one purpose's
+messages look like. Refusals: another key epoch (``wrong_epoch``), a device
+outside the registry (``unauthorised``), not one party's ``length``-value
+ciphertext (``bad_ciphertext``), after the sum (``late``), and whatever the
+wire refuses (another model version); a device's second report is ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Set
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from ursa.coordinator.climb import (
+    DualReportError,
+    DualSumState,
+    apply_dual_report,
+    finalize_dual_sum,
+    init_dual_sum,
+)
+from ursa.coordinator.gather import Fold, Gather
+from ursa.coordinator.phase import Record
+from ursa.coordinator.plugin import Send
+from ursa.crypto.errors import CryptoError
+from ursa.crypto.paillier import PaillierPublicKey, encrypted_vector_from
+from ursa.protocol.messages import BaseMessage, ErrorCode
+from ursa.protocol.router import RejectedError
+
+__all__ = ["MeanHead", "MeanWire", "SecureMeanFold", "secure_mean"]
+
+logger = logging.getLogger("ursa.coordinator.secure_mean")
+
+ReportT = TypeVar("ReportT", bound=BaseMessage)
+
+
+@dataclass(frozen=True)
+class MeanHead:
+    """What one mean is about: federation, round, key epoch, model version."""
+
+    federation: str
+    round: int
+    epoch: int
+    version: int
+
+
+class MeanWire(ABC, Generic[ReportT]):
+    """One purpose's messages: how the mean is asked, read and answered."""
+
+    purpose: str
+    """Names the mean in its record (``climb.dual``, ``feddisk.made_loss``)."""
+    length: int
+    """Values per report (the devices' codec fixes it)."""
+
+    @abstractmethod
+    def request(self, head: MeanHead) -> BaseMessage:
+        """The request every registered device answers."""
+
+    @abstractmethod
+    def payload(self, report: ReportT, head: MeanHead) -> tuple[int, bytes]:
+        """A report's key epoch and ciphertext bytes.
+
+        Raises:
+            RejectedError: the report is about something else (another version).
+        """
+
+    @abstractmethod
+    def result(self, head: MeanHead, total: bytes, num_parties: int) -> BaseMessage:
+        """The encrypted sum for the devices."""
+
+
+class SecureMeanFold(Fold[ReportT, DualSumState]):
+    """The running encrypted sum of one mean (a `Fold` of `Gather`)."""
+
+    def __init__(
+        self,
+        wire: MeanWire[ReportT],
+        head: MeanHead,
+        public_key: PaillierPublicKey,
+        *,
+        max_parties: int,
+    ) -> None:
+        """A fold for the reports of ``head`` under the epoch's ``public_key``."""
+        self.wire = wire
+        self.head = head
+        self.public_key = public_key
+        self.max_parties = max_parties
+
+    def request(self) -> BaseMessage:
+        """The purpose's request for this head."""
+        return self.wire.request(self.head)
+
+    def initial(self) -> DualSumState:
+        """No report yet."""
+        return init_dual_sum(
+            self.public_key, max_parties=self.max_parties, length=self.wire.length
+        )
+
+    def check(self, reply: ReportT) -> None:
+        """Refuse a report for another version (the wire) or key epoch."""
+        epoch, _ = self.wire.payload(reply, self.head)
+        if epoch != self.head.epoch:
+            raise RejectedError(
+                ErrorCode.WRONG_EPOCH, f"key epoch {epoch}, current {self.head.epoch}"
+            )
+
+    def apply(self, state: DualSumState, device: str, reply: ReportT) -> DualSumState:
+        """Multiply the report into the sum (``bad_ciphertext`` if unusable)."""
+        _, payload = self.wire.payload(reply, self.head)
+        try:
+            state, _ = apply_dual_report(state, device, payload)
+        except (DualReportError, CryptoError) as exc:
+            raise RejectedError(ErrorCode.BAD_CIPHERTEXT, str(exc)) from None
+        return state
+
+    def result(self, state: DualSumState) -> BaseMessage | None:
+        """The purpose's sum message; None if nobody reported."""
+        if state.total is None:
+            return None
+        total = finalize_dual_sum(state)
+        return self.wire.result(
+            self.head, total.to_bytes(self.public_key), total.num_parties
+        )
+
+    def dump(self, state: DualSumState) -> dict[str, Any]:
+        """The head and the sum as hex (the reporters are the gather's)."""
+        total = state.total
+        return {
+            "purpose": self.wire.purpose,
+            "round": self.head.round,
+            "epoch": self.head.epoch,
+            "version": self.head.version,
+            "length": state.length,
+            "total": None if total is None else total.to_bytes(self.public_key).hex(),
+        }
+
+    def load(self, data: Any, answered: frozenset[str]) -> DualSumState:
+        """The saved sum, if it is this head's.
+
+        Raises:
+            ValueError: another purpose, round, epoch, version or length.
+            CryptoError: the sum is not under this epoch's key.
+        """
+        head = self.head
+        saved = (data["purpose"], data["round"], data["epoch"], data["version"])
+        wanted = (self.wire.purpose, head.round, head.epoch, head.version)
+        if saved != wanted or data["length"] != self.wire.length:
+            raise ValueError(f"the saved mean is {saved}, not {wanted}")
+        total = data["total"]
+        vector = (
+            None
+            if total is None
+            else encrypted_vector_from(bytes.fromhex(total), self.public_key)
+        )
+        if vector is not None and vector.length != self.wire.length:
+            raise ValueError(f"the saved sum has {vector.length} values")
+        return DualSumState(
+            self.public_key, self.max_parties, vector, answered, self.wire.length
+        )
+
+
+def secure_mean(
+    wire: MeanWire[ReportT],
+    head: MeanHead,
+    *,
+    key: str,
+    public_key: PaillierPublicKey,
+    registered: Iterable[str],
+    online: Set[str],
+    max_parties: int,
+    now: float,
+    timeout_s: float,
+    send: Send,
+    saved: Record | None = None,
+) -> Gather[ReportT, DualSumState]:
+    """Resume the ``saved`` mean of ``head`` (a restart), else ask for a new one.
+
+    A resumed mean gets a fresh deadline and re-sends its request (or its sum,
+    if it was sent); a new one sends its request and waits for the
+    ``registered`` devices that are ``online``.
+    """
+    fold = SecureMeanFold(wire, head, public_key, max_parties=max_parties)
+    if saved is not None:
+        try:
+            gather = Gather.from_record(saved, fold)
+        except (CryptoError, KeyError, TypeError, ValueError) as exc:
+            logger.warning("%s: saved mean unusable (%s); asking again", key, exc)
+        else:
+            gather.restarted(now, send)
+            return gather
+    return Gather.open(
+        key,
+        fold,
+        expected=registered,
+        online=online,
+        now=now,
+        timeout_s=timeout_s,
+        send=send,
+    )

@@ -1,0 +1,135 @@
+"""secure_mean: the encrypted mean equals the plaintext mean, across restarts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ursa.coordinator.climb import DualSumState
+from ursa.coordinator.climb_steps import ClimbDualWire
+from ursa.coordinator.gather import Gather
+from ursa.coordinator.phase import PhaseStatus
+from ursa.coordinator.secure_mean import MeanHead, secure_mean
+from ursa.crypto.paillier import (
+    PaillierPublicKey,
+    PaillierSecretKey,
+    encrypted_vector_from,
+    generate_keypair,
+)
+from ursa.edge_sdk import climb as device_climb
+from ursa.protocol.envelope import decode, encode
+from ursa.protocol.messages import (
+    BaseMessage,
+    ClimbStats,
+    ClimbSum,
+    DualStepRequest,
+    ErrorCode,
+)
+from ursa.protocol.router import RejectedError
+
+CONFIG = device_climb.ClimbConfig(max_parties=10)
+HEAD = MeanHead("fed", 3, 1, 7)
+DEVICES = ("d0", "d1", "d2")
+
+Keys = tuple[PaillierPublicKey, PaillierSecretKey]
+
+
+@pytest.fixture(scope="module")
+def keys() -> Keys:
+    return generate_keypair(512)  # test-only key size
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self.sent: list[BaseMessage] = []
+
+    def __call__(self, message: BaseMessage, device: str | None) -> None:
+        assert device is None
+        self.sent.append(decode(encode(message)))  # the wire round trip
+
+
+def stats(public: PaillierPublicKey, device: str, f: float, lam: float) -> ClimbStats:
+    report = device_climb.encrypt_dual_report(public, CONFIG, f, lam)
+    return ClimbStats(
+        federation="fed", round=3, sender=device, epoch=1, stats=report.to_bytes(public)
+    )
+
+
+def open_mean(
+    public: PaillierPublicKey, out: Outbox, saved: dict[str, object] | None = None
+) -> Gather[ClimbStats, DualSumState]:
+    return secure_mean(
+        ClimbDualWire(),
+        HEAD,
+        key="climb.dual/classifier/3",
+        public_key=public,
+        registered=DEVICES,
+        online=frozenset(DEVICES),
+        max_parties=CONFIG.max_parties,
+        now=0.0,
+        timeout_s=60.0,
+        send=out,
+        saved=saved,
+    )
+
+
+def test_the_sum_decrypts_to_the_plaintext_mean_across_a_restart(keys: Keys) -> None:
+    public, secret = keys
+    out = Outbox()
+    values = {"d0": (0.5, 0.0), "d1": (1.25, 2.0), "d2": (3.0, 0.75)}
+    mean = open_mean(public, out)
+    (request,) = out.sent
+    assert isinstance(request, DualStepRequest)
+    assert (request.round, request.epoch, request.model_version) == (3, 1, 7)
+    mean.offer("d0", stats(public, "d0", *values["d0"]), out)
+
+    saved = json.loads(json.dumps(mean.to_record()))
+    resumed = open_mean(public, out, saved)
+    resumed.offer("d0", stats(public, "d0", 9.0, 9.0), out)  # re-sent: ignored
+    for device in ("d1", "d2"):
+        resumed.offer(device, stats(public, device, *values[device]), out)
+
+    assert resumed.status is PhaseStatus.DONE
+    summed = out.sent[-1]
+    assert isinstance(summed, ClimbSum) and summed.num_parties == 3
+    vector = encrypted_vector_from(summed.stats_sum, public)
+    means = device_climb.decrypt_dual_means(secret, CONFIG, vector)
+    assert means.mean_loss == pytest.approx(4.75 / 3, abs=1e-6)
+    assert means.mean_lambda == pytest.approx(2.75 / 3, abs=1e-6)
+
+
+def test_reports_are_refused_with_their_codes(keys: Keys) -> None:
+    public, _ = keys
+    other, _ = generate_keypair(512)
+    out = Outbox()
+    mean = open_mean(public, out)
+    good = stats(public, "d0", 1.0, 0.0)
+
+    def code(device: str, message: ClimbStats) -> str:
+        with pytest.raises(RejectedError) as info:
+            mean.offer(device, message, out)
+        return info.value.code
+
+    assert code("d0", good.model_copy(update={"epoch": 2})) == ErrorCode.WRONG_EPOCH
+    assert code("outsider", good) == ErrorCode.UNAUTHORISED
+    assert code("d0", stats(other, "d0", 1.0, 0.0)) == ErrorCode.BAD_CIPHERTEXT
+    assert code("d0", good.model_copy(update={"stats": b"\0" * 8})) == (
+        ErrorCode.BAD_CIPHERTEXT
+    )
+    mean.poll(60.0, out)
+    assert mean.status is PhaseStatus.FALLBACK and len(out.sent) == 1
+    assert code("d0", good) == ErrorCode.LATE
+
+
+def test_a_saved_mean_of_another_epoch_is_asked_again(keys: Keys) -> None:
+    public, _ = keys
+    out = Outbox()
+    mean = open_mean(public, out)
+    mean.offer("d0", stats(public, "d0", 1.0, 0.0), out)
+    saved = json.loads(json.dumps(mean.to_record()))
+    saved["state"]["epoch"] = 2
+
+    fresh = open_mean(public, out, saved)
+
+    assert fresh.answered == set() and fresh.is_open
