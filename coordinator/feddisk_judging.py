@@ -1,12 +1,14 @@
-"""FedDisk's loss step inside a round: request, blind sum, deadlines, the verdict.
+"""FedDisk's loss step inside a round: the blind loss mean, then the verdict.
 
 Steps 2-4 of `ursa.coordinator.feddisk_plugin` (whose docstring has the
 protocol) as the base class of `FeddiskPlugin`, so the plugin reads as the
-phase machine (MADE round, judgement, switch) and this as one judgement:
-open or resume the `MadeLossStep` of the latest MADE version, take reports,
-send the sum when all registered online devices reported or at
-``loss_timeout_s``, then take the agent's verdict until
-``verdict_timeout_s``. What the verdict means is the plugin's `_decide`.
+phase machine (MADE round, judgement, switch) and this as one judgement: a
+`ursa.coordinator.secure_mean` of the latest MADE version's loss
+(``loss_timeout_s``), then a `ursa.coordinator.wait.Wait` for the agent's
+signed verdict (``verdict_timeout_s``; none: train on). Both are phase
+records in the coordinator's store, saved in the transaction of the message
+that changed them, so a restart resumes either with a fresh deadline. What
+the verdict means is the plugin's `_decide`.
 """
 
 from __future__ import annotations
@@ -16,11 +18,22 @@ from abc import abstractmethod
 from typing import TYPE_CHECKING
 
 from ursa.coordinator.aggregation import UpdateOutcome
+from ursa.coordinator.climb import DualSumState
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.feddisk_state import FeddiskState, Role
-from ursa.coordinator.feddisk_steps import DualStepError, MadeLossStep
+from ursa.coordinator.feddisk_steps import (
+    MadeLossWire,
+    check_verdict,
+    loss_step_key,
+    verdict_key,
+)
+from ursa.coordinator.gather import Gather
+from ursa.coordinator.phase import PhaseRecordError, PhaseStatus
 from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
+from ursa.coordinator.secure_mean import MeanHead, secure_mean
 from ursa.coordinator.training import TrainingPlugin
+from ursa.coordinator.wait import Wait
+from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import ErrorCode, MadeLoss, MadeVerdict
 from ursa.protocol.router import RejectedError
 
@@ -44,8 +57,12 @@ class FeddiskJudging(RoundPlugin):
     _clock: Clock
     _state: FeddiskState
     _view: CoordinatorView | None
-    _step: MadeLossStep | None
-    _deadline_at: float
+    _head: MeanHead | None
+    """What the open judgement is about (round, epoch, MADE version)."""
+    _agent: str
+    """The key epoch's agent, whose verdict the judgement waits for."""
+    _loss: Gather[MadeLoss, DualSumState] | None
+    _verdict: Wait[MadeVerdict] | None
 
     @abstractmethod
     def _decide(
@@ -59,35 +76,44 @@ class FeddiskJudging(RoundPlugin):
         Returns:
             Whether the round has an open loss step (else the tick is not ours).
         """
-        step = self._open_step(round_index)
-        if step is None:
+        loss = self._open_loss_of(round_index)
+        if loss is None:
             return False
-        if not step.sent_sum:
-            if step.is_complete(self._online()) or now >= self._deadline_at:
-                self._close_loss(step, now, send)
-        elif now >= self._deadline_at:
+        if loss.is_open:
+            loss.track_online(self._online(), send)
+            loss.poll(now, send)
+            self._after_loss_event(loss, now, send)
+        elif self._verdict is not None and self._verdict.poll(now) is (
+            PhaseStatus.FALLBACK
+        ):
+            assert self._head is not None
             logger.warning(
                 "round %d: no verdict on %s version %d from the agent; training on",
                 round_index,
-                step.model,
-                step.model_version,
+                self.config.made_model,
+                self._head.version,
             )
             self._decide(round_index, None, send)
         return True
 
-    def _open_step(self, round_index: int) -> MadeLossStep | None:
-        step = self._step
-        if (
-            step is None
-            or step.round != round_index
-            or self._state.switch_round is not None
-        ):
+    def _open_loss_of(self, round_index: int) -> Gather[MadeLoss, DualSumState] | None:
+        head = self._head
+        if head is None or head.round != round_index:
             return None
-        return step
+        if self._state.switch_round is not None:
+            return None
+        return self._loss
 
     def _open_loss(self, round_index: int, version: int, send: Send) -> None:
-        epoch = None if self._view is None else self._view.epoch_view()
-        if epoch is None or epoch.public_key is None:
+        """Ask for the loss of MADE ``version`` (or resume the saved step)."""
+        view = self._view
+        epoch = None if view is None else view.epoch_view()
+        if (
+            view is None
+            or epoch is None
+            or epoch.public_key is None
+            or epoch.agent is None
+        ):
             logger.warning(
                 "round %d: no key epoch; %s version %d is not judged",
                 round_index,
@@ -97,93 +123,119 @@ class FeddiskJudging(RoundPlugin):
             self._state.judged_version = version
             self._decide(round_index, None, send)
             return
-        step = MadeLossStep.resume_or_open(
-            round_index,
-            epoch,
-            self.config.made_model,
-            version,
-            self._state.loss_step,
-            max_parties=self.config.max_parties,
-        )
-        self._step = step
-        self._state.enter(round_index, Role.LOSS, step.to_record())
+        head = MeanHead(self._federation, round_index, epoch.epoch, version)
+        self._head, self._agent = head, epoch.agent
+        self._state.enter(round_index, Role.LOSS)
         self._publish_made(round_index, send)
         now = self._clock()
-        if step.sent_sum:  # a restart while waiting for the verdict
-            result = step.result(self._federation)
-            if result is not None:
-                send(result, None)
-            self._deadline_at = now + self.config.verdict_timeout_s
-            return
-        self._deadline_at = now + self.config.loss_timeout_s
-        send(step.request(self._federation), None)
-        if step.is_complete(self._online()):
-            self._close_loss(step, now, send)
+        model = self.config.made_model
+        key = loss_step_key(model, round_index)
+        self._loss = secure_mean(
+            MadeLossWire(model),
+            head,
+            key=key,
+            public_key=epoch.public_key,
+            registered=epoch.registered,
+            online=self._online(),
+            max_parties=self.config.max_parties,
+            now=now,
+            timeout_s=self.config.loss_timeout_s,
+            send=send,
+            saved=view.store.phase(key),
+        )
+        self._verdict = None
+        saved = view.store.phase(verdict_key(model, round_index))
+        if saved is not None and not self._loss.is_open:  # waiting for it
+            try:
+                self._verdict = Wait.from_record(saved, MadeVerdict)
+            except (KeyError, PhaseRecordError, ProtocolError, TypeError, ValueError):
+                logger.exception("round %d: saved verdict wait unusable", round_index)
+            else:
+                self._verdict.restarted(now)
+        self._after_loss_event(self._loss, now, send)
 
     def _on_loss(self, round_index: int, message: MadeLoss, send: Send) -> None:
-        step = self._open_step(round_index)
-        if step is None:
+        loss = self._open_loss_of(round_index)
+        if loss is None:
             raise RejectedError(
                 ErrorCode.LATE, f"round {round_index} has no open MADE loss step"
             )
-        try:
-            outcome = step.add(message.sender, message)
-        except DualStepError as exc:
-            raise RejectedError(exc.code, str(exc)) from None
-        if outcome is UpdateOutcome.DUPLICATE:
+        if loss.offer(message.sender, message, send) is UpdateOutcome.DUPLICATE:
             logger.info(
                 "round %d: second loss report of %s ignored",
                 round_index,
                 message.sender,
             )
             return
-        self._state.save_step(step.to_record())
-        if step.is_complete(self._online()):
-            self._close_loss(step, self._clock(), send)
+        self._after_loss_event(loss, self._clock(), send)
 
-    def _close_loss(self, step: MadeLossStep, now: float, send: Send) -> None:
-        result = step.result(self._federation)
-        step.mark_sent()
-        if result is None:
+    def _after_loss_event(
+        self, loss: Gather[MadeLoss, DualSumState], now: float, send: Send
+    ) -> None:
+        """Save the loss step; once closed, wait for the verdict (or train on)."""
+        head = self._head
+        assert head is not None and self._view is not None
+        store = self._view.store
+        store.save_phase(loss.key, head.round, loss.to_record())
+        if loss.is_open:
+            return
+        if loss.status is PhaseStatus.FALLBACK:
             logger.warning(
                 "round %d: no loss report on %s version %d; training on",
-                step.round,
-                step.model,
-                step.model_version,
+                head.round,
+                self.config.made_model,
+                head.version,
             )
-            self._decide(step.round, None, send)
+            self._decide(head.round, None, send)
             return
-        self._state.save_step(step.to_record())
-        self._deadline_at = now + self.config.verdict_timeout_s
-        send(result, None)
+        if self._verdict is not None:
+            return
         logger.info(
             "round %d: summed %d loss reports on %s version %d",
-            step.round,
-            result.num_parties,
-            step.model,
-            step.model_version,
+            head.round,
+            len(loss.answered),
+            self.config.made_model,
+            head.version,
         )
+        self._verdict = Wait.open(
+            verdict_key(self.config.made_model, head.round),
+            self._agent,
+            now=now,
+            timeout_s=self.config.verdict_timeout_s,
+        )
+        store.save_phase(self._verdict.key, head.round, self._verdict.to_record())
 
     def _on_verdict(self, round_index: int, message: MadeVerdict, send: Send) -> None:
-        step = self._open_step(round_index)
-        if step is None:
+        if self._open_loss_of(round_index) is None:
             raise RejectedError(
                 ErrorCode.LATE, f"round {round_index} awaits no MADE verdict"
             )
+        wait, head = self._verdict, self._head
+        if wait is None or head is None:
+            raise RejectedError(ErrorCode.LATE, "the loss sum has not been sent")
         epoch = None if self._view is None else self._view.epoch_view()
-        try:
-            step.check_verdict(message, epoch)
-        except DualStepError as exc:
-            raise RejectedError(exc.code, str(exc)) from None
+        wait.offer(message.sender, message, lambda m: check_verdict(m, epoch, head))
         logger.info(
             "round %d: agent's verdict on %s version %d: stop=%s, best %d",
             round_index,
-            step.model,
-            step.model_version,
+            self.config.made_model,
+            head.version,
             message.stop,
             message.best_version,
         )
         self._decide(round_index, message, send)
+
+    def _end_judging(self) -> int | None:
+        """Forget the judgement's phases; the MADE version it judged, if any."""
+        head, self._head = self._head, None
+        self._loss, self._verdict = None, None
+        if head is None:
+            return None
+        if self._view is not None:
+            model = self.config.made_model
+            self._view.store.drop_phase(loss_step_key(model, head.round))
+            self._view.store.drop_phase(verdict_key(model, head.round))
+        return head.version
 
     def _publish_made(self, round_index: int, send: Send) -> None:
         """Send the latest MADE version to all: they judge it before it trains."""

@@ -26,11 +26,13 @@ the best version. It never holds an epoch secret key, so it sees no loss and
 no split size. A loss report or verdict is refused with an `ErrorReply`
 (another epoch or version, an unregistered device, a garbled ciphertext, a
 verdict not from the epoch's agent or not signed by it, a verdict before the
-sum). State (phase, counts, best version, the open loss step) lives in
-``<state_dir>/feddisk.json``, written atomically after every change: a
-restarted coordinator calling `on_selected` again for the same round resumes
-where it was, with fresh loss and verdict deadlines (a re-sent
-`FeddiskSwitch` is harmless: devices are idempotent).
+sum). Progress (phase, counts, best version) is FedDisk's ``method_state``
+and the open loss step and verdict wait are phase records, all in the
+coordinator's store (`ursa.coordinator.feddisk_state`,
+`ursa.coordinator.feddisk_judging`), written in the transaction of the
+message that changed them: a restarted coordinator calling `on_selected`
+again for the same round resumes where it was, with fresh loss and verdict
+deadlines (a re-sent `FeddiskSwitch` is harmless: devices are idempotent).
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -89,7 +90,6 @@ class FeddiskPlugin(FeddiskJudging):
         federation: The federation id (messages carry it).
         made: The global MADE's training rounds (FedAvg weighting).
         classifier: The classifier's training rounds (phase 2).
-        state_dir: The coordinator's state directory.
         config: FedDisk's phase-1 settings.
         clock: Seconds, for the loss and verdict deadlines.
         on_switch: Called with (round, best MADE version) after the switch.
@@ -97,7 +97,6 @@ class FeddiskPlugin(FeddiskJudging):
     Raises:
         ValueError: ``made`` does not train ``config.made_model``, or both
             plugins train the same model.
-        FeddiskStateError: ``feddisk.json`` is corrupt.
     """
 
     def __init__(
@@ -106,7 +105,6 @@ class FeddiskPlugin(FeddiskJudging):
         federation: str,
         made: TrainingPlugin,
         classifier: TrainingPlugin,
-        state_dir: Path,
         config: FeddiskConfig | None = None,
         clock: Clock = time.time,
         on_switch: Callable[[int, int], None] | None = None,
@@ -124,10 +122,11 @@ class FeddiskPlugin(FeddiskJudging):
         self._classifier = classifier
         self._clock = clock
         self._on_switch = on_switch
-        self._state = FeddiskState.load(Path(state_dir))
+        self._state = FeddiskState()
         self._view: CoordinatorView | None = None
-        self._step = None
-        self._deadline_at = 0.0
+        self._head = None
+        self._loss = None
+        self._verdict = None
         self._selected: tuple[str, ...] = ()
         self._announced = False
 
@@ -166,7 +165,12 @@ class FeddiskPlugin(FeddiskJudging):
     # --- RoundPlugin ------------------------------------------------------------
 
     def attach(self, view: CoordinatorView) -> None:
-        """Keep the service's view and pass it to both training plugins."""
+        """Keep the service's view, load the saved progress, attach both models.
+
+        Raises:
+            FeddiskStateError: the saved progress is corrupt.
+        """
+        self._state = FeddiskState.load(view.store)
         self._view = view
         self._made.attach(view)
         self._classifier.attach(view)
@@ -229,9 +233,9 @@ class FeddiskPlugin(FeddiskJudging):
     ) -> None:
         """After a judgement (or none): switch, or another MADE round."""
         state = self._state
-        step, self._step = self._step, None
-        if step is not None:
-            state.judged_version = step.model_version
+        judged = self._end_judging()
+        if judged is not None:
+            state.judged_version = judged
         if verdict is not None:
             state.best_version = verdict.best_version
         capped = state.made_rounds >= self.config.max_made_rounds
@@ -239,7 +243,7 @@ class FeddiskPlugin(FeddiskJudging):
             self._switch(round_index, "stop" if not capped else "round cap", send)
             return
         state.made_rounds += 1  # a round already training never comes here
-        state.enter(round_index, Role.MADE, None)
+        state.enter(round_index, Role.MADE)
         self._made.on_selected(round_index, self._selected, send)
 
     def _switch(self, round_index: int, why: str, send: Send) -> None:
@@ -247,7 +251,7 @@ class FeddiskPlugin(FeddiskJudging):
         if state.best_version is None:
             state.best_version = self._made.version
         state.switch_round = round_index
-        state.enter(round_index, Role.CLASSIFIER, None)
+        state.enter(round_index, Role.CLASSIFIER)
         logger.info(
             "round %d: FedDisk switches to %s (%s after %d MADE rounds; best %s "
             "version %d)",

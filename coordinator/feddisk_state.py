@@ -1,30 +1,30 @@
-"""FedDisk's progress on the coordinator, kept in ``<state_dir>/feddisk.json``.
+"""FedDisk's progress on the coordinator, kept in the store's ``method_state``.
 
 What `ursa.coordinator.feddisk_plugin` needs across restarts (phase, MADE
-rounds, best and last judged version, the current round's role and its open
-loss step as a `ursa.coordinator.feddisk_steps.MadeLossStep` record), written
-atomically after every change; its own module so the plugin reads as the
-phase machine.
+rounds, best and last judged version, the current round's role) as one JSON
+value under ``("feddisk", "progress")``, written after every change in the
+transaction of the message that caused it. The open loss step and verdict
+wait are phase records of their own (`ursa.coordinator.feddisk_judging`).
+Its own module so the plugin reads as the phase machine.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from ursa._compat import StrEnum
-from ursa.coordinator.models import write_atomic
+from ursa.coordinator.store import CoordinatorStore
 
-__all__ = ["STATE_FILE", "FeddiskState", "FeddiskStateError", "Role"]
+__all__ = ["FeddiskState", "FeddiskStateError", "Role"]
 
-STATE_FILE = "feddisk.json"
-_FORMAT = 1
+METHOD = "feddisk"
+_KEY = "progress"
+_FORMAT = 2
 
 
 class FeddiskStateError(ValueError):
-    """A ``feddisk.json`` that cannot be read (the operator must fix or remove it)."""
+    """Saved progress that cannot be read (the operator must fix or remove it)."""
 
 
 class Role(StrEnum):
@@ -40,47 +40,48 @@ class Role(StrEnum):
 
 @dataclass
 class FeddiskState:
-    """FedDisk's progress on the coordinator; `save` after changing a field."""
+    """FedDisk's progress; `save` after changing a field.
 
-    state_dir: Path
+    Without a store (a plugin not attached to a service yet) it lives in
+    memory only.
+    """
+
     made_rounds: int = 0
     best_version: int | None = None
     switch_round: int | None = None
     judged_version: int | None = None
     round: int | None = None
     role: Role | None = None
-    loss_step: dict[str, Any] | None = None
+    store: CoordinatorStore | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def load(cls, state_dir: Path) -> FeddiskState:
-        """The saved state, or a fresh one (phase 1, nothing trained).
+    def load(cls, store: CoordinatorStore) -> FeddiskState:
+        """The saved progress, or a fresh one (phase 1, nothing trained).
 
         Raises:
-            FeddiskStateError: the file is unreadable or not a FedDisk state.
+            FeddiskStateError: the saved value is not FedDisk's progress.
         """
-        path = state_dir / STATE_FILE
-        if not path.exists():
-            return cls(state_dir)
         try:
-            data = json.loads(path.read_text())
+            data = store.method_state(METHOD, _KEY)
+            if data is None:
+                return cls(store=store)
             if data.get("format") != _FORMAT:
                 raise ValueError(f"format {data.get('format')!r}, expected {_FORMAT}")
             role = data["role"]
             return cls(
-                state_dir,
                 int(data["made_rounds"]),
                 _optional_int(data["best_version"]),
                 _optional_int(data["switch_round"]),
                 _optional_int(data["judged_version"]),
                 _optional_int(data["round"]),
                 None if role is None else Role(role),
-                data["loss_step"],
+                store,
             )
-        except (OSError, KeyError, TypeError, ValueError) as exc:
-            raise FeddiskStateError(f"{path} is unusable: {exc}") from None
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise FeddiskStateError(f"FedDisk's saved progress: {exc}") from None
 
     def to_record(self) -> dict[str, Any]:
-        """The JSON document saved (``phase`` is for people reading it)."""
+        """The JSON value saved (``phase`` is for people reading it)."""
         return {
             "format": _FORMAT,
             "phase": "made" if self.switch_round is None else "classifier",
@@ -90,24 +91,16 @@ class FeddiskState:
             "judged_version": self.judged_version,
             "round": self.round,
             "role": None if self.role is None else self.role.value,
-            "loss_step": self.loss_step,
         }
 
     def save(self) -> None:
-        """Write the state atomically."""
-        data = json.dumps(self.to_record(), indent=1).encode()
-        write_atomic(self.state_dir / STATE_FILE, data)
+        """Write the progress to the store (if attached to one)."""
+        if self.store is not None:
+            self.store.set_method_state(METHOD, _KEY, self.to_record())
 
-    def enter(
-        self, round_index: int, role: Role, loss_step: dict[str, Any] | None
-    ) -> None:
-        """Round ``round_index`` now does ``role`` (with its open loss step); save."""
-        self.round, self.role, self.loss_step = round_index, role, loss_step
-        self.save()
-
-    def save_step(self, loss_step: dict[str, Any]) -> None:
-        """Checkpoint the open loss step (after each accepted report)."""
-        self.loss_step = loss_step
+    def enter(self, round_index: int, role: Role) -> None:
+        """Round ``round_index`` now does ``role``; save."""
+        self.round, self.role = round_index, role
         self.save()
 
 

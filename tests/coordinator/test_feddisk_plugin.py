@@ -94,8 +94,11 @@ class Harness:
         return CoordinatorStore(self.tmp_path / "state" / DB_FILENAME)
 
     def restart(self) -> FeddiskPlugin:
-        """New plugins on the same state dir (a restarted coordinator)."""
+        """New plugins on the same state dir and store (a restarted coordinator)."""
         state = self.tmp_path / "state"
+        if hasattr(self, "plugin"):
+            self.view.store.close()
+            self.view.store = self.open_store()
         made_file = self.tmp_path / "made.ursw"
         made_file.write_bytes(arrays_to_bytes(MADE_W))
         classifier_file = self.tmp_path / "classifier.ursw"
@@ -114,7 +117,6 @@ class Harness:
             federation=FED,
             made=training("made", made_file),
             classifier=training("classifier", classifier_file),
-            state_dir=state,
             config=self.config,
             clock=self.clock,
             on_switch=lambda r, v: self.switches.append((r, v)),
@@ -239,11 +241,10 @@ def test_models_must_match_the_config(tmp_path: Path, keys: Keys) -> None:
             federation=FED,
             made=made,
             classifier=classifier,
-            state_dir=tmp_path,
             config=FeddiskConfig(made_model="mine"),
         )
     with pytest.raises(ValueError, match="both 'made'"):
-        FeddiskPlugin(federation=FED, made=made, classifier=made, state_dir=tmp_path)
+        FeddiskPlugin(federation=FED, made=made, classifier=made)
 
 
 def test_a_made_round_then_a_blind_loss_step_and_another_made_round(

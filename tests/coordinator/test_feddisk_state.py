@@ -1,4 +1,4 @@
-"""FedDisk's saved progress on the coordinator: round trip and a corrupt file."""
+"""FedDisk's saved progress on the coordinator: round trip and a corrupt value."""
 
 from __future__ import annotations
 
@@ -7,25 +7,38 @@ from pathlib import Path
 import pytest
 
 from ursa.coordinator.feddisk_state import FeddiskState, FeddiskStateError, Role
+from ursa.coordinator.store import CoordinatorStore
 
 
-def test_state_round_trips_through_its_file(tmp_path: Path) -> None:
-    state = FeddiskState.load(tmp_path)
+def test_state_round_trips_through_the_store(tmp_path: Path) -> None:
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    state = FeddiskState.load(store)
     assert state.made_rounds == 0 and state.role is None
 
     state.made_rounds = 3
     state.judged_version = 2
     state.best_version = 2
-    state.enter(5, Role.LOSS, {"round": 5})
-    loaded = FeddiskState.load(tmp_path)
+    state.enter(5, Role.LOSS)
+    loaded = FeddiskState.load(store)
 
     assert loaded == state
     state.switch_round = 6
-    state.enter(6, Role.CLASSIFIER, None)
-    assert FeddiskState.load(tmp_path) == state
+    state.enter(6, Role.CLASSIFIER)
+    store.close()
+    assert FeddiskState.load(CoordinatorStore(tmp_path / "db.sqlite3")) == state
 
 
-def test_a_corrupt_state_file_is_an_error(tmp_path: Path) -> None:
-    (tmp_path / "feddisk.json").write_text('{"format": 1, "made_rounds": "x"}')
-    with pytest.raises(FeddiskStateError, match="unusable"):
-        FeddiskState.load(tmp_path)
+def test_corrupt_progress_is_an_error(tmp_path: Path) -> None:
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    store.set_method_state("feddisk", "progress", {"format": 2, "made_rounds": "x"})
+    with pytest.raises(FeddiskStateError, match="saved progress"):
+        FeddiskState.load(store)
+    store.set_method_state("feddisk", "progress", [1])
+    with pytest.raises(FeddiskStateError):
+        FeddiskState.load(store)
+
+
+def test_a_state_without_a_store_lives_in_memory() -> None:
+    state = FeddiskState()
+    state.enter(1, Role.MADE)
+    assert (state.round, state.role) == (1, Role.MADE)

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 
 from ursa.coordinator.aggregation import UpdateOutcome
-from ursa.coordinator.feddisk_steps import MADE_LOSS_LENGTH, DualStepError, MadeLossStep
+from ursa.coordinator.climb import DualSumState
+from ursa.coordinator.feddisk_steps import (
+    MADE_LOSS_LENGTH,
+    MadeLossWire,
+    check_verdict,
+)
+from ursa.coordinator.gather import Gather
+from ursa.coordinator.phase import PhaseStatus
 from ursa.coordinator.plugin import EpochView
+from ursa.coordinator.secure_mean import MeanHead, secure_mean
+from ursa.coordinator.wait import Wait
 from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.paillier import (
     PaillierPublicKey,
@@ -19,12 +29,20 @@ from ursa.crypto.paillier import (
 )
 from ursa.edge_sdk import made_loss
 from ursa.protocol.envelope import decode, encode, signing_bytes
-from ursa.protocol.messages import MadeLoss, MadeLossSum, MadeVerdict
+from ursa.protocol.messages import (
+    BaseMessage,
+    MadeLoss,
+    MadeLossRequest,
+    MadeLossSum,
+    MadeVerdict,
+)
+from ursa.protocol.router import RejectedError
 
 FED = "fed"
 CODEC = made_loss.MadeLossCodec(max_parties=10)
 AGENT = DeviceIdentity.generate("d0")
 REGISTERED = frozenset({"d0", "d1", "d2"})
+HEAD = MeanHead(FED, 7, 3, 4)
 
 Keys = tuple[PaillierPublicKey, PaillierSecretKey]
 
@@ -58,9 +76,34 @@ def report(
     )
 
 
-def new_step(public: PaillierPublicKey) -> MadeLossStep:
-    return MadeLossStep.open(
-        7, epoch_view(public), "made", 4, max_parties=CODEC.max_parties
+class Outbox:
+    def __init__(self) -> None:
+        self.sent: list[BaseMessage] = []
+
+    def __call__(self, message: BaseMessage, device: str | None) -> None:
+        self.sent.append(decode(encode(message)))  # the wire round trip
+
+
+def new_step(
+    public: PaillierPublicKey,
+    out: Outbox,
+    *,
+    head: MeanHead = HEAD,
+    online: frozenset[str] = REGISTERED,
+    saved: dict[str, object] | None = None,
+) -> Gather[MadeLoss, DualSumState]:
+    return secure_mean(
+        MadeLossWire("made"),
+        head,
+        key="feddisk.made_loss/made/7",
+        public_key=public,
+        registered=REGISTERED,
+        online=online,
+        max_parties=CODEC.max_parties,
+        now=0.0,
+        timeout_s=60.0,
+        send=out,
+        saved=saved,
     )
 
 
@@ -93,26 +136,25 @@ def test_sum_decrypts_to_the_weighted_mean_after_a_wire_round_trip(
     keys: Keys,
 ) -> None:
     public, secret = keys
-    step = new_step(public)
+    out = Outbox()
+    step = new_step(public, out)
     values = {"d0": (2.5, 10), "d1": (-1.0, 30), "d2": (4.0, 5)}
 
-    request = step.request(FED)
     for device, (nll, n) in values.items():
-        assert (
-            step.add(device, report(public, device, nll, n)) is UpdateOutcome.ACCEPTED
-        )
-    result = step.result(FED)
+        outcome = step.offer(device, report(public, device, nll, n), out)
+        assert outcome is UpdateOutcome.ACCEPTED
 
+    request, result = out.sent
+    assert isinstance(request, MadeLossRequest)
     assert (request.round, request.epoch, request.model, request.model_version) == (
         7,
         3,
         "made",
         4,
     )
-    assert result is not None and result.num_parties == 3
-    wire = decode(encode(result))
-    assert isinstance(wire, MadeLossSum) and wire.model_version == 4
-    summed = encrypted_vector_from(wire.loss_sum, public)
+    assert isinstance(result, MadeLossSum) and result.model_version == 4
+    assert result.num_parties == 3
+    summed = encrypted_vector_from(result.loss_sum, public)
     fleet = made_loss.decrypt_fleet_loss(secret, CODEC, summed)
     expected = sum(nll * n for nll, n in values.values()) / 45
     assert fleet.mean_nll == pytest.approx(expected, abs=1e-5)
@@ -122,10 +164,16 @@ def test_sum_decrypts_to_the_weighted_mean_after_a_wire_round_trip(
 def test_bad_reports_are_refused_with_their_code(keys: Keys) -> None:
     public, _ = keys
     other_public, _ = generate_keypair(512)
-    step = new_step(public)
+    out = Outbox()
+    step = new_step(public, out)
     one = made_loss.encrypt_made_loss(public, CODEC, 1.0, 3)
     two_parties = add_encrypted(public, one, one).to_bytes(public)
     good = report(public, "d1", 1.0, 3)
+
+    def code(device: str, message: MadeLoss) -> str:
+        with pytest.raises(RejectedError) as info:
+            step.offer(device, message, out)
+        return info.value.code
 
     cases = {
         "wrong_version": report(public, "d1", 1.0, 3, version=5),
@@ -133,80 +181,81 @@ def test_bad_reports_are_refused_with_their_code(keys: Keys) -> None:
         "unauthorised": report(public, "outsider", 1.0, 3),
         "bad_ciphertext": good.model_copy(update={"loss": good.loss[:-3]}),
     }
-    for code, message in cases.items():
-        with pytest.raises(DualStepError) as info:
-            step.add(message.sender, message)
-        assert info.value.code == code
+    for expected, message in cases.items():
+        assert code(message.sender, message) == expected
     for payload in (two_parties, report(other_public, "d1", 1.0, 3).loss):
-        with pytest.raises(DualStepError) as info:
-            step.add("d1", good.model_copy(update={"loss": payload}))
-        assert info.value.code == "bad_ciphertext"
-    assert step.reporters == frozenset()
+        assert code("d1", good.model_copy(update={"loss": payload})) == (
+            "bad_ciphertext"
+        )
+    assert step.answered == set()
 
-    assert step.add("d1", good) is UpdateOutcome.ACCEPTED
-    assert step.add("d1", report(public, "d1", 9.0, 3)) is UpdateOutcome.DUPLICATE
-    step.mark_sent()
-    with pytest.raises(DualStepError) as late:
-        step.add("d2", report(public, "d2", 1.0, 3))
-    assert late.value.code == "late"
+    assert step.offer("d1", good, out) is UpdateOutcome.ACCEPTED
+    assert step.offer("d1", report(public, "d1", 9.0, 3), out) is (
+        UpdateOutcome.DUPLICATE
+    )
+    step.poll(60.0, out)
+    assert code("d2", report(public, "d2", 1.0, 3)) == "late"
 
 
 def test_completion_counts_registered_online_devices_only(keys: Keys) -> None:
     public, _ = keys
-    step = new_step(public)
-    step.add("d0", report(public, "d0", 1.0, 3))
+    out = Outbox()
+    step = new_step(public, out, online=frozenset({"d0", "d1", "other"}))
+    step.offer("d0", report(public, "d0", 1.0, 3), out)
 
-    assert not step.is_complete(frozenset({"d0", "d1", "other"}))
-    assert step.is_complete(frozenset({"d0", "other"}))
-    assert new_step(public).result(FED) is None
+    assert step.is_open
+    step.track_online(frozenset({"d0", "other"}), out)
+    assert step.status is PhaseStatus.DONE
+    nobody = new_step(public, out, online=frozenset({"other"}))
+    assert nobody.status is PhaseStatus.FALLBACK
+    assert [type(m) for m in out.sent[-2:]] == [MadeLossSum, MadeLossRequest]
 
 
 def test_a_step_survives_a_json_round_trip(keys: Keys) -> None:
     public, secret = keys
-    step = new_step(public)
-    step.add("d0", report(public, "d0", 2.0, 4))
+    out = Outbox()
+    step = new_step(public, out)
+    step.offer("d0", report(public, "d0", 2.0, 4), out)
     saved = json.loads(json.dumps(step.to_record()))
 
-    resumed = MadeLossStep.resume_or_open(
-        7, epoch_view(public), "made", 4, saved, max_parties=CODEC.max_parties
-    )
-    resumed.add("d1", report(public, "d1", 5.0, 4))
-    result = resumed.result(FED)
+    resumed = new_step(public, out, saved=saved)
+    resumed.offer("d1", report(public, "d1", 5.0, 4), out)
+    resumed.poll(60.0, out)
 
-    assert resumed.reporters == {"d0", "d1"}
-    assert result is not None
+    assert resumed.answered == {"d0", "d1"}
+    result = out.sent[-1]
+    assert isinstance(result, MadeLossSum)
     fleet = made_loss.decrypt_fleet_loss(
         secret, CODEC, encrypted_vector_from(result.loss_sum, public)
     )
     assert fleet.mean_nll == pytest.approx(3.5, abs=1e-5)
-    for other in [(8, 3, 4), (7, 9, 4), (7, 3, 5)]:  # round, epoch, version
-        fresh = MadeLossStep.resume_or_open(
-            other[0],
-            epoch_view(public, other[1]),
-            "made",
-            other[2],
-            saved,
-            max_parties=CODEC.max_parties,
-        )
-        assert fresh.reporters == frozenset() and fresh.round == other[0]
+    for other in [
+        MeanHead(FED, 8, 3, 4),
+        MeanHead(FED, 7, 9, 4),
+        MeanHead(FED, 7, 3, 5),
+    ]:
+        fresh = new_step(public, out, head=other, saved=saved)
+        assert fresh.answered == set() and fresh.is_open
+
+
+def agent_wait() -> Wait[MadeVerdict]:
+    return Wait.open("feddisk.verdict/made/7", "d0", now=0.0, timeout_s=30.0)
 
 
 def test_the_agents_signed_verdict_is_accepted(keys: Keys) -> None:
     public, _ = keys
-    step = new_step(public)
-    with pytest.raises(DualStepError) as early:
-        step.check_verdict(verdict(), epoch_view(public))
-    assert early.value.code == "late"
+    view = epoch_view(public)
 
-    step.mark_sent()
-    step.check_verdict(verdict(), epoch_view(public))  # no error
-    step.check_verdict(decode(encode(verdict(best=4))), epoch_view(public))  # type: ignore[arg-type]
+    wait = agent_wait()
+    wait.offer("d0", verdict(), lambda m: check_verdict(m, view, HEAD))
+    assert wait.status is PhaseStatus.DONE
+    again = decode(encode(verdict(best=4)))
+    assert isinstance(again, MadeVerdict)
+    check_verdict(again, view, HEAD)  # no error
 
 
 def test_bad_verdicts_are_refused_with_their_code(keys: Keys) -> None:
     public, _ = keys
-    step = new_step(public)
-    step.mark_sent()
     other = DeviceIdentity.generate("d1")
     forged = verdict().model_copy(update={"stop": False})
 
@@ -220,6 +269,10 @@ def test_bad_verdicts_are_refused_with_their_code(keys: Keys) -> None:
         ("malformed", verdict(best=5), epoch_view(public)),
     ]
     for code, message, view in cases:
-        with pytest.raises(DualStepError) as info:
-            step.check_verdict(message, view)
+        wait = agent_wait()
+        with pytest.raises(RejectedError) as info:
+            wait.offer(
+                message.sender, message, partial(check_verdict, epoch=view, head=HEAD)
+            )
         assert info.value.code == code, message
+        assert wait.is_open

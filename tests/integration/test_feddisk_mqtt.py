@@ -80,7 +80,6 @@ def test_feddisk_trains_the_made_then_the_weighted_classifier_over_mosquitto(
             initial_weights=initial,
             evaluate=score,
         ),
-        state_dir=config.state_dir,
         config=FeddiskConfig(
             max_made_rounds=MAX_MADE, loss_timeout_s=15, verdict_timeout_s=15
         ),

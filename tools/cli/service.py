@@ -114,7 +114,6 @@ def training_plugin(config: CoordinatorConfig) -> RoundPlugin | None:
             federation=config.federation,
             made=made,
             classifier=classifier,
-            state_dir=config.state_dir,
             config=section.feddisk_config(),
         )
     except (ModelStoreError, OSError, ValueError) as exc:

@@ -143,7 +143,6 @@ def training_plugin(
         federation=FEDERATION,
         made=made_plugin,
         classifier=classifier,
-        state_dir=workdir / "coordinator",
         config=feddisk,
         on_switch=made.on_switch,
     )
