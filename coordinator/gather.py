@@ -99,10 +99,12 @@ class Gather(Generic[ReplyT, StateT]):
     """Expected devices not waited for: their last will said offline."""
     status: PhaseStatus = PhaseStatus.OPEN
     _pending: set[str] = field(default_factory=set, repr=False)
+    _expected_ids: list[str] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         """Derive the devices still owed a reply (once; then kept per event)."""
         self._pending = set(self.expected) - self.answered - self.absent
+        self._expected_ids = sorted(self.expected)  # for every record, sorted once
 
     @classmethod
     def open(
@@ -237,7 +239,7 @@ class Gather(Generic[ReplyT, StateT]):
         return {
             "kind": _KIND,
             "key": self.key,
-            "expected": sorted(self.expected),
+            "expected": self._expected_ids,
             "answered": sorted(self.answered),
             "absent": sorted(self.absent),
             "timeout_s": self.timeout_s,

@@ -88,17 +88,20 @@ class Harness:
     def __post_init__(self) -> None:
         epoch = EpochView(1, self.public, frozenset(DEVICES), "d0", AGENT.public())
         self.view = FakeView(epoch, self.open_store())
-        self.plugin = self.restart()
+        self.plugin = self.start()
 
     def open_store(self) -> CoordinatorStore:
         return CoordinatorStore(self.tmp_path / "state" / DB_FILENAME)
 
     def restart(self) -> FeddiskPlugin:
-        """New plugins on the same state dir and store (a restarted coordinator)."""
+        """A restarted coordinator: the store reopened, new plugins."""
+        self.view.store.close()
+        self.view.store = self.open_store()
+        return self.start()
+
+    def start(self) -> FeddiskPlugin:
+        """New plugins on the state dir and the view's store."""
         state = self.tmp_path / "state"
-        if hasattr(self, "plugin"):
-            self.view.store.close()
-            self.view.store = self.open_store()
         made_file = self.tmp_path / "made.ursw"
         made_file.write_bytes(arrays_to_bytes(MADE_W))
         classifier_file = self.tmp_path / "classifier.ursw"
@@ -394,6 +397,25 @@ def test_an_offline_device_is_not_waited_for_and_nobody_means_no_sum(
     assert h.of("model_available")[-1].round == 3
 
 
+def test_a_last_will_mid_loss_step_closes_it_with_who_reported(
+    harness: Callable[..., Harness],
+) -> None:
+    h = harness()
+    h.select(1)
+    h.train(1)
+    h.select(2)
+    h.deliver(2, h.loss(2, "d0", 3.0))
+    h.deliver(2, h.loss(2, "d1", 1.0))
+    assert h.of("made_loss_sum") == []
+
+    h.view.online = frozenset({"d0", "d1"})  # d2's last will
+    h.tick(2, 0.0)
+
+    (summed,) = h.of("made_loss_sum")
+    assert summed.num_parties == 2
+    assert h.fleet_loss(summed).mean_nll == pytest.approx(2.0, abs=1e-5)
+
+
 def test_bad_loss_reports_and_verdicts_are_refused(
     harness: Callable[..., Harness],
 ) -> None:
@@ -499,8 +521,12 @@ def test_a_restart_mid_loss_step_resumes_the_encrypted_sum(
     h.sent.clear()
     h.select(2)
     assert h.kinds()[-1] == "made_loss_sum" and not h.plugin.is_complete(2)
+    assert h.view.store.phase_keys() == [
+        "feddisk.made_loss/made/2",
+        "feddisk.verdict/made/2",
+    ]
     h.deliver(2, h.verdict(2, stop=False, best=1))
-    assert h.plugin.made_rounds == 2
+    assert h.plugin.made_rounds == 2 and h.view.store.phase_keys() == []
 
     h.restart()  # mid MADE round: no second loss step, no double count
     h.sent.clear()
