@@ -81,8 +81,8 @@ class FeddiskJudging(RoundPlugin):
             return False
         if loss.is_open:
             loss.track_online(self._online(), send)
-            loss.poll(now, send)
-            self._after_loss_event(loss, now, send)
+            if loss.poll(now, send) is not PhaseStatus.OPEN:
+                self._after_loss_event(loss, now, send)  # no write on a quiet tick
         elif self._verdict is not None and self._verdict.poll(now) is (
             PhaseStatus.FALLBACK
         ):

@@ -125,6 +125,7 @@ class FeddiskPlugin(FeddiskJudging):
         self._state = FeddiskState()
         self._view: CoordinatorView | None = None
         self._head = None
+        self._agent = ""
         self._loss = None
         self._verdict = None
         self._selected: tuple[str, ...] = ()

@@ -275,8 +275,8 @@ class TrainingPlugin(RoundPlugin):
             return
         if work.phase is Phase.DUAL and work.dual is not None:
             work.dual.track_online(self._online(), self._emit)
-            work.dual.poll(now, self._emit)
-            self._after_dual_event(work, now)
+            if work.dual.poll(now, self._emit) is not PhaseStatus.OPEN:
+                self._after_dual_event(work, now)  # no write on a quiet tick
             return
         if work.phase is not Phase.TRAIN:
             return
