@@ -33,24 +33,27 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     groups = [1, 2, 10]
     sigma = [0.7, 0.1, 0.0]
 
-    [training]                        # optional: without it rounds only select
+    [[methods]]                       # one selection method
+    kind = "dubhe"
+
+    [[methods]]                       # optional: one training method
+    kind = "climb"                    # fedavg | climb | feddisk
+    dual_timeout_s = 60.0             # the method's own fields
+
+    [training]                        # the training method's shared settings
     initial_weights = "weights.ursw"  # `ursa model init ... --out weights.ursw`
-    weighting = "climb"               # none (= fedavg) | fedavg | equal | climb
-                                      # | feddisk
     model = "classifier"              # the wire name devices train (their `model`)
     update_timeout_s = 300.0          # any other `TrainingConfig` field too
-    dual_timeout_s = 60.0
-    # FedDisk only: the global MADE's initial weights (`ursa model init --model
-    # made ...`) and `FeddiskConfig` fields
-    made_initial_weights = "made.ursw"
-    feddisk = { max_made_rounds = 50 }
 
-The ``[training]`` section holds `TrainingConfig`'s fields plus
-``initial_weights``, adopted as version 0 when no checkpoint exists yet; the
-architecture and its shape are the devices' business (their ``[training]``),
-so the coordinator needs no torch. With ``weighting = "feddisk"`` the
-classifier rounds are FedAvg and a `FeddiskPlugin` runs the MADE rounds first
-(the same deadlines and chunking, model name ``feddisk.made_model``).
+``[[methods]]`` is `ursa.coordinator.methods_config`'s discriminated union:
+exactly one selection method, at most one training method (without one,
+rounds end at the selection). The ``[training]`` section holds
+`TrainingConfig`'s fields plus ``initial_weights``, adopted as version 0 when
+no checkpoint exists yet; the architecture and its shape are the devices'
+business (their ``[training]``), so the coordinator needs no torch. Under
+``kind = "feddisk"`` the classifier rounds are FedAvg and a `FeddiskPlugin`
+runs the MADE rounds first (the same deadlines and chunking; the MADE's
+initial weights are the method's ``made_initial_weights``).
 
 Environment overrides: ``URSA_<FIELD>`` for a top-level field and
 ``URSA_<SECTION>__<FIELD>`` for a nested one (``URSA_K=20``,
@@ -70,12 +73,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import Self
 
 from ursa._compat import tomllib
+from ursa.coordinator.methods_config import (
+    DEFAULT_METHODS,
+    ClimbSpec,
+    FedAvgSpec,
+    FeddiskSpec,
+    MethodSpec,
+    check_methods,
+    method_names,
+    training_spec,
+)
 from ursa.protocol.broker_config import BrokerConfig
 from ursa.protocol.codebook import Codebook, CodebookError
 from ursa.protocol.messages import ID_PATTERN
 
 if TYPE_CHECKING:  # imported lazily: training_round -> core -> this module
-    from ursa.coordinator.feddisk_plugin import FeddiskConfig
     from ursa.coordinator.training_round import TrainingConfig
 
 __all__ = [
@@ -158,56 +170,68 @@ class RegistryConfig(_Frozen):
         return self
 
 
+_MOVED_TO_METHODS = {
+    "weighting": "a [[methods]] table: kind = 'fedavg' | 'climb' | 'feddisk'",
+    "feddisk": "[[methods]] kind = 'feddisk' (its fields go in that table)",
+    "made_initial_weights": "[[methods]] kind = 'feddisk'",
+    "dual_timeout_s": "[[methods]] kind = 'climb'",
+    "dual_period": "[[methods]] kind = 'climb'",
+    "climb_max_parties": "[[methods]] kind = 'climb' (max_parties)",
+}
+"""Keys the ``[training]`` section had before ``[[methods]]``: where they went."""
+
+
 class TrainingSection(BaseModel):
     """The ``[training]`` section: `TrainingConfig` fields plus the initial weights.
 
-    Fields other than ``initial_weights`` and ``weighting`` are passed to
-    `TrainingConfig` unchanged (and checked by it when the section loads).
+    Fields other than ``initial_weights`` are passed to `TrainingConfig`
+    unchanged (and checked by it when the section loads); how updates are
+    weighted is the training method's (``[[methods]]``).
     """
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
     initial_weights: Path | None = None
     """A `ursa.models.weights` file adopted as version 0 if no checkpoint exists."""
-    weighting: Literal["none", "fedavg", "equal", "climb", "feddisk"] = "fedavg"
-    """``none`` is plain FedAvg (weights by example count), as in `ursa demo`."""
-    made_initial_weights: Path | None = None
-    """FedDisk: the global MADE's version 0 (`ursa model init --model made`)."""
-    feddisk: dict[str, Any] = Field(default_factory=dict)
-    """FedDisk: `ursa.coordinator.feddisk_plugin.FeddiskConfig` fields."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        self.training_config()  # a bad TrainingConfig field fails the load
-        if self.weighting == "feddisk":
-            self.made_training_config()
-        elif self.feddisk or self.made_initial_weights is not None:
-            raise ValueError("feddisk settings need weighting = 'feddisk'")
+        for key in self.model_extra or {}:
+            if key in _MOVED_TO_METHODS:
+                raise ValueError(
+                    f"[training] {key} moved to {_MOVED_TO_METHODS[key]}"
+                )
+        self.training_config(FedAvgSpec())  # a bad TrainingConfig field fails the load
         return self
 
-    def training_config(self) -> TrainingConfig:
-        """The `TrainingConfig` this section describes (the classifier's)."""
+    def training_config(
+        self, method: FedAvgSpec | ClimbSpec | FeddiskSpec
+    ) -> TrainingConfig:
+        """The classifier's `TrainingConfig` under ``method``."""
         from ursa.coordinator.training_round import TrainingConfig
 
-        weighting = self.weighting
-        if weighting in ("none", "feddisk"):
-            weighting = "fedavg"
-        fields = dict(self.model_extra or {})
-        return TrainingConfig.model_validate({**fields, "weighting": weighting})
+        fields: dict[str, Any] = dict(self.model_extra or {})
+        if isinstance(method, ClimbSpec):
+            fields.update(
+                weighting="climb",
+                dual_timeout_s=method.dual_timeout_s,
+                dual_period=method.dual_period,
+                climb_max_parties=method.max_parties,
+            )
+        elif isinstance(method, FedAvgSpec) and method.weights == "equal":
+            fields["weighting"] = "equal"
+        else:  # FedDisk's classifier rounds are FedAvg (its weights are the devices')
+            fields["weighting"] = "fedavg"
+        return TrainingConfig.model_validate(fields)
 
-    def feddisk_config(self) -> FeddiskConfig:
-        """FedDisk's phase-1 settings."""
-        from ursa.coordinator.feddisk_plugin import FeddiskConfig
-
-        return FeddiskConfig.model_validate(self.feddisk)
-
-    def made_training_config(self) -> TrainingConfig:
+    def made_training_config(self, method: FeddiskSpec) -> TrainingConfig:
         """The MADE rounds' `TrainingConfig`: the classifier's, FedAvg, MADE's name."""
-        made = self.feddisk_config().made_model
-        classifier = self.training_config()
-        if made == classifier.model:
-            raise ValueError(f"the MADE and the classifier are both named {made!r}")
-        return classifier.model_copy(update={"model": made})
+        classifier = self.training_config(method)
+        if method.made_model == classifier.model:
+            raise ValueError(
+                f"the MADE and the classifier are both named {method.made_model!r}"
+            )
+        return classifier.model_copy(update={"model": method.made_model})
 
 
 class CoordinatorConfig(_Frozen):
@@ -232,8 +256,10 @@ class CoordinatorConfig(_Frozen):
     poll_interval_s: float = Field(default=0.05, gt=0)
     seed: int | None = None
     """Seeds the coordinator's generator (agent choice, trim/top-up); None: random."""
+    methods: tuple[MethodSpec, ...] = DEFAULT_METHODS
+    """The ``[[methods]]`` list (`ursa.coordinator.methods_config`)."""
     training: TrainingSection | None = None
-    """Training rounds (`TrainingPlugin`); None: rounds end at the selection."""
+    """The training method's shared settings (model, initial weights, timeouts)."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -241,7 +267,28 @@ class CoordinatorConfig(_Frozen):
             raise ValueError(f"k={self.k} exceeds min_devices={self.min_devices}")
         if self.k > self.registry.max_parties:
             raise ValueError("k exceeds registry.max_parties")
+        check_methods(self.methods)
+        if self.training is not None and self.training_method() is None:
+            raise ValueError(
+                "[training] needs a training method: add [[methods]] with "
+                "kind = 'fedavg', 'climb' or 'feddisk'"
+            )
+        method = self.training_method()
+        if isinstance(method, FeddiskSpec):
+            self.training_section().made_training_config(method)
         return self
+
+    def method_names(self) -> tuple[str, ...]:
+        """The methods signed into each key epoch, in config order."""
+        return method_names(self.methods)
+
+    def training_method(self) -> FedAvgSpec | ClimbSpec | FeddiskSpec | None:
+        """The training method; None for a selection-only federation."""
+        return training_spec(self.methods)
+
+    def training_section(self) -> TrainingSection:
+        """``[training]``, or its defaults when only the method is given."""
+        return self.training if self.training is not None else TrainingSection()
 
 
 def config_data_from(

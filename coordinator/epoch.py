@@ -77,7 +77,7 @@ class EpochStages(ServiceCore):
                 sigma=registry.sigma,
                 max_parties=registry.max_parties,
                 key_bits=cfg.key_bits,
-                methods=("dubhe", *self._plugin.methods()),
+                methods=cfg.method_names(),
             )
         )
         payload = encode(notice)

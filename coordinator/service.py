@@ -126,6 +126,14 @@ class CoordinatorService(Recovery):
         self._config = config
         self._clock = clock
         self._plugin = plugin or NoTraining()
+        training = config.training_method()
+        runs = self._plugin.methods()
+        if runs != ((training.kind,) if training is not None else ()):
+            named = training.kind if training is not None else "no training method"
+            raise ValueError(
+                f"[[methods]] names {named}, the training plugin runs "
+                f"{', '.join(runs) or 'none'}"
+            )
         self._rng = rng if rng is not None else np.random.default_rng(config.seed)
         self._transport = transport
         self._lock = threading.RLock()

@@ -290,8 +290,8 @@ class TrainingPlugin(RoundPlugin):
             self._emit(request, device)
 
     def methods(self) -> tuple[str, ...]:
-        """CLIMB when its dual steps run; other weightings need nothing of devices."""
-        return ("climb",) if self.config.weighting is Weighting.CLIMB else ()
+        """The training method devices must run: ``climb`` or ``fedavg``."""
+        return ("climb",) if self.config.weighting is Weighting.CLIMB else ("fedavg",)
 
     def is_complete(self, round_index: int) -> bool:
         """Whether the round has been aggregated (or ended without updates)."""

@@ -148,6 +148,13 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         self._config = config
         self._labels = array.astype(np.int64)
         self._trainer = trainer or NoOpTrainer(int(array.size))
+        if config.methods is not None:
+            named = {m.kind for m in config.methods}
+            if named != set(self.methods()):
+                raise ValueError(
+                    f"[[methods]] names {', '.join(sorted(named))}; the trainer "
+                    f"runs {', '.join(self.methods())}"
+                )
         self._rng = rng if rng is not None else np.random.default_rng()
         self._transport = transport
         self._lifecycle = ClientState.NEW
@@ -402,11 +409,13 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
             self._router.retry_parked(self._refused)
 
     def methods(self) -> tuple[str, ...]:
-        """Dubhe always; CLIMB or FedDisk when the trainer runs them."""
+        """Dubhe, and the training method the trainer runs (none: selection only)."""
+        if self._phased() is not None:
+            return ("dubhe", "feddisk")
         trainer = self._model_trainer()
-        climb = ("climb",) if trainer is not None and trainer.climb is not None else ()
-        feddisk = ("feddisk",) if self._phased() is not None else ()
-        return ("dubhe", *climb, *feddisk)
+        if trainer is None:
+            return ("dubhe",)
+        return ("dubhe", "climb" if trainer.climb is not None else "fedavg")
 
     def _refused(self, message: BaseMessage, exc: Exception) -> None:
         if not isinstance(exc, _REFUSALS):

@@ -22,15 +22,22 @@ files and the environment; `EdgeClient` receives a `DeviceConfig`::
     model_options = { input_dim = 64, num_classes = 10, hidden_sizes = [32] }
     wire_dtype = "float16"                # upload precision (float32 default)
     train = { epochs = 1, batch_size = 16, lr = 0.05 }   # `TrainConfig` fields
-    climb = { eta_d = 0.1 }               # only when the coordinator runs CLIMB
-    feddisk = { made_hidden_sizes = [64] }  # only when it runs FedDisk ({} = defaults)
 
-A training device takes its labels from its data (no ``labels_file``). The
-SDK never reads ``data_file``: `ursa device run` loads it (``.npz`` with
-arrays ``x`` and ``y``, or a spec of `ursa.tools.loaders.load_dataset` such
-as ``digits`` or ``csv:PATH``) and builds the `TorchTrainer` (wrapped in a
-`FeddiskTrainer` when ``feddisk`` is given); ``train`` and ``feddisk`` are
-checked then too, since `TrainConfig` and `FeddiskSettings` live with torch.
+    [[methods]]                           # the federation's methods (see below)
+    kind = "dubhe"
+    [[methods]]
+    kind = "climb"                        # fedavg | climb | feddisk, as the coordinator
+    eta_d = 0.1                           # the method's own settings
+
+``[[methods]]`` (`ursa.edge_sdk.methods_config`) must name the same methods
+as the coordinator's; without it a device runs Dubhe, plus FedAvg when it has
+a ``[training]`` section. A training device takes its labels from its data
+(no ``labels_file``). The SDK never reads ``data_file``: `ursa device run`
+(`ursa.tools.compose.build_device`) loads it (``.npz`` with arrays ``x`` and
+``y``, or a spec of `ursa.tools.data.loaders.load_dataset` such as
+``digits`` or ``csv:PATH``) and builds the `TorchTrainer` (wrapped in a
+`FeddiskTrainer` under ``kind = "feddisk"``); ``train`` is checked then
+too, since `TrainConfig` lives with torch.
 
 Environment overrides: ``URSA_<FIELD>`` and ``URSA_<SECTION>__<FIELD>``, JSON
 values where they parse (``URSA_OBFUSCATOR_POOL_SIZE=8``).
@@ -48,7 +55,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import Self
 
 from ursa._compat import tomllib
-from ursa.edge_sdk.climb import ClimbConfig
+from ursa.edge_sdk.methods_config import (
+    DeviceMethodSpec,
+    check_device_methods,
+    default_methods,
+)
 from ursa.protocol.broker_config import BrokerConfig
 from ursa.protocol.messages import COORDINATOR, ID_PATTERN, NAME_PATTERN
 
@@ -80,20 +91,20 @@ class DeviceTrainingConfig(_Frozen):
     """The wire name of the model (the coordinator's ``[training] model``)."""
     train: dict[str, Any] = Field(default_factory=dict)
     """`ursa.edge_sdk.training.TrainConfig` fields (checked when training starts)."""
-    climb: ClimbConfig | None = None
-    """CLIMB's dual settings; give it when the coordinator's weighting is climb."""
-    feddisk: dict[str, Any] | None = None
-    """`ursa.edge_sdk.feddisk_trainer.FeddiskSettings` fields when the
-    coordinator's weighting is feddisk (``{}``: the defaults)."""
     wire_dtype: Literal["float32", "float16"] = "float32"
     seed: int | None = Field(default=None, ge=0)
     """The device's training seed; None derives one from the device id."""
 
-    @model_validator(mode="after")
-    def _one_weighting(self) -> Self:
-        if self.climb is not None and self.feddisk is not None:
-            raise ValueError("give climb or feddisk, not both")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        for key in ("climb", "feddisk"):
+            if isinstance(data, Mapping) and key in data:
+                raise ValueError(
+                    f"[training] {key} moved to a [[methods]] table: "
+                    f"kind = '{key}' with its settings"
+                )
+        return data
 
 
 class DeviceConfig(_Frozen):
@@ -111,6 +122,8 @@ class DeviceConfig(_Frozen):
     """Where `ursa device run` reads the device's labels; unused by the SDK."""
     training: DeviceTrainingConfig | None = None
     """Local training (`ursa device run` only); None: a selection-only device."""
+    methods: tuple[DeviceMethodSpec, ...] | None = None
+    """The ``[[methods]]`` list; None: `method_list`'s default."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -120,7 +133,14 @@ class DeviceConfig(_Frozen):
             raise ValueError(f"{COORDINATOR!r} is reserved")
         if self.broker.username not in (None, self.device_id):
             raise ValueError("broker username must equal device_id (Mosquitto ACL)")
+        check_device_methods(self.method_list(), trains=self.training is not None)
         return self
+
+    def method_list(self) -> tuple[DeviceMethodSpec, ...]:
+        """``[[methods]]``, or Dubhe (plus FedAvg with ``[training]``)."""
+        if self.methods is not None:
+            return self.methods
+        return default_methods(trains=self.training is not None)
 
 
 def load_device_config(

@@ -19,68 +19,21 @@ torch is imported inside the methods only.
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
-from typing_extensions import Self
 
-from ursa.edge_sdk.made_loss import MadeLossCodec
+from ursa.edge_sdk.feddisk_settings import DEFAULT_CLIP, FeddiskSettings
 from ursa.edge_sdk.phased_trainer import PhasedTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
 from ursa.edge_sdk.trainer import LocalDelta
 from ursa.models.weights import Arrays, spec_of
-from ursa.protocol.messages import NAME_PATTERN
 
 if TYPE_CHECKING:
     from ursa.edge_sdk.training import TrainConfig
 
-__all__ = ["FeddiskSettings", "FeddiskTrainer"]
-
-DEFAULT_CLIP = (0.1, 10.0)
-"""Equals `ursa.edge_sdk.feddisk.DEFAULT_WEIGHT_CLIP` (that module imports torch)."""
-
-
-class FeddiskSettings(BaseModel):
-    """FedDisk's device settings (frozen; defaults as in the simulator)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    made_model: str = Field(default="made", pattern=NAME_PATTERN)
-    """The MADE's wire name (`ModelAvailable.model` in phase 1)."""
-    made_hidden_sizes: tuple[PositiveInt, ...] = Field(default=(64,), min_length=1)
-    made_lr: float = Field(default=1e-2, gt=0.0)
-    made_batch_size: PositiveInt = 16
-    made_epochs_per_round: PositiveInt = 1
-    val_fraction: float = Field(default=0.15, gt=0.0, lt=1.0)
-    local_made_epochs_per_check: PositiveInt = 5
-    local_made_max_epochs: PositiveInt = 500
-    local_made_patience: PositiveInt = 2
-    made_patience: PositiveInt = 1
-    """Rises of the fleet's validation NLL in a row that end phase 1."""
-    classifier_hidden: int = Field(default=100, ge=0)
-    classifier_epochs: PositiveInt = 50
-    classifier_lr: float = Field(default=0.01, gt=0.0)
-    classifier_batch_size: PositiveInt = 32
-    clip: tuple[float, float] = DEFAULT_CLIP
-    """Sample weights are clipped to this band before the mean-1 normalisation."""
-    loss: MadeLossCodec = Field(default_factory=MadeLossCodec)
-
-    @model_validator(mode="after")
-    def _check_clip(self) -> Self:
-        low, high = self.clip
-        if not 0.0 < low <= high or not math.isfinite(high):
-            raise ValueError(
-                f"clip must satisfy 0 < low <= high < inf, got {self.clip}"
-            )
-        return self
-
-    def made_model_config(self, input_dim: int) -> dict[str, Any]:
-        """The MADE's config (`ursa.models.registry`) for ``input_dim`` features."""
-        return {"input_dim": input_dim, "hidden_sizes": list(self.made_hidden_sizes)}
-
+__all__ = ["DEFAULT_CLIP", "FeddiskSettings", "FeddiskTrainer"]
 
 class FeddiskTrainer(PhasedTrainer):
     """FedDisk on one device: the global MADE's rounds, then the weighted classifier.

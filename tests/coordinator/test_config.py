@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -99,58 +100,85 @@ TRAINING_TOML = """
 federation = "trial1"
 state_dir = "/tmp/ursa-state"
 
+[[methods]]
+kind = "dubhe"
+
+[[methods]]
+kind = "climb"
+dual_period = 2
+dual_timeout_s = 7.0
+
 [training]
 initial_weights = "weights.ursw"
-weighting = "climb"
 update_timeout_s = 30.0
-dual_period = 2
 """
 
 
 def test_training_section_maps_to_training_config(tmp_path: Path) -> None:
     path = tmp_path / "coordinator.toml"
     path.write_text(TRAINING_TOML)
-    env = {"URSA_TRAINING__SERVER_LR": "0.5", "URSA_TRAINING__DUAL_TIMEOUT_S": "7"}
-    config = load_coordinator_config(path, env)
+    config = load_coordinator_config(path, {"URSA_TRAINING__SERVER_LR": "0.5"})
+    assert config.method_names() == ("dubhe", "climb")
     assert config.training is not None
     assert config.training.initial_weights == Path("weights.ursw")
-    training = config.training.training_config()
+    method = config.training_method()
+    assert method is not None and method.kind == "climb"
+    training = config.training_section().training_config(method)
     assert training.weighting == "climb" and training.dual_period == 2
     assert (training.update_timeout_s, training.dual_timeout_s) == (30.0, 7.0)
     assert training.server_lr == 0.5 and training.model == "classifier"
 
 
-def test_training_weighting_none_is_fedavg_and_section_optional(
+def test_selection_only_by_default_and_training_section_optional(
     tmp_path: Path,
 ) -> None:
     base = {"federation": "f", "state_dir": tmp_path}
-    assert CoordinatorConfig.model_validate(base).training is None
-    config = CoordinatorConfig.model_validate({**base, "training": {}})
-    assert config.training is not None
-    assert config.training.training_config().weighting == "fedavg"
-    none = CoordinatorConfig.model_validate({**base, "training": {"weighting": "none"}})
-    assert none.training is not None
-    assert none.training.training_config().weighting == "fedavg"
+    plain = CoordinatorConfig.model_validate(base)
+    assert plain.training is None and plain.method_names() == ("dubhe",)
+    assert plain.training_method() is None
+    fedavg = CoordinatorConfig.model_validate(
+        {**base, "methods": [{"kind": "dubhe"}, {"kind": "fedavg"}]}
+    )
+    method = fedavg.training_method()
+    assert fedavg.training is None and method is not None
+    assert fedavg.training_section().training_config(method).weighting == "fedavg"
+    equal = CoordinatorConfig.model_validate(
+        {**base, "methods": [{"kind": "dubhe"}, {"kind": "fedavg", "weights": "equal"}]}
+    )
+    method = equal.training_method()
+    assert method is not None
+    assert equal.training_section().training_config(method).weighting == "equal"
 
 
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "says"),
     [
-        {"weighting": "feddisk", "feddisk": {"max_made_rounds": 0}},
-        {"weighting": "feddisk", "feddisk": {"made_model": "classifier"}},
-        {"feddisk": {"max_made_rounds": 3}},  # without weighting = "feddisk"
-        {"weighting": "fedsomething"},
-        {"update_timeout_s": 0},
-        {"model": "Not A Name"},
-        {"surprise": 1},
+        ({"weighting": "climb"}, "weighting moved to a [[methods]] table"),
+        ({"feddisk": {"max_made_rounds": 3}}, "feddisk moved to [[methods]]"),
+        ({"dual_timeout_s": 3}, "dual_timeout_s moved to [[methods]] kind = 'climb'"),
+        ({"update_timeout_s": 0}, "greater than 0"),
+        ({"model": "Not A Name"}, "should match pattern"),
+        ({"surprise": 1}, "surprise"),
     ],
 )
 def test_invalid_training_sections_are_refused(
-    tmp_path: Path, bad: dict[str, object]
+    tmp_path: Path, bad: dict[str, object], says: str
 ) -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match=re.escape(says)):
         CoordinatorConfig.model_validate(
-            {"federation": "f", "state_dir": tmp_path, "training": bad}
+            {
+                "federation": "f",
+                "state_dir": tmp_path,
+                "methods": [{"kind": "dubhe"}, {"kind": "fedavg"}],
+                "training": bad,
+            }
+        )
+
+
+def test_training_section_needs_a_training_method(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="needs a training method"):
+        CoordinatorConfig.model_validate(
+            {"federation": "f", "state_dir": tmp_path, "training": {}}
         )
 
 
@@ -165,23 +193,29 @@ model_options = { input_dim = 64, num_classes = 10, hidden_sizes = [32] }
 wire_dtype = "float16"
 train = { epochs = 2, lr = 0.1 }
 
-[training.climb]
+[[methods]]
+kind = "dubhe"
+
+[[methods]]
+kind = "climb"
 eta_d = 0.2
+epsilon = 0.01
 """
 
 
 def test_device_training_section_with_env(tmp_path: Path) -> None:
     path = tmp_path / "device.toml"
     path.write_text(DEVICE_TOML)
-    env = {"URSA_TRAINING__SEED": "7", "URSA_TRAINING__CLIMB__EPSILON": "0.01"}
+    env = {"URSA_TRAINING__SEED": "7"}
     config = device_config.load_device_config(path, env)
     training = config.training
     assert training is not None
     assert (training.data_file, training.architecture) == ("data.npz", "mlp")
     assert training.model_options["hidden_sizes"] == [32]
     assert training.train == {"epochs": 2, "lr": 0.1}
-    assert training.climb is not None
-    assert (training.climb.eta_d, training.climb.epsilon) == (0.2, 0.01)
+    climb = config.method_list()[1]
+    assert climb.kind == "climb"
+    assert (climb.eta_d, climb.epsilon) == (0.2, 0.01)
     assert training.wire_dtype == "float16" and training.seed == 7
 
 

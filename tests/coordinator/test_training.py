@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.aggregation import Weighting
+from ursa.coordinator.methods_config import ClimbSpec, DubheSpec, FedAvgSpec
 from ursa.coordinator.models import ModelStore
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
@@ -78,6 +79,8 @@ def start_training(
         clock=fed.clock,
     )
     transport = InMemoryTransport(fed.bus, "coordinator")
+    method = ClimbSpec() if config.weighting is Weighting.CLIMB else FedAvgSpec()
+    fed.config = fed.config.model_copy(update={"methods": (DubheSpec(), method)})
     fed.coordinator = CoordinatorService(
         fed.config, transport=transport, clock=fed.clock, plugin=plugin
     )

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.config import CoordinatorConfig, DeadlinesConfig, EnrolmentConfig
+from ursa.coordinator.methods_config import ClimbSpec, DubheSpec
 from ursa.coordinator.plugin import NoTraining, RoundPlugin
 from ursa.coordinator.service import CoordinatorService
 from ursa.crypto.encoding import PackingLayout
@@ -233,7 +234,7 @@ class _NeedsClimb(NoTraining):
 def test_a_device_without_the_federations_methods_refuses_the_epoch(
     harness: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    h = harness(2, plugin=_NeedsClimb())
+    h = harness(2, plugin=_NeedsClimb(), methods=(DubheSpec(), ClimbSpec()))
     caplog.set_level(logging.INFO)
     h.coordinator.start()
     for device_id in h.ids:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.feddisk_plugin import FeddiskConfig, FeddiskPlugin
+from ursa.coordinator.methods_config import DubheSpec, FeddiskSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.identity import verify_signature
@@ -58,7 +59,11 @@ def test_feddisk_trains_the_made_then_the_weighted_classifier_over_mosquitto(
         return {"accuracy": accuracy}
 
     config = fed.coordinator_config(
-        N, k=K, tries=3, rounds=MAX_MADE + CLASSIFIER_ROUNDS
+        N,
+        k=K,
+        tries=3,
+        rounds=MAX_MADE + CLASSIFIER_ROUNDS,
+        methods=(DubheSpec(), FeddiskSpec()),
     )
     config = config.model_copy(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 90})}

@@ -19,16 +19,18 @@ import pytest
 
 from ursa.coordinator.models import ModelStore
 from ursa.edge_sdk.config import load_device_config
-from ursa.tools.cli import service as cli_service
+from ursa.tools import compose
 from ursa.tools.data.loaders import load_digits
 
 pytestmark = pytest.mark.integration
 
 N, K, ROUNDS = 4, 3, 2
 SAMPLES = 60
-CLIMB_DEVICE = "[training.climb]\neta_d = 0.1\n"
-FEDDISK_DEVICE = (
-    "[training.feddisk]\nlocal_made_max_epochs = 10\nclassifier_epochs = 3\n"
+DUBHE = '[[methods]]\nkind = "dubhe"\n'
+CLIMB_DEVICE = DUBHE + '[[methods]]\nkind = "climb"\neta_d = 0.1\n'
+FEDDISK_DEVICE = DUBHE + (
+    '[[methods]]\nkind = "feddisk"\nlocal_made_max_epochs = 10\n'
+    "classifier_epochs = 3\n"
 )
 
 
@@ -37,7 +39,11 @@ def _cli(*args: str) -> list[str]:
 
 
 def _coordinator_toml(
-    fed: Any, state_dir: Path, weights: Path, rounds: int = ROUNDS
+    fed: Any,
+    state_dir: Path,
+    weights: Path,
+    rounds: int = ROUNDS,
+    training: str = '[[methods]]\nkind = "climb"\ndual_timeout_s = 15\n',
 ) -> str:
     return (
         f'federation = "{fed.federation}"\nstate_dir = "{state_dir}"\n'
@@ -47,8 +53,9 @@ def _coordinator_toml(
         '[enrolment]\nmode = "tofu"\n'
         "[deadlines]\nvolunteer_s = 5\ndistributions_s = 5\nagent_s = 5\n"
         "training_s = 60\n"
-        f'[training]\ninitial_weights = "{weights}"\nweighting = "climb"\n'
-        "update_timeout_s = 30\ndual_timeout_s = 15\n"
+        f'[training]\ninitial_weights = "{weights}"\nupdate_timeout_s = 30\n'
+        + DUBHE
+        + training
     )
 
 
@@ -115,10 +122,11 @@ def test_serve_and_device_run_feddisk_made_then_classifier(
         [*init, "--out", str(made)], check=True, timeout=60, capture_output=True
     )
     state_dir = tmp_path / "coordinator"
-    toml = _coordinator_toml(fed, state_dir, weights, rounds=1 + ROUNDS)
-    toml = toml.replace('weighting = "climb"', 'weighting = "feddisk"') + (
-        f'made_initial_weights = "{made}"\nfeddisk = {{ max_made_rounds = 1 }}\n'
+    feddisk = (
+        f'[[methods]]\nkind = "feddisk"\nmade_initial_weights = "{made}"\n'
+        "max_made_rounds = 1\n"
     )
+    toml = _coordinator_toml(fed, state_dir, weights, 1 + ROUNDS, feddisk)
     _serve_and_run(fed, tmp_path, toml, FEDDISK_DEVICE)
 
     made_latest = ModelStore(state_dir, "made").latest()
@@ -176,7 +184,7 @@ def _serve_and_run(
     try:
         for device_id, path in configs[:-1]:
             env = {"URSA_BROKER__PASSWORD": password[device_id]}
-            client = cli_service.build_device(load_device_config(path, env))
+            client = compose.build_device(load_device_config(path, env))
             fed.clients[device_id] = client  # stopped by the fixture
             client.start()
         assert coordinator.wait(timeout=120) == 0, log_path.read_text()[-3000:]

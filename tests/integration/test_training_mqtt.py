@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.aggregation import Weighting
+from ursa.coordinator.methods_config import ClimbSpec, DubheSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.edge_sdk.client import EdgeClient
@@ -46,7 +47,9 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
         scores.append(accuracy)
         return {"accuracy": accuracy}
 
-    config = fed.coordinator_config(N, k=K, tries=3, rounds=ROUNDS)
+    config = fed.coordinator_config(
+        N, k=K, tries=3, rounds=ROUNDS, methods=(DubheSpec(), ClimbSpec())
+    )
     plugin = TrainingPlugin(
         federation="learn",
         state_dir=config.state_dir,

@@ -48,6 +48,12 @@ def register(sub: Subparsers) -> None:
         "--broker", help="use an external broker, mqtt://host:port (default: embedded)"
     )
     demo.add_argument(
+        "--methods",
+        help="the federation's methods, e.g. dubhe,climb,flicker or random,feddisk "
+        "(one selection: dubhe, random; one training: fedavg, climb, feddisk; "
+        "optionally flicker); overrides --selection/--weighting/--balance",
+    )
+    demo.add_argument(
         "--selection", choices=("dubhe", "random"), default="dubhe", help="selection"
     )
     demo.add_argument(
@@ -102,9 +108,24 @@ def _option(args: argparse.Namespace, name: str) -> int:
 def _run_demo(args: argparse.Namespace) -> int:
     if args.selection_only:
         return _run_selection(args)
-    from ursa.tools.demo.settings import DemoError, TrainingDemoSettings
+    from ursa.tools.demo.settings import (
+        DemoError,
+        TrainingDemoSettings,
+        methods_options,
+    )
     from ursa.tools.demo.training import run_training_demo
 
+    chosen = {
+        "selection": args.selection,
+        "weighting": args.weighting,
+        "balance": args.balance,
+    }
+    if args.methods is not None:
+        try:
+            chosen = methods_options(args.methods)
+        except DemoError as exc:
+            print(f"ursa demo: {exc}", file=sys.stderr)
+            return 2
     settings = TrainingDemoSettings(
         devices=_option(args, "devices"),
         k=_option(args, "k"),
@@ -112,9 +133,9 @@ def _run_demo(args: argparse.Namespace) -> int:
         rounds=_option(args, "rounds"),
         rho=args.rho,
         emd=args.emd,
-        selection=args.selection,
-        weighting=args.weighting,
-        balance=args.balance,
+        selection=chosen["selection"],
+        weighting=chosen["weighting"],
+        balance=chosen["balance"],
         key_bits=args.key_bits,
         local_epochs=args.local_epochs,
         batch_size=args.batch_size,

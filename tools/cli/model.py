@@ -21,12 +21,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ursa.tools.compose import TRAIN_EXTRA_HINT
+
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 __all__ = ["TRAIN_EXTRA_HINT", "model_options", "register", "write_initial_weights"]
 
-TRAIN_EXTRA_HINT = "needs torch: pip install 'ursa-fl[train]'"
 DEFAULT_MADE_HIDDEN = (64,)
 """Equal to `ursa.edge_sdk.feddisk_trainer.FeddiskSettings().made_hidden_sizes`."""
 
@@ -104,10 +105,12 @@ def _init(args: argparse.Namespace) -> int:
         return 2
     if args.model == "made":
         hidden = json.dumps(options["hidden_sizes"])
-        print(f"wrote {args.out}; the coordinator's [training] section:")
+        print(f"wrote {args.out}; the coordinator's FedDisk method:")
+        print('[[methods]]\nkind = "feddisk"')
         print(f'made_initial_weights = "{args.out}"')
-        print("and the devices' [training] section:")
-        print(f"feddisk = {{ made_hidden_sizes = {hidden} }}")
+        print("and the devices' FedDisk method:")
+        print('[[methods]]\nkind = "feddisk"')
+        print(f"made_hidden_sizes = {hidden}")
         return 0
     print(f"wrote {args.out}; devices' [training] section:")
     print(f'architecture = "{args.model}"')

@@ -1,4 +1,4 @@
-"""The coordinator side of `ursa demo`: broker, config, training plugin, weights."""
+"""The coordinator side of `ursa demo`: broker, config and its methods, weights."""
 
 from __future__ import annotations
 
@@ -7,6 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ursa.coordinator.methods_config import (
+    ClimbSpec,
+    DubheSpec,
+    FedAvgSpec,
+    FeddiskSpec,
+    MethodSpec,
+)
+from ursa.tools.compose import RoundHooks, TrainingHooks
 from ursa.tools.demo.settings import (
     DUAL_TIMEOUT_S,
     FEDERATION,
@@ -17,14 +25,13 @@ from ursa.tools.demo.settings import (
 
 if TYPE_CHECKING:
     from ursa.coordinator.config import CoordinatorConfig
-    from ursa.coordinator.feddisk_plugin import FeddiskPlugin
-    from ursa.coordinator.training import Evaluator, RoundRecord, TrainingPlugin
+    from ursa.coordinator.training import Evaluator, RoundRecord
 
 __all__ = [
     "MadeHooks",
     "coordinator_config",
     "start_broker",
-    "training_plugin",
+    "training_hooks",
     "write_initial_weights",
 ]
 
@@ -51,21 +58,37 @@ def start_broker(url: str | None) -> tuple[Any, str]:
 
 
 def coordinator_config(
-    s: TrainingDemoSettings, workdir: Path, url: str
+    s: TrainingDemoSettings,
+    workdir: Path,
+    url: str,
+    initial: Path | None = None,
+    made_initial: Path | None = None,
 ) -> CoordinatorConfig:
-    """The coordinator's config: all devices must enrol; deadlines for 2 cores."""
+    """The coordinator's config: all devices must enrol; deadlines for 2 cores.
+
+    ``initial`` (the classifier's version 0) makes it a training federation
+    under the settings' weighting; FedDisk needs ``made_initial`` too.
+    """
     from ursa.coordinator.config import (
         BrokerConfig,
         CoordinatorConfig,
         DeadlinesConfig,
         EnrolmentConfig,
         RegistryConfig,
+        TrainingSection,
     )
 
     random = s.selection == "random"
     registry = (
         RegistryConfig(groups=(10,), sigma=(0.0,)) if random else RegistryConfig()
     )
+    methods: list[MethodSpec] = [DubheSpec()]
+    training = None
+    if initial is not None:
+        methods.append(_training_method(s, made_initial))
+        training = TrainingSection.model_validate(
+            {"initial_weights": initial, "update_timeout_s": UPDATE_TIMEOUT_S}
+        )
     return CoordinatorConfig(
         federation=FEDERATION,
         state_dir=workdir / "coordinator",
@@ -88,62 +111,40 @@ def coordinator_config(
             agent_s=60,
             training_s=UPDATE_TIMEOUT_S + 2 * DUAL_TIMEOUT_S + 60,
         ),
+        methods=tuple(methods),
+        training=training,
     )
 
 
-def training_plugin(
-    s: TrainingDemoSettings,
-    workdir: Path,
-    initial: Path,
-    evaluate: Evaluator,
-    on_round: Callable[[RoundRecord], None],
-    made: MadeHooks | None = None,
-) -> TrainingPlugin | FeddiskPlugin:
-    """The coordinator's training phase for the chosen weighting.
-
-    FedDisk needs ``made``: the MADE's initial weights and its round hooks.
-    """
-    from ursa.coordinator.aggregation import Weighting
-    from ursa.coordinator.feddisk_plugin import FeddiskConfig, FeddiskPlugin
-    from ursa.coordinator.training import TrainingConfig, TrainingPlugin
-
-    weighting = Weighting.CLIMB if s.weighting == "climb" else Weighting.FEDAVG
-    config = TrainingConfig(
-        weighting=weighting,
-        dual_period=s.dual_period,
-        update_timeout_s=UPDATE_TIMEOUT_S,
-        dual_timeout_s=DUAL_TIMEOUT_S,
-    )
-    classifier = TrainingPlugin(
-        federation=FEDERATION,
-        state_dir=workdir / "coordinator",
-        config=config,
-        initial_weights=initial,
-        evaluate=evaluate,
-        on_round=on_round,
-    )
+def _training_method(
+    s: TrainingDemoSettings, made_initial: Path | None
+) -> FedAvgSpec | ClimbSpec | FeddiskSpec:
+    """The ``[[methods]]`` entry of the demo's ``--weighting``."""
+    if s.weighting == "climb":
+        return ClimbSpec(dual_period=s.dual_period, dual_timeout_s=DUAL_TIMEOUT_S)
     if s.weighting != "feddisk":
-        return classifier
-    if made is None:
+        return FedAvgSpec()
+    if made_initial is None:
         raise DemoError("feddisk needs the MADE's initial weights")
-    feddisk = FeddiskConfig(
+    return FeddiskSpec(
+        made_initial_weights=made_initial,
         max_made_rounds=s.made_rounds,
         loss_timeout_s=DUAL_TIMEOUT_S,
         verdict_timeout_s=DUAL_TIMEOUT_S,
     )
-    made_plugin = TrainingPlugin(
-        federation=FEDERATION,
-        state_dir=workdir / "coordinator",
-        config=config.model_copy(update={"model": feddisk.made_model}),
-        initial_weights=made.initial,
-        evaluate=made.evaluate,
-        on_round=made.on_round,
-    )
-    return FeddiskPlugin(
-        federation=FEDERATION,
-        made=made_plugin,
-        classifier=classifier,
-        config=feddisk,
+
+
+def training_hooks(
+    evaluate: Evaluator,
+    on_round: Callable[[RoundRecord], None],
+    made: MadeHooks | None = None,
+) -> TrainingHooks:
+    """The harness's callbacks for `ursa.tools.compose.training_plugin`."""
+    if made is None:
+        return TrainingHooks(classifier=RoundHooks(evaluate, on_round))
+    return TrainingHooks(
+        classifier=RoundHooks(evaluate, on_round),
+        made=RoundHooks(made.evaluate, made.on_round),
         on_switch=made.on_switch,
     )
 

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
+from ursa.tools.compose import training_plugin
 from ursa.tools.demo.coordinator import (
     MadeHooks,
     coordinator_config,
     start_broker,
-    training_plugin,
+    training_hooks,
     write_initial_weights,
 )
 from ursa.tools.demo.devices import spawn_devices, wait_for_reports
@@ -206,13 +207,16 @@ class DemoRun:
     ) -> dict[str, Any]:
         from ursa.coordinator.feddisk_plugin import FeddiskPlugin
         from ursa.coordinator.service import CoordinatorService
+        from ursa.coordinator.training import TrainingPlugin
 
         s = self.settings
-        plugin = training_plugin(s, self.workdir, initial, evaluate, on_round, made)
+        made_initial = made.initial if made is not None else None
+        config = coordinator_config(s, self.workdir, url, initial, made_initial)
+        plugin = training_plugin(config, training_hooks(evaluate, on_round, made))
         classifier = plugin.classifier if isinstance(plugin, FeddiskPlugin) else plugin
-        service = CoordinatorService(
-            coordinator_config(s, self.workdir, url), plugin=plugin
-        )
+        if not isinstance(classifier, TrainingPlugin):
+            raise DemoError("the demo trains: its config names a training method")
+        service = CoordinatorService(config, plugin=plugin)
         stop = self.stop_service
         service.start()
         loop = threading.Thread(target=service.run, args=(stop,), daemon=True)
@@ -389,6 +393,7 @@ class DemoRun:
         arrays = report.pop("_final_arrays")
         rounds = sorted(self.rounds, key=lambda r: int(r["round"]))
         report["settings"] = _settings_json(s)
+        report["methods"] = s.methods()
         report["rounds"] = rounds
         report["device_summary"] = summarise_devices(report["devices"])
         report["mean_l1_to_uniform"] = (

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoError", "TrainingDemoSettings"]
+__all__ = ["DemoError", "TrainingDemoSettings", "methods_options"]
 
 FEDERATION = "demo"
 ARCHITECTURE = "mlp"
@@ -19,6 +19,35 @@ BALANCES = ("none", "flicker")
 
 class DemoError(ValueError):
     """Settings the demo cannot run (the message says why)."""
+
+
+_TRAINING_NAMES = {"fedavg": "none", "climb": "climb", "feddisk": "feddisk"}
+
+
+def methods_options(methods: str) -> dict[str, str]:
+    """``--methods dubhe,climb,flicker`` as the settings' selection/weighting/balance.
+
+    Raises:
+        DemoError: an unknown method, none or two of a role, or one twice.
+    """
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = sorted(set(names) - {*SELECTIONS, *_TRAINING_NAMES, "flicker"})
+    if unknown:
+        raise DemoError(f"--methods: unknown {', '.join(unknown)}")
+    if len(set(names)) != len(names):
+        raise DemoError("--methods: a method is named twice")
+    selection = [m for m in names if m in SELECTIONS]
+    training = [m for m in names if m in _TRAINING_NAMES]
+    if len(selection) != 1 or len(training) != 1:
+        raise DemoError(
+            "--methods needs one selection (dubhe, random) and one training "
+            "method (fedavg, climb, feddisk)"
+        )
+    return {
+        "selection": selection[0],
+        "weighting": _TRAINING_NAMES[training[0]],
+        "balance": "flicker" if "flicker" in names else "none",
+    }
 
 
 @dataclass(frozen=True)
@@ -53,6 +82,12 @@ class TrainingDemoSettings:
     broker_url: str | None = None
     timeout_s: float = 900.0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def methods(self) -> list[str]:
+        """The methods this demo runs, as ``--methods`` names them."""
+        training = {v: k for k, v in _TRAINING_NAMES.items()}[self.weighting]
+        balance = ["flicker"] if self.balance == "flicker" else []
+        return [self.selection, training, *balance]
 
     def check(self) -> None:
         """Raise `DemoError` for settings the demo cannot run."""

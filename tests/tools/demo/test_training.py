@@ -49,6 +49,7 @@ def test_tiny_demo_reports_held_out_accuracy_and_identical_onnx(
     assert printed["completed"] and printed["onnx_check"]["identical"] is True
     assert [r["round"] for r in printed["rounds"]] == [1, 2]
     assert printed["final_accuracy"] == report["final_accuracy"]
+    assert printed["methods"] == ["dubhe", "climb"]
     assert len(printed["per_class_accuracy"]) == 10
     fed = _held_out_split(settings)
     onnx = (tmp_path / "report" / "model.onnx").read_bytes()
@@ -75,6 +76,46 @@ def test_settings_the_demo_cannot_run_are_refused_with_a_reason(
     assert "--made-rounds must be at least 1" in capsys.readouterr().err
     assert main(["demo", "--devices", "4", "--k", "2"]) == 2
     assert "cannot deal the data out: EMD_avg 1.5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("methods", "chosen"),
+    [
+        ("dubhe,climb", ("dubhe", "climb", "none")),
+        ("dubhe,climb,flicker", ("dubhe", "climb", "flicker")),
+        ("random, feddisk", ("random", "feddisk", "none")),
+        ("dubhe,fedavg", ("dubhe", "none", "none")),
+    ],
+)
+def test_methods_option_names_the_federation(
+    methods: str, chosen: tuple[str, str, str]
+) -> None:
+    from ursa.tools.demo.settings import methods_options
+
+    options = methods_options(methods)
+    assert (options["selection"], options["weighting"], options["balance"]) == chosen
+    settings = TrainingDemoSettings(
+        selection=options["selection"],
+        weighting=options["weighting"],
+        balance=options["balance"],
+    )
+    assert settings.methods() == [m.strip() for m in methods.split(",")]
+
+
+@pytest.mark.parametrize(
+    ("methods", "says"),
+    [
+        ("dubhe", "one selection (dubhe, random) and one training"),
+        ("dubhe,random,climb", "one selection"),
+        ("dubhe,climb,climb", "named twice"),
+        ("dubhe,sgd", "unknown sgd"),
+    ],
+)
+def test_methods_option_refuses_what_cannot_run(
+    methods: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--methods", methods]) == 2
+    assert says in capsys.readouterr().err
 
 
 def test_selection_only_keeps_its_own_defaults() -> None:

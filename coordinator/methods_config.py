@@ -1,0 +1,126 @@
+"""The coordinator's ``[[methods]]`` list: which methods a federation runs.
+
+One table per method, told apart by ``kind`` (a discriminated union, unknown
+fields refused)::
+
+    [[methods]]
+    kind = "dubhe"                    # selection: the encrypted registry
+
+    [[methods]]
+    kind = "climb"                    # training: FedAvg weighted by CLIMB's duals
+    dual_timeout_s = 60.0
+
+A federation has exactly one selection method and at most one training
+method (none: rounds end at the selection, a selection-only trial). The kinds,
+in this order, are the list signed into every `KeyEpochStart`, so a device
+configured differently refuses the epoch (``method_mismatch``) instead of
+silently skipping a method's steps.
+
+This module imports nothing from the coordinator's runtime (the runtime's
+config imports it); `ursa.tools.compose` turns the specs into plugins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ursa.protocol.messages import NAME_PATTERN
+from ursa.protocol.methods import MethodRole, MethodsError, check_method_list
+
+__all__ = [
+    "DEFAULT_METHODS",
+    "ClimbSpec",
+    "DubheSpec",
+    "FedAvgSpec",
+    "FeddiskSpec",
+    "MethodRole",
+    "MethodSpec",
+    "MethodsError",
+    "check_methods",
+    "method_names",
+    "training_spec",
+]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    role: ClassVar[MethodRole]
+
+
+class DubheSpec(_Spec):
+    """Dubhe: devices self-select from the Paillier-encrypted registry."""
+
+    role: ClassVar[MethodRole] = MethodRole.SELECTION
+    kind: Literal["dubhe"] = "dubhe"
+
+
+class FedAvgSpec(_Spec):
+    """FedAvg: updates averaged by example count (or equally)."""
+
+    role: ClassVar[MethodRole] = MethodRole.TRAINING
+    kind: Literal["fedavg"] = "fedavg"
+    weights: Literal["examples", "equal"] = "examples"
+
+
+DEFAULT_CLIMB_MAX_PARTIES = 100_000
+"""Equal to `ursa.coordinator.training_round.DEFAULT_CLIMB_MAX_PARTIES`."""
+
+
+class ClimbSpec(_Spec):
+    """CLIMB: FedAvg weighted by the devices' dual variables (an encrypted mean)."""
+
+    role: ClassVar[MethodRole] = MethodRole.TRAINING
+    kind: Literal["climb"] = "climb"
+    dual_timeout_s: float = Field(default=60.0, gt=0.0)
+    """Dual reports are not waited for after this long."""
+    dual_period: int = Field(default=1, ge=1)
+    """A dual step in rounds 1, 1 + period, ..."""
+    max_parties: int = Field(default=DEFAULT_CLIMB_MAX_PARTIES, ge=1)
+
+
+class FeddiskSpec(_Spec):
+    """FedDisk: a federated MADE first, then density-ratio-weighted training."""
+
+    role: ClassVar[MethodRole] = MethodRole.TRAINING
+    kind: Literal["feddisk"] = "feddisk"
+    made_initial_weights: Path | None = None
+    """The global MADE's version 0 (`ursa model init --model made`)."""
+    made_model: str = Field(default="made", pattern=NAME_PATTERN, max_length=24)
+    max_made_rounds: int = Field(default=50, ge=1)
+    """MADE rounds at most; then the switch, whatever the loss does."""
+    loss_timeout_s: float = Field(default=60.0, gt=0.0)
+    verdict_timeout_s: float = Field(default=30.0, gt=0.0)
+    max_parties: int = Field(default=100_000, ge=1)
+
+
+MethodSpec = Annotated[
+    DubheSpec | FedAvgSpec | ClimbSpec | FeddiskSpec, Field(discriminator="kind")
+]
+"""One ``[[methods]]`` table."""
+
+DEFAULT_METHODS: tuple[MethodSpec, ...] = (DubheSpec(),)
+"""Selection only, as before ``[[methods]]`` existed."""
+
+
+def check_methods(methods: Sequence[MethodSpec]) -> None:
+    """Refuse a list that cannot run: one clear reason (`MethodsError`)."""
+    check_method_list(methods)
+
+
+def method_names(methods: Sequence[MethodSpec]) -> tuple[str, ...]:
+    """The kinds in order: the list signed into each key epoch."""
+    return tuple(m.kind for m in methods)
+
+
+def training_spec(
+    methods: Sequence[MethodSpec],
+) -> FedAvgSpec | ClimbSpec | FeddiskSpec | None:
+    """The training method, if any."""
+    for spec in methods:
+        if isinstance(spec, FedAvgSpec | ClimbSpec | FeddiskSpec):
+            return spec
+    return None

@@ -1,0 +1,116 @@
+"""The device's ``[[methods]]`` list: what this device runs, as the coordinator's.
+
+Tables told apart by ``kind``, each with the method's device settings::
+
+    [[methods]]
+    kind = "dubhe"
+
+    [[methods]]
+    kind = "climb"
+    eta_d = 0.1                 # `ursa.edge_sdk.climb.ClimbConfig` fields
+
+The list must name the same methods as the federation's (signed into each
+`KeyEpochStart`); otherwise the device refuses the epoch with
+``method_mismatch``. A training method needs the device's ``[training]``
+section (its data and model). Without ``[[methods]]`` a device runs Dubhe,
+plus FedAvg when it has a ``[training]`` section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ursa.edge_sdk.climb import ClimbConfig
+from ursa.edge_sdk.feddisk_settings import FeddiskSettings
+from ursa.protocol.methods import MethodRole, MethodsError, check_method_list
+
+__all__ = [
+    "ClimbSpec",
+    "DeviceMethodSpec",
+    "DubheSpec",
+    "FedAvgSpec",
+    "FeddiskSpec",
+    "check_device_methods",
+    "default_methods",
+    "training_spec",
+]
+
+
+class DubheSpec(BaseModel):
+    """Dubhe: register the encrypted class counts, volunteer, report."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    role: ClassVar[MethodRole] = MethodRole.SELECTION
+    kind: Literal["dubhe"] = "dubhe"
+
+
+class FedAvgSpec(BaseModel):
+    """Plain local training; the coordinator averages."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    role: ClassVar[MethodRole] = MethodRole.TRAINING
+    kind: Literal["fedavg"] = "fedavg"
+
+
+class ClimbSpec(ClimbConfig):
+    """CLIMB: the dual step's settings (`ClimbConfig`)."""
+
+    role: ClassVar[MethodRole] = MethodRole.TRAINING
+    kind: Literal["climb"] = "climb"
+
+    def climb_config(self) -> ClimbConfig:
+        """The settings without the table's ``kind``."""
+        return ClimbConfig.model_validate(self.model_dump(exclude={"kind"}))
+
+
+class FeddiskSpec(FeddiskSettings):
+    """FedDisk: the MADE and weighting settings (`FeddiskSettings`)."""
+
+    role: ClassVar[MethodRole] = MethodRole.TRAINING
+    kind: Literal["feddisk"] = "feddisk"
+
+    def settings(self) -> FeddiskSettings:
+        """The settings without the table's ``kind``."""
+        return FeddiskSettings.model_validate(self.model_dump(exclude={"kind"}))
+
+
+DeviceMethodSpec = Annotated[
+    DubheSpec | FedAvgSpec | ClimbSpec | FeddiskSpec, Field(discriminator="kind")
+]
+"""One device ``[[methods]]`` table."""
+
+
+def default_methods(*, trains: bool) -> tuple[DeviceMethodSpec, ...]:
+    """Dubhe, plus FedAvg for a device that trains."""
+    return (DubheSpec(), FedAvgSpec()) if trains else (DubheSpec(),)
+
+
+def check_device_methods(methods: Sequence[DeviceMethodSpec], *, trains: bool) -> None:
+    """Refuse a list the device cannot run (one reason).
+
+    Raises:
+        MethodsError: a kind twice, not exactly one selection method, two
+            training methods, or a training method without ``[training]``.
+    """
+    check_method_list(methods)
+    training = [m.kind for m in methods if m.role is MethodRole.TRAINING]
+    if training and not trains:
+        raise MethodsError(f"[[methods]] {training[0]} needs a [training] section")
+    if trains and not training:
+        raise MethodsError(
+            "[training] needs a training method in [[methods]] "
+            "(kind = 'fedavg', 'climb' or 'feddisk')"
+        )
+
+
+def training_spec(
+    methods: Sequence[DeviceMethodSpec],
+) -> FedAvgSpec | ClimbSpec | FeddiskSpec | None:
+    """The training method, if any."""
+    for spec in methods:
+        if isinstance(spec, FedAvgSpec | ClimbSpec | FeddiskSpec):
+            return spec
+    return None

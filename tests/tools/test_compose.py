@@ -1,0 +1,228 @@
+"""`ursa.tools.compose`: a coordinator or a device from its config, methods included."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from ursa.tools import compose
+from ursa.tools.cli import service as cli_service
+
+DUBHE = {"kind": "dubhe"}
+
+
+def test_labels_from_npy_and_text(tmp_path: Path) -> None:
+    np.save(tmp_path / "l.npy", np.array([0, 3, 3, 9]))
+    (tmp_path / "l.csv").write_text("0, 3,3\n9\n")
+    for name in ("l.npy", "l.csv"):
+        assert compose.load_labels(tmp_path / name).tolist() == [0, 3, 3, 9]
+
+
+def test_bad_label_files_are_refused(tmp_path: Path) -> None:
+    np.save(tmp_path / "f.npy", np.array([0.5, 1.0]))
+    (tmp_path / "n.txt").write_text("1 -2")
+    with pytest.raises(ValueError, match="integers"):
+        compose.load_labels(tmp_path / "f.npy")
+    with pytest.raises(ValueError, match="non-negative"):
+        compose.load_labels(tmp_path / "n.txt")
+
+
+def _weights(tmp_path: Path, *extra: str, name: str = "w.ursw") -> Path:
+    out = tmp_path / name
+    argv = ["model", "init", "--classes", "10", "--out", str(out), *extra]
+    assert cli_service.main(argv) == 0
+    return out
+
+
+def _coordinator(
+    tmp_path: Path, methods: list[dict[str, Any]], training: dict[str, Any] | None
+) -> Any:
+    from ursa.coordinator.config import CoordinatorConfig
+
+    return CoordinatorConfig.model_validate(
+        {
+            "federation": "f",
+            "state_dir": tmp_path / "c",
+            "methods": methods,
+            "training": training,
+        }
+    )
+
+
+def test_training_plugin_of_the_training_method(tmp_path: Path) -> None:
+    from ursa.coordinator.training import TrainingPlugin
+
+    assert compose.training_plugin(_coordinator(tmp_path, [DUBHE], None)) is None
+    climb = [DUBHE, {"kind": "climb", "dual_period": 2}]
+    with pytest.raises(compose.ServiceSetupError, match="initial weights"):
+        compose.training_plugin(_coordinator(tmp_path, climb, {}))
+    section = {"initial_weights": str(_weights(tmp_path, "--input-dim", "8"))}
+    plugin = compose.training_plugin(_coordinator(tmp_path, climb, section))
+    assert isinstance(plugin, TrainingPlugin)
+    assert plugin.version == 0 and plugin.config.weighting == "climb"
+    assert plugin.config.dual_period == 2 and plugin.methods() == ("climb",)
+    assert (tmp_path / "c" / "models" / "classifier").is_dir()
+
+
+def test_the_service_signs_the_configs_methods(tmp_path: Path) -> None:
+    from ursa.coordinator.service import CoordinatorService
+    from ursa.coordinator.training import TrainingPlugin
+    from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
+
+    section = {"initial_weights": str(_weights(tmp_path, "--input-dim", "8"))}
+    config = _coordinator(tmp_path, [DUBHE, {"kind": "fedavg"}], section)
+    transport = InMemoryTransport(InMemoryBus(), "coordinator")
+    service = compose.build_coordinator(config, transport=transport)
+    assert config.method_names() == ("dubhe", "fedavg")
+    # a plugin that runs another method than the config names is refused
+    climb_config = _coordinator(tmp_path, [DUBHE, {"kind": "climb"}], section)
+    method = climb_config.training_method()
+    assert method is not None
+    climb = TrainingPlugin(
+        federation="f",
+        state_dir=tmp_path / "c",
+        config=climb_config.training_section().training_config(method),
+    )
+    says = "names fedavg, the training plugin runs climb"
+    with pytest.raises(ValueError, match=says):
+        CoordinatorService(config, plugin=climb, transport=transport)
+    del service
+
+
+def test_feddisk_method_builds_the_two_phase_plugin(tmp_path: Path) -> None:
+    from ursa.coordinator.feddisk_plugin import FeddiskPlugin
+
+    section = {"initial_weights": str(_weights(tmp_path, "--input-dim", "8"))}
+    feddisk: dict[str, Any] = {"kind": "feddisk", "max_made_rounds": 7}
+    with pytest.raises(compose.ServiceSetupError, match="initial weights"):
+        compose.training_plugin(_coordinator(tmp_path, [DUBHE, feddisk], section))
+    made = _weights(tmp_path, "--model", "made", "--input-dim", "8", name="m.ursw")
+    feddisk["made_initial_weights"] = str(made)
+    plugin = compose.training_plugin(_coordinator(tmp_path, [DUBHE, feddisk], section))
+
+    assert isinstance(plugin, FeddiskPlugin)
+    assert plugin.config.max_made_rounds == 7 and plugin.methods() == ("feddisk",)
+    assert plugin.phase == "made" and plugin.made_rounds == 0
+    assert plugin.made.config.model == "made" and plugin.made.version == 0
+    assert plugin.classifier.config.model == "classifier"
+    assert plugin.classifier.config.weighting == "fedavg"
+    with pytest.raises(ValidationError, match="max_made_rounds"):
+        _coordinator(tmp_path, [DUBHE, {**feddisk, "max_made_rounds": 0}], section)
+
+
+def _device(tmp_path: Path, **fields: Any) -> Any:
+    from ursa.edge_sdk.config import DeviceConfig
+
+    return DeviceConfig.model_validate(
+        {"device_id": "dev001", "federation": "f", "state_dir": tmp_path, **fields}
+    )
+
+
+def _training(tmp_path: Path) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.random((12, 4)), y=np.arange(12) % 3)
+    return {
+        "data_file": str(tmp_path / "d.npz"),
+        "model_options": {"input_dim": 4, "num_classes": 3},
+        "train": {"epochs": 2},
+        "wire_dtype": "float16",
+    }
+
+
+def test_training_device_gets_a_torch_trainer(tmp_path: Path) -> None:
+    from ursa.edge_sdk.torch_trainer import TorchTrainer
+
+    training = _training(tmp_path)
+    client = compose.build_device(_device(tmp_path, training=training))
+    trainer = client._trainer
+    assert isinstance(trainer, TorchTrainer) and trainer.climb is None
+    assert client.methods() == ("dubhe", "fedavg")
+    assert trainer.num_examples == 12 and trainer.wire_dtype == "float16"
+    assert trainer.seed == compose.device_seed("dev001")
+    assert client._labels.tolist() == (np.arange(12) % 3).tolist()
+    with pytest.raises(compose.ServiceSetupError, match="labels"):
+        compose.build_device(_device(tmp_path, training=training), Path("l.npy"))
+    bad_fields: list[tuple[dict[str, Any], str]] = [
+        ({"data_file": str(tmp_path / "none.npz")}, "no such file"),
+        ({"model_options": {"input_dim": 4}}, "num_classes"),
+        ({"train": {"epochs": 0}}, "epochs"),
+    ]
+    for bad, match in bad_fields:
+        with pytest.raises(compose.ServiceSetupError, match=match):
+            compose.build_device(_device(tmp_path, training={**training, **bad}))
+
+
+def test_climb_method_reaches_the_trainer(tmp_path: Path) -> None:
+    methods = [DUBHE, {"kind": "climb", "eta_d": 0.3}]
+    config = _device(tmp_path, training=_training(tmp_path), methods=methods)
+    client = compose.build_device(config)
+    assert client.methods() == ("dubhe", "climb")
+    climb = client._model_trainer()
+    assert climb is not None and climb.climb is not None
+    assert climb.climb.eta_d == 0.3
+
+
+def test_feddisk_device_wraps_its_torch_trainer(tmp_path: Path) -> None:
+    from ursa.edge_sdk.feddisk_trainer import FeddiskTrainer
+
+    training = _training(tmp_path)
+    methods = [DUBHE, {"kind": "feddisk", "made_hidden_sizes": [8]}]
+    client = compose.build_device(_device(tmp_path, training=training, methods=methods))
+    assert isinstance(client._trainer, FeddiskTrainer)
+    assert client._trainer.phase == "made" and client._trainer.model == "made"
+    assert client.methods() == ("dubhe", "feddisk")
+    with pytest.raises(ValidationError, match="made_lr"):
+        _device(
+            tmp_path,
+            training=training,
+            methods=[DUBHE, {"kind": "feddisk", "made_lr": -1.0}],
+        )
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"methods": [DUBHE, {"kind": "climb"}]}, "climb needs a [training] section"),
+        ({"methods": [{"kind": "fedavg"}]}, "needs a selection method"),
+        ({"training_climb": True}, "climb moved to a [[methods]] table"),
+    ],
+)
+def test_device_method_lists_that_cannot_run(
+    tmp_path: Path, fields: dict[str, Any], says: str
+) -> None:
+    if fields.pop("training_climb", False):
+        fields["training"] = {**_training(tmp_path), "climb": {}}
+    with pytest.raises(ValidationError, match=re.escape(says)):
+        _device(tmp_path, **fields)
+
+
+def test_training_device_without_a_training_method_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="needs a training method"):
+        _device(tmp_path, training=_training(tmp_path), methods=[DUBHE])
+
+
+def test_selection_only_device_runs_without_torch(tmp_path: Path) -> None:
+    np.save(tmp_path / "l.npy", np.array([0, 1, 1]))
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from ursa.edge_sdk.config import DeviceConfig\n"
+        "from ursa.tools.compose import build_device\n"
+        f"root = Path({str(tmp_path)!r})\n"
+        "config = DeviceConfig(device_id='dev001', federation='f', state_dir=root,"
+        " labels_file=root / 'l.npy')\n"
+        "client = build_device(config)\n"
+        "assert client._labels.tolist() == [0, 1, 1]\n"
+        "assert client.methods() == ('dubhe',)\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    with pytest.raises(compose.ServiceSetupError, match="labels"):
+        compose.build_device(_device(tmp_path))

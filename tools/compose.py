@@ -1,0 +1,263 @@
+"""One place that builds a coordinator or a device from its config.
+
+`ursa coordinator serve`, `ursa device run`, `ursa demo`, the benchmarks and
+the integration tests all build through here, so a ``[[methods]]`` list means
+the same thing everywhere:
+
+* coordinator: the training method (``fedavg``, ``climb`` or ``feddisk``)
+  becomes its `RoundPlugin` (FedDisk: a `FeddiskPlugin` over a MADE and a
+  classifier `TrainingPlugin`); no training method, no plugin (rounds end at
+  the selection);
+* device: a ``[training]`` section becomes a `TorchTrainer` with CLIMB's
+  settings under ``kind = "climb"``, wrapped in a `FeddiskTrainer` under
+  ``kind = "feddisk"``; torch is imported only then, so a selection-only
+  device and the coordinator run without it.
+
+Setup problems (missing weights, data or torch, a bad setting) raise
+`ServiceSetupError` with one line the commands print.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    from ursa.coordinator.clock import Clock
+    from ursa.coordinator.config import CoordinatorConfig
+    from ursa.coordinator.plugin import RoundPlugin
+    from ursa.coordinator.service import CoordinatorService
+    from ursa.coordinator.training import Evaluator, RoundRecord
+    from ursa.edge_sdk.client import EdgeClient
+    from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig
+    from ursa.edge_sdk.methods_config import DeviceMethodSpec
+    from ursa.edge_sdk.trainer import Trainer
+    from ursa.protocol.transport import Transport
+
+__all__ = [
+    "TRAIN_EXTRA_HINT",
+    "RoundHooks",
+    "ServiceSetupError",
+    "TrainingHooks",
+    "build_coordinator",
+    "build_device",
+    "device_seed",
+    "load_labels",
+    "load_training_data",
+    "torch_trainer",
+    "training_plugin",
+]
+
+TRAIN_EXTRA_HINT = "needs torch: pip install 'ursa-fl[train]'"
+
+
+class ServiceSetupError(ValueError):
+    """A coordinator or device that cannot be built from its config (one line)."""
+
+
+@dataclass(frozen=True)
+class RoundHooks:
+    """Callbacks on one model's rounds (the demo's evaluation and progress)."""
+
+    evaluate: Evaluator | None = None
+    on_round: Callable[[RoundRecord], None] | None = None
+
+
+@dataclass(frozen=True)
+class TrainingHooks:
+    """Callbacks for the training plugin: the classifier's, FedDisk's MADE's."""
+
+    classifier: RoundHooks = RoundHooks()
+    made: RoundHooks = RoundHooks()
+    on_switch: Callable[[int, int], None] | None = None
+    """FedDisk: (round, best MADE version) after the switch."""
+
+
+def training_plugin(
+    config: CoordinatorConfig, hooks: TrainingHooks | None = None
+) -> RoundPlugin | None:
+    """The plugin of the config's training method (None without one).
+
+    Raises:
+        ServiceSetupError: no checkpoint yet and no usable initial weights.
+    """
+    method = config.training_method()
+    if method is None:
+        return None
+    from ursa.coordinator.feddisk_plugin import FeddiskConfig, FeddiskPlugin
+    from ursa.coordinator.methods_config import FeddiskSpec
+    from ursa.coordinator.models import ModelStoreError
+    from ursa.coordinator.training import TrainingPlugin
+
+    hooks = hooks or TrainingHooks()
+    section = config.training_section()
+    try:
+        classifier = TrainingPlugin(
+            federation=config.federation,
+            state_dir=config.state_dir,
+            config=section.training_config(method),
+            initial_weights=section.initial_weights,
+            evaluate=hooks.classifier.evaluate,
+            on_round=hooks.classifier.on_round,
+        )
+        if not isinstance(method, FeddiskSpec):
+            return classifier
+        made = TrainingPlugin(
+            federation=config.federation,
+            state_dir=config.state_dir,
+            config=section.made_training_config(method),
+            initial_weights=method.made_initial_weights,
+            evaluate=hooks.made.evaluate,
+            on_round=hooks.made.on_round,
+        )
+        return FeddiskPlugin(
+            federation=config.federation,
+            made=made,
+            classifier=classifier,
+            config=FeddiskConfig.model_validate(
+                method.model_dump(exclude={"kind", "made_initial_weights"})
+            ),
+            on_switch=hooks.on_switch,
+        )
+    except (ModelStoreError, OSError, ValueError) as exc:
+        raise ServiceSetupError(f"[training]: {exc}") from None
+
+
+def build_coordinator(
+    config: CoordinatorConfig,
+    *,
+    hooks: TrainingHooks | None = None,
+    transport: Transport | None = None,
+    clock: Clock | None = None,
+) -> CoordinatorService:
+    """The coordinator service of ``config`` (training if its methods say so)."""
+    from ursa.coordinator.service import CoordinatorService
+
+    plugin = training_plugin(config, hooks)
+    if clock is None:
+        return CoordinatorService(config, plugin=plugin, transport=transport)
+    return CoordinatorService(config, plugin=plugin, transport=transport, clock=clock)
+
+
+def load_labels(path: Path) -> NDArray[np.int64]:
+    """Read class labels from .npy (no pickles) or whitespace/comma separated text.
+
+    Raises:
+        ValueError: not a 1-D vector of non-negative integers.
+    """
+    if path.suffix.lower() == ".npy":
+        labels = np.load(path, allow_pickle=False)
+    else:
+        text = path.read_text().replace(",", " ")
+        labels = np.array([int(x) for x in text.split()], dtype=np.int64)
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f"{path}: labels must be a 1-D vector of integers")
+    if labels.size and labels.min() < 0:
+        raise ValueError(f"{path}: labels must be non-negative")
+    return labels.astype(np.int64)
+
+
+def load_training_data(
+    data_file: str,
+) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+    """Local samples and labels: a ``.npz`` (``x``, ``y``) or a `load_dataset` spec.
+
+    Raises:
+        ServiceSetupError: the file is missing, unreadable or not a data set.
+    """
+    from ursa.tools.data.datasets import DatasetError
+    from ursa.tools.data.loaders import load_dataset
+
+    spec = f"npz:{data_file}" if data_file.lower().endswith(".npz") else data_file
+    try:
+        data = load_dataset(spec)
+    except DatasetError as exc:
+        raise ServiceSetupError(f"[training] data_file: {exc}") from None
+    return data.x.astype(np.float32), data.y.astype(np.int64)
+
+
+def device_seed(device_id: str) -> int:
+    """A stable training seed from the device id (when the config gives none)."""
+    digest = hashlib.sha256(device_id.encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def torch_trainer(
+    device_id: str,
+    training: DeviceTrainingConfig,
+    methods: tuple[DeviceMethodSpec, ...],
+    x: NDArray[np.float32],
+    y: NDArray[np.int64],
+) -> Trainer:
+    """The device's trainer for its training method (imports torch).
+
+    Raises:
+        ServiceSetupError: torch is missing or a setting is invalid.
+    """
+    from ursa.edge_sdk.methods_config import ClimbSpec, FeddiskSpec, training_spec
+
+    try:
+        from ursa.edge_sdk.torch_trainer import TorchTrainer
+        from ursa.edge_sdk.training import TrainConfig
+        from ursa.models.registry import ModelConfigError, parse_config
+    except ImportError:
+        raise ServiceSetupError(f"[training] {TRAIN_EXTRA_HINT}") from None
+    try:
+        parse_config(training.architecture, training.model_options)
+        train = TrainConfig.model_validate(training.train)
+    except (ModelConfigError, ValueError) as exc:
+        raise ServiceSetupError(f"[training]: {exc}") from None
+    method = training_spec(methods)
+    seed = device_seed(device_id) if training.seed is None else training.seed
+    trainer = TorchTrainer(
+        x,
+        y,
+        architecture=training.architecture,
+        model_config=training.model_options,
+        train=train,
+        model=training.model,
+        climb=method.climb_config() if isinstance(method, ClimbSpec) else None,
+        wire_dtype=training.wire_dtype,
+        seed=seed,
+    )
+    if not isinstance(method, FeddiskSpec):
+        return trainer
+    from ursa.edge_sdk.feddisk_trainer import FeddiskTrainer
+
+    return FeddiskTrainer(trainer, settings=method.settings(), seed=seed)
+
+
+def build_device(
+    config: DeviceConfig,
+    labels_path: Path | None = None,
+    *,
+    transport: Transport | None = None,
+) -> EdgeClient:
+    """The `EdgeClient` of ``config``: a trainer from ``[training]`` if set.
+
+    Raises:
+        ServiceSetupError: no labels, or labels given to a training device, or
+            unusable training data or settings.
+        ValueError: an unreadable labels file.
+    """
+    from ursa.edge_sdk.client import EdgeClient
+
+    if config.training is None:
+        path = labels_path or config.labels_file
+        if path is None:
+            raise ServiceSetupError("give --labels or labels_file (or [training])")
+        return EdgeClient(config, load_labels(Path(path)), transport=transport)
+    if labels_path is not None:
+        raise ServiceSetupError("a training device takes its labels from data_file")
+    x, y = load_training_data(config.training.data_file)
+    trainer = torch_trainer(
+        config.device_id, config.training, config.method_list(), x, y
+    )
+    return EdgeClient(config, y, trainer=trainer, transport=transport)
