@@ -79,8 +79,10 @@ from ursa.coordinator.methods_config import (
     FedAvgSpec,
     FeddiskSpec,
     MethodSpec,
+    SelectionSpec,
     check_methods,
     method_names,
+    selection_spec,
     training_spec,
 )
 from ursa.protocol.broker_config import BrokerConfig
@@ -281,6 +283,10 @@ class CoordinatorConfig(_Frozen):
     def method_names(self) -> tuple[str, ...]:
         """The methods signed into each key epoch, in config order."""
         return method_names(self.methods)
+
+    def selection_method(self) -> SelectionSpec:
+        """The selection method (exactly one, checked at load)."""
+        return selection_spec(self.methods)
 
     def training_method(self) -> FedAvgSpec | ClimbSpec | FeddiskSpec | None:
         """The training method; None for a selection-only federation."""

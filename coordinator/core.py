@@ -22,6 +22,7 @@ from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.plugin import RoundPlugin
 from ursa.coordinator.rounds import RoundState, Stage, advance
+from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.store import CoordinatorStore
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.paillier import EncryptedVector, PaillierPublicKey
@@ -96,6 +97,8 @@ class ServiceCore:
     _clock: Clock
     _rng: np.random.Generator
     _plugin: RoundPlugin
+    _selection: SelectionMethod | None
+    """The selection method; None: Dubhe (the VOLUNTEERING..AGENT stages)."""
     _transport: Transport | None
     _store: CoordinatorStore
     _identity: DeviceIdentity

@@ -40,8 +40,10 @@ __all__ = [
     "MethodRole",
     "MethodSpec",
     "MethodsError",
+    "SelectionSpec",
     "check_methods",
     "method_names",
+    "selection_spec",
     "training_spec",
 ]
 
@@ -102,6 +104,9 @@ MethodSpec = Annotated[
 ]
 """One ``[[methods]]`` table."""
 
+SelectionSpec = DubheSpec
+"""The selection methods' specs (a union as soon as there are two)."""
+
 DEFAULT_METHODS: tuple[MethodSpec, ...] = (DubheSpec(),)
 """Selection only, as before ``[[methods]]`` existed."""
 
@@ -124,3 +129,16 @@ def training_spec(
         if isinstance(spec, FedAvgSpec | ClimbSpec | FeddiskSpec):
             return spec
     return None
+
+
+def selection_spec(methods: Sequence[MethodSpec]) -> SelectionSpec:
+    """The selection method (`check_methods` ensures there is exactly one).
+
+    Raises:
+        MethodsError: the list has none.
+    """
+    for spec in methods:
+        if spec.role is MethodRole.SELECTION:
+            assert isinstance(spec, SelectionSpec)
+            return spec
+    raise MethodsError("[[methods]] needs a selection method (e.g. dubhe)")

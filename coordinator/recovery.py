@@ -112,6 +112,7 @@ class Recovery(EpochStages, RoundStages):
             Stage.VOLUNTEERING: d.volunteer_s,
             Stage.DISTRIBUTIONS: d.distributions_s,
             Stage.AGENT: d.agent_s,
+            Stage.SELECTING: d.volunteer_s,
             Stage.TRAINING: d.training_s,
         }.get(stage)
 
@@ -132,7 +133,12 @@ class Recovery(EpochStages, RoundStages):
                 self._send_raw(work.registry_sum_msg, "registry_sum", None)
         if stage is Stage.KEY_EPOCH:
             self._send_seal_request()
-        round_stages = (Stage.VOLUNTEERING, Stage.DISTRIBUTIONS, Stage.AGENT)
+        round_stages = (
+            Stage.VOLUNTEERING,
+            Stage.DISTRIBUTIONS,
+            Stage.AGENT,
+            Stage.SELECTING,
+        )
         if current is not None and stage in (*round_stages, Stage.TRAINING):
             self._send_raw(current.announce, "round_announce", None)
         if stage is Stage.DISTRIBUTIONS and current is not None:

@@ -35,6 +35,7 @@ from ursa.coordinator.rounds import (
     make_tries,
 )
 from ursa.coordinator.selection import SelectionError
+from ursa.coordinator.selection_method import SelectionRequest
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import verify_signature
 from ursa.crypto.paillier import encrypted_vector_from, sum_encrypted
@@ -86,10 +87,11 @@ class RoundStages(ServiceCore):
         payload = self._announce(index, work.epoch)
         self._store.add_round(index, work.epoch, payload)
         self._round = RoundWork(index, work.epoch, payload)
+        first = Stage.VOLUNTEERING if self._selection is None else Stage.SELECTING
         self._set_state(
             advance(
                 self._state,
-                Stage.VOLUNTEERING,
+                first,
                 round=index,
                 deadline_at=now + cfg.deadlines.volunteer_s,
             )
@@ -140,6 +142,32 @@ class RoundStages(ServiceCore):
             return
         self._advance(Stage.DISTRIBUTIONS, now, cfg.deadlines.distributions_s)
         self._send_assignments(work, sorted(work.members()))
+
+    def _stage_selecting(self, now: float) -> None:
+        """Ask the federation's selection method (not Dubhe) for the round's K."""
+        work, epoch, method = self._round, self._epoch, self._selection
+        if work is None or epoch is None or method is None:
+            return
+        request = SelectionRequest(
+            round=work.round,
+            epoch=work.epoch,
+            k=self._config.k,
+            eligible=frozenset(epoch.registered & self._online),
+            rng=self._rng,
+        )
+        selected = method.select(request)
+        if selected is not None:
+            self._select(now, _checked(selected, request, method.name), None)
+        elif self._deadline_passed(now):
+            logger.warning(
+                "round %d: %s cannot select %d of %d eligible devices yet; "
+                "asking again",
+                work.round,
+                method.name,
+                request.k,
+                len(request.eligible),
+            )
+            self._advance(Stage.SELECTING, now, self._config.deadlines.volunteer_s)
 
     def _send_assignments(self, work: RoundWork, devices: list[str]) -> None:
         for device in devices:
@@ -349,3 +377,19 @@ class RoundStages(ServiceCore):
             )
         h = candidates[message.best_try]
         self._select(self._clock(), work.tentative[h], h)
+
+
+def _checked(
+    selected: tuple[str, ...], request: SelectionRequest, method: str
+) -> tuple[str, ...]:
+    """A method's selection, refused unless it is K distinct eligible devices.
+
+    Raises:
+        SelectionError: a bug in the method (the tick logs it and retries).
+    """
+    chosen = set(selected)
+    if len(chosen) != len(selected) or len(chosen) != request.k:
+        raise SelectionError(f"{method} selected {len(chosen)} devices, not K")
+    if not chosen <= request.eligible:
+        raise SelectionError(f"{method} selected devices that are not eligible")
+    return selected

@@ -9,9 +9,13 @@ One `Stage` at a time, held in a frozen `RoundState` that only
                     |                           |   |        |  AGENT
                     |                           |   v        v    |
                     +------ rekey --------- TRAINING <------------+
-                                               |
-                                               v
-                                             DONE
+                                             |  ^
+                                             v  |
+                                   DONE    SELECTING
+
+VOLUNTEERING, DISTRIBUTIONS and AGENT are Dubhe's; a federation whose
+selection method is another (`ursa.coordinator.selection_method`) goes from
+REGISTRATION or TRAINING to SELECTING instead, and from there to TRAINING.
 
 The functions below turn what the coordinator saw (device ids, draws, who
 delivered) into tentative sets and selections; they take device ids and the
@@ -51,6 +55,7 @@ class Stage(StrEnum):
     VOLUNTEERING = "volunteering"
     DISTRIBUTIONS = "distributions"
     AGENT = "agent"
+    SELECTING = "selecting"
     TRAINING = "training"
     DONE = "done"
 
@@ -58,13 +63,18 @@ class Stage(StrEnum):
 TRANSITIONS: Mapping[Stage, frozenset[Stage]] = {
     Stage.ENROLMENT: frozenset({Stage.KEY_EPOCH, Stage.DONE}),
     Stage.KEY_EPOCH: frozenset({Stage.KEY_EPOCH, Stage.REGISTRATION}),
-    Stage.REGISTRATION: frozenset({Stage.KEY_EPOCH, Stage.VOLUNTEERING, Stage.DONE}),
+    Stage.REGISTRATION: frozenset(
+        {Stage.KEY_EPOCH, Stage.VOLUNTEERING, Stage.SELECTING, Stage.DONE}
+    ),
     Stage.VOLUNTEERING: frozenset(
         {Stage.VOLUNTEERING, Stage.DISTRIBUTIONS, Stage.TRAINING, Stage.KEY_EPOCH}
     ),
     Stage.DISTRIBUTIONS: frozenset({Stage.AGENT, Stage.TRAINING}),
     Stage.AGENT: frozenset({Stage.TRAINING}),
-    Stage.TRAINING: frozenset({Stage.VOLUNTEERING, Stage.KEY_EPOCH, Stage.DONE}),
+    Stage.SELECTING: frozenset({Stage.SELECTING, Stage.TRAINING}),
+    Stage.TRAINING: frozenset(
+        {Stage.VOLUNTEERING, Stage.SELECTING, Stage.KEY_EPOCH, Stage.DONE}
+    ),
     Stage.DONE: frozenset(),
 }
 """Allowed stage changes (a stage may re-enter itself where it retries)."""

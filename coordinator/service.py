@@ -22,6 +22,8 @@ The protocol as the coordinator runs it (SPEC §2, §3, §5; Dubhe Fig. 3-5)::
        member -> EncryptedDistribution -> coordinator (sums per try)
        coordinator -> TrySums -> agent -> AgentAnswer(best try, signed)
        SelectionResult (signed, exactly K) -> all; RoundPlugin trains
+       (another selection method: after the announce the coordinator asks
+       it at each tick, SELECTING, and signs the K it names)
        round complete (persisted once) -> next round, or a new key epoch
 
 Phases close early once every *online* device they wait on has answered (a
@@ -61,6 +63,7 @@ import numpy as np
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.enrolment import decide_enrolment, enrol_result
+from ursa.coordinator.methods.registry import selection_method
 from ursa.coordinator.plugin import EpochView, NoTraining, RoundPlugin
 from ursa.coordinator.recovery import Recovery
 from ursa.coordinator.rounds import RoundState, Stage
@@ -134,6 +137,7 @@ class CoordinatorService(Recovery):
                 f"[[methods]] names {named}, the training plugin runs "
                 f"{', '.join(runs) or 'none'}"
             )
+        self._selection = selection_method(config.selection_method().kind)
         self._rng = rng if rng is not None else np.random.default_rng(config.seed)
         self._transport = transport
         self._lock = threading.RLock()
@@ -476,6 +480,7 @@ class CoordinatorService(Recovery):
             Stage.VOLUNTEERING: self._stage_volunteering,
             Stage.DISTRIBUTIONS: self._stage_distributions,
             Stage.AGENT: self._stage_agent,
+            Stage.SELECTING: self._stage_selecting,
             Stage.TRAINING: self._stage_training,
             Stage.DONE: lambda now: None,
         }

@@ -53,6 +53,7 @@ from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.device_core import DeviceStats
 from ursa.edge_sdk.epoch_steps import EpochSteps
 from ursa.edge_sdk.feddisk_steps import FeddiskSteps
+from ursa.edge_sdk.methods_config import selection_kind
 from ursa.edge_sdk.registration import RegistrationError
 from ursa.edge_sdk.state import DeviceStateDir
 from ursa.edge_sdk.trainer import NoOpTrainer, Trainer
@@ -148,6 +149,7 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         self._config = config
         self._labels = array.astype(np.int64)
         self._trainer = trainer or NoOpTrainer(int(array.size))
+        self._selection = selection_kind(config.method_list())
         if config.methods is not None:
             named = {m.kind for m in config.methods}
             if named != set(self.methods()):
@@ -381,9 +383,10 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         router.register(AgentPublicKey, self._on_agent_public_key, owner=epoch)
         router.register(SealedSecretKey, self._on_sealed_secret_key, owner=epoch)
         router.register(RegistrySum, self._on_registry_sum, owner=rounds)
-        router.register(RoundAnnounce, self._on_round_announce, owner=rounds)
-        router.register(TryAssignment, self._on_try_assignment, owner=rounds)
-        router.register(TrySums, self._on_try_sums, owner=rounds)
+        if self._selection == "dubhe":  # others select at the coordinator alone
+            router.register(RoundAnnounce, self._on_round_announce, owner=rounds)
+            router.register(TryAssignment, self._on_try_assignment, owner=rounds)
+            router.register(TrySums, self._on_try_sums, owner=rounds)
         router.register(SelectionResult, self._on_selection_result, owner=rounds)
         router.register(ModelAvailable, self._on_model_available, owner=model)
         router.register(TransferManifest, self._on_transfer_manifest, owner=model)
@@ -409,13 +412,13 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
             self._router.retry_parked(self._refused)
 
     def methods(self) -> tuple[str, ...]:
-        """Dubhe, and the training method the trainer runs (none: selection only)."""
+        """The selection method, and the training method the trainer runs."""
         if self._phased() is not None:
-            return ("dubhe", "feddisk")
+            return (self._selection, "feddisk")
         trainer = self._model_trainer()
         if trainer is None:
-            return ("dubhe",)
-        return ("dubhe", "climb" if trainer.climb is not None else "fedavg")
+            return (self._selection,)
+        return (self._selection, "climb" if trainer.climb is not None else "fedavg")
 
     def _refused(self, message: BaseMessage, exc: Exception) -> None:
         if not isinstance(exc, _REFUSALS):

@@ -35,6 +35,7 @@ __all__ = [
     "FeddiskSpec",
     "check_device_methods",
     "default_methods",
+    "selection_kind",
     "training_spec",
 ]
 
@@ -114,3 +115,11 @@ def training_spec(
         if isinstance(spec, FedAvgSpec | ClimbSpec | FeddiskSpec):
             return spec
     return None
+
+
+def selection_kind(methods: Sequence[DeviceMethodSpec]) -> str:
+    """The selection method's kind (`check_device_methods` ensures exactly one)."""
+    for spec in methods:
+        if spec.role is MethodRole.SELECTION:
+            return spec.kind
+    raise MethodsError("[[methods]] needs a selection method (e.g. dubhe)")

@@ -1,0 +1,1 @@
+"""The coordinator halves of ursa's methods, one package each."""
