@@ -4,7 +4,7 @@ One table per method, told apart by ``kind`` (a discriminated union, unknown
 fields refused)::
 
     [[methods]]
-    kind = "dubhe"                    # selection: the encrypted registry
+    kind = "dubhe"                    # selection: the encrypted registry (or "random")
 
     [[methods]]
     kind = "climb"                    # training: FedAvg weighted by CLIMB's duals
@@ -40,6 +40,7 @@ __all__ = [
     "MethodRole",
     "MethodSpec",
     "MethodsError",
+    "RandomSpec",
     "SelectionSpec",
     "check_methods",
     "method_names",
@@ -58,6 +59,13 @@ class DubheSpec(_Spec):
 
     role: ClassVar[MethodRole] = MethodRole.SELECTION
     kind: Literal["dubhe"] = "dubhe"
+
+
+class RandomSpec(_Spec):
+    """Random selection: K of the online registered devices, uniformly (a baseline)."""
+
+    role: ClassVar[MethodRole] = MethodRole.SELECTION
+    kind: Literal["random"] = "random"
 
 
 class FedAvgSpec(_Spec):
@@ -100,12 +108,13 @@ class FeddiskSpec(_Spec):
 
 
 MethodSpec = Annotated[
-    DubheSpec | FedAvgSpec | ClimbSpec | FeddiskSpec, Field(discriminator="kind")
+    DubheSpec | RandomSpec | FedAvgSpec | ClimbSpec | FeddiskSpec,
+    Field(discriminator="kind"),
 ]
 """One ``[[methods]]`` table."""
 
-SelectionSpec = DubheSpec
-"""The selection methods' specs (a union as soon as there are two)."""
+SelectionSpec = DubheSpec | RandomSpec
+"""The selection methods' specs."""
 
 DEFAULT_METHODS: tuple[MethodSpec, ...] = (DubheSpec(),)
 """Selection only, as before ``[[methods]]`` existed."""

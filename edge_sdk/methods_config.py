@@ -33,6 +33,7 @@ __all__ = [
     "DubheSpec",
     "FedAvgSpec",
     "FeddiskSpec",
+    "RandomSpec",
     "check_device_methods",
     "default_methods",
     "selection_kind",
@@ -46,6 +47,14 @@ class DubheSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     role: ClassVar[MethodRole] = MethodRole.SELECTION
     kind: Literal["dubhe"] = "dubhe"
+
+
+class RandomSpec(BaseModel):
+    """Random selection: nothing to do but train when the coordinator picks us."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    role: ClassVar[MethodRole] = MethodRole.SELECTION
+    kind: Literal["random"] = "random"
 
 
 class FedAvgSpec(BaseModel):
@@ -79,7 +88,8 @@ class FeddiskSpec(FeddiskSettings):
 
 
 DeviceMethodSpec = Annotated[
-    DubheSpec | FedAvgSpec | ClimbSpec | FeddiskSpec, Field(discriminator="kind")
+    DubheSpec | RandomSpec | FedAvgSpec | ClimbSpec | FeddiskSpec,
+    Field(discriminator="kind"),
 ]
 """One device ``[[methods]]`` table."""
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ursa.coordinator.methods.random import RandomSelection
 from ursa.coordinator.selection_method import SelectionMethod
 
 __all__ = ["SELECTION_METHODS", "selection_method"]
 
-SELECTION_METHODS: Mapping[str, type[SelectionMethod]] = {}
+SELECTION_METHODS: Mapping[str, type[SelectionMethod]] = {
+    RandomSelection.name: RandomSelection,
+}
 
 
 def selection_method(kind: str) -> SelectionMethod | None:

@@ -76,6 +76,8 @@ class Federation:
         }
         settings.update(overrides)
         self.config = CoordinatorConfig(**settings)
+        self.device_methods: tuple[Any, ...] | None = None
+        """The devices' ``[[methods]]`` (None: their default, Dubhe)."""
         self.coordinator = self.new_coordinator()
         self.devices: dict[str, EdgeClient] = {}
         self.transports: dict[str, InMemoryTransport] = {}
@@ -118,6 +120,7 @@ class Federation:
             federation=FEDERATION,
             state_dir=self.tmp_path / device_id,
             obfuscator_pool_size=0,
+            methods=self.device_methods,
         )
 
     def new_device(self, device_id: str) -> EdgeClient:

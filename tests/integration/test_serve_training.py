@@ -27,6 +27,7 @@ pytestmark = pytest.mark.integration
 N, K, ROUNDS = 4, 3, 2
 SAMPLES = 60
 DUBHE = '[[methods]]\nkind = "dubhe"\n'
+RANDOM_FEDAVG = '[[methods]]\nkind = "random"\n[[methods]]\nkind = "fedavg"\n'
 CLIMB_DEVICE = DUBHE + '[[methods]]\nkind = "climb"\neta_d = 0.1\n'
 FEDDISK_DEVICE = DUBHE + (
     '[[methods]]\nkind = "feddisk"\nlocal_made_max_epochs = 10\n'
@@ -44,6 +45,7 @@ def _coordinator_toml(
     weights: Path,
     rounds: int = ROUNDS,
     training: str = '[[methods]]\nkind = "climb"\ndual_timeout_s = 15\n',
+    selection: str = DUBHE,
 ) -> str:
     return (
         f'federation = "{fed.federation}"\nstate_dir = "{state_dir}"\n'
@@ -54,7 +56,7 @@ def _coordinator_toml(
         "[deadlines]\nvolunteer_s = 5\ndistributions_s = 5\nagent_s = 5\n"
         "training_s = 60\n"
         f'[training]\ninitial_weights = "{weights}"\nupdate_timeout_s = 30\n'
-        + DUBHE
+        + selection
         + training
     )
 
@@ -141,6 +143,33 @@ def test_serve_and_device_run_feddisk_made_then_classifier(
         made_round = update.round == 1
         assert update.model == ("made" if made_round else "classifier")
         assert update.base_version == (0 if made_round else update.round - 2)
+    assert not fed.capture.messages("climb_stats")
+
+
+def test_serve_and_device_run_random_selection_with_fedavg(
+    mqtt_federation: Any, tmp_path: Path
+) -> None:
+    fed = mqtt_federation("serverandom")
+    weights = tmp_path / "initial.ursw"
+    _model_init(weights)
+    state_dir = tmp_path / "coordinator"
+    toml = _coordinator_toml(
+        fed, state_dir, weights, training="", selection=RANDOM_FEDAVG
+    )
+    _serve_and_run(fed, tmp_path, toml, RANDOM_FEDAVG)
+
+    latest = ModelStore(state_dir, "classifier").latest()
+    assert latest is not None and latest.version == ROUNDS
+    (_, notice), *_ = fed.capture.messages("key_epoch_start")
+    assert notice.methods == ("random", "fedavg")
+    results = [m for _, m in fed.capture.messages("selection_result")]
+    assert sorted({r.round for r in results}) == list(range(1, ROUNDS + 1))
+    assert all(len(set(r.selected)) == K and r.try_index is None for r in results)
+    updates: dict[int, set[str]] = {}
+    for _, update in fed.capture.messages("model_update"):
+        updates.setdefault(update.round, set()).add(update.sender)
+    assert updates == {r.round: set(r.selected) for r in results}
+    assert not fed.capture.messages("volunteer")  # nothing of Dubhe ran
     assert not fed.capture.messages("climb_stats")
 
 
