@@ -102,14 +102,16 @@ def default_methods(*, trains: bool) -> tuple[DeviceMethodSpec, ...]:
 def check_device_methods(methods: Sequence[DeviceMethodSpec], *, trains: bool) -> None:
     """Refuse a list the device cannot run (one reason).
 
+    A training method without ``[training]`` is fine here: an app that embeds
+    the SDK passes its own trainer to `EdgeClient` (which checks the two
+    agree); ``ursa device run`` needs the section and says so itself.
+
     Raises:
         MethodsError: a kind twice, not exactly one selection method, two
-            training methods, or a training method without ``[training]``.
+            training methods, or ``[training]`` without a training method.
     """
     check_method_list(methods)
     training = [m.kind for m in methods if m.role is MethodRole.TRAINING]
-    if training and not trains:
-        raise MethodsError(f"[[methods]] {training[0]} needs a [training] section")
     if trains and not training:
         raise MethodsError(
             "[training] needs a training method in [[methods]] "

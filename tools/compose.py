@@ -248,7 +248,14 @@ def build_device(
         ValueError: an unreadable labels file.
     """
     from ursa.edge_sdk.client import EdgeClient
+    from ursa.edge_sdk.methods_config import training_spec
 
+    trains = training_spec(config.method_list())
+    if config.training is None and trains is not None:
+        raise ServiceSetupError(
+            f"[[methods]] {trains.kind} trains: add a [training] section "
+            "(data_file, model)"
+        )
     if config.training is None:
         path = labels_path or config.labels_file
         if path is None:

@@ -413,3 +413,20 @@ def test_an_undecodable_stored_epoch_is_ignored_at_start(
 
     assert "ignoring the stored key epoch" in caplog.text
     assert restarted.enrolled.is_set()
+
+
+def test_an_app_names_its_methods_and_its_trainer_must_agree(tmp_path: Path) -> None:
+    def config(*kinds: str) -> DeviceConfig:
+        return DeviceConfig.model_validate(
+            {
+                "device_id": "a",
+                "federation": "f",
+                "state_dir": tmp_path,
+                "methods": [{"kind": kind} for kind in kinds],
+            }
+        )
+
+    labels = np.array([0, 1, 1])
+    assert EdgeClient(config("random"), labels).methods() == ("random",)
+    with pytest.raises(ValueError, match="the trainer runs random"):
+        EdgeClient(config("random", "climb"), labels, trainer=NoOpTrainer(3))

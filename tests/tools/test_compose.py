@@ -189,7 +189,6 @@ def test_feddisk_device_wraps_its_torch_trainer(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("fields", "says"),
     [
-        ({"methods": [DUBHE, {"kind": "climb"}]}, "climb needs a [training] section"),
         ({"methods": [{"kind": "fedavg"}]}, "needs a selection method"),
         ({"training_climb": True}, "climb moved to a [[methods]] table"),
     ],
@@ -201,6 +200,14 @@ def test_device_method_lists_that_cannot_run(
         fields["training"] = {**_training(tmp_path), "climb": {}}
     with pytest.raises(ValidationError, match=re.escape(says)):
         _device(tmp_path, **fields)
+
+
+def test_device_run_refuses_a_training_method_without_training_data(
+    tmp_path: Path,
+) -> None:
+    config = _device(tmp_path, methods=[DUBHE, {"kind": "climb"}])
+    with pytest.raises(compose.ServiceSetupError, match="climb trains: add a"):
+        compose.build_device(config, tmp_path / "labels.npy")
 
 
 def test_training_device_without_a_training_method_is_refused(tmp_path: Path) -> None:
