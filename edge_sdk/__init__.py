@@ -14,6 +14,9 @@ from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.climb import ClimbConfig
 from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig, load_device_config
 from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
+from ursa.edge_sdk.method import DeviceContext, DeviceMethod, TrainPlan
+from ursa.edge_sdk.methods.climb import Climb
+from ursa.edge_sdk.methods.feddisk import FedDisk
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.trainer import (
     LocalDelta,
@@ -27,10 +30,14 @@ if TYPE_CHECKING:
     from ursa.edge_sdk.training import TrainConfig, TrainingError
 
 __all__ = [
+    "Climb",
     "ClimbConfig",
     "DeviceConfig",
+    "DeviceContext",
+    "DeviceMethod",
     "DeviceTrainingConfig",
     "EdgeClient",
+    "FedDisk",
     "FeddiskSettings",
     "FeddiskTrainer",
     "LocalDelta",
@@ -38,6 +45,7 @@ __all__ = [
     "NoOpTrainer",
     "TorchTrainer",
     "TrainConfig",
+    "TrainPlan",
     "Trainer",
     "TrainingError",
     "TrainingReport",

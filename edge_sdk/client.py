@@ -20,8 +20,9 @@ What a device does (the coordinator's side is in ``coordinator/service.py``):
    distribution; the agent decrypts `TrySums` and answers the best try,
    signed. On a signed `SelectionResult` naming this device: `Trainer.train`,
    or with a `ModelTrainer` the training round of ``model_steps.py`` (model
-   download, CLIMB dual steps of ``climb_steps.py``, delta upload).
-5. With a `PhasedTrainer` (FedDisk, ``feddisk_steps.py``): after each global
+   download, the methods' hooks such as CLIMB's dual step in
+   ``methods/climb``, delta upload).
+5. With a `PhasedTrainer` (FedDisk, ``methods/feddisk``): after each global
    MADE round, the encrypted validation loss on `MadeLossRequest`, the
    decrypted fleet loss and the stop rule on `MadeLossSum` (the agent sends
    the signed `MadeVerdict`), and the sample weights on `FeddiskSwitch`.
@@ -39,6 +40,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,15 +50,19 @@ from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
-from ursa.edge_sdk.climb_steps import ClimbSteps
 from ursa.edge_sdk.config import DeviceConfig
-from ursa.edge_sdk.device_core import DeviceStats
+from ursa.edge_sdk.device_core import DeviceStats, TrainingStats
 from ursa.edge_sdk.epoch_steps import EpochSteps
-from ursa.edge_sdk.feddisk_steps import FeddiskSteps
+from ursa.edge_sdk.method import DeviceMethod, EpochKeys
+from ursa.edge_sdk.methods.climb import Climb
+from ursa.edge_sdk.methods.feddisk import FedDisk
 from ursa.edge_sdk.methods_config import selection_kind
+from ursa.edge_sdk.model_steps import ModelSteps
+from ursa.edge_sdk.phased_trainer import PhasedTrainer
 from ursa.edge_sdk.registration import RegistrationError
 from ursa.edge_sdk.state import DeviceStateDir
-from ursa.edge_sdk.trainer import NoOpTrainer, Trainer
+from ursa.edge_sdk.trainer import ModelTrainer, NoOpTrainer, Trainer
+from ursa.models.weights import Arrays
 from ursa.protocol.envelope import decode, encode, message_kind
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import (
@@ -65,15 +71,10 @@ from ursa.protocol.messages import (
     BaseMessage,
     Chunk,
     ChunkRequest,
-    ClimbSum,
-    DualStepRequest,
     EnrolResult,
     ErrorReply,
-    FeddiskSwitch,
     Hello,
     KeyEpochStart,
-    MadeLossRequest,
-    MadeLossSum,
     ModelAvailable,
     RegistrySum,
     RoundAnnounce,
@@ -86,7 +87,7 @@ from ursa.protocol.messages import (
     TrySums,
 )
 from ursa.protocol.outbox import Outbox
-from ursa.protocol.router import Dispatch, RejectedError, Router
+from ursa.protocol.router import Dispatch, NotReadyError, RejectedError, Router
 from ursa.protocol.topics import device_subscriptions, parse_topic, status_topic
 from ursa.protocol.transport import Transport, TransportError
 
@@ -119,7 +120,7 @@ def device_will(config: DeviceConfig) -> tuple[str, bytes]:
     return status_topic(config.federation, config.device_id), encode(offline)
 
 
-class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
+class EdgeClient(EpochSteps, ModelSteps):
     """One device in a federation: enrolment, key epochs, registration, selection.
 
     Args:
@@ -129,6 +130,9 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         transport: A transport (tests: in-memory); None builds an
             `MqttTransport` from ``config.broker``.
         trainer: Called when selected; default `NoOpTrainer`.
+        methods: The device halves of the federation's methods beyond
+            selection and plain training (e.g. `Climb`); None: `Climb` when
+            the trainer has CLIMB settings.
         rng: The device's private randomness for the volunteer coins.
     """
 
@@ -139,6 +143,7 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         *,
         transport: Transport | None = None,
         trainer: Trainer | None = None,
+        methods: Sequence[DeviceMethod] | None = None,
         rng: np.random.Generator | None = None,
     ) -> None:
         array = np.asarray(labels)
@@ -149,6 +154,9 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         self._config = config
         self._labels = array.astype(np.int64)
         self._trainer = trainer or NoOpTrainer(int(array.size))
+        self._methods = (
+            list(methods) if methods is not None else _methods_of(self._trainer)
+        )
         self._selection = selection_kind(config.method_list())
         if config.methods is not None:
             named = {m.kind for m in config.methods}
@@ -177,8 +185,6 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         self._trained: set[int] = set()
         self._registered_epoch: int | None = None
         self._init_model_steps()
-        self._init_climb_steps()
-        self._init_feddisk_steps()
         self._router = self._routes()
 
     # --- public view ----------------------------------------------------------
@@ -202,6 +208,17 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
     def transport(self) -> Transport | None:
         """The transport (after `start`)."""
         return self._transport
+
+    def method(self, kind: type[MethodT]) -> MethodT:
+        """This device's method of class ``kind`` (e.g. ``client.method(Climb)``).
+
+        Raises:
+            KeyError: the device does not run it.
+        """
+        for method in self._methods:
+            if isinstance(method, kind):
+                return method
+        raise KeyError(f"{self.device_id} runs no {kind.__name__}")
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -308,8 +325,8 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         self._secret_key = self._store.load_secret_key(notice.epoch)
 
     def _restore_training(self) -> None:
-        self._restore_climb()
-        self._restore_feddisk()
+        for method in self._methods:
+            method.start()
 
     # --- sending --------------------------------------------------------------
 
@@ -375,7 +392,6 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         """Every kind this device handles, by the step that owns it."""
         router = Router(self.device_id)
         epoch, rounds, model = "key_epoch", "selection", "model_transfer"
-        climb, feddisk = "climb", "feddisk"
         router.register(EnrolResult, self._on_enrol_result, owner=epoch)
         router.register(ErrorReply, self._on_error_reply, owner="client")
         router.register(KeyEpochStart, self._on_key_epoch_start, owner=epoch)
@@ -392,11 +408,9 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         router.register(TransferManifest, self._on_transfer_manifest, owner=model)
         router.register(Chunk, self._on_chunk, owner=model)
         router.register(ChunkRequest, self._on_chunk_request, owner=model)
-        router.register(DualStepRequest, self._on_dual_step_request, owner=climb)
-        router.register(ClimbSum, self._on_climb_sum, owner=climb)
-        router.register(MadeLossRequest, self._on_made_loss_request, owner=feddisk)
-        router.register(MadeLossSum, self._on_made_loss_sum, owner=feddisk)
-        router.register(FeddiskSwitch, self._on_feddisk_switch, owner=feddisk)
+        context = _Context(self)
+        for method in self._methods:
+            method.attach(context, router)
         return router
 
     def _process(self, message: BaseMessage) -> None:
@@ -413,12 +427,13 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
 
     def methods(self) -> tuple[str, ...]:
         """The selection method, and the training method the trainer runs."""
-        if self._phased() is not None:
+        if any(isinstance(m, FedDisk) for m in self._methods):
             return (self._selection, "feddisk")
         trainer = self._model_trainer()
         if trainer is None:
             return (self._selection,)
-        return (self._selection, "climb" if trainer.climb is not None else "fedavg")
+        climbs = any(isinstance(m, Climb) for m in self._methods)
+        return (self._selection, "climb" if climbs else "fedavg")
 
     def _refused(self, message: BaseMessage, exc: Exception) -> None:
         if not isinstance(exc, _REFUSALS):
@@ -427,10 +442,95 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
 
     def _on_error_reply(self, message: ErrorReply) -> None:
         self._on_error(message)
-        self._on_dual_refused(message)
+        for method in self._methods:
+            method.on_error_reply(message)
 
     # --- enrolment and key epoch ----------------------------------------------
 
     # --- registration ---------------------------------------------------------
 
     # --- rounds ---------------------------------------------------------------
+
+
+MethodT = TypeVar("MethodT", bound=DeviceMethod)
+
+
+def _methods_of(trainer: Trainer) -> list[DeviceMethod]:
+    """The methods a trainer implies: `FedDisk`, or `Climb` with CLIMB settings."""
+    if isinstance(trainer, PhasedTrainer):
+        return [FedDisk(trainer)]
+    if isinstance(trainer, ModelTrainer) and trainer.climb is not None:
+        return [Climb(trainer.climb)]
+    return []
+
+
+class _Context:
+    """The `DeviceContext` an `EdgeClient` gives its methods."""
+
+    def __init__(self, client: EdgeClient) -> None:
+        self._client = client
+
+    @property
+    def device_id(self) -> str:
+        return self._client.device_id
+
+    @property
+    def federation(self) -> str:
+        return self._client._config.federation
+
+    @property
+    def store(self) -> DeviceStateDir:
+        return self._client._store
+
+    @property
+    def stats(self) -> DeviceStats:
+        return self._client.stats
+
+    @property
+    def training_stats(self) -> TrainingStats:
+        return self._client.training_stats
+
+    @property
+    def trainer(self) -> Trainer:
+        return self._client._trainer
+
+    @property
+    def model_version(self) -> int | None:
+        return self._client._model_version
+
+    @property
+    def epoch(self) -> KeyEpochStart | None:
+        return self._client._epoch
+
+    def send(self, message: BaseMessage) -> None:
+        self._client._send(message)
+
+    def signed(self, message: BaseMessage) -> BaseMessage:
+        return self._client._signed(message)
+
+    def keys(self, epoch: int) -> EpochKeys:
+        self._client._require_epoch(epoch)
+        keys = self.current_keys()
+        if keys is None:
+            raise NotReadyError
+        return keys
+
+    def current_keys(self) -> EpochKeys | None:
+        client = self._client
+        if client._epoch is None or client._public_key is None:
+            return None
+        return EpochKeys(
+            client._epoch, client._public_key, client._secret_key, client._pool
+        )
+
+    def model_arrays_at(self, version: int) -> Arrays | None:
+        return self._client._model_arrays_at(version)
+
+    def seconds_since_model_notice(self) -> float:
+        return time.monotonic() - self._client._notice_at
+
+    def retry_training(self) -> None:
+        self._client._maybe_train()
+
+    def forget_downloads(self) -> None:
+        self._client._forget_downloads()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,6 +35,7 @@ __all__ = [
     "DISTRIBUTION_CODEC",
     "DeviceCore",
     "DeviceStats",
+    "TrainingStats",
     "derived_id",
     "seal_context",
 ]
@@ -49,6 +51,17 @@ class DeviceStats:
         self.crypto_s = 0.0
         self.selected_rounds: list[int] = []
         self.answered_rounds: list[int] = []
+
+
+@dataclass
+class TrainingStats:
+    """Counters of the training side (for demos and benchmarks)."""
+
+    train_s: float = 0.0
+    rounds_trained: int = 0
+    update_bytes: int = 0
+    models_downloaded: int = 0
+    dual_steps: int = 0
 
 
 def seal_context(federation: str, epoch: int) -> bytes:

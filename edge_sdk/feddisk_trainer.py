@@ -5,7 +5,7 @@ Phase ``"made"``: the device trains the federated global MADE (`model` is
 split of ``val_fraction`` (at least one sample, as the simulator's); each
 round runs `train_made_local` (Adam) with its own seed (`round_seed`), and
 `validation_loss` gives the NLL on the held-out split for the fleet's stop
-rule (`ursa.edge_sdk.feddisk_steps`). `switch` then trains the local MADE
+rule (`ursa.edge_sdk.methods.feddisk`). `switch` then trains the local MADE
 from seeded initial weights (`train_local_made`), the density-ratio
 classifier and the per-sample weights on all local samples
 (`feddisk_sample_weights`: clipped, mean 1) and hands them to the

@@ -13,7 +13,7 @@ communication rounds, §VI-C.2).
 It lives on the device side because over the wire only devices learn the
 fleet's loss (they decrypt its Paillier sum); the epoch's agent applies the
 rule and tells the coordinator one stop bit and the best version
-(`ursa.edge_sdk.feddisk_steps`). The simulator uses it in-process.
+(`ursa.edge_sdk.methods.feddisk`). The simulator uses it in-process.
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ The coordinator's side is ``coordinator/training.py``. On the device:
   when the manifest is unknown) by `poll`, at most every ``retry_s``.
 * **training**: a device selected in round r (signed `SelectionResult`) trains
   once the retained `ModelAvailable` of round r has arrived, its version is
-  downloaded, and (CLIMB) the round's dual step has given it ``w_i``
-  (`ursa.edge_sdk.climb_steps`). It calls `ModelTrainer.train_delta` from
-  that version with ``delta_scale = w_i`` and sends `ModelUpdate`: the delta
+  downloaded, and every method is ready (CLIMB: the round's dual step has
+  given it ``w_i``, `ursa.edge_sdk.methods.climb`). It calls
+  `ModelTrainer.train_delta` from that version with the methods' `TrainPlan`
+  (``delta_scale = w_i``) and sends `ModelUpdate`: the delta
   inline when it fits ``inline_limit`` (float32 or float16 per
   ``trainer.wire_dtype``), else a manifest + chunks (purpose
   ``model_update``) followed by the update naming the transfer; the
@@ -36,7 +37,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ursa.edge_sdk.device_core import derived_id
+from ursa.edge_sdk.device_core import TrainingStats, derived_id
+from ursa.edge_sdk.method import DeviceMethod, TrainPlan
 from ursa.edge_sdk.round_steps import RoundSteps
 from ursa.edge_sdk.trainer import ModelTrainer
 from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes, arrays_to_bytes
@@ -52,7 +54,7 @@ from ursa.protocol.messages import (
     TransferManifest,
 )
 
-__all__ = ["ModelSteps", "TrainingStats", "model_transfer_id"]
+__all__ = ["ModelSteps", "model_transfer_id"]
 
 logger = logging.getLogger("ursa.edge_sdk")
 
@@ -67,17 +69,6 @@ def model_transfer_id(federation: str, model: str, version: int) -> str:
     """The transfer id of a global model version (the coordinator's function)."""
     text = f"ursa-model|{federation}|{model}|{version}"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-@dataclass
-class TrainingStats:
-    """Counters of the training side (for demos and benchmarks)."""
-
-    train_s: float = 0.0
-    rounds_trained: int = 0
-    update_bytes: int = 0
-    models_downloaded: int = 0
-    dual_steps: int = 0
 
 
 @dataclass
@@ -97,6 +88,7 @@ class ModelSteps(RoundSteps):
     max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES
 
     training_stats: TrainingStats
+    _methods: list[DeviceMethod]
     _model_notice: ModelAvailable | None
     _notice_at: float
     _model_version: int | None
@@ -138,18 +130,12 @@ class ModelSteps(RoundSteps):
         trainer = self._trainer
         return trainer if isinstance(trainer, ModelTrainer) else None
 
-    # --- hooks for CLIMB (overridden in climb_steps) --------------------------
-
-    def _dual_pending(self, round_index: int) -> bool:
-        """Whether training of ``round_index`` must wait for a dual step."""
-        return False
-
-    def _delta_scale(self) -> tuple[float, bool]:
-        """The delta's scale and whether it is CLIMB's ``w_i``."""
-        return 1.0, False
+    # --- the methods' hooks ---------------------------------------------------
 
     def _on_model_ready(self) -> None:
-        """A new global version has been downloaded."""
+        """A new global version has been downloaded: tell the methods, train."""
+        for method in self._methods:
+            method.on_model_ready()
         self._maybe_train()
 
     # --- selection -> training ------------------------------------------------
@@ -162,6 +148,8 @@ class ModelSteps(RoundSteps):
         self._maybe_train()
 
     def _on_model_available(self, message: ModelAvailable) -> None:
+        for method in self._methods:
+            method.admit_model(message)  # NotReadyError: held back, retried later
         trainer = self._model_trainer()
         if trainer is None or message.model != trainer.model:
             return
@@ -198,7 +186,7 @@ class ModelSteps(RoundSteps):
             if self._model_version != notice.model_version:
                 self._want(notice.model_version, notice.transfer_id)
                 continue
-            if self._dual_pending(round_index):
+            if not all(m.ready_to_train(round_index) for m in self._methods):
                 continue
             self._pending_rounds.discard(round_index)
             self._train_round(trainer, notice)
@@ -206,7 +194,10 @@ class ModelSteps(RoundSteps):
     def _train_round(self, trainer: ModelTrainer, notice: ModelAvailable) -> None:
         arrays = self._model_arrays
         assert arrays is not None
-        scale, scaled = self._delta_scale()
+        plan = TrainPlan(notice.round)
+        for method in self._methods:
+            plan = method.plan(plan)
+        scale = plan.delta_scale
         started = time.perf_counter()
         result = trainer.train_delta(notice.round, arrays, delta_scale=scale)
         self.training_stats.train_s += time.perf_counter() - started
@@ -239,7 +230,7 @@ class ModelSteps(RoundSteps):
                 model=trainer.model,
                 base_version=notice.model_version,
                 num_examples=result.num_examples,
-                delta_scaled=scaled,
+                delta_scaled=plan.scaled,
                 transfer_id=transfer_id,
                 weights=payload if inline else None,
             )

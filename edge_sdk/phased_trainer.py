@@ -1,7 +1,7 @@
 """`PhasedTrainer`: the trainer interface of FedDisk's two phases (no torch here).
 
-Its own module so the phase-1 steps (`ursa.edge_sdk.feddisk_steps`), the
-state files (`ursa.edge_sdk.feddisk_state`) and the torch-backed
+Its own module so the phase-1 steps (`ursa.edge_sdk.methods.feddisk`), the
+state files (`ursa.edge_sdk.methods.feddisk.state`) and the torch-backed
 `ursa.edge_sdk.feddisk_trainer` share it without importing one another.
 """
 

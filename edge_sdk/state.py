@@ -6,6 +6,8 @@
     epoch-<n>.key       that epoch's Paillier secret key (0600, written atomically)
     draws.json          this epoch's per-round volunteer draws (so a re-announce
                         after a coordinator restart gets the same answer)
+    methods.json        each method's progress, by method name (CLIMB's dual
+                        variable, FedDisk's phase), one file written atomically
 
 The directory is created 0700. Precomputed obfuscators are **not** persisted:
 the pool is refilled in the background after a restart (each costs one
@@ -19,15 +21,18 @@ import contextlib
 import json
 import os
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierSecretKey
 
-__all__ = ["DeviceStateDir", "StoredEpoch"]
+__all__ = ["METHODS_FILE", "DeviceStateDir", "StoredEpoch"]
 
 MAX_STORED_ROUNDS = 256
+METHODS_FILE = "methods.json"
 _SECRET_MODE = 0o600
 
 
@@ -104,6 +109,44 @@ class DeviceStateDir:
         for old in self.path.glob("epoch-*.key"):
             if old.name != f"epoch-{epoch}.key":
                 old.unlink(missing_ok=True)
+
+    # --- per-method state -----------------------------------------------------
+
+    def method_state(self, method: str) -> dict[str, Any] | None:
+        """What ``method`` last saved, if anything.
+
+        A device upgraded from a version that kept ``<method>.json`` files has
+        that file read instead (and replaced at the method's next save).
+
+        Raises:
+            ValueError: the stored state is not a JSON object.
+        """
+        everything = self._methods()
+        if method in everything:
+            return dict(everything[method])
+        legacy = self.path / f"{method}.json"
+        if not legacy.exists():
+            return None
+        data = json.loads(legacy.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{legacy} does not hold a JSON object")
+        return data
+
+    def save_method_state(self, method: str, data: Mapping[str, Any]) -> None:
+        """Replace ``method``'s saved state (the other methods' are kept)."""
+        everything = self._methods()
+        everything[method] = dict(data)
+        _write_atomic(self.path / METHODS_FILE, json.dumps(everything).encode())
+        (self.path / f"{method}.json").unlink(missing_ok=True)
+
+    def _methods(self) -> dict[str, dict[str, Any]]:
+        path = self.path / METHODS_FILE
+        if not path.exists():
+            return {}
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} does not hold a JSON object")
+        return data
 
     # --- per-round draws ------------------------------------------------------
 

@@ -17,6 +17,7 @@ from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.climb import ClimbConfig, apply_dual_means_all, plain_dual_means
+from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.envelope import decode
@@ -180,7 +181,7 @@ def test_climb_over_he_equals_the_plaintext_dual_path(
 
     assert fed.coordinator.is_done and plugin.version == 3
     expected, lambdas = climb_oracle(fed, 3, climb)
-    got = np.array([fed.devices[d].climb_lambda for d in fed.device_ids])
+    got = np.array([fed.devices[d].method(Climb).lam for d in fed.device_ids])
     np.testing.assert_allclose(got, lambdas, atol=1e-6)
     assert lambdas.max() > 0.1, "the test should move some dual variables"
     for name, value in plugin.global_arrays.items():
@@ -400,6 +401,6 @@ def test_a_coordinator_restart_mid_dual_step_resumes_its_encrypted_sum(
     assert [r.dual_reporters for r in plugin.history] == [6]
     assert [m.num_parties for _, m in fed.messages("climb_sum")] == [6]
     _, lambdas = climb_oracle(fed, 1, climb)
-    got = np.array([fed.devices[d].climb_lambda for d in fed.device_ids])
+    got = np.array([fed.devices[d].method(Climb).lam for d in fed.device_ids])
     np.testing.assert_allclose(got, lambdas, atol=1e-6)
     assert fed.coordinator.store.phase_keys() == []

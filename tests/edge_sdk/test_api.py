@@ -8,10 +8,14 @@ import sys
 import ursa.edge_sdk as sdk
 
 PUBLIC = [
+    "Climb",
     "ClimbConfig",
     "DeviceConfig",
+    "DeviceContext",
+    "DeviceMethod",
     "DeviceTrainingConfig",
     "EdgeClient",
+    "FedDisk",
     "FeddiskSettings",
     "FeddiskTrainer",
     "LocalDelta",
@@ -19,6 +23,7 @@ PUBLIC = [
     "NoOpTrainer",
     "TorchTrainer",
     "TrainConfig",
+    "TrainPlan",
     "Trainer",
     "TrainingError",
     "TrainingReport",

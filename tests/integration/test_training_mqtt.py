@@ -16,6 +16,7 @@ from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.climb import ClimbConfig
+from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.training import TrainConfig, evaluate
 from ursa.models.registry import initial_arrays
@@ -109,7 +110,7 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
     assert [r.dual_reporters for r in plugin.history] == [N] * ROUNDS
     assert all(len(r.contributed) == K and not r.dropped for r in plugin.history)
     assert scores[-1] > 0.3, scores
-    lambdas = [c.climb_lambda for c in clients]
+    lambdas = [c.method(Climb).lam for c in clients]
     assert all(0 <= v <= climb.lambda_max for v in lambdas)
     assert max(lambdas) > 0, "the dual steps should move some lambda"
     sums = fed.capture.messages("climb_sum")

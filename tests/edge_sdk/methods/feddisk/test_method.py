@@ -1,8 +1,7 @@
-"""FedDisk phase 1 on EdgeClients over the in-memory bus, a scripted coordinator."""
+"""The FedDisk method on EdgeClients over the in-memory bus, a scripted coordinator."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,14 +13,12 @@ from ursa.crypto.identity import DeviceIdentity, verify_signature
 from ursa.crypto.paillier import encrypted_vector_from, sum_encrypted
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.config import DeviceConfig
-from ursa.edge_sdk.feddisk_state import (
-    FEDDISK_MADE_FILE,
-    FEDDISK_STATE_FILE,
-    FEDDISK_WEIGHTS_FILE,
-)
 from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.made_loss import decrypt_fleet_loss
+from ursa.edge_sdk.methods.feddisk import FedDisk
+from ursa.edge_sdk.methods.feddisk.state import FEDDISK_MADE_FILE, FEDDISK_WEIGHTS_FILE
 from ursa.edge_sdk.model_steps import model_transfer_id
+from ursa.edge_sdk.state import DeviceStateDir
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.models.registry import initial_arrays
 from ursa.models.weights import Arrays, arrays_to_bytes
@@ -330,15 +327,16 @@ def test_sums_drive_the_stopper_and_only_the_agent_sends_a_signed_verdict(
     for verdict in (first, second):
         verify_signature(agent, signing_bytes(verdict), verdict.signature)
     for client in fleet.clients.values():
-        stopper = client._made_stopper
+        method = client.method(FedDisk)
+        stopper = method.stopper
         assert (stopper.rounds, stopper.best_round, stopper.stopped) == (2, 1, True)
-        assert client._made_best is not None and client._made_best[0] == 0
+        assert method.best is not None and method.best[0] == 0
         assert (client._config.state_dir / FEDDISK_MADE_FILE).exists()
 
     fleet.send(last)  # re-published sum: the same verdict, not applied twice
     third = fleet.sent("made_verdict")[-1]
     assert third.message_id == second.message_id and third.stop
-    assert fleet.clients["d0"]._made_stopper.rounds == 2
+    assert fleet.clients["d0"].method(FedDisk).stopper.rounds == 2
 
 
 def test_a_restarted_device_keeps_its_stopper_and_best_made(
@@ -351,9 +349,10 @@ def test_a_restarted_device_keeps_its_stopper_and_best_made(
 
     restarted = fleet.start("d1")
 
-    assert restarted._made_stopper.rounds == 1
-    assert restarted._made_best is not None and restarted._made_best[0] == 0
-    for name, value in restarted._made_best[1].items():
+    method = restarted.method(FedDisk)
+    assert method.stopper.rounds == 1
+    assert method.best is not None and method.best[0] == 0
+    for name, value in method.best[1].items():
         np.testing.assert_array_equal(value, good[name])
     assert "MADE round 1 over 2 devices" in caplog.text
     assert "fleet MADE NLL" not in caplog.text  # losses only at DEBUG
@@ -381,17 +380,17 @@ def test_switch_uses_the_best_made_persists_weights_and_resets_downloads(
     assert weights is not None and weights.mean() == pytest.approx(1.0)
     state_dir = client._config.state_dir
     np.testing.assert_array_equal(np.load(state_dir / FEDDISK_WEIGHTS_FILE), weights)
-    assert json.loads((state_dir / FEDDISK_STATE_FILE).read_text())["phase"] == (
-        "classifier"
-    )
+    state = DeviceStateDir(state_dir).method_state("feddisk")
+    assert state is not None and state["phase"] == "classifier"
     assert client.model_version is None and client.model_arrays is None
     assert not client._router.is_parked(ModelAvailable)  # released after the switch
     notice = client._model_notice
     assert notice is not None and (notice.model, notice.model_version) == ("clf", 0)
     assert client._wanted is not None
     assert client._wanted.transfer_id == model_transfer_id(FED, "clf", 0)
-    assert client.feddisk_summary is not None
-    assert client.feddisk_summary["weight_min"] == pytest.approx(weights.min())
+    summary = client.method(FedDisk).summary
+    assert summary is not None
+    assert summary["weight_min"] == pytest.approx(weights.min())
 
     fleet.publish_model("clf", 0, initial_arrays("mlp", CLASSIFIER, seed=0))
     fleet.switch(made_version=0)  # retained copy or a repeat: ignored
@@ -413,7 +412,7 @@ def test_a_restarted_device_resumes_phase_two_from_its_state_dir(
     trainer = fleet.trainers["d1"]
     assert trainer.phase == "classifier" and trainer.switched == []
     np.testing.assert_array_equal(trainer.sample_weights, weights)  # type: ignore[arg-type]
-    assert restarted._in_made_phase() is None
+    assert not restarted.method(FedDisk).in_made_phase
 
 
 def test_a_switch_to_a_version_never_seen_takes_the_closest_with_a_warning(

@@ -1,17 +1,18 @@
-"""FedDisk's files in a device's state directory: progress, best MADE, sample weights.
+"""FedDisk's device state: its progress record, best MADE and sample weights.
 
-Plain I/O over the state directory, kept apart from the device steps
-(`ursa.edge_sdk.feddisk_switch`) that decide when to save and what a restart
-resumes; no torch. ``feddisk.json`` holds the phase and the stopper's
-counters, ``feddisk_made.bin`` the best global MADE (phase 1),
-``feddisk_weights.npy`` the sample weights (phase 2). Each file is replaced
+Kept apart from the method (`ursa.edge_sdk.methods.feddisk.FedDisk`) that
+decides when to save and what a restart resumes; no torch. The record (phase
+and the stopper's counters) is the method's state in the device's store
+(`DeviceStateDir.method_state`, as a JSON object: `record_to_json`,
+`record_from_json`); the arrays are binary files beside it,
+``feddisk_made.bin`` the best global MADE (phase 1) and
+``feddisk_weights.npy`` the sample weights (phase 2), each replaced
 atomically.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,25 +27,23 @@ from ursa.models.weights import Arrays, arrays_from_bytes, arrays_to_bytes
 
 __all__ = [
     "FEDDISK_MADE_FILE",
-    "FEDDISK_STATE_FILE",
     "FEDDISK_WEIGHTS_FILE",
     "FeddiskRecord",
-    "load_state",
     "read_made",
     "read_weights",
-    "save_state",
+    "record_from_json",
+    "record_to_json",
     "write_made",
     "write_weights",
 ]
 
-FEDDISK_STATE_FILE = "feddisk.json"
 FEDDISK_WEIGHTS_FILE = "feddisk_weights.npy"
 FEDDISK_MADE_FILE = "feddisk_made.bin"
 
 
 @dataclass(frozen=True)
 class FeddiskRecord:
-    """What ``feddisk.json`` holds on a device.
+    """FedDisk's progress on a device (the method's state in the store).
 
     Attributes:
         phase: ``"made"`` or ``"classifier"``.
@@ -63,10 +62,10 @@ class FeddiskRecord:
     weighted: bool = False
 
 
-def save_state(state_dir: Path, record: FeddiskRecord) -> None:
-    """Write ``feddisk.json`` atomically."""
+def record_to_json(record: FeddiskRecord) -> dict[str, Any]:
+    """The record as the JSON object the device's store keeps."""
     stopper = record.stopper
-    data: dict[str, Any] = {
+    return {
         "phase": record.phase,
         "rounds": stopper.rounds,
         "best_round": stopper.best_round,
@@ -77,23 +76,18 @@ def save_state(state_dir: Path, record: FeddiskRecord) -> None:
         "made_version": record.made_version,
         "weighted": record.weighted,
     }
-    _write_atomic(state_dir / FEDDISK_STATE_FILE, json.dumps(data).encode())
 
 
-def load_state(state_dir: Path, fresh: MadeStopper) -> FeddiskRecord | None:
-    """The saved record, None if there is none.
+def record_from_json(data: dict[str, Any], fresh: MadeStopper) -> FeddiskRecord:
+    """The record `record_to_json` wrote.
 
-    ``fresh`` is the device's stopper before any round: the file gives its
+    ``fresh`` is the device's stopper before any round: the record gives its
     counters. In phase 2 only ``phase`` and ``weighted`` are read (missing
     ``weighted`` means weighted); the rest of the record keeps its defaults.
 
     Raises:
-        OSError, ValueError, KeyError, TypeError: the file is unreadable.
+        ValueError, KeyError, TypeError: not such a record.
     """
-    path = state_dir / FEDDISK_STATE_FILE
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
     if data["phase"] == "classifier":
         weighted = bool(data.get("weighted", True))
         return FeddiskRecord("classifier", fresh, weighted=weighted)

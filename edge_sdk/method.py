@@ -1,0 +1,204 @@
+"""The contract between the device runtime (`EdgeClient`) and a method.
+
+A method's device half (CLIMB's dual steps, FedDisk's MADE phase, ...) is an
+object composed into the client, not a base class of it. The client builds
+one `DeviceMethod` per method it runs; each registers its message kinds on
+the client's typed `Router` in `attach` and reaches the rest of the device
+only through its `DeviceContext`: the identity, the current key epoch's keys,
+the model downloads, the trainer and the outbox. The runtime keeps the loop,
+admission, dedup, parking of early messages, transfers and the key epoch;
+a method never opens a connection or keeps its own dedup table.
+
+Hooks into a selected device's training round, in the order they run:
+`admit_model` (may hold a `ModelAvailable` back), `ready_to_train` (may make
+the round wait, e.g. for CLIMB's dual step), then `plan` (how the delta is
+scaled). `on_model_ready` tells a method a new global version has arrived.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from ursa.crypto.obfuscators import ObfuscatorPool
+from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
+from ursa.edge_sdk.device_core import DeviceStats, TrainingStats
+from ursa.edge_sdk.state import DeviceStateDir
+from ursa.edge_sdk.trainer import ModelTrainer, Trainer
+from ursa.models.weights import Arrays
+from ursa.protocol.messages import (
+    BaseMessage,
+    ErrorReply,
+    KeyEpochStart,
+    ModelAvailable,
+)
+from ursa.protocol.router import Router
+
+__all__ = [
+    "DeviceContext",
+    "DeviceMethod",
+    "EpochKeys",
+    "TrainPlan",
+    "model_trainer",
+]
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """How a selected device trains a round; methods adjust it in config order.
+
+    Attributes:
+        round: The round being trained.
+        delta_scale: The factor on the uploaded delta (CLIMB's ``w_i``).
+        scaled: Whether a method scaled the delta (the coordinator then
+            averages without example counts).
+    """
+
+    round: int
+    delta_scale: float = 1.0
+    scaled: bool = False
+
+
+@dataclass(frozen=True)
+class EpochKeys:
+    """The adopted key epoch's Paillier keys as a method may use them."""
+
+    notice: KeyEpochStart
+    public_key: PaillierPublicKey
+    secret_key: PaillierSecretKey | None
+    """None until the agent's sealed key has been opened."""
+    pool: ObfuscatorPool | None
+    """Precomputed obfuscators (None: encrypt without a pool)."""
+
+
+class DeviceContext(Protocol):
+    """What a method may use of its device (provided by `EdgeClient`)."""
+
+    @property
+    def device_id(self) -> str:
+        """This device's id."""
+        ...
+
+    @property
+    def federation(self) -> str:
+        """The federation's name."""
+        ...
+
+    @property
+    def store(self) -> DeviceStateDir:
+        """The device's state directory (`DeviceStateDir.method_state` per method)."""
+        ...
+
+    @property
+    def stats(self) -> DeviceStats:
+        """Crypto time and selection counters."""
+        ...
+
+    @property
+    def training_stats(self) -> TrainingStats:
+        """Training counters."""
+        ...
+
+    @property
+    def trainer(self) -> Trainer:
+        """The device's trainer."""
+        ...
+
+    @property
+    def model_version(self) -> int | None:
+        """The latest global version downloaded."""
+        ...
+
+    @property
+    def epoch(self) -> KeyEpochStart | None:
+        """The adopted key epoch's notice (signed by the coordinator)."""
+        ...
+
+    def send(self, message: BaseMessage) -> None:
+        """Queue ``message`` on this device's up topic."""
+        ...
+
+    def signed(self, message: BaseMessage) -> BaseMessage:
+        """``message`` signed with the device's identity key."""
+        ...
+
+    def keys(self, epoch: int) -> EpochKeys:
+        """Key epoch ``epoch``'s keys.
+
+        Raises:
+            NotReadyError: that epoch (or its public key) is not here yet.
+            ValueError: ``epoch`` is over.
+        """
+        ...
+
+    def current_keys(self) -> EpochKeys | None:
+        """The adopted epoch's keys, or None while its public key is missing."""
+        ...
+
+    def model_arrays_at(self, version: int) -> Arrays | None:
+        """The global ``version`` if downloaded; else None, and fetch it."""
+        ...
+
+    def seconds_since_model_notice(self) -> float:
+        """Seconds since the current round's `ModelAvailable` arrived."""
+        ...
+
+    def retry_training(self) -> None:
+        """Re-check the rounds waiting to train (after a hook changed its mind)."""
+        ...
+
+    def forget_downloads(self) -> None:
+        """Drop every downloaded version (the trainer switched models)."""
+        ...
+
+
+def model_trainer(ctx: DeviceContext) -> ModelTrainer | None:
+    """The context's trainer if it trains models (else None)."""
+    trainer = ctx.trainer
+    return trainer if isinstance(trainer, ModelTrainer) else None
+
+
+class DeviceMethod(ABC):
+    """A method's device half, composed into `EdgeClient`."""
+
+    name: ClassVar[str]
+    """The method's ``[[methods]]`` kind (compared with the signed list)."""
+
+    _ctx: DeviceContext | None = None
+
+    def attach(self, ctx: DeviceContext, router: Router) -> None:
+        """Join a device: keep ``ctx``, register the method's kinds (`register`)."""
+        self._ctx = ctx
+        self.register(router)
+
+    @property
+    def ctx(self) -> DeviceContext:
+        """The device this method is attached to."""
+        if self._ctx is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a device")
+        return self._ctx
+
+    @abstractmethod
+    def register(self, router: Router) -> None:
+        """Register this method's message kinds on the device's ``router``."""
+
+    def start(self) -> None:  # noqa: B027 - optional hook
+        """Reload persisted progress (the client starts; default: nothing)."""
+
+    def admit_model(self, message: ModelAvailable) -> None:  # noqa: B027
+        """Raise `NotReadyError` to hold a model notice back (default: admit)."""
+
+    def ready_to_train(self, round_index: int) -> bool:
+        """Whether a selected round may train now (default: yes)."""
+        return True
+
+    def plan(self, plan: TrainPlan) -> TrainPlan:
+        """Adjust how the round trains (default: unchanged)."""
+        return plan
+
+    def on_model_ready(self) -> None:  # noqa: B027 - optional hook
+        """A new global version has been downloaded (default: nothing)."""
+
+    def on_error_reply(self, message: ErrorReply) -> None:  # noqa: B027
+        """The coordinator refused something this device sent (default: ignore)."""

@@ -1,0 +1,1 @@
+"""The device halves of ursa's methods, one package each."""
