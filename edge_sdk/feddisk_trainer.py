@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.feddisk_settings import DEFAULT_CLIP, FeddiskSettings
+from ursa.edge_sdk.feddisk_settings import FeddiskSettings
 from ursa.edge_sdk.phased_trainer import PhasedTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
 from ursa.edge_sdk.trainer import LocalDelta
@@ -33,7 +33,7 @@ from ursa.models.weights import Arrays, spec_of
 if TYPE_CHECKING:
     from ursa.edge_sdk.training import TrainConfig
 
-__all__ = ["DEFAULT_CLIP", "FeddiskSettings", "FeddiskTrainer"]
+__all__ = ["FeddiskSettings", "FeddiskTrainer"]
 
 class FeddiskTrainer(PhasedTrainer):
     """FedDisk on one device: the global MADE's rounds, then the weighted classifier.
