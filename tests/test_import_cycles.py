@@ -2,7 +2,9 @@
 
 Every import counts: module level, inside functions and under TYPE_CHECKING. A
 cycle hidden in a function or behind TYPE_CHECKING still ties two modules into
-one concept, so it is a layout question, not only an import-order one.
+one concept, so it is a layout question, not only an import-order one. An
+import of ``a.b`` is an edge to ``a.b`` alone, not to the package ``a`` Python
+also runs: a package's ``__init__`` imports its modules back to re-export them.
 """
 
 from __future__ import annotations
