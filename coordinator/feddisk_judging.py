@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
-from typing import TYPE_CHECKING
 
 from ursa.coordinator.aggregation import UpdateOutcome
 from ursa.coordinator.climb import DualSumState
 from ursa.coordinator.clock import Clock
+from ursa.coordinator.feddisk_config import FeddiskConfig
 from ursa.coordinator.feddisk_state import FeddiskState, Role
 from ursa.coordinator.feddisk_steps import (
     MadeLossWire,
@@ -36,9 +36,6 @@ from ursa.coordinator.wait import Wait
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import ErrorCode, MadeLoss, MadeVerdict
 from ursa.protocol.router import RejectedError
-
-if TYPE_CHECKING:
-    from ursa.coordinator.feddisk_plugin import FeddiskConfig
 
 __all__ = ["FeddiskJudging"]
 

@@ -42,16 +42,14 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from ursa.coordinator.clock import Clock
+from ursa.coordinator.feddisk_config import FeddiskConfig
 from ursa.coordinator.feddisk_judging import FeddiskJudging
 from ursa.coordinator.feddisk_state import FeddiskState, Role
 from ursa.coordinator.plugin import CoordinatorView, Send
 from ursa.coordinator.training import TrainingPlugin
 from ursa.protocol.messages import (
     COORDINATOR,
-    NAME_PATTERN,
     BaseMessage,
     ChunkRequest,
     FeddiskSwitch,
@@ -60,27 +58,11 @@ from ursa.protocol.messages import (
 )
 from ursa.protocol.router import RejectedError
 
-__all__ = ["FeddiskConfig", "FeddiskPlugin"]
+__all__ = ["FeddiskPlugin"]
 
 logger = logging.getLogger("ursa.coordinator.feddisk")
 
 Phase = Literal["made", "classifier"]
-
-
-class FeddiskConfig(BaseModel):
-    """How the coordinator runs FedDisk's phase 1 (frozen)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    made_model: str = Field(default="made", pattern=NAME_PATTERN, max_length=24)
-    max_made_rounds: int = Field(default=50, ge=1)
-    """MADE training rounds at most; then the switch, whatever the loss does."""
-    loss_timeout_s: float = Field(default=60.0, gt=0.0)
-    """Loss reports are not waited for after this long (from the request)."""
-    verdict_timeout_s: float = Field(default=30.0, gt=0.0)
-    """The agent's verdict is not waited for after this long (from the sum)."""
-    max_parties: int = Field(default=100_000, ge=1)
-    """Equal to `ursa.edge_sdk.made_loss.MadeLossCodec().max_parties`."""
 
 
 class FeddiskPlugin(FeddiskJudging):

@@ -14,7 +14,8 @@ crash leaves either the old or the new file, never a torn one. ``latest.json``
 is written after the version's file: a version is never announced before its
 weights are on disk. The initial weights come from a file the operator makes
 with the ``train`` extra (torch), because the coordinator has no torch:
-``ursa.tools.demo.write_initial_weights`` or ``arrays_to_bytes(initial_arrays(...))``.
+``ursa model init`` (`ursa.tools.cli.model.write_initial_weights`) or
+``arrays_to_bytes(initial_arrays(...))``.
 
 These files are model artefacts (megabytes of weights an operator may copy
 or inspect), so they stay files; everything else the coordinator keeps (the

@@ -29,12 +29,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from typing_extensions import TypedDict, Unpack
 
 from ursa._compat import StrEnum
 from ursa.coordinator.selection import finalize_selections
 
 __all__ = [
     "TRANSITIONS",
+    "RoundChanges",
     "RoundState",
     "Stage",
     "TransitionError",
@@ -125,10 +127,21 @@ def check_transition(current: Stage, new: Stage) -> None:
         raise TransitionError(f"no transition from {current} to {new}")
 
 
-def advance(state: RoundState, stage: Stage, **changes: object) -> RoundState:
+class RoundChanges(TypedDict, total=False):
+    """The `RoundState` fields besides ``stage`` that `advance` may set."""
+
+    epoch: int
+    round: int
+    deadline_at: float | None
+    rekey: bool
+
+
+def advance(
+    state: RoundState, stage: Stage, **changes: Unpack[RoundChanges]
+) -> RoundState:
     """A checked copy of `state` in `stage` with `changes` applied."""
     check_transition(state.stage, stage)
-    return dataclasses.replace(state, stage=stage, **changes)  # type: ignore[arg-type]
+    return dataclasses.replace(state, stage=stage, **changes)
 
 
 def make_tries(

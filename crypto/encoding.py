@@ -38,6 +38,7 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import SupportsIndex
 
 import numpy as np
 import numpy.typing as npt
@@ -104,12 +105,16 @@ class PackingLayout:
         return -(-length // self.slots_per_plaintext)
 
 
-def _as_int(value: object) -> int:
-    """Return ``value`` as an int, refusing floats, bools and other non-integers."""
+def _as_int(value: SupportsIndex) -> int:
+    """Return ``value`` as an int, refusing floats, bools and other non-integers.
+
+    Typed as the integers it accepts; callers' values still come from data, so
+    whatever else arrives is refused here at run time too.
+    """
     if isinstance(value, bool | np.bool_):
         raise EncodingError(f"expected an integer, got a boolean {value!r}")
     try:
-        return operator.index(value)  # type: ignore[arg-type]
+        return operator.index(value)
     except TypeError:
         raise EncodingError(
             f"expected an integer, got {type(value).__name__} {value!r}"

@@ -24,7 +24,7 @@ from typing import Any
 
 import gmpy2
 
-from ursa.crypto.paillier import PaillierPublicKey
+from ursa.crypto.paillier_keys import PaillierPublicKey
 
 _POOLS: weakref.WeakSet[ObfuscatorPool] = weakref.WeakSet()
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import gmpy2
 import numpy as np
@@ -31,6 +30,7 @@ from ursa.crypto.errors import (
     EncodingError,
     KeyMismatchError,
 )
+from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier_keys import (
     DEFAULT_KEY_BITS,
     FINGERPRINT_BYTES,
@@ -40,9 +40,6 @@ from ursa.crypto.paillier_keys import (
     PaillierSecretKey,
     generate_keypair,
 )
-
-if TYPE_CHECKING:
-    from ursa.crypto.obfuscators import ObfuscatorPool
 
 __all__ = [
     "DEFAULT_KEY_BITS",

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ursa.edge_sdk.feddisk_settings import DEFAULT_WEIGHT_CLIP
 from ursa.edge_sdk.training import (
     BinaryClassifier,
     TrainConfig,
@@ -58,7 +59,6 @@ from ursa.edge_sdk.training import (
 )
 from ursa.models.weights import Arrays, FloatArray, add_scaled
 
-DEFAULT_WEIGHT_CLIP = (0.1, 10.0)
 DEFAULT_MADE_MAX_EPOCHS = 500
 """The paper's cap on MADE training iterations."""
 _PROB_EPS = 1e-6

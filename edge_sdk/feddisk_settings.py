@@ -16,10 +16,16 @@ from typing_extensions import Self
 from ursa.edge_sdk.made_loss import MadeLossCodec
 from ursa.protocol.messages import NAME_PATTERN
 
-__all__ = ["DEFAULT_CLIP", "FeddiskSettings"]
+__all__ = ["DEFAULT_MADE_HIDDEN_SIZES", "DEFAULT_WEIGHT_CLIP", "FeddiskSettings"]
 
-DEFAULT_CLIP = (0.1, 10.0)
-"""Equals `ursa.edge_sdk.feddisk.DEFAULT_WEIGHT_CLIP` (that module imports torch)."""
+DEFAULT_WEIGHT_CLIP = (0.1, 10.0)
+"""The band sample weights are clipped to (`ursa.edge_sdk.feddisk` says why).
+
+Here, not beside the torch code that applies it, so a config is checked without
+torch.
+"""
+DEFAULT_MADE_HIDDEN_SIZES = (64,)
+"""The MADE's hidden widths; ``ursa model init --model made`` uses them too."""
 
 
 class FeddiskSettings(BaseModel):
@@ -29,7 +35,9 @@ class FeddiskSettings(BaseModel):
 
     made_model: str = Field(default="made", pattern=NAME_PATTERN)
     """The MADE's wire name (`ModelAvailable.model` in phase 1)."""
-    made_hidden_sizes: tuple[PositiveInt, ...] = Field(default=(64,), min_length=1)
+    made_hidden_sizes: tuple[PositiveInt, ...] = Field(
+        default=DEFAULT_MADE_HIDDEN_SIZES, min_length=1
+    )
     made_lr: float = Field(default=1e-2, gt=0.0)
     made_batch_size: PositiveInt = 16
     made_epochs_per_round: PositiveInt = 1
@@ -43,7 +51,7 @@ class FeddiskSettings(BaseModel):
     classifier_epochs: PositiveInt = 50
     classifier_lr: float = Field(default=0.01, gt=0.0)
     classifier_batch_size: PositiveInt = 32
-    clip: tuple[float, float] = DEFAULT_CLIP
+    clip: tuple[float, float] = DEFAULT_WEIGHT_CLIP
     """Sample weights are clipped to this band before the mean-1 normalisation."""
     loss: MadeLossCodec = Field(default_factory=MadeLossCodec)
 

@@ -12,7 +12,7 @@ classifier and the per-sample weights on all local samples
 classifier's trainer. Phase ``"classifier"``: every call goes to that
 trainer (`model` becomes its name), which weights its loss per sample.
 
-The defaults are the simulator's (`ursa.tools.simulate_feddisk`); the
+The defaults are the simulator's (`ursa.tools.simulate.feddisk`); the
 coordinator must build its initial MADE from `FeddiskSettings.made_model_config`.
 torch is imported inside the methods only.
 """
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.feddisk_settings import DEFAULT_CLIP, FeddiskSettings
+from ursa.edge_sdk.feddisk_settings import FeddiskSettings
 from ursa.edge_sdk.phased_trainer import PhasedTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
 from ursa.edge_sdk.trainer import LocalDelta
@@ -33,7 +33,7 @@ from ursa.models.weights import Arrays, spec_of
 if TYPE_CHECKING:
     from ursa.edge_sdk.training import TrainConfig
 
-__all__ = ["DEFAULT_CLIP", "FeddiskSettings", "FeddiskTrainer"]
+__all__ = ["FeddiskSettings", "FeddiskTrainer"]
 
 class FeddiskTrainer(PhasedTrainer):
     """FedDisk on one device: the global MADE's rounds, then the weighted classifier.

@@ -8,16 +8,14 @@ state files (`ursa.edge_sdk.methods.feddisk.state`) and the torch-backed
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from ursa.edge_sdk.feddisk_settings import FeddiskSettings
 from ursa.edge_sdk.trainer import ModelTrainer
 from ursa.models.weights import Arrays
-
-if TYPE_CHECKING:
-    from ursa.edge_sdk.feddisk_trainer import FeddiskSettings
 
 __all__ = ["Phase", "PhasedTrainer"]
 

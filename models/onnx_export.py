@@ -10,9 +10,10 @@ DeprecationWarnings are silenced inside the call only. The graph has one input
 
 from __future__ import annotations
 
-import io
+import tempfile
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,26 +48,28 @@ def export_onnx(
         raise ValueError(f"input_shape must be non-empty and positive: {input_shape}")
     was_training = model.training
     model.eval()
-    buffer = io.BytesIO()
     example = torch.zeros((1, *input_shape), dtype=torch.float32)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            torch.onnx.export(
-                model,
-                (example,),
-                buffer,  # type: ignore[arg-type]  # the legacy exporter takes a file object
-                dynamo=False,
-                input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-                opset_version=opset,
-            )
-    except Exception as exc:  # the exporter raises many internal types
-        raise OnnxExportError(f"ONNX export failed: {exc}") from exc
-    finally:
-        model.train(was_training)
-    return buffer.getvalue()
+    # a file, not a BytesIO: torch types the exporter's `f` as a path
+    with tempfile.TemporaryDirectory(prefix="ursa-onnx-") as folder:
+        path = Path(folder) / "model.onnx"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                torch.onnx.export(
+                    model,
+                    (example,),
+                    str(path),
+                    dynamo=False,
+                    input_names=[INPUT_NAME],
+                    output_names=[OUTPUT_NAME],
+                    dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+                    opset_version=opset,
+                )
+        except Exception as exc:  # the exporter raises many internal types
+            raise OnnxExportError(f"ONNX export failed: {exc}") from exc
+        finally:
+            model.train(was_training)
+        return path.read_bytes()
 
 
 def export_arrays_to_onnx(

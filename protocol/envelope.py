@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped, unused-ignore]
+import msgpack
 from pydantic import ValidationError
 
 from ursa.protocol.errors import DecodeError, OversizeError, VersionError

@@ -18,6 +18,7 @@ import logging
 import queue
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 _MQTT_OK = MQTTErrorCode.MQTT_ERR_SUCCESS
 _SUBACK_MEMORY = 256  # SUBACK results kept for waiters (older ones age out)
+_new_properties: Callable[[int], Properties] = Properties
+"""`Properties(packet_type)`, whose ``__init__`` paho leaves unannotated."""
 
 
 class _PahoNoise(logging.Filter):
@@ -145,7 +148,7 @@ class MqttTransport:
         cfg = self._config
         try:
             if cfg.protocol == "5":
-                props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+                props = _new_properties(PacketTypes.CONNECT)
                 props.SessionExpiryInterval = (
                     0 if cfg.clean_start else cfg.session_expiry_s
                 )

@@ -51,8 +51,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Largest payload a transport accepts by default: 1 MiB, well below the
-#: Mosquitto `max_packet_size` that `ursa.tools.mosquitto` writes (2 MiB) and far
-#: above the 256 KiB chunk size, so a chunk plus headers always fits.
+#: Mosquitto `max_packet_size` that `ursa.tools.broker.mosquitto` writes (2 MiB)
+#: and far above the 256 KiB chunk size, so a chunk plus headers always fits.
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 
 #: The MQTT limit on a packet's remaining length (the payload can be no larger).

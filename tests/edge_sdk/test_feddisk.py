@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from ursa.edge_sdk.feddisk import (
-    DEFAULT_WEIGHT_CLIP,
     density_ratio_weights,
     feddisk_sample_weights,
     fit_density_ratio,
     train_local_made,
 )
+from ursa.edge_sdk.feddisk_settings import DEFAULT_WEIGHT_CLIP
 from ursa.edge_sdk.training import (
     TrainConfig,
     TrainingError,

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from ursa.edge_sdk.feddisk import DEFAULT_WEIGHT_CLIP
-from ursa.edge_sdk.feddisk_trainer import DEFAULT_CLIP, FeddiskSettings, FeddiskTrainer
+from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
 from ursa.edge_sdk.training import TrainConfig, made_nll, train_made_local
 from ursa.models.registry import initial_arrays
@@ -43,7 +42,6 @@ def _made(trainer: FeddiskTrainer, seed: int = 1) -> dict[str, np.ndarray]:
 def test_defaults_are_the_simulators_and_the_made_config_matches() -> None:
     settings, simulator = FeddiskSettings(), SimulatorSettings()
 
-    assert DEFAULT_CLIP == DEFAULT_WEIGHT_CLIP == settings.clip
     assert settings.made_hidden_sizes == (simulator.made_hidden,)
     for name in (
         "made_lr",
@@ -58,6 +56,7 @@ def test_defaults_are_the_simulators_and_the_made_config_matches() -> None:
         "classifier_epochs",
         "classifier_lr",
         "classifier_batch_size",
+        "clip",
     ):
         assert getattr(settings, name) == getattr(simulator, name), name
     assert settings.made_model_config(64) == {"input_dim": 64, "hidden_sizes": [64]}

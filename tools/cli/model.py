@@ -28,9 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = ["TRAIN_EXTRA_HINT", "model_options", "register", "write_initial_weights"]
 
-DEFAULT_MADE_HIDDEN = (64,)
-"""Equal to `ursa.edge_sdk.feddisk_trainer.FeddiskSettings().made_hidden_sizes`."""
-
 
 def register(sub: Subparsers) -> None:
     """Attach `ursa model init`."""
@@ -71,7 +68,10 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
         if args.hidden_sizes:
             options["hidden_sizes"] = list(args.hidden_sizes)
         elif args.model == "made":  # the devices' FeddiskSettings default
-            options["hidden_sizes"] = list(DEFAULT_MADE_HIDDEN)
+            # here, not at the top: every `ursa` command imports this module
+            from ursa.edge_sdk.feddisk_settings import DEFAULT_MADE_HIDDEN_SIZES
+
+            options["hidden_sizes"] = list(DEFAULT_MADE_HIDDEN_SIZES)
     elif args.input_shape is not None:
         options["input_shape"] = list(args.input_shape)
     return options

@@ -105,10 +105,11 @@ def write_report(
         written += _plots(report, folder)
     except ImportError:
         report["plots"] = "skipped: matplotlib is not installed"
-    report["files"] = [*written, "report.json"]
+    files = [*written, "report.json"]
+    report["files"] = files
     text = json.dumps(json_safe(report), indent=2, allow_nan=False)
     (folder / "report.json").write_text(text + "\n")
-    return report["files"]  # type: ignore[no-any-return]
+    return files
 
 
 def _plots(report: dict[str, Any], folder: Path) -> list[str]:

@@ -28,11 +28,8 @@ from ursa.coordinator.aggregation import (
     finalize_aggregation,
     init_aggregation,
 )
-from ursa.edge_sdk.feddisk import (
-    DEFAULT_WEIGHT_CLIP,
-    feddisk_sample_weights,
-    train_local_made,
-)
+from ursa.edge_sdk.feddisk import feddisk_sample_weights, train_local_made
+from ursa.edge_sdk.feddisk_settings import DEFAULT_WEIGHT_CLIP
 from ursa.edge_sdk.made_stop import (
     MadeStopper,
     apply_validation_loss,

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ursa.edge_sdk.feddisk_settings import FeddiskSettings
 from ursa.tools.cli import service as cli_service
 
 
@@ -73,14 +74,14 @@ def test_model_init_writes_feddisk_made_weights_and_the_matching_settings(
     argv = ["model", "init", "--model", "made", "--input-dim", "16", "--seed", "2"]
     assert cli_service.main([*argv, "--out", str(out_file)]) == 0
     arrays = arrays_from_bytes(out_file.read_bytes())
-    expected = initial_arrays("made", {"input_dim": 16, "hidden_sizes": [64]}, seed=2)
+    devices = FeddiskSettings()  # the devices' default MADE, which the weights fit
+    expected = initial_arrays("made", devices.made_model_config(16), seed=2)
     assert sorted(arrays) == sorted(expected)
     for name, value in expected.items():
         np.testing.assert_array_equal(arrays[name], value)
     out = capsys.readouterr().out
     assert f'made_initial_weights = "{out_file}"' in out
-    assert 'kind = "feddisk"\nmade_hidden_sizes = [64]' in out
+    hidden = list(devices.made_hidden_sizes)
+    assert f'kind = "feddisk"\nmade_hidden_sizes = {hidden}' in out
     assert cli_service.main(["model", "init", "--out", str(out_file)]) == 2
     assert "--classes" in capsys.readouterr().err
-
-
