@@ -1,8 +1,8 @@
 """Coordinator service: round state machine, encrypted and model aggregation."""
 
 from ursa.coordinator.config import CoordinatorConfig, load_coordinator_config
-from ursa.coordinator.feddisk_config import FeddiskConfig
-from ursa.coordinator.feddisk_plugin import FeddiskPlugin
+from ursa.coordinator.methods.feddisk.config import FeddiskConfig
+from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.plugin import NoTraining, RoundPlugin
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingPlugin

@@ -90,8 +90,8 @@ def training_plugin(
     method = config.training_method()
     if method is None:
         return None
-    from ursa.coordinator.feddisk_config import FeddiskConfig
-    from ursa.coordinator.feddisk_plugin import FeddiskPlugin
+    from ursa.coordinator.methods.feddisk.config import FeddiskConfig
+    from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
     from ursa.coordinator.methods_config import FeddiskSpec
     from ursa.coordinator.models import ModelStoreError
     from ursa.coordinator.training import TrainingPlugin

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ursa.coordinator.feddisk_config import FeddiskConfig
-from ursa.coordinator.feddisk_plugin import FeddiskPlugin
+from ursa.coordinator.methods.feddisk.config import FeddiskConfig
+from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.methods_config import DubheSpec, FeddiskSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin

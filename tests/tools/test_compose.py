@@ -97,7 +97,7 @@ def test_the_service_signs_the_configs_methods(tmp_path: Path) -> None:
 
 
 def test_feddisk_method_builds_the_two_phase_plugin(tmp_path: Path) -> None:
-    from ursa.coordinator.feddisk_plugin import FeddiskPlugin
+    from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 
     section = {"initial_weights": str(_weights(tmp_path, "--input-dim", "8"))}
     feddisk: dict[str, Any] = {"kind": "feddisk", "max_made_rounds": 7}

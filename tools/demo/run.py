@@ -205,7 +205,7 @@ class DemoRun:
         on_round: Any,
         made: MadeHooks | None,
     ) -> dict[str, Any]:
-        from ursa.coordinator.feddisk_plugin import FeddiskPlugin
+        from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
         from ursa.coordinator.service import CoordinatorService
         from ursa.coordinator.training import TrainingPlugin
 

@@ -16,7 +16,7 @@ and never sees a loss or a split size; devices decrypt the fleet's mean NLL
 verdict for another version is ``wrong_version``; `check_verdict` refuses a
 verdict the agent did not sign, or whose best version is newer than the one
 judged. The flow (when to ask, what a verdict means) is
-`ursa.coordinator.feddisk_judging`.
+`ursa.coordinator.methods.feddisk.judging`.
 """
 
 from __future__ import annotations

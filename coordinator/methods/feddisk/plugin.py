@@ -7,7 +7,7 @@ devices compute from the MADEs. Round r, after the signed selection::
 
     phase made, MADE version v = 0 or already judged:
         a MADE training round (`ursa.coordinator.training`), counted
-    phase made, v > 0 not yet judged (the loss step, `feddisk_steps`):
+    phase made, v > 0 not yet judged (the loss step, `steps`):
         1  TransferManifest("made.v<v>") + Chunks -> all
         2  MadeLossRequest(r, epoch, made, v) -> all; MadeLoss(Enc([nll*n, n]))
            from every registered online device -> encrypted running sum
@@ -28,8 +28,8 @@ no split size. A loss report or verdict is refused with an `ErrorReply`
 verdict not from the epoch's agent or not signed by it, a verdict before the
 sum). Progress (phase, counts, best version) is FedDisk's ``method_state``
 and the open loss step and verdict wait are phase records, all in the
-coordinator's store (`ursa.coordinator.feddisk_state`,
-`ursa.coordinator.feddisk_judging`), written in the transaction of the
+coordinator's store (`ursa.coordinator.methods.feddisk.state`,
+`ursa.coordinator.methods.feddisk.judging`), written in the transaction of the
 message that changed them: a restarted coordinator calling `on_selected`
 again for the same round resumes where it was, with fresh loss and verdict
 deadlines (a re-sent `FeddiskSwitch` is harmless: devices are idempotent).
@@ -43,9 +43,9 @@ from collections.abc import Callable
 from typing import Literal
 
 from ursa.coordinator.clock import Clock
-from ursa.coordinator.feddisk_config import FeddiskConfig
-from ursa.coordinator.feddisk_judging import FeddiskJudging
-from ursa.coordinator.feddisk_state import FeddiskState, Role
+from ursa.coordinator.methods.feddisk.config import FeddiskConfig
+from ursa.coordinator.methods.feddisk.judging import FeddiskJudging
+from ursa.coordinator.methods.feddisk.state import FeddiskState, Role
 from ursa.coordinator.plugin import CoordinatorView, Send
 from ursa.coordinator.training import TrainingPlugin
 from ursa.protocol.messages import (

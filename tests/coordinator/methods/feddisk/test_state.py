@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ursa.coordinator.feddisk_state import FeddiskState, FeddiskStateError, Role
+from ursa.coordinator.methods.feddisk.state import FeddiskState, FeddiskStateError, Role
 from ursa.coordinator.store import CoordinatorStore
 
 

@@ -1,6 +1,6 @@
 """FedDisk's loss step inside a round: the blind loss mean, then the verdict.
 
-Steps 2-4 of `ursa.coordinator.feddisk_plugin` (whose docstring has the
+Steps 2-4 of `ursa.coordinator.methods.feddisk.plugin` (whose docstring has the
 protocol) as the base class of `FeddiskPlugin`, so the plugin reads as the
 phase machine (MADE round, judgement, switch) and this as one judgement: a
 `ursa.coordinator.secure_mean` of the latest MADE version's loss
@@ -19,15 +19,15 @@ from abc import abstractmethod
 from ursa.coordinator.aggregation import UpdateOutcome
 from ursa.coordinator.climb import DualSumState
 from ursa.coordinator.clock import Clock
-from ursa.coordinator.feddisk_config import FeddiskConfig
-from ursa.coordinator.feddisk_state import FeddiskState, Role
-from ursa.coordinator.feddisk_steps import (
+from ursa.coordinator.gather import Gather
+from ursa.coordinator.methods.feddisk.config import FeddiskConfig
+from ursa.coordinator.methods.feddisk.state import FeddiskState, Role
+from ursa.coordinator.methods.feddisk.steps import (
     MadeLossWire,
     check_verdict,
     loss_step_key,
     verdict_key,
 )
-from ursa.coordinator.gather import Gather
 from ursa.coordinator.phase import PhaseRecordError, PhaseStatus
 from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
 from ursa.coordinator.secure_mean import MeanHead, secure_mean

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ursa.coordinator.feddisk_config import FeddiskConfig
-from ursa.coordinator.feddisk_plugin import FeddiskPlugin
+from ursa.coordinator.methods.feddisk.config import FeddiskConfig
+from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.model_transfer import model_transfer_id
 from ursa.coordinator.plugin import EpochView
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore

@@ -1,10 +1,10 @@
 """FedDisk's progress on the coordinator, kept in the store's ``method_state``.
 
-What `ursa.coordinator.feddisk_plugin` needs across restarts (phase, MADE
+What `ursa.coordinator.methods.feddisk.plugin` needs across restarts (phase, MADE
 rounds, best and last judged version, the current round's role) as one JSON
 value under ``("feddisk", "progress")``, written after every change in the
 transaction of the message that caused it. The open loss step and verdict
-wait are phase records of their own (`ursa.coordinator.feddisk_judging`).
+wait are phase records of their own (`ursa.coordinator.methods.feddisk.judging`).
 Its own module so the plugin reads as the phase machine.
 """
 

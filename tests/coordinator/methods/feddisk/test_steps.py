@@ -9,12 +9,12 @@ import pytest
 
 from ursa.coordinator.aggregation import UpdateOutcome
 from ursa.coordinator.climb import DualSumState
-from ursa.coordinator.feddisk_steps import (
+from ursa.coordinator.gather import Gather
+from ursa.coordinator.methods.feddisk.steps import (
     MADE_LOSS_LENGTH,
     MadeLossWire,
     check_verdict,
 )
-from ursa.coordinator.gather import Gather
 from ursa.coordinator.phase import PhaseStatus
 from ursa.coordinator.plugin import EpochView
 from ursa.coordinator.secure_mean import MeanHead, secure_mean

@@ -1,8 +1,8 @@
 """`FeddiskConfig`: how the coordinator runs FedDisk's phase 1.
 
 Its own module because both halves of FedDisk's rounds read it: the phase
-machine (`ursa.coordinator.feddisk_plugin`: MADE rounds, the switch) and the
-judgement it inherits (`ursa.coordinator.feddisk_judging`: the loss step's
+machine (`ursa.coordinator.methods.feddisk.plugin`: MADE rounds, the switch) and the
+judgement it inherits (`ursa.coordinator.methods.feddisk.judging`: the loss step's
 deadline and party cap, the verdict's deadline).
 """
 
