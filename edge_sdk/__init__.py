@@ -16,6 +16,7 @@ from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig, load_device
 from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.method import DeviceContext, DeviceMethod, TrainPlan
 from ursa.edge_sdk.methods.climb import Climb
+from ursa.edge_sdk.methods.dubhe import Dubhe
 from ursa.edge_sdk.methods.feddisk import FedDisk
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.trainer import (
@@ -36,6 +37,7 @@ __all__ = [
     "DeviceContext",
     "DeviceMethod",
     "DeviceTrainingConfig",
+    "Dubhe",
     "EdgeClient",
     "FedDisk",
     "FeddiskSettings",

@@ -15,10 +15,11 @@ What a device does (the coordinator's side is in ``coordinator/service.py``):
 3. Register: encrypt the one-hot registry (pooled obfuscators) and send it.
    On `RegistrySum`: decrypt, check ``sum == num_parties`` (else refuse),
    keep the overall registry for eq. (6).
-4. On `RoundAnnounce`: draw H coins with eq. (6)'s probability (persisted per
-   round), send `Volunteer`; on `TryAssignment` send the encrypted label
-   distribution; the agent decrypts `TrySums` and answers the best try,
-   signed. On a signed `SelectionResult` naming this device: `Trainer.train`,
+4. Dubhe (``methods/dubhe``), when it selects: on `RoundAnnounce` draw H
+   coins with eq. (6)'s probability (persisted per round), send `Volunteer`;
+   on `TryAssignment` send the encrypted label distribution; the agent
+   decrypts `TrySums` and answers the best try, signed. On a signed
+   `SelectionResult` naming this device (whatever selected it): `Trainer.train`,
    or with a `ModelTrainer` the training round of ``model_steps.py`` (model
    download, the methods' hooks such as CLIMB's dual step in
    ``methods/climb``, delta upload).
@@ -53,8 +54,9 @@ from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.device_core import DeviceStats, TrainingStats
 from ursa.edge_sdk.epoch_steps import EpochSteps
-from ursa.edge_sdk.method import DeviceMethod, EpochKeys
+from ursa.edge_sdk.method import DeviceMethod, EpochKeys, Roster
 from ursa.edge_sdk.methods.climb import Climb
+from ursa.edge_sdk.methods.dubhe import Dubhe
 from ursa.edge_sdk.methods.feddisk import FedDisk
 from ursa.edge_sdk.methods_config import selection_kind
 from ursa.edge_sdk.model_steps import ModelSteps
@@ -77,14 +79,11 @@ from ursa.protocol.messages import (
     KeyEpochStart,
     ModelAvailable,
     RegistrySum,
-    RoundAnnounce,
     SealedSecretKey,
     SealRequest,
     SelectionResult,
     Status,
     TransferManifest,
-    TryAssignment,
-    TrySums,
 )
 from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import Dispatch, NotReadyError, RejectedError, Router
@@ -130,9 +129,10 @@ class EdgeClient(EpochSteps, ModelSteps):
         transport: A transport (tests: in-memory); None builds an
             `MqttTransport` from ``config.broker``.
         trainer: Called when selected; default `NoOpTrainer`.
-        methods: The device halves of the federation's methods beyond
-            selection and plain training (e.g. `Climb`); None: `Climb` when
-            the trainer has CLIMB settings.
+        methods: The device halves of the federation's methods (e.g.
+            `Climb`); None: `FedDisk` for a `PhasedTrainer`, `Climb` when the
+            trainer has CLIMB settings. `Dubhe` is added when the config's
+            selection method is Dubhe (the default).
         rng: The device's private randomness for the volunteer coins.
     """
 
@@ -154,10 +154,12 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._config = config
         self._labels = array.astype(np.int64)
         self._trainer = trainer or NoOpTrainer(int(array.size))
-        self._methods = (
-            list(methods) if methods is not None else _methods_of(self._trainer)
-        )
         self._selection = selection_kind(config.method_list())
+        given = list(methods) if methods is not None else _methods_of(self._trainer)
+        dubhe = self._selection == "dubhe" and not any(
+            isinstance(m, Dubhe) for m in given
+        )
+        self._methods = [Dubhe(), *given] if dubhe else given
         if config.methods is not None:
             named = {m.kind for m in config.methods}
             if named != set(self.methods()):
@@ -181,7 +183,6 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._pool: ObfuscatorPool | None = None
         self._index: int | None = None
         self._registry: NDArray[np.int64] | None = None
-        self._announce: RoundAnnounce | None = None
         self._trained: set[int] = set()
         self._registered_epoch: int | None = None
         self._init_model_steps()
@@ -399,10 +400,6 @@ class EdgeClient(EpochSteps, ModelSteps):
         router.register(AgentPublicKey, self._on_agent_public_key, owner=epoch)
         router.register(SealedSecretKey, self._on_sealed_secret_key, owner=epoch)
         router.register(RegistrySum, self._on_registry_sum, owner=rounds)
-        if self._selection == "dubhe":  # others select at the coordinator alone
-            router.register(RoundAnnounce, self._on_round_announce, owner=rounds)
-            router.register(TryAssignment, self._on_try_assignment, owner=rounds)
-            router.register(TrySums, self._on_try_sums, owner=rounds)
         router.register(SelectionResult, self._on_selection_result, owner=rounds)
         router.register(ModelAvailable, self._on_model_available, owner=model)
         router.register(TransferManifest, self._on_transfer_manifest, owner=model)
@@ -502,8 +499,21 @@ class _Context:
     def epoch(self) -> KeyEpochStart | None:
         return self._client._epoch
 
+    @property
+    def rng(self) -> np.random.Generator:
+        return self._client._rng
+
     def send(self, message: BaseMessage) -> None:
         self._client._send(message)
+
+    def roster(self) -> Roster | None:
+        client = self._client
+        if client._epoch is None or client._registry is None:
+            return None
+        return Roster(client._epoch.epoch, client._index, client._registry)
+
+    def label_distribution(self, num_classes: int) -> NDArray[np.float64] | None:
+        return self._client._distribution(num_classes)
 
     def signed(self, message: BaseMessage) -> BaseMessage:
         return self._client._signed(message)

@@ -26,7 +26,7 @@ from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.state import DeviceStateDir, StoredEpoch
 from ursa.edge_sdk.trainer import Trainer
 from ursa.protocol.envelope import encode, message_kind, signing_bytes
-from ursa.protocol.messages import BaseMessage, KeyEpochStart, RoundAnnounce
+from ursa.protocol.messages import BaseMessage, KeyEpochStart
 from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import NotReadyError
 from ursa.protocol.topics import name_for, qos_for, up_topic
@@ -95,7 +95,6 @@ class DeviceCore:
     _pool: ObfuscatorPool | None
     _index: int | None
     _registry: NDArray[np.int64] | None
-    _announce: RoundAnnounce | None
     _trained: set[int]
     _registered_epoch: int | None
 

@@ -134,7 +134,7 @@ class EpochSteps(DeviceCore):
             self._pool.close()
         self._epoch, self._epoch_payload, self._agent = notice, payload, agent
         self._public_key = self._secret_key = self._pool = None
-        self._registry = self._announce = None
+        self._registry = None
         codebook = Codebook(notice.num_classes, notice.groups)
         distribution = self._distribution(notice.num_classes)
         if distribution is None:

@@ -21,6 +21,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
+import numpy as np
+from numpy.typing import NDArray
+
 from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
 from ursa.edge_sdk.device_core import DeviceStats, TrainingStats
@@ -39,6 +42,7 @@ __all__ = [
     "DeviceContext",
     "DeviceMethod",
     "EpochKeys",
+    "Roster",
     "TrainPlan",
     "model_trainer",
 ]
@@ -70,6 +74,22 @@ class EpochKeys:
     """None until the agent's sealed key has been opened."""
     pool: ObfuscatorPool | None
     """Precomputed obfuscators (None: encrypt without a pool)."""
+
+
+@dataclass(frozen=True)
+class Roster:
+    """The key epoch's registry as this device decrypted it (Dubhe's input).
+
+    Attributes:
+        epoch: The key epoch.
+        index: This device's registry slot (its category), None if its labels
+            do not fit the epoch's classes.
+        registry: The overall registry: devices per slot.
+    """
+
+    epoch: int
+    index: int | None
+    registry: NDArray[np.int64]
 
 
 class DeviceContext(Protocol):
@@ -115,8 +135,21 @@ class DeviceContext(Protocol):
         """The adopted key epoch's notice (signed by the coordinator)."""
         ...
 
+    @property
+    def rng(self) -> np.random.Generator:
+        """The device's private randomness (e.g. Dubhe's volunteer coins)."""
+        ...
+
     def send(self, message: BaseMessage) -> None:
         """Queue ``message`` on this device's up topic."""
+        ...
+
+    def roster(self) -> Roster | None:
+        """The adopted epoch's decrypted registry (None until its sum is here)."""
+        ...
+
+    def label_distribution(self, num_classes: int) -> NDArray[np.float64] | None:
+        """This device's label distribution (None if its labels do not fit)."""
         ...
 
     def signed(self, message: BaseMessage) -> BaseMessage:

@@ -14,6 +14,7 @@ PUBLIC = [
     "DeviceContext",
     "DeviceMethod",
     "DeviceTrainingConfig",
+    "Dubhe",
     "EdgeClient",
     "FedDisk",
     "FeddiskSettings",
