@@ -16,7 +16,7 @@ import json
 import logging
 
 from ursa.coordinator.core import STATE_KEY, EpochWork, RoundWork
-from ursa.coordinator.epoch import EpochStages
+from ursa.coordinator.keys import EpochStages
 from ursa.coordinator.roundflow import RoundStages
 from ursa.coordinator.rounds import RoundState, Stage
 from ursa.crypto.errors import CryptoError

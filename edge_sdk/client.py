@@ -53,7 +53,7 @@ from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.device_core import DeviceStats, TrainingStats
-from ursa.edge_sdk.epoch_steps import EpochSteps
+from ursa.edge_sdk.keys import EpochSteps
 from ursa.edge_sdk.method import DeviceMethod, EpochKeys, Roster
 from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.methods.dubhe import Dubhe

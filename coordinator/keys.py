@@ -1,4 +1,8 @@
-"""Key epoch and registration stages (Dubhe Fig. 4) of the coordinator.
+"""The Paillier key epoch and its roster, the coordinator's infrastructure.
+
+Every method that sums under encryption (Dubhe's registry and tries, CLIMB's
+dual step, FedDisk's MADE loss) uses the epoch's key; none owns it. The
+stages follow Dubhe Fig. 4.
 
 Key epoch: a random online enrolled device becomes the agent; the signed
 `KeyEpochStart` (retained) names it, carries its enrolled identity keys (so

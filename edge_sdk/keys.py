@@ -1,4 +1,8 @@
-"""Device steps of enrolment and the key epoch (Dubhe Fig. 4, left half).
+"""Enrolment and the Paillier key epoch, the device's infrastructure.
+
+Every method that sums under encryption (Dubhe, CLIMB, FedDisk) uses the
+epoch's keys through `DeviceContext.keys`; none owns them. The steps follow
+Dubhe Fig. 4 (left half):
 
 Pin the coordinator identity from `EnrolResult.coordinator_keys` (or check
 the configured fingerprint); adopt a signed `KeyEpochStart`, taking the
