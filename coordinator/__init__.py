@@ -3,7 +3,9 @@
 from ursa.coordinator.config import CoordinatorConfig, load_coordinator_config
 from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
+from ursa.coordinator.methods.random import RandomSelection
 from ursa.coordinator.plugin import NoTraining, RoundPlugin
+from ursa.coordinator.selection_method import SelectionMethod, SelectionRequest
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingPlugin
 from ursa.coordinator.training_round import TrainingConfig
@@ -14,7 +16,10 @@ __all__ = [
     "FeddiskConfig",
     "FeddiskPlugin",
     "NoTraining",
+    "RandomSelection",
     "RoundPlugin",
+    "SelectionMethod",
+    "SelectionRequest",
     "TrainingConfig",
     "TrainingPlugin",
     "load_coordinator_config",
