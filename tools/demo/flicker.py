@@ -76,7 +76,7 @@ def flicker_extra(
     num_classes: int,
 ) -> dict[str, Any]:
     """The picklable FLICKER settings a device process gets (in `FleetSpec.extra`)."""
-    from ursa.edge_sdk.resampling import CentroidFeatures
+    from ursa.edge_sdk.methods.flicker.resampling import CentroidFeatures
 
     side = round(float(np.sqrt(aux_x[0].size)))
     if side * side != aux_x[0].size:
@@ -113,8 +113,8 @@ def run_coordinator_side(
     ``ready`` is the queue on which each device process puts its device ids;
     ``alive`` says whether every device process still runs.
     """
-    from ursa.coordinator.flicker import global_imbalance
-    from ursa.coordinator.flicker_service import (
+    from ursa.coordinator.methods.flicker.algorithm import global_imbalance
+    from ursa.coordinator.methods.flicker.engine import (
         FlickerCoordinator,
         FlickerServiceConfig,
         Phase,
@@ -182,8 +182,12 @@ def balance_devices(
     (a multiprocessing Event the harness sets when the run is over).
     """
     from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
-    from ursa.edge_sdk.flicker_client import FlickerParticipant
-    from ursa.edge_sdk.resampling import CentroidFeatures, DataResampler, TrainingView
+    from ursa.edge_sdk.methods.flicker.participant import FlickerParticipant
+    from ursa.edge_sdk.methods.flicker.resampling import (
+        CentroidFeatures,
+        DataResampler,
+        TrainingView,
+    )
 
     extra = spec.extra["flicker"]
     peers = {d: DevicePublicIdentity.from_bytes(b) for d, b in extra["peers"].items()}

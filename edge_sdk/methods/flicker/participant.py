@@ -1,7 +1,7 @@
 """FLICKER over the wire, device side: context download, ring hops, cosine, resampling.
 
 A `FlickerParticipant` answers the coordinator's FLICKER messages (see
-`ursa.coordinator.flicker_service` for the whole protocol) for one device:
+`ursa.coordinator.methods.flicker.engine` for the whole protocol) for one device:
 
 * **context**: the announced CKKS public context arrives as a chunked
   transfer (capped at ``max_context_bytes``; missing chunks are re-requested
@@ -14,11 +14,12 @@ A `FlickerParticipant` answers the coordinator's FLICKER messages (see
   announces a shorter order (a silent device skipped), a device that already
   sent re-seals its own outgoing sum to its new successor;
 * **localisation**: a masked product of ``Enc(GD/||GD||)`` with its unit count
-  vector (`ursa.edge_sdk.flicker.similarity_reply`);
+  vector (`ursa.edge_sdk.methods.flicker.algorithm.similarity_reply`);
 * **resampling**: one `resample_step` per request with its `Resampler`
-  (`CountResampler` for count-level runs, `ursa.edge_sdk.resampling.DataResampler`
+  (`CountResampler` for count-level runs,
+  `ursa.edge_sdk.methods.flicker.resampling.DataResampler`
   on images), then ``Enc(new - old counts)`` and the saturation flag;
-* **global redundancy test** (`ursa.edge_sdk.flicker_redundancy`): a
+* **global redundancy test** (`ursa.edge_sdk.methods.flicker.redundancy`): a
   `DataResampler` without a ``global_test`` gets a `WireGlobalTest`, so its
   under-sampling asks the other live devices of the run (its step waits for
   the coordinator's results); every device answers other devices' asks with
@@ -47,20 +48,24 @@ from ursa.crypto.ckks import CkksPublicContext, require_tenseal
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.sealing import open_sealed, seal
-from ursa.edge_sdk import flicker as dev
-from ursa.edge_sdk.flicker_context import (
+from ursa.edge_sdk.methods.flicker import algorithm as dev
+from ursa.edge_sdk.methods.flicker.context import (
     DEFAULT_MAX_CONTEXT_BYTES,
     ContextDownload,
     ContextError,
 )
-from ursa.edge_sdk.flicker_redundancy import (
+from ursa.edge_sdk.methods.flicker.redundancy import (
     GlobalTestPending,
     RedundancyExchange,
     WireGlobalTest,
 )
-from ursa.edge_sdk.flicker_wire import DeviceWire
-from ursa.edge_sdk.flicker_wire import RejectedError as _RejectedError
-from ursa.edge_sdk.resampling import DEFAULT_CHI, DEFAULT_ETA, DataResampler
+from ursa.edge_sdk.methods.flicker.resampling import (
+    DEFAULT_CHI,
+    DEFAULT_ETA,
+    DataResampler,
+)
+from ursa.edge_sdk.methods.flicker.wire import DeviceWire
+from ursa.edge_sdk.methods.flicker.wire import RejectedError as _RejectedError
 from ursa.protocol.envelope import message_kind
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -89,7 +94,7 @@ __all__ = [
     "ring_seal_context",
 ]
 
-logger = logging.getLogger("ursa.edge_sdk.flicker")
+logger = logging.getLogger("ursa.edge_sdk.methods.flicker.algorithm")
 
 MIN_RING_DEVICES = 3
 """A device never sends a ring result with fewer contributors: the key owner

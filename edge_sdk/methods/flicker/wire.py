@@ -4,7 +4,7 @@
 the device's own down topics and the global ones, decodes what arrives
 (logging what does not), drops QoS 1 redeliveries by message id, queues
 outgoing messages under the state lock and publishes them in order outside
-it. `ursa.edge_sdk.flicker_client.FlickerParticipant` builds on it.
+it. `ursa.edge_sdk.methods.flicker.participant.FlickerParticipant` builds on it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ursa.protocol.transport import Transport
 
 __all__ = ["SEEN_IDS", "DeviceWire", "RejectedError"]
 
-logger = logging.getLogger("ursa.edge_sdk.flicker")
+logger = logging.getLogger("ursa.edge_sdk.methods.flicker.algorithm")
 
 SEEN_IDS = 4096
 """Message ids remembered to drop redeliveries."""

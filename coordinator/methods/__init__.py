@@ -1,0 +1,1 @@
+"""Methods of the coordinator: one folder per method."""

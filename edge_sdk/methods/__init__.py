@@ -1,0 +1,1 @@
+"""Methods of the device: one folder per method."""
