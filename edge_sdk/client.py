@@ -53,6 +53,8 @@ from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.device_core import DeviceStats
 from ursa.edge_sdk.epoch_steps import EpochSteps
 from ursa.edge_sdk.feddisk_steps import FeddiskSteps
+from ursa.edge_sdk.methods.flicker.method import PEER_KINDS, Flicker
+from ursa.edge_sdk.methods_config import flicker_spec
 from ursa.edge_sdk.registration import RegistrationError
 from ursa.edge_sdk.state import DeviceStateDir
 from ursa.edge_sdk.trainer import NoOpTrainer, Trainer
@@ -85,7 +87,7 @@ from ursa.protocol.messages import (
     TrySums,
 )
 from ursa.protocol.outbox import Outbox
-from ursa.protocol.router import Dispatch, RejectedError, Router
+from ursa.protocol.router import Dispatch, NotReadyError, RejectedError, Router
 from ursa.protocol.topics import device_subscriptions, parse_topic, status_topic
 from ursa.protocol.transport import Transport, TransportError
 
@@ -128,6 +130,10 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         transport: A transport (tests: in-memory); None builds an
             `MqttTransport` from ``config.broker``.
         trainer: Called when selected; default `NoOpTrainer`.
+        flicker: FLICKER's device half when the federation balances its data
+            first (default under ``kind = "flicker"``: count-level resampling
+            of ``labels``); its result replaces the labels and the trainer's
+            data before the first registration.
         rng: The device's private randomness for the volunteer coins.
     """
 
@@ -139,6 +145,7 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         transport: Transport | None = None,
         trainer: Trainer | None = None,
         rng: np.random.Generator | None = None,
+        flicker: Flicker | None = None,
     ) -> None:
         array = np.asarray(labels)
         if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
@@ -148,6 +155,11 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         self._config = config
         self._labels = array.astype(np.int64)
         self._trainer = trainer or NoOpTrainer(int(array.size))
+        spec = flicker_spec(config.method_list())
+        if flicker is None and spec is not None:
+            flicker = Flicker(spec, labels=self._labels)
+        self._flicker = flicker
+        self._balanced = False
         if config.methods is not None:
             named = {m.kind for m in config.methods}
             if named != set(self.methods()):
@@ -213,6 +225,14 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         with self._lock:
             self._restore()
             self._restore_training()
+        if self._flicker is not None:
+            self._flicker.attach(
+                identity=self._identity,
+                federation=cfg.federation,
+                outbox=self._outbox,
+                verify=self._verify_coordinator,
+                router=self._router,
+            )
         transport = self._transport or self._make_transport()
         self._transport = transport
         transport.set_handler(self.handle)
@@ -359,7 +379,8 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         kind = message_kind(message)
         if isinstance(message, Status):
             return None
-        if message.sender != COORDINATOR and kind not in _RELAYED_BY_AGENT:
+        relayed = kind in _RELAYED_BY_AGENT or (own and kind in PEER_KINDS)
+        if message.sender != COORDINATOR and not relayed:
             logger.warning(
                 "%s: dropped %s claiming sender %s",
                 self.device_id,
@@ -376,7 +397,7 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         climb, feddisk = "climb", "feddisk"
         router.register(EnrolResult, self._on_enrol_result, owner=epoch)
         router.register(ErrorReply, self._on_error_reply, owner="client")
-        router.register(KeyEpochStart, self._on_key_epoch_start, owner=epoch)
+        router.register(KeyEpochStart, self._on_key_epoch, owner=epoch)
         router.register(SealRequest, self._on_seal_request, owner=epoch)
         router.register(AgentPublicKey, self._on_agent_public_key, owner=epoch)
         router.register(SealedSecretKey, self._on_sealed_secret_key, owner=epoch)
@@ -386,8 +407,8 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
         router.register(TrySums, self._on_try_sums, owner=rounds)
         router.register(SelectionResult, self._on_selection_result, owner=rounds)
         router.register(ModelAvailable, self._on_model_available, owner=model)
-        router.register(TransferManifest, self._on_transfer_manifest, owner=model)
-        router.register(Chunk, self._on_chunk, owner=model)
+        router.register(TransferManifest, self._on_manifest, owner=model)
+        router.register(Chunk, self._on_any_chunk, owner=model)
         router.register(ChunkRequest, self._on_chunk_request, owner=model)
         router.register(DualStepRequest, self._on_dual_step_request, owner=climb)
         router.register(ClimbSum, self._on_climb_sum, owner=climb)
@@ -409,13 +430,64 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
             self._router.retry_parked(self._refused)
 
     def methods(self) -> tuple[str, ...]:
-        """Dubhe, and the training method the trainer runs (none: selection only)."""
+        """Dubhe, the trainer's training method (if any), and FLICKER if it runs."""
+        balancing = ("flicker",) if self._flicker is not None else ()
         if self._phased() is not None:
-            return ("dubhe", "feddisk")
+            return ("dubhe", "feddisk", *balancing)
         trainer = self._model_trainer()
         if trainer is None:
-            return ("dubhe",)
-        return ("dubhe", "climb" if trainer.climb is not None else "fedavg")
+            return ("dubhe", *balancing)
+        training = "climb" if trainer.climb is not None else "fedavg"
+        return ("dubhe", training, *balancing)
+
+    @property
+    def flicker(self) -> Flicker | None:
+        """FLICKER's device half, if this device runs it (for figures)."""
+        return self._flicker
+
+    # --- FLICKER: the data the federation trains on ---------------------------
+
+    def _verify_coordinator(self, message: BaseMessage) -> None:
+        if self._coordinator is None:
+            raise ValueError("no pinned coordinator identity yet")
+        self._verify(self._coordinator, message)
+
+    def _on_key_epoch(self, message: KeyEpochStart) -> None:
+        """A signed key epoch ends FLICKER's run: take its data, then adopt it."""
+        if self._flicker is not None and not self._balanced:
+            if self._coordinator is None:
+                raise NotReadyError
+            self._verify(self._coordinator, message)
+            self._use_balanced_data(self._flicker)
+        self._on_key_epoch_start(message)
+
+    def _use_balanced_data(self, flicker: Flicker) -> None:
+        """Labels (and the trainer's samples) as FLICKER left them, once."""
+        self._balanced = True
+        x, labels = flicker.resampled()
+        if len(labels) == 0:
+            logger.error("%s: FLICKER left no samples; keeping mine", self.device_id)
+            return
+        before = len(self._labels)
+        self._labels = labels
+        if x is not None:
+            self._trainer.use_data(x, labels)
+        elif isinstance(self._trainer, NoOpTrainer):
+            self._trainer.num_examples = len(labels)
+        logger.info(
+            "%s: FLICKER done: %d samples (%d before)",
+            self.device_id,
+            len(labels),
+            before,
+        )
+
+    def _on_manifest(self, message: TransferManifest) -> None:
+        if self._flicker is None or not self._flicker.claims(message):
+            self._on_transfer_manifest(message)
+
+    def _on_any_chunk(self, message: Chunk) -> None:
+        if self._flicker is None or not self._flicker.claims(message):
+            self._on_chunk(message)
 
     def _refused(self, message: BaseMessage, exc: Exception) -> None:
         if not isinstance(exc, _REFUSALS):

@@ -108,6 +108,9 @@ class FlickerSpec(BaseModel):
     """Ask the other devices before removing a sample (the global test)."""
     max_steps: int = Field(default=200, ge=1)
     max_context_bytes: int = Field(default=1024 * 1024, ge=1024)
+    num_classes: int | None = Field(default=None, ge=2, le=4096)
+    """The federation's classes (default: the model's ``num_classes``, else
+    the largest local label plus one)."""
 
 
 DeviceMethodSpec = Annotated[
@@ -133,6 +136,8 @@ def check_device_methods(methods: Sequence[DeviceMethodSpec], *, trains: bool) -
     training = [m.kind for m in methods if m.role is MethodRole.TRAINING]
     if training and not trains:
         raise MethodsError(f"[[methods]] {training[0]} needs a [training] section")
+    if "flicker" in {m.kind for m in methods} and "feddisk" in training:
+        raise MethodsError("flicker with feddisk is not supported yet")
     if trains and not training:
         raise MethodsError(
             "[training] needs a training method in [[methods]] "

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -84,12 +84,13 @@ from ursa.protocol.messages import (
     RingStart,
     TransferManifest,
 )
-from ursa.protocol.outbox import Outgoing
+from ursa.protocol.outbox import Outbox, Outgoing
 from ursa.protocol.transport import Transport
 
 __all__ = [
     "DEFAULT_MAX_CONTEXT_BYTES",
     "MIN_RING_DEVICES",
+    "WORK_KINDS",
     "FlickerParticipant",
     "ring_seal_context",
 ]
@@ -106,7 +107,7 @@ CACHED_REPLIES = 16
 
 _M = TypeVar("_M", bound=BaseMessage)
 _Step = CosineRequest | ResampleRequest
-_WORK = (
+WORK_KINDS: tuple[type[BaseMessage], ...] = (
     RingStart,
     RingHop,
     CosineRequest,
@@ -155,7 +156,12 @@ class FlickerParticipant(DeviceWire):
             successors); the coordinator's enrolment list.
         counts: This device's class counts (for `DataResampler`, its view's).
         transport: Where messages go; `attach` makes it deliver to `handle`
-            (an `EdgeClient` that routes messages itself calls `on_message`).
+            (None inside an `EdgeClient`, which routes messages itself to
+            `on_message` and flushes ``outbox``).
+        outbox: The queue replies go to (default: its own).
+        verify: Checks the coordinator's signature on a `RingStart` that
+            carries the members' keys (an `EdgeClient` run); None: ``peers``
+            are known beforehand (a stand-alone run).
         resampler: The data work of a resampling step (count level by default).
         rng: Masks, scales and orders of the replies (unseeded by default:
             never fix it in production).
@@ -173,7 +179,9 @@ class FlickerParticipant(DeviceWire):
         federation: str,
         peers: Mapping[str, DevicePublicIdentity],
         counts: npt.ArrayLike,
-        transport: Transport,
+        transport: Transport | None,
+        outbox: Outbox | None = None,
+        verify: Callable[[BaseMessage], None] | None = None,
         resampler: dev.Resampler | None = None,
         rng: np.random.Generator | None = None,
         max_steps: int = dev.DEFAULT_MAX_STEPS,
@@ -181,7 +189,8 @@ class FlickerParticipant(DeviceWire):
         global_test: bool = True,
     ) -> None:
         require_tenseal()  # at configuration time, not when a ciphertext arrives
-        super().__init__(identity, federation, transport)
+        super().__init__(identity, federation, transport, outbox=outbox)
+        self._verify = verify
         self.peers = dict(peers)
         self.state = dev.init_device(counts)
         self.resampler: dev.Resampler = resampler or dev.CountResampler()
@@ -246,7 +255,7 @@ class FlickerParticipant(DeviceWire):
                 self._ring = None  # a new key: a new run follows
         elif isinstance(message, TransferManifest | Chunk):
             self._on_transfer(message, relayed)
-        elif isinstance(message, _WORK):
+        elif isinstance(message, WORK_KINDS):
             if self.context is None:
                 if len(self._waiting) >= MAX_WAITING:
                     raise _RejectedError("too much work waiting for the context")
@@ -298,7 +307,32 @@ class FlickerParticipant(DeviceWire):
 
     # --- the ring -------------------------------------------------------------
 
+    def claims_transfer(self, message: TransferManifest | Chunk) -> bool:
+        """Whether a transfer message carries the CKKS context (else a model)."""
+        return self._download.claims(message)
+
+    def _adopt_members(self, message: RingStart) -> None:
+        """Learn the ring's keys from a signed `RingStart` (a service run)."""
+        if self._verify is None:
+            raise _RejectedError("ring members, but no coordinator key to check them")
+        try:
+            self._verify(message)
+            members = {
+                k.device_id: DevicePublicIdentity(
+                    k.device_id, k.x25519_public, k.ed25519_public
+                )
+                for k in message.members
+            }
+        except (CryptoError, ValueError) as exc:
+            raise _RejectedError(f"ring start: {exc}") from None
+        if set(members) != set(message.order):
+            raise _RejectedError("ring members are not the ring order")
+        members.pop(self.device_id, None)
+        self.peers.update(members)
+
     def _on_ring_start(self, message: RingStart) -> None:
+        if message.members or self._verify is not None:
+            self._adopt_members(message)
         me = self.device_id
         if me not in message.order:
             raise _RejectedError("ring order without this device")
