@@ -469,10 +469,14 @@ class EdgeClient(EpochSteps, ClimbSteps, FeddiskSteps):
             logger.error("%s: FLICKER left no samples; keeping mine", self.device_id)
             return
         before = len(self._labels)
-        self._labels = labels
         if x is not None:
-            self._trainer.use_data(x, labels)
-        elif isinstance(self._trainer, NoOpTrainer):
+            try:
+                self._trainer.use_data(x, labels)
+            except (NotImplementedError, ValueError) as exc:
+                logger.error("%s: FLICKER's data not used: %s", self.device_id, exc)
+                return
+        self._labels = labels
+        if isinstance(self._trainer, NoOpTrainer):
             self._trainer.num_examples = len(labels)
         logger.info(
             "%s: FLICKER done: %d samples (%d before)",

@@ -90,6 +90,9 @@ class FlickerMethod:
         self._store: CoordinatorStore | None = None
         self._saved_counts: bytes | None = None
         self._waiting_logged = False
+        self._clock: Callable[[], float] | None = None
+        self._started_at: float | None = None
+        self._ended_at: float | None = None
 
     # --- wiring -----------------------------------------------------------------
 
@@ -134,7 +137,7 @@ class FlickerMethod:
             outbox=outbox,
             sign=sign,
         )
-        self._engine, self._store = engine, store
+        self._engine, self._store, self._clock = engine, store, clock
         record = store.method_state(self.name, RUN_KEY)
         if record is None:
             return
@@ -179,10 +182,12 @@ class FlickerMethod:
                 return False
             order = fl.choose_ring_order(sorted(online), engine.rng)
             engine.start(order, round_index=0)
+            self._started_at = now
         else:
             engine.tick()
         self._save()
-        if self.is_over:
+        if self.is_over and self._ended_at is None:
+            self._ended_at = now
             logger.info("FLICKER over: %s", self.summary())
         return self.is_over
 
@@ -201,8 +206,14 @@ class FlickerMethod:
         return None if self._engine is None else self._engine.outcome()
 
     def summary(self) -> dict[str, Any]:
-        """GI before and after, and which devices resampled (the report's figures)."""
+        """The run's figures: GI before and after, who resampled, and more.
+
+        Also the global counts (the coordinator learns them by design), the
+        refusals and this process's wall time of the run.
+        """
         outcome = self.outcome()
+        engine = self._engine
+        started, ended = self._started_at, self._ended_at
         before = None if outcome is None else outcome.gd_before
         state = None if outcome is None else outcome.state
         resampled = sorted(
@@ -221,6 +232,11 @@ class FlickerMethod:
             else str(state.stop_reason),
             "resampled_devices": resampled,
             "failure": None if outcome is None else outcome.failure,
+            "nabla": self.spec.nabla,
+            "global_counts_before": None if before is None else list(before),
+            "global_counts_after": None if state is None else list(state.global_counts),
+            "rejections": 0 if engine is None else len(engine.rejections),
+            "wall_s": 0.0 if started is None else (ended or started) - started,
         }
 
     # --- plumbing -----------------------------------------------------------------

@@ -51,7 +51,7 @@ from ursa.protocol.messages import (
 from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import Router
 
-__all__ = ["Flicker", "load_features"]
+__all__ = ["PEER_KINDS", "Flicker", "load_features", "resample_indices"]
 
 logger = logging.getLogger("ursa.edge_sdk.flicker")
 
@@ -184,7 +184,7 @@ class Flicker:
         participant = self.participant
         if participant is None:
             return self._x, self._labels
-        picked = _resample_indices(self._labels, participant.counts, self._rng)
+        picked = resample_indices(self._labels, participant.counts, self._rng)
         return (None if self._x is None else self._x[picked]), self._labels[picked]
 
     def _on_message(self, message: BaseMessage) -> None:
@@ -203,7 +203,7 @@ def _images(x: NDArray[Any]) -> NDArray[Any]:
     return x.reshape(len(x), side, side)
 
 
-def _resample_indices(
+def resample_indices(
     labels: NDArray[np.int64], counts: tuple[int, ...], rng: np.random.Generator
 ) -> NDArray[np.int64]:
     """Indices whose labels have ``counts``: kept, copied or dropped per class."""

@@ -39,6 +39,12 @@ def _flicker_federation(federation: Any) -> Any:
     return fed
 
 
+def _final_counts(client: Any) -> tuple[int, ...]:
+    assert client.flicker is not None and client.flicker.participant is not None
+    counts: tuple[int, ...] = client.flicker.participant.counts
+    return counts
+
+
 def _kinds(fed: Any) -> list[str]:
     return [decode(payload).kind for _, payload in fed.captured]
 
@@ -103,6 +109,10 @@ def test_a_coordinator_killed_mid_resampling_resumes_the_same_run(
     assert flicker is not None
     summary = flicker.summary()
     assert summary["phase"] == "done" and summary["resampled_devices"]
+    # Enc(GD) went through the store as bytes and got the resumed updates added:
+    # it decrypts to the plaintext sum of the devices' final counts
+    finals = [_final_counts(c) for c in fed.devices.values()]
+    assert summary["global_counts_after"] == np.sum(finals, axis=0).tolist()
 
 
 def test_a_config_without_flicker_refuses_a_flicker_method(tmp_path: Path) -> None:
