@@ -17,12 +17,12 @@ import time
 import numpy as np
 
 from ursa.bench.common import Budget, median_ms, report
-from ursa.coordinator import flicker as fl
+from ursa.coordinator.methods.flicker import algorithm as fl
 from ursa.crypto.ckks import CkksKeyOwner, CkksPublicContext
 from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.sealing import open_sealed, seal
-from ursa.edge_sdk import flicker as dev
-from ursa.edge_sdk.flicker_client import ring_seal_context
+from ursa.edge_sdk.methods.flicker import algorithm as dev
+from ursa.edge_sdk.methods.flicker.participant import ring_seal_context
 from ursa.protocol.envelope import encode
 from ursa.protocol.messages import RingHop
 from ursa.tools.simulate.flicker_fleet import build_fleet

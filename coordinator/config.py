@@ -47,7 +47,9 @@ everything else receives a `CoordinatorConfig`. A file looks like::
 
 ``[[methods]]`` is `ursa.coordinator.methods_config`'s discriminated union:
 exactly one selection method, at most one training method (without one,
-rounds end at the selection). The ``[training]`` section holds
+rounds end at the selection) and at most one balancing method (``kind =
+"flicker"``: FLICKER between enrolment and the first key epoch). The ``[training]``
+section holds
 `TrainingConfig`'s fields plus ``initial_weights``, adopted as version 0 when
 no checkpoint exists yet; the architecture and its shape are the devices'
 business (their ``[training]``), so the coordinator needs no torch. Under
@@ -78,9 +80,11 @@ from ursa.coordinator.methods_config import (
     ClimbSpec,
     FedAvgSpec,
     FeddiskSpec,
+    FlickerSpec,
     MethodSpec,
     SelectionSpec,
     check_methods,
+    flicker_spec,
     method_names,
     selection_spec,
     training_spec,
@@ -291,6 +295,10 @@ class CoordinatorConfig(_Frozen):
     def training_method(self) -> FedAvgSpec | ClimbSpec | FeddiskSpec | None:
         """The training method; None for a selection-only federation."""
         return training_spec(self.methods)
+
+    def flicker_method(self) -> FlickerSpec | None:
+        """FLICKER's settings when the federation balances its data first."""
+        return flicker_spec(self.methods)
 
     def training_section(self) -> TrainingSection:
         """``[training]``, or its defaults when only the method is given."""

@@ -10,8 +10,13 @@ fields refused)::
     kind = "climb"                    # training: FedAvg weighted by CLIMB's duals
     dual_timeout_s = 60.0
 
-A federation has exactly one selection method and at most one training
-method (none: rounds end at the selection, a selection-only trial). The kinds,
+    [[methods]]
+    kind = "flicker"                  # balancing: before the first key epoch
+    nabla = 0.1
+
+A federation has exactly one selection method, at most one training method
+(none: rounds end at the selection, a selection-only trial) and at most one
+balancing method (FLICKER, run once before the first key epoch). The kinds,
 in this order, are the list signed into every `KeyEpochStart`, so a device
 configured differently refuses the epoch (``method_mismatch``) instead of
 silently skipping a method's steps.
@@ -37,12 +42,14 @@ __all__ = [
     "DubheSpec",
     "FedAvgSpec",
     "FeddiskSpec",
+    "FlickerSpec",
     "MethodRole",
     "MethodSpec",
     "MethodsError",
     "RandomSpec",
     "SelectionSpec",
     "check_methods",
+    "flicker_spec",
     "method_names",
     "selection_spec",
     "training_spec",
@@ -107,8 +114,27 @@ class FeddiskSpec(_Spec):
     max_parties: int = Field(default=100_000, ge=1)
 
 
+class FlickerSpec(_Spec):
+    """FLICKER: CKKS global class counts; the most skewed device resamples.
+
+    Defaults equal `ursa.coordinator.methods.flicker.types`' (papers/003 §4.1).
+    """
+
+    role: ClassVar[MethodRole] = MethodRole.BALANCING
+    kind: Literal["flicker"] = "flicker"
+    nabla: float = Field(default=0.1, gt=0.0, lt=1.0)
+    """The run stops once the global imbalance min/max reaches it."""
+    nabla_client: float = Field(default=0.05, gt=0.0, le=1.0)
+    """Target local imbalance sent to the dominant device."""
+    hop_deadline_s: float = Field(default=30.0, gt=0.0)
+    reply_deadline_s: float = Field(default=60.0, gt=0.0)
+    redundancy_deadline_s: float = Field(default=30.0, gt=0.0)
+    max_updates: int = Field(default=10_000, ge=1)
+    max_product_ciphertexts: int = Field(default=64, ge=1, le=4096)
+
+
 MethodSpec = Annotated[
-    DubheSpec | RandomSpec | FedAvgSpec | ClimbSpec | FeddiskSpec,
+    DubheSpec | RandomSpec | FedAvgSpec | ClimbSpec | FeddiskSpec | FlickerSpec,
     Field(discriminator="kind"),
 ]
 """One ``[[methods]]`` table."""
@@ -128,6 +154,11 @@ def check_methods(methods: Sequence[MethodSpec]) -> None:
 def method_names(methods: Sequence[MethodSpec]) -> tuple[str, ...]:
     """The kinds in order: the list signed into each key epoch."""
     return tuple(m.kind for m in methods)
+
+
+def flicker_spec(methods: Sequence[MethodSpec]) -> FlickerSpec | None:
+    """FLICKER's table, if the federation runs it."""
+    return next((m for m in methods if isinstance(m, FlickerSpec)), None)
 
 
 def training_spec(

@@ -17,6 +17,9 @@ VOLUNTEERING, DISTRIBUTIONS and AGENT are Dubhe's; a federation whose
 selection method is another (`ursa.coordinator.selection_method`) goes from
 REGISTRATION or TRAINING to SELECTING instead, and from there to TRAINING.
 
+With a balancing method (FLICKER), ENROLMENT -> BALANCING -> KEY_EPOCH: the
+method runs once, before the first key epoch's registration.
+
 The functions below turn what the coordinator saw (device ids, draws, who
 delivered) into tentative sets and selections; they take device ids and the
 coordinator's generator and touch no network, clock or database.
@@ -52,6 +55,8 @@ class Stage(StrEnum):
     """Where the coordinator is in the protocol."""
 
     ENROLMENT = "enrolment"
+    BALANCING = "balancing"
+    """A balancing method (FLICKER) runs once before the first key epoch."""
     KEY_EPOCH = "key_epoch"
     REGISTRATION = "registration"
     VOLUNTEERING = "volunteering"
@@ -63,7 +68,8 @@ class Stage(StrEnum):
 
 
 TRANSITIONS: Mapping[Stage, frozenset[Stage]] = {
-    Stage.ENROLMENT: frozenset({Stage.KEY_EPOCH, Stage.DONE}),
+    Stage.ENROLMENT: frozenset({Stage.BALANCING, Stage.KEY_EPOCH, Stage.DONE}),
+    Stage.BALANCING: frozenset({Stage.KEY_EPOCH}),
     Stage.KEY_EPOCH: frozenset({Stage.KEY_EPOCH, Stage.REGISTRATION}),
     Stage.REGISTRATION: frozenset(
         {Stage.KEY_EPOCH, Stage.VOLUNTEERING, Stage.SELECTING, Stage.DONE}

@@ -63,6 +63,7 @@ import numpy as np
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.enrolment import decide_enrolment, enrol_result
+from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.registry import selection_method
 from ursa.coordinator.plugin import EpochView, NoTraining, RoundPlugin
 from ursa.coordinator.recovery import Recovery
@@ -115,6 +116,9 @@ class CoordinatorService(Recovery):
         clock: Seconds, for deadlines (tests inject a fake one).
         plugin: The training phase; `NoTraining` completes rounds at once.
         rng: The generator for agent choice and trim/top-up.
+        flicker: FLICKER's coordinator half; by default built from the
+            config's ``kind = "flicker"`` table (BALANCING runs it between
+            enrolment and the first key epoch).
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class CoordinatorService(Recovery):
         clock: Clock = time.time,
         plugin: RoundPlugin | None = None,
         rng: np.random.Generator | None = None,
+        flicker: FlickerMethod | None = None,
     ) -> None:
         self._config = config
         self._clock = clock
@@ -150,6 +155,14 @@ class CoordinatorService(Recovery):
         self._round = None
         self._started = False
         self._router = self._routes()
+        spec = config.flicker_method()
+        if flicker is None and spec is not None:
+            flicker = FlickerMethod(spec)
+        if flicker is not None:
+            if spec is None:
+                raise ValueError("a FLICKER method, but [[methods]] names no flicker")
+            flicker.register(self._router)
+        self._flicker = flicker
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -177,6 +190,11 @@ class CoordinatorService(Recovery):
     def is_done(self) -> bool:
         """True once the configured number of rounds is complete."""
         return self._state.stage is Stage.DONE
+
+    @property
+    def flicker(self) -> FlickerMethod | None:
+        """FLICKER's coordinator half, if the federation runs it (for figures)."""
+        return self._flicker
 
     def epoch_view(self) -> EpochView | None:
         """The current key epoch's public data (for the round plugin)."""
@@ -214,6 +232,18 @@ class CoordinatorService(Recovery):
         with self._lock:
             self._restore(now)
         self._plugin.attach(self)
+        if self._flicker is not None:
+            self._flicker.attach(
+                federation=cfg.federation,
+                num_classes=cfg.registry.num_classes,
+                state_dir=cfg.state_dir,
+                devices=self._enrolled,
+                store=self._store,
+                outbox=self._outbox,
+                clock=self._clock,
+                sign=self._sign,
+                rng=self._rng,
+            )
         transport = self._transport or self._make_transport()
         self._transport = transport
         transport.set_handler(self.handle)
@@ -224,6 +254,8 @@ class CoordinatorService(Recovery):
         self._publish_status(online=True)
         with self._lock:
             self._resume(self._clock())
+            if self._flicker is not None and self._state.stage is Stage.BALANCING:
+                self._flicker.resume()
             self._step(self._clock())
         self._flush()
 
@@ -404,8 +436,9 @@ class CoordinatorService(Recovery):
         if self._router.dispatch(message) is not Dispatch.UNHANDLED:
             return
         kind = message_kind(message)
-        if isinstance(message, ChunkRequest):  # model downloads, in any stage
-            self._plugin.on_message(self._state.round, message, self._send)
+        if isinstance(message, ChunkRequest):  # downloads, in any stage
+            if self._flicker is None or not self._flicker.answers(message):
+                self._plugin.on_message(self._state.round, message, self._send)
         elif self._state.stage is Stage.TRAINING and self._round is not None:
             if message.round != self._round.round:
                 raise RejectedError(
@@ -475,6 +508,7 @@ class CoordinatorService(Recovery):
         """Run the current stage's function until the stage stops changing."""
         stages: dict[Stage, Callable[[float], None]] = {
             Stage.ENROLMENT: self._stage_enrolment,
+            Stage.BALANCING: self._stage_balancing,
             Stage.KEY_EPOCH: self._stage_key_epoch,
             Stage.REGISTRATION: self._stage_registration,
             Stage.VOLUNTEERING: self._stage_volunteering,
@@ -492,4 +526,13 @@ class CoordinatorService(Recovery):
 
     def _stage_enrolment(self, now: float) -> None:
         if len(self._online_enrolled()) >= self._config.min_devices:
+            if self._flicker is not None and not self._flicker.is_over:
+                self._advance(Stage.BALANCING, now, None)
+                return
+            self._start_key_epoch(now, frozenset())
+
+    def _stage_balancing(self, now: float) -> None:
+        """FLICKER's run (its own deadlines), then the first key epoch."""
+        online = frozenset(self._online_enrolled())
+        if self._flicker is None or self._flicker.step(now, online):
             self._start_key_epoch(now, frozenset())

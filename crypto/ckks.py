@@ -187,6 +187,9 @@ class CkksKeyOwner:
             coeff_mod_bit_sizes=list(self.params.coeff_mod_bit_sizes),
         )
         context.global_scale = float(2**self.params.scale_bits)
+        self._adopt(context)
+
+    def _adopt(self, context: Any) -> None:
         self._context = context
         self._public_bytes: bytes = context.serialize(
             save_public_key=True,
@@ -198,6 +201,43 @@ class CkksKeyOwner:
 
     def __repr__(self) -> str:
         return f"CkksKeyOwner(key_id={self.key_id.hex()}, params={self.params})"
+
+    def secret_context_bytes(self) -> bytes:
+        """The context WITH its secret key: only for the owner's 0600 key file.
+
+        Anyone holding these bytes decrypts every FLICKER ciphertext; never send
+        or log them (`ursa.coordinator.methods.flicker.keyfile` stores them).
+        """
+        data: bytes = self._context.serialize(
+            save_public_key=True,
+            save_secret_key=True,
+            save_galois_keys=False,
+            save_relin_keys=False,
+        )
+        return data
+
+    @classmethod
+    def from_secret_context_bytes(
+        cls, data: bytes, params: CkksParams | None = None
+    ) -> CkksKeyOwner:
+        """The key owner of `secret_context_bytes` (a restarted coordinator).
+
+        Raises:
+            CiphertextError: not a serialized context with a secret key.
+        """
+        ts = _tenseal()
+        try:
+            context = ts.context_from(data)
+            has_secret = context.has_secret_key()
+        except Exception as exc:
+            raise CiphertextError(f"cannot load the CKKS context: {exc}") from exc
+        if not has_secret:
+            raise CiphertextError("the stored CKKS context has no secret key")
+        owner = cls.__new__(cls)
+        owner.params = params if params is not None else CkksParams()
+        context.global_scale = float(2**owner.params.scale_bits)
+        owner._adopt(context)
+        return owner
 
     def public_context_bytes(self) -> bytes:
         """Serialized public context: public key only (no secret, Galois, relin)."""

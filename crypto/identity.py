@@ -14,12 +14,9 @@ state directory (and the SD card) accordingly.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import re
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +36,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from ursa.crypto.errors import CryptoError, IdentityFormatError, SignatureError
+from ursa.crypto.secret_file import read_secret_file, write_new_secret_file
 
 __all__ = [
     "DEVICE_ID_PATTERN",
@@ -212,42 +210,11 @@ class DeviceIdentity:
 
     def _write_new(self, path: Path) -> bool:
         """Write the key file atomically (0600 from creation); False if it exists."""
-        temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        descriptor = os.open(temporary, flags, 0o600)
-        try:
-            with os.fdopen(descriptor, "wb") as handle:
-                handle.write(self._file_bytes())
-                handle.flush()
-                os.fsync(handle.fileno())
-            try:
-                os.link(temporary, path)  # atomic, never overwrites
-            except FileExistsError:
-                return False
-            except OSError:  # no hard links on this file system
-                if path.exists():
-                    return False
-                os.replace(temporary, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
-        return True
+        return write_new_secret_file(path, self._file_bytes())
 
     @classmethod
     def _load(cls, path: Path, device_id: str) -> DeviceIdentity:
-        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-        try:
-            descriptor = os.open(path, flags)
-        except OSError as exc:
-            raise CryptoError(f"cannot open identity file {path}: {exc}") from exc
-        with os.fdopen(descriptor, "rb") as handle:
-            mode = os.fstat(handle.fileno()).st_mode
-            if os.name == "posix" and mode & 0o077:
-                raise CryptoError(
-                    f"identity file {path} has mode {mode & 0o777:04o}; it must "
-                    f"not be accessible by group or others (chmod 600 {path})"
-                )
-            data = handle.read(65536)
+        data = read_secret_file(path, "identity")
         try:
             record = json.loads(data)
             if record["version"] != _FILE_VERSION:

@@ -58,7 +58,8 @@ from ursa.edge_sdk.method import DeviceMethod, EpochKeys, Roster
 from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.methods.dubhe import Dubhe
 from ursa.edge_sdk.methods.feddisk import FedDisk
-from ursa.edge_sdk.methods_config import selection_kind
+from ursa.edge_sdk.methods.flicker.method import PEER_KINDS, Flicker
+from ursa.edge_sdk.methods_config import flicker_spec, selection_kind
 from ursa.edge_sdk.model_steps import ModelSteps
 from ursa.edge_sdk.phased_trainer import PhasedTrainer
 from ursa.edge_sdk.registration import RegistrationError
@@ -133,6 +134,10 @@ class EdgeClient(EpochSteps, ModelSteps):
             `Climb`); None: `FedDisk` for a `PhasedTrainer`, `Climb` when the
             trainer has CLIMB settings. `Dubhe` is added when the config's
             selection method is Dubhe (the default).
+        flicker: FLICKER's device half when the federation balances its data
+            first (default under ``kind = "flicker"``: count-level resampling
+            of ``labels``); its result replaces the labels and the trainer's
+            data before the first registration.
         rng: The device's private randomness for the volunteer coins.
     """
 
@@ -145,6 +150,7 @@ class EdgeClient(EpochSteps, ModelSteps):
         trainer: Trainer | None = None,
         methods: Sequence[DeviceMethod] | None = None,
         rng: np.random.Generator | None = None,
+        flicker: Flicker | None = None,
     ) -> None:
         array = np.asarray(labels)
         if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
@@ -160,6 +166,11 @@ class EdgeClient(EpochSteps, ModelSteps):
             isinstance(m, Dubhe) for m in given
         )
         self._methods = [Dubhe(), *given] if dubhe else given
+        spec = flicker_spec(config.method_list())
+        if flicker is None and spec is not None:
+            flicker = Flicker(spec, labels=self._labels)
+        self._flicker = flicker
+        self._balanced = False
         if config.methods is not None:
             named = {m.kind for m in config.methods}
             if named != set(self.methods()):
@@ -233,6 +244,14 @@ class EdgeClient(EpochSteps, ModelSteps):
         with self._lock:
             self._restore()
             self._restore_training()
+        if self._flicker is not None:
+            self._flicker.attach(
+                identity=self._identity,
+                federation=cfg.federation,
+                outbox=self._outbox,
+                verify=self._verify_coordinator,
+                router=self._router,
+            )
         transport = self._transport or self._make_transport()
         self._transport = transport
         transport.set_handler(self.handle)
@@ -379,7 +398,8 @@ class EdgeClient(EpochSteps, ModelSteps):
         kind = message_kind(message)
         if isinstance(message, Status):
             return None
-        if message.sender != COORDINATOR and kind not in _RELAYED_BY_AGENT:
+        relayed = kind in _RELAYED_BY_AGENT or (own and kind in PEER_KINDS)
+        if message.sender != COORDINATOR and not relayed:
             logger.warning(
                 "%s: dropped %s claiming sender %s",
                 self.device_id,
@@ -395,15 +415,15 @@ class EdgeClient(EpochSteps, ModelSteps):
         epoch, rounds, model = "key_epoch", "selection", "model_transfer"
         router.register(EnrolResult, self._on_enrol_result, owner=epoch)
         router.register(ErrorReply, self._on_error_reply, owner="client")
-        router.register(KeyEpochStart, self._on_key_epoch_start, owner=epoch)
+        router.register(KeyEpochStart, self._on_key_epoch, owner=epoch)
         router.register(SealRequest, self._on_seal_request, owner=epoch)
         router.register(AgentPublicKey, self._on_agent_public_key, owner=epoch)
         router.register(SealedSecretKey, self._on_sealed_secret_key, owner=epoch)
         router.register(RegistrySum, self._on_registry_sum, owner=rounds)
         router.register(SelectionResult, self._on_selection_result, owner=rounds)
         router.register(ModelAvailable, self._on_model_available, owner=model)
-        router.register(TransferManifest, self._on_transfer_manifest, owner=model)
-        router.register(Chunk, self._on_chunk, owner=model)
+        router.register(TransferManifest, self._on_manifest, owner=model)
+        router.register(Chunk, self._on_any_chunk, owner=model)
         router.register(ChunkRequest, self._on_chunk_request, owner=model)
         context = _Context(self)
         for method in self._methods:
@@ -423,14 +443,69 @@ class EdgeClient(EpochSteps, ModelSteps):
             self._router.retry_parked(self._refused)
 
     def methods(self) -> tuple[str, ...]:
-        """The selection method, and the training method the trainer runs."""
+        """Selection, the trainer's training method (if any), FLICKER if it runs."""
+        balancing = ("flicker",) if self._flicker is not None else ()
         if any(isinstance(m, FedDisk) for m in self._methods):
-            return (self._selection, "feddisk")
+            return (self._selection, "feddisk", *balancing)
         trainer = self._model_trainer()
         if trainer is None:
-            return (self._selection,)
+            return (self._selection, *balancing)
         climbs = any(isinstance(m, Climb) for m in self._methods)
-        return (self._selection, "climb" if climbs else "fedavg")
+        training = "climb" if climbs else "fedavg"
+        return (self._selection, training, *balancing)
+
+    @property
+    def flicker(self) -> Flicker | None:
+        """FLICKER's device half, if this device runs it (for figures)."""
+        return self._flicker
+
+    # --- FLICKER: the data the federation trains on ---------------------------
+
+    def _verify_coordinator(self, message: BaseMessage) -> None:
+        if self._coordinator is None:
+            raise ValueError("no pinned coordinator identity yet")
+        self._verify(self._coordinator, message)
+
+    def _on_key_epoch(self, message: KeyEpochStart) -> None:
+        """A signed key epoch ends FLICKER's run: take its data, then adopt it."""
+        if self._flicker is not None and not self._balanced:
+            if self._coordinator is None:
+                raise NotReadyError
+            self._verify(self._coordinator, message)
+            self._use_balanced_data(self._flicker)
+        self._on_key_epoch_start(message)
+
+    def _use_balanced_data(self, flicker: Flicker) -> None:
+        """Labels (and the trainer's samples) as FLICKER left them, once."""
+        self._balanced = True
+        x, labels = flicker.resampled()
+        if len(labels) == 0:
+            logger.error("%s: FLICKER left no samples; keeping mine", self.device_id)
+            return
+        before = len(self._labels)
+        if x is not None:
+            try:
+                self._trainer.use_data(x, labels)
+            except (NotImplementedError, ValueError) as exc:
+                logger.error("%s: FLICKER's data not used: %s", self.device_id, exc)
+                return
+        self._labels = labels
+        if isinstance(self._trainer, NoOpTrainer):
+            self._trainer.num_examples = len(labels)
+        logger.info(
+            "%s: FLICKER done: %d samples (%d before)",
+            self.device_id,
+            len(labels),
+            before,
+        )
+
+    def _on_manifest(self, message: TransferManifest) -> None:
+        if self._flicker is None or not self._flicker.claims(message):
+            self._on_transfer_manifest(message)
+
+    def _on_any_chunk(self, message: Chunk) -> None:
+        if self._flicker is None or not self._flicker.claims(message):
+            self._on_chunk(message)
 
     def _refused(self, message: BaseMessage, exc: Exception) -> None:
         if not isinstance(exc, _REFUSALS):

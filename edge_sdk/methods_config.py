@@ -9,6 +9,10 @@ Tables told apart by ``kind``, each with the method's device settings::
     kind = "climb"
     eta_d = 0.1                 # `ursa.edge_sdk.climb.ClimbConfig` fields
 
+    [[methods]]
+    kind = "flicker"            # `FlickerSpec` fields
+    features_file = "centroids.npz"
+
 The list must name the same methods as the federation's (signed into each
 `KeyEpochStart`); otherwise the device refuses the epoch with
 ``method_mismatch``. A training method needs the device's ``[training]``
@@ -19,6 +23,7 @@ plus FedAvg when it has a ``[training]`` section.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,9 +38,11 @@ __all__ = [
     "DubheSpec",
     "FedAvgSpec",
     "FeddiskSpec",
+    "FlickerSpec",
     "RandomSpec",
     "check_device_methods",
     "default_methods",
+    "flicker_spec",
     "selection_kind",
     "training_spec",
 ]
@@ -87,8 +94,37 @@ class FeddiskSpec(FeddiskSettings):
         return FeddiskSettings.model_validate(self.model_dump(exclude={"kind"}))
 
 
+class FlickerSpec(BaseModel):
+    """FLICKER: take part in the ring and resample when the coordinator asks.
+
+    Defaults equal `ursa.edge_sdk.methods.flicker`'s. A training device
+    resamples its images (`DataResampler`: rotated copies, under-sampling by a
+    shared feature extractor, ``features_file``); a device without one, or
+    without ``[training]``, resamples its labels by count (random copies and
+    removals).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    role: ClassVar[MethodRole] = MethodRole.BALANCING
+    kind: Literal["flicker"] = "flicker"
+    features_file: Path | None = None
+    """``.npz`` with ``centroids`` (K, d) and ``temperature``: the shared
+    `CentroidFeatures` (e.g. fit on auxiliary data by the operator)."""
+    theta: float = Field(default=0.10, gt=0.0, le=1.0)
+    """Share of the majority class examined per under-sampling step."""
+    orientation: Literal["rotate", "dihedral"] = "rotate"
+    """Over-sampling copies: rotated (digits) or flipped/turned (photos)."""
+    global_test: bool = True
+    """Ask the other devices before removing a sample (the global test)."""
+    max_steps: int = Field(default=200, ge=1)
+    max_context_bytes: int = Field(default=1024 * 1024, ge=1024)
+    num_classes: int | None = Field(default=None, ge=2, le=4096)
+    """The federation's classes (default: the model's ``num_classes``, else
+    the largest local label plus one)."""
+
+
 DeviceMethodSpec = Annotated[
-    DubheSpec | RandomSpec | FedAvgSpec | ClimbSpec | FeddiskSpec,
+    DubheSpec | RandomSpec | FedAvgSpec | ClimbSpec | FeddiskSpec | FlickerSpec,
     Field(discriminator="kind"),
 ]
 """One device ``[[methods]]`` table."""
@@ -112,11 +148,18 @@ def check_device_methods(methods: Sequence[DeviceMethodSpec], *, trains: bool) -
     """
     check_method_list(methods)
     training = [m.kind for m in methods if m.role is MethodRole.TRAINING]
+    if "flicker" in {m.kind for m in methods} and "feddisk" in training:
+        raise MethodsError("flicker with feddisk is not supported yet")
     if trains and not training:
         raise MethodsError(
             "[training] needs a training method in [[methods]] "
             "(kind = 'fedavg', 'climb' or 'feddisk')"
         )
+
+
+def flicker_spec(methods: Sequence[DeviceMethodSpec]) -> FlickerSpec | None:
+    """FLICKER's table, if the device runs it."""
+    return next((m for m in methods if isinstance(m, FlickerSpec)), None)
 
 
 def training_spec(

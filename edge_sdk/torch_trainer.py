@@ -85,6 +85,13 @@ class TorchTrainer(ModelTrainer):
         self.seed = seed
         self._spec: tuple[tuple[str, tuple[int, ...]], ...] | None = None
 
+    def use_data(self, x: npt.NDArray[Any], y: npt.NDArray[np.int64]) -> None:
+        """Train on ``x``, ``y`` from now on (FLICKER's resampled data)."""
+        x, y = np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64)
+        if y.ndim != 1 or len(x) != len(y) or len(y) == 0:
+            raise ValueError("need the same non-zero number of samples and labels")
+        self.x, self.y = x, y
+
     @property
     def num_examples(self) -> int:
         """Local training samples."""

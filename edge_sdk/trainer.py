@@ -14,7 +14,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
 
 from ursa.edge_sdk.climb import ClimbConfig
 from ursa.models.weights import Arrays
@@ -37,6 +40,14 @@ class Trainer(ABC):
     @abstractmethod
     def train(self, round_index: int) -> TrainingReport:
         """Train for `round_index` and report (called once per selected round)."""
+
+    def use_data(self, x: npt.NDArray[Any], y: npt.NDArray[np.int64]) -> None:
+        """Train on these samples from now on (FLICKER's resampled data).
+
+        Raises:
+            NotImplementedError: this trainer cannot change its data.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot change its data")
 
 
 class NoOpTrainer(Trainer):

@@ -16,10 +16,12 @@ __all__ = ["MethodLike", "MethodRole", "MethodsError", "check_method_list"]
 
 
 class MethodRole(StrEnum):
-    """What a method provides to a round: one selection, at most one training."""
+    """What a method provides: one selection, at most one training and balancing."""
 
     SELECTION = "selection"
     TRAINING = "training"
+    BALANCING = "balancing"
+    """Runs once, after enrolment and before the first key epoch (FLICKER)."""
 
 
 class MethodsError(ValueError):
@@ -45,13 +47,14 @@ def check_method_list(methods: Sequence[MethodLike]) -> None:
 
     Raises:
         MethodsError: a kind twice, not exactly one selection method, or two
-            training methods.
+            training or two balancing methods.
     """
     kinds = [m.kind for m in methods]
     twice = sorted({k for k in kinds if kinds.count(k) > 1})
     if twice:
         raise MethodsError(f"[[methods]] lists {', '.join(twice)} more than once")
-    for role, least in ((MethodRole.SELECTION, 1), (MethodRole.TRAINING, 0)):
+    roles = ((MethodRole.SELECTION, 1), (MethodRole.TRAINING, 0))
+    for role, least in (*roles, (MethodRole.BALANCING, 0)):
         named = [m.kind for m in methods if m.role is role]
         if len(named) > 1:
             raise MethodsError(

@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from ursa.coordinator.flicker_service import FlickerCoordinator
-from ursa.coordinator.flicker_types import FlickerServiceConfig
+from ursa.coordinator.methods.flicker.engine import FlickerCoordinator
+from ursa.coordinator.methods.flicker.outcome import FlickerServiceConfig
 from ursa.crypto.ckks import CKKS_UNAVAILABLE, require_tenseal
 from ursa.crypto.errors import BackendUnavailableError
 from ursa.crypto.identity import DeviceIdentity
-from ursa.edge_sdk.flicker_client import FlickerParticipant
+from ursa.edge_sdk.methods.flicker.participant import FlickerParticipant
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 
 MESSAGE = "CKKS unavailable: install ursa-fl[ckks] on Python ≥ 3.11"
@@ -57,7 +57,8 @@ def test_flicker_coordinator_fails_when_constructed() -> None:
 def test_flicker_modules_import_without_tenseal() -> None:
     code = (
         "import sys; sys.modules['tenseal'] = None; "
-        "import ursa.edge_sdk, ursa.edge_sdk.flicker_client, ursa.coordinator, "
-        "ursa.coordinator.flicker_service"
+        "import ursa.edge_sdk, ursa.edge_sdk.methods.flicker.participant, "
+        "ursa.coordinator, "
+        "ursa.coordinator.methods.flicker.engine"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -11,7 +11,10 @@ the same thing everywhere:
 * device: a ``[training]`` section becomes a `TorchTrainer` with CLIMB's
   settings under ``kind = "climb"``, wrapped in a `FeddiskTrainer` under
   ``kind = "feddisk"``; torch is imported only then, so a selection-only
-  device and the coordinator run without it.
+  device and the coordinator run without it. Under ``kind = "flicker"`` the
+  device's `Flicker` resamples its labels and, when it trains, its samples
+  (images, with the shared ``features_file`` extractor);
+* FLICKER's coordinator half is built by the service from its config.
 
 Setup problems (missing weights, data or torch, a bad setting) raise
 `ServiceSetupError` with one line the commands print.
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from ursa.coordinator.training import Evaluator, RoundRecord
     from ursa.edge_sdk.client import EdgeClient
     from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig
+    from ursa.edge_sdk.methods.flicker.method import Flicker
     from ursa.edge_sdk.methods_config import DeviceMethodSpec
     from ursa.edge_sdk.trainer import Trainer
     from ursa.protocol.transport import Transport
@@ -47,6 +51,7 @@ __all__ = [
     "TrainingHooks",
     "build_coordinator",
     "build_device",
+    "device_flicker",
     "device_seed",
     "load_labels",
     "load_training_data",
@@ -235,6 +240,37 @@ def torch_trainer(
     return FeddiskTrainer(trainer, settings=method.settings(), seed=seed)
 
 
+def device_flicker(
+    config: DeviceConfig,
+    labels: NDArray[np.int64],
+    x: NDArray[np.float32] | None = None,
+) -> Flicker | None:
+    """FLICKER's device half under ``kind = "flicker"`` (None without it).
+
+    Raises:
+        ServiceSetupError: an unreadable ``features_file`` or unusable samples.
+    """
+    from ursa.edge_sdk.methods.flicker.method import Flicker, load_features
+    from ursa.edge_sdk.methods_config import flicker_spec
+
+    spec = flicker_spec(config.method_list())
+    if spec is None:
+        return None
+    num_classes = spec.num_classes
+    if num_classes is None and config.training is not None:
+        classes = config.training.model_options.get("num_classes")
+        num_classes = int(classes) if isinstance(classes, int) else None
+    try:
+        extractor = None
+        if spec.features_file is not None and x is not None:
+            extractor = load_features(spec.features_file)
+        return Flicker(
+            spec, labels=labels, x=x, extractor=extractor, num_classes=num_classes
+        )
+    except (OSError, KeyError, ValueError) as exc:
+        raise ServiceSetupError(f"[[methods]] flicker: {exc}") from None
+
+
 def build_device(
     config: DeviceConfig,
     labels_path: Path | None = None,
@@ -261,11 +297,16 @@ def build_device(
         path = labels_path or config.labels_file
         if path is None:
             raise ServiceSetupError("give --labels or labels_file (or [training])")
-        return EdgeClient(config, load_labels(Path(path)), transport=transport)
+        labels = load_labels(Path(path))
+        flicker = device_flicker(config, labels)
+        return EdgeClient(config, labels, transport=transport, flicker=flicker)
     if labels_path is not None:
         raise ServiceSetupError("a training device takes its labels from data_file")
     x, y = load_training_data(config.training.data_file)
     trainer = torch_trainer(
         config.device_id, config.training, config.method_list(), x, y
     )
-    return EdgeClient(config, y, trainer=trainer, transport=transport)
+    flicker = device_flicker(config, y, x)
+    return EdgeClient(
+        config, y, trainer=trainer, transport=transport, flicker=flicker
+    )

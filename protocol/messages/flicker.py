@@ -23,8 +23,10 @@ from ursa.protocol.messages.base import (
     DeviceList,
     Id,
     Positive,
+    Signature,
     unique_entries,
 )
+from ursa.protocol.messages.session import DeviceKeys
 
 
 class CkksContextAnnounce(BaseMessage):
@@ -37,12 +39,20 @@ class CkksContextAnnounce(BaseMessage):
 
 
 class RingStart(BaseMessage):
-    """Coordinator to ring members: the ring order (at least 3 devices)."""
+    """Coordinator to ring members: the ring order (at least 3 devices).
+
+    In a federation's service run it carries the members' enrolled identity
+    keys (each device seals its hop to its successor's) and the coordinator's
+    signature over them, which a device checks against the pinned coordinator
+    identity; a stand-alone run's devices know their peers and get neither.
+    """
 
     kind: Literal["ring_start"] = "ring_start"
     ring_id: Id
     order: Annotated[DeviceList, Field(min_length=3)]
     hop_deadline_s: Annotated[float, Field(gt=0.0)]
+    members: Annotated[tuple[DeviceKeys, ...], Field(max_length=MAX_DEVICES)] = ()
+    signature: Signature = b""
 
 
 class RingHop(BaseMessage):
@@ -131,7 +141,9 @@ Peers = Annotated[
 
 
 class _RedundancyLayout(_FlickerStep):
-    """How candidate feature vectors are packed (see `ursa.edge_sdk.global_redundancy`).
+    """How candidate feature vectors are packed.
+
+    See `ursa.edge_sdk.methods.flicker.global_redundancy`.
 
     Each of ``ciphertexts`` candidate ciphertexts holds ``per_ciphertext``
     candidates, each repeated over ``slots / (block_slots * per_ciphertext)``

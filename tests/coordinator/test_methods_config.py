@@ -10,7 +10,12 @@ import pytest
 from pydantic import ValidationError
 
 from ursa.coordinator.config import CoordinatorConfig, load_coordinator_config
-from ursa.coordinator.methods_config import ClimbSpec, FeddiskSpec, MethodsError
+from ursa.coordinator.methods_config import (
+    ClimbSpec,
+    FeddiskSpec,
+    FlickerSpec,
+    MethodsError,
+)
 
 
 def _config(tmp_path: Path, methods: list[dict[str, Any]]) -> CoordinatorConfig:
@@ -51,6 +56,12 @@ def test_toml_methods_become_typed_specs(tmp_path: Path) -> None:
         ),
         ([{"kind": "sgd"}], "does not match any of the expected tags"),
         ([{"kind": "dubhe", "tries": 3}], "Extra inputs are not permitted"),
+        (
+            [{"kind": "dubhe"}, {"kind": "flicker"}, {"kind": "flicker"}],
+            "lists flicker more than once",
+        ),
+        ([{"kind": "dubhe"}, {"kind": "flicker", "nabla": 1.5}], "nabla"),
+        ([{"kind": "dubhe"}, {"kind": "flicker", "rho": 3}], "Extra inputs"),
         ([{"kind": "dubhe"}, {"kind": "climb", "dual_period": 0}], "dual_period"),
         (
             [{"kind": "dubhe"}, {"kind": "feddisk", "made_model": "classifier"}],
@@ -83,3 +94,21 @@ def test_climb_spec_fields_reach_the_training_config(tmp_path: Path) -> None:
         3,
         50,
     )
+
+
+def test_flicker_is_an_optional_balancing_method_signed_with_the_rest(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        'federation = "f"\nstate_dir = "s"\n'
+        '[[methods]]\nkind = "dubhe"\n'
+        '[[methods]]\nkind = "climb"\n'
+        '[[methods]]\nkind = "flicker"\nnabla = 0.2\nhop_deadline_s = 5.0\n'
+    )
+    config = load_coordinator_config(path, {})
+
+    assert config.method_names() == ("dubhe", "climb", "flicker")
+    assert config.flicker_method() == FlickerSpec(nabla=0.2, hop_deadline_s=5.0)
+    assert isinstance(config.training_method(), ClimbSpec)
+    assert _config(tmp_path, [{"kind": "dubhe"}]).flicker_method() is None

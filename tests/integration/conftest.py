@@ -9,6 +9,8 @@ with real MqttTransports (one paho client each) in this process.
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -88,6 +90,40 @@ class Capture:
                 return
             time.sleep(0.05)
         raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def serve_coordinator(config_file: Path, env: dict[str, str], log_path: Path) -> Any:
+    """Start ``ursa coordinator serve --config`` as a subprocess logging to a file."""
+    command = [
+        sys.executable,
+        "-m",
+        "ursa.tools.cli.service",
+        "--log-level",
+        "DEBUG",
+        "coordinator",
+        "serve",
+        "--config",
+        str(config_file),
+    ]
+    with log_path.open("ab") as log:
+        return subprocess.Popen(command, env=env, stdout=log, stderr=log)
+
+
+@contextlib.contextmanager
+def polling(clients: list[EdgeClient], every_s: float = 0.5) -> Iterator[None]:
+    """Call each client's `poll` in a thread meanwhile (what `EdgeClient.run` does)."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(every_s):
+            for client in clients:
+                client.poll()
+
+    threading.Thread(target=poll, daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 class MqttFederation:

@@ -7,7 +7,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from contextlib import closing
@@ -29,6 +28,8 @@ from ursa.protocol.envelope import decode, encode, signing_bytes
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import Volunteer
 from ursa.protocol.topics import up_topic
+
+from .conftest import serve_coordinator
 
 pytestmark = pytest.mark.integration
 
@@ -227,21 +228,10 @@ def test_coordinator_killed_mid_round_resumes_and_leaks_nothing(
     )
     env = dict(os.environ, URSA_BROKER__PASSWORD=fed.broker.credentials["coordinator"])
     log_path = tmp_path / "coordinator.log"
-    command = [
-        sys.executable,
-        "-m",
-        "ursa.tools.cli.service",
-        "--log-level",
-        "DEBUG",
-        "coordinator",
-        "serve",
-        "--config",
-        str(config_file),
-    ]
 
     def spawn() -> subprocess.Popen[bytes]:
-        with log_path.open("ab") as log:
-            return subprocess.Popen(command, env=env, stdout=log, stderr=log)
+        process: subprocess.Popen[bytes] = serve_coordinator(config_file, env, log_path)
+        return process
 
     process = spawn()
     killed = threading.Event()

@@ -12,14 +12,14 @@ import msgpack
 import numpy as np
 import pytest
 
-from ursa.coordinator.flicker_service import (
+from ursa.coordinator.methods.flicker.engine import (
     FlickerCoordinator,
     FlickerServiceConfig,
     Phase,
 )
 from ursa.crypto.identity import DeviceIdentity
-from ursa.edge_sdk import flicker as dev
-from ursa.edge_sdk.flicker_client import FlickerParticipant
+from ursa.edge_sdk.methods.flicker import algorithm as dev
+from ursa.edge_sdk.methods.flicker.participant import FlickerParticipant
 from ursa.protocol.envelope import decode
 from ursa.tools.simulate.flicker_run import run_flicker
 from ursa.tools.simulate.flicker_tables import get_table
@@ -155,7 +155,7 @@ def test_flicker_runs_over_mosquitto_without_counts_in_transit(
 def test_the_global_redundancy_test_runs_over_mosquitto_with_sealed_candidates(
     mosquitto_factory: Callable[..., Any], connect_mqtt: Callable[..., Any]
 ) -> None:
-    from ursa.edge_sdk import resampling as rs
+    from ursa.edge_sdk.methods.flicker import resampling as rs
     from ursa.tools.simulate.flicker_fleet import build_fleet
     from ursa.tools.simulate.flicker_train import _digits_setup
 

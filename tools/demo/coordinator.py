@@ -12,6 +12,7 @@ from ursa.coordinator.methods_config import (
     DubheSpec,
     FedAvgSpec,
     FeddiskSpec,
+    FlickerSpec,
     MethodSpec,
 )
 from ursa.tools.compose import RoundHooks, TrainingHooks
@@ -89,6 +90,8 @@ def coordinator_config(
         training = TrainingSection.model_validate(
             {"initial_weights": initial, "update_timeout_s": UPDATE_TIMEOUT_S}
         )
+    if s.balance == "flicker":
+        methods.append(FlickerSpec())
     return CoordinatorConfig(
         federation=FEDERATION,
         state_dir=workdir / "coordinator",

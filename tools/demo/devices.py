@@ -35,7 +35,6 @@ def run_device_process(
     stop: Any,
     results: multiprocessing.queues.Queue[DeviceReport],
     connect_lock: Any = None,
-    flicker_sync: tuple[Any, Any] | None = None,
 ) -> None:
     """Run the spec's devices until ``stop`` (a multiprocessing Event) is set.
 
@@ -44,23 +43,14 @@ def run_device_process(
     while another subscribes (it iterates its subscription table across an
     await), so devices connect one at a time, and retry a failed start.
 
-    ``flicker_sync`` (a ready queue and a done Event): take part in FLICKER
-    first (`ursa.tools.demo.flicker.balance_devices`), then train on the
-    resampled views.
+    With FLICKER (``spec.extra["flicker"]``) each client takes part in it
+    before its first registration and then trains on its resampled images.
     """
     logging.basicConfig(level=spec.log_level, format="%(asctime)s %(name)s %(message)s")
 
     clients: list[EdgeClient] = []
-    devices = spec.devices
-    figures: dict[str, dict[str, Any]] = {}
     try:
-        if flicker_sync is not None:
-            from ursa.tools.demo.flicker import balance_devices
-
-            ready, done = flicker_sync
-            timeout = float(spec.extra.get("flicker_timeout_s", 600.0))
-            devices, figures = balance_devices(spec, ready, done, connect_lock, timeout)
-        for device in devices:
+        for device in spec.devices:
             clients.append(_start_client(spec, device, connect_lock))
         while not stop.wait(POLL_S):
             for client in clients:
@@ -73,8 +63,10 @@ def run_device_process(
     finally:
         for client in clients:
             client.stop()
+    from ursa.tools.demo.flicker import device_figures
+
     for client in clients:
-        results.put(_report(client, figures.get(client.device_id)))
+        results.put(_report(client, device_figures(client)))
 
 
 def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> EdgeClient:
@@ -86,6 +78,7 @@ def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> Edg
     from ursa.edge_sdk.trainer import ModelTrainer
     from ursa.edge_sdk.training import TrainConfig
     from ursa.protocol.transport import TransportError
+    from ursa.tools.demo.flicker import device_flicker
 
     climb = None if spec.climb is None else ClimbConfig(**spec.climb)
     classifier = TorchTrainer(
@@ -111,9 +104,15 @@ def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> Edg
         broker=BrokerConfig(url=spec.broker_url),
         obfuscator_pool_size=spec.obfuscator_pool_size,
     )
+    extra = spec.extra.get("flicker")
     for attempt in range(CONNECT_ATTEMPTS):
+        flicker = None if extra is None else device_flicker(extra, device)
         client = EdgeClient(
-            config, device.y, trainer=trainer, rng=np.random.default_rng(device.seed)
+            config,
+            device.y,
+            trainer=trainer,
+            rng=np.random.default_rng(device.seed),
+            flicker=flicker,
         )
         try:
             if connect_lock is None:
@@ -185,35 +184,20 @@ class DeviceFleet:
     stop: Any
     results: Any
     connect_lock: Any
-    flicker_ready: Any = None
-    flicker_done: Any = None
 
 
 def spawn_devices(
-    specs: list[DeviceSpec],
-    fleet: dict[str, Any],
-    processes: int,
-    *,
-    flicker: bool = False,
+    specs: list[DeviceSpec], fleet: dict[str, Any], processes: int
 ) -> DeviceFleet:
-    """Start the device processes (spawn), devices split evenly among them.
-
-    ``flicker``: the devices take part in FLICKER first (``fleet["extra"]``
-    holds its settings); the harness reads `DeviceFleet.flicker_ready` and
-    sets `DeviceFleet.flicker_done`.
-    """
+    """Start the device processes (spawn), devices split evenly among them."""
     context = multiprocessing.get_context("spawn")
     handle = DeviceFleet([], context.Event(), context.Queue(), context.Lock())
-    sync = None
-    if flicker:
-        handle.flicker_ready, handle.flicker_done = context.Queue(), context.Event()
-        sync = (handle.flicker_ready, handle.flicker_done)
     groups = [g for g in np.array_split(np.arange(len(specs)), processes) if len(g)]
     for group in groups:
         spec = FleetSpec(devices=tuple(specs[i] for i in group), **fleet)
         proc = context.Process(
             target=run_device_process,
-            args=(spec, handle.stop, handle.results, handle.connect_lock, sync),
+            args=(spec, handle.stop, handle.results, handle.connect_lock),
             daemon=True,
         )
         proc.start()

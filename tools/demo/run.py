@@ -34,6 +34,7 @@ from ursa.tools.demo.settings import (
 )
 
 if TYPE_CHECKING:
+    from ursa.coordinator.methods.flicker.method import FlickerMethod
     from ursa.coordinator.service import CoordinatorService
     from ursa.coordinator.training import RoundRecord
     from ursa.tools.simulate.federation import Federation
@@ -46,6 +47,7 @@ RANDOM_BASELINE_DRAWS = 2000
 BAR_WIDTH = 30
 _STAGE_NOTES = {
     "enrolment": "waiting for every device to start and enrol",
+    "balancing": "FLICKER: encrypted class counts, then resampling",
     "key_epoch": "key epoch: the agent makes the Paillier key and seals it",
     "registration": "devices register their encrypted categories",
     "volunteering": "round 1: devices volunteer",
@@ -234,29 +236,23 @@ class DemoRun:
             f"keys, broker {url}"
         )
         fleet_settings = _fleet(s, url, self.workdir, model_config)
-        flicker = s.balance == "flicker"
-        public = {}
-        if flicker:
-            from ursa.tools.demo.flicker import flicker_extra, provision_identities
+        if service.flicker is not None:
+            from ursa.tools.demo.flicker import flicker_extra
 
-            public = provision_identities(fleet_settings["state_root"], ids)
             fleet_settings["extra"] = {
-                "flicker": flicker_extra(
-                    public, fed.test_x, fed.test_y, fed.num_classes
-                ),
-                "flicker_timeout_s": s.timeout_s,
+                "flicker": flicker_extra(fed.test_x, fed.test_y, fed.num_classes)
             }
-        fleet = spawn_devices(specs, fleet_settings, processes, flicker=flicker)
+        fleet = spawn_devices(specs, fleet_settings, processes)
         procs = fleet.processes
         deadline = time.monotonic() + s.timeout_s
-        section: dict[str, Any] | None = None
+        noted_flicker = False
         try:
-            if flicker:
-                section = self._balance(url, public, fed.num_classes, fleet)
             stage = None
             while loop.is_alive() and time.monotonic() < deadline:
                 loop.join(1.0)
                 stage = self._note_stage(service, stage)
+                if not noted_flicker and service.flicker is not None:
+                    noted_flicker = self._note_flicker(service.flicker)
                 if any(p.exitcode is not None for p in procs):
                     self.progress.note("a device process exited early; stopping")
                     break
@@ -277,11 +273,11 @@ class DemoRun:
 
         devices = sorted((report_of(r) for r in reports), key=lambda d: d["device_id"])
         out: dict[str, Any] = {}
-        if section is not None:
+        if service.flicker is not None:
             from ursa.tools.demo.flicker import summarise
 
             figures = {r.device_id: r.flicker for r in reports if r.flicker}
-            out["flicker"] = summarise(section, figures)
+            out["flicker"] = summarise(service.flicker.summary(), figures)
         if isinstance(plugin, FeddiskPlugin):
             out["feddisk"] = {
                 "made_rounds": plugin.made_rounds,
@@ -345,31 +341,18 @@ class DemoRun:
 
         return MadeHooks(initial, evaluate, on_round, on_switch)
 
-    def _balance(
-        self, url: str, public: dict[str, Any], num_classes: int, fleet: Any
-    ) -> dict[str, Any]:
-        """Run FLICKER's coordinator side, then let the devices train."""
-        from ursa.tools.demo.flicker import run_coordinator_side
-
-        self.progress.note("FLICKER: encrypted class counts, then resampling")
-        try:
-            section = run_coordinator_side(
-                url,
-                public,
-                num_classes,
-                fleet.flicker_ready,
-                seed=self.settings.seed,
-                timeout_s=self.settings.timeout_s,
-                alive=lambda: all(p.exitcode is None for p in fleet.processes),
-            )
-        finally:
-            fleet.flicker_done.set()
+    def _note_flicker(self, flicker: FlickerMethod) -> bool:
+        """Say how FLICKER ended, once it has; True once said."""
+        if not flicker.is_over:
+            return False
+        section = flicker.summary()
         self.progress.note(
             f"FLICKER {section['phase']}: GI {_gi(section.get('gi_before'))} -> "
             f"{_gi(section.get('gi_after'))} ({section.get('stop_reason')}, "
+            f"{len(section['resampled_devices'])} devices resampled, "
             f"{section['wall_s']:.1f} s)"
         )
-        return section
+        return True
 
     def _note_stage(self, service: CoordinatorService, last: str | None) -> str:
         """Say what the coordinator waits for, until the first round trains."""

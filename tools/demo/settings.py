@@ -97,6 +97,8 @@ class TrainingDemoSettings:
             raise DemoError(f"balance must be one of {BALANCES}")
         if self.balance == "flicker" and self.devices < 3:
             raise DemoError("--balance flicker needs at least 3 devices (the ring)")
+        if self.balance == "flicker" and self.weighting == "feddisk":
+            raise DemoError("flicker with feddisk is not supported yet")
         if self.weighting not in WEIGHTINGS:
             raise DemoError(f"weighting must be one of {WEIGHTINGS}")
         if self.made_rounds < 1:

@@ -2,7 +2,7 @@
 
 At the count level (the paper's tables: thousands of CIFAR / AG News samples
 we do not have) the data work is modelled by
-`ursa.edge_sdk.flicker.CountResampler`: over-sampling is exact
+`ursa.edge_sdk.methods.flicker.algorithm.CountResampler`: over-sampling is exact
 (``round(1/LI)``), under-sampling removes ``redundant_fraction`` of the
 ``theta`` share that the local test would buffer. `simulate_table` runs
 FLICKER (`ursa.tools.simulate.flicker_run.run_flicker`) and the local baselines of
@@ -19,8 +19,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ursa.coordinator import flicker as coord
-from ursa.edge_sdk import flicker as dev
+from ursa.coordinator.methods.flicker import algorithm as coord
+from ursa.edge_sdk.methods.flicker import algorithm as dev
 from ursa.tools.simulate.flicker_run import (
     CountingContext,
     CountingKeyOwner,

@@ -6,7 +6,8 @@ topic and decoded, exactly as over MQTT). Devices listed as ``silent`` are
 enrolled and placed in the ring but never connect. `Fleet.run` starts a ring
 and advances a fake clock past each deadline until the run ends, so a silent
 device is skipped without waiting. Devices given a
-`ursa.edge_sdk.resampling.DataResampler` run the global redundancy test over
+`ursa.edge_sdk.methods.flicker.resampling.DataResampler` run the global redundancy test
+over
 the bus too (``global_test=False``: the local test only). Used by tests and
 `ursa bench flicker`.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ursa.coordinator.flicker_service import (
+from ursa.coordinator.methods.flicker.engine import (
     FlickerCoordinator,
     FlickerOutcome,
     FlickerServiceConfig,
@@ -26,8 +27,8 @@ from ursa.coordinator.flicker_service import (
 )
 from ursa.crypto.ckks import CkksKeyOwner
 from ursa.crypto.identity import DeviceIdentity
-from ursa.edge_sdk import flicker as dev
-from ursa.edge_sdk.flicker_client import FlickerParticipant
+from ursa.edge_sdk.methods.flicker import algorithm as dev
+from ursa.edge_sdk.methods.flicker.participant import FlickerParticipant
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import COORDINATOR
 

@@ -1,7 +1,8 @@
 """One FLICKER run in one process, with real CKKS and every operation counted.
 
 `run_flicker` drives the same coordinator and device functions the wire
-protocol uses (`ursa.coordinator.flicker`, `ursa.edge_sdk.flicker`), without a
+protocol uses (`ursa.coordinator.methods.flicker.algorithm`,
+`ursa.edge_sdk.methods.flicker.algorithm`), without a
 transport: the ring sum of encrypted counts, ``GI``, localisation by masked
 encrypted cosine similarity, the dominant device's resampling steps and
 encrypted count updates, until ``GI >= nabla`` or every device is saturated.
@@ -21,9 +22,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ursa.coordinator import flicker as coord
+from ursa.coordinator.methods.flicker import algorithm as coord
 from ursa.crypto.ckks import CkksKeyOwner, CkksPublicContext, Values
-from ursa.edge_sdk import flicker as dev
+from ursa.edge_sdk.methods.flicker import algorithm as dev
 
 __all__ = [
     "COSINE_TOLERANCE",

@@ -3,7 +3,8 @@
 The paper's count tables are scaled down to digits 0-3 (`scale_table`); each
 device holds real images. No correction, local under-sampling, local
 over-sampling (papers/003 §4.2) and FLICKER (with the data-level resampling of
-`ursa.edge_sdk.resampling` and the encrypted global redundancy test) each
+`ursa.edge_sdk.methods.flicker.resampling` and the encrypted global redundancy test)
+each
 change the devices' training views; an MLP trains by FedAvg on them, and the
 accuracy, per-class F1 and the normalised accuracy ``A / max(1, Y/X)``
 (papers/003 eq. 4) are reported over several seeds.
@@ -19,10 +20,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ursa.coordinator import flicker as coord
+from ursa.coordinator.methods.flicker import algorithm as coord
 from ursa.crypto.ckks import pad_length
-from ursa.edge_sdk import flicker as dev
-from ursa.edge_sdk import resampling as rs
+from ursa.edge_sdk.methods.flicker import algorithm as dev
+from ursa.edge_sdk.methods.flicker import resampling as rs
 from ursa.tools.simulate.flicker_run import (
     CountingContext,
     CountingKeyOwner,

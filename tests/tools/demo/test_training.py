@@ -109,6 +109,7 @@ def test_methods_option_names_the_federation(
         ("dubhe,random,climb", "one selection"),
         ("dubhe,climb,climb", "named twice"),
         ("dubhe,sgd", "unknown sgd"),
+        ("dubhe,feddisk,flicker", "flicker with feddisk is not supported yet"),
     ],
 )
 def test_methods_option_refuses_what_cannot_run(
@@ -139,13 +140,14 @@ def test_report_json_is_strict() -> None:
     json.dumps(cleaned, allow_nan=False)
 
 
-def test_balance_flicker_corrects_the_global_mix_before_training(
+def test_flicker_corrects_the_global_mix_in_the_same_federation_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("amqtt")
     pytest.importorskip("tenseal")
     argv = [
-        "demo", "--balance", "flicker", "--json", "--devices", "6", "--k", "2",
+        "demo", "--methods", "dubhe,climb,flicker", "--json", "--devices", "6",
+        "--k", "2",
         "--tries", "2", "--rounds", "2", "--emd", "0.5", "--key-bits", "512",
         "--processes", "2", "--local-epochs", "1", "--timeout", "120",
         "--report-dir", str(tmp_path / "report"),
@@ -157,9 +159,13 @@ def test_balance_flicker_corrects_the_global_mix_before_training(
     report = json.loads(captured.out.strip().splitlines()[-1])
     assert code == 0 and report["completed"]
     assert [r["round"] for r in report["rounds"]] == [1, 2]
+    assert report["methods"] == ["dubhe", "climb", "flicker"]
     flicker = report["flicker"]
     assert flicker["phase"] == "done" and flicker["failure"] is None
     assert flicker["gi_after"] > flicker["gi_before"]
+    resampled = flicker["resampled_devices"]
+    assert resampled and set(resampled) <= set(flicker["devices"])
+    assert all(flicker["devices"][d]["steps"] > 0 for d in resampled)
     if flicker["stop_reason"] == "balanced":
         assert flicker["gi_after"] >= flicker["nabla"]
     rows = flicker["devices"]

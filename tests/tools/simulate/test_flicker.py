@@ -7,8 +7,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from ursa.coordinator import flicker as coord
-from ursa.edge_sdk import flicker as dev
+from ursa.coordinator.methods.flicker import algorithm as coord
+from ursa.edge_sdk.methods.flicker import algorithm as dev
 from ursa.tools.simulate import flicker as sim
 from ursa.tools.simulate.flicker_tables import PAPER_RESULTS, TABLES, get_table
 

@@ -57,6 +57,12 @@ class ContextDownload:
         self._outstanding = set()
         return True
 
+    def claims(self, message: TransferManifest | Chunk) -> bool:
+        """Whether a transfer message is the context's (else a model's)."""
+        if isinstance(message, TransferManifest):
+            return message.purpose == CKKS_CONTEXT
+        return self.transfer_id is not None and message.transfer_id == self.transfer_id
+
     def on_transfer(self, message: TransferManifest | Chunk) -> bool:
         """Take a manifest or chunk; True when the context has just completed.
 

@@ -9,8 +9,11 @@ from ursa.crypto.ckks import CkksKeyOwner
 from ursa.crypto.errors import SealError
 from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.sealing import open_sealed, seal
-from ursa.edge_sdk import resampling as rs
-from ursa.edge_sdk.flicker_client import FlickerParticipant, ring_seal_context
+from ursa.edge_sdk.methods.flicker import resampling as rs
+from ursa.edge_sdk.methods.flicker.participant import (
+    FlickerParticipant,
+    ring_seal_context,
+)
 from ursa.protocol.chunking import split
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
@@ -324,7 +327,7 @@ def test_resampling_on_images_changes_the_training_view() -> None:
     resampler = rs.DataResampler(view, extractor, rng)
     h = Harness(
         "dev-a", counts=tuple(view.counts()), resampler=resampler, global_test=False
-    )  # the local test only (the global one: tests/edge_sdk/test_flicker_redundancy)
+    )  # the local test only (the global one: test_redundancy in this folder)
     h.send_context()
     h.start(("dev-a", "dev-b", "dev-c"))
     for step in (1, 2):

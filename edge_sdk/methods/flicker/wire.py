@@ -4,7 +4,7 @@
 the device's own down topics and the global ones, decodes what arrives
 (logging what does not), drops QoS 1 redeliveries by message id, queues
 outgoing messages under the state lock and publishes them in order outside
-it. `ursa.edge_sdk.flicker_client.FlickerParticipant` builds on it.
+it. `ursa.edge_sdk.methods.flicker.participant.FlickerParticipant` builds on it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ursa.protocol.transport import Transport
 
 __all__ = ["SEEN_IDS", "DeviceWire", "RejectedError"]
 
-logger = logging.getLogger("ursa.edge_sdk.flicker")
+logger = logging.getLogger("ursa.edge_sdk.methods.flicker.algorithm")
 
 SEEN_IDS = 4096
 """Message ids remembered to drop redeliveries."""
@@ -48,11 +48,18 @@ class DeviceWire:
     Args:
         identity: This device's identity.
         federation: The federation id.
-        transport: Where messages go.
+        transport: Where messages go; None inside an `EdgeClient`, which
+            admits messages and flushes ``outbox`` itself.
+        outbox: The queue to publish through (default: its own).
     """
 
     def __init__(
-        self, identity: DeviceIdentity, federation: str, transport: Transport
+        self,
+        identity: DeviceIdentity,
+        federation: str,
+        transport: Transport | None,
+        *,
+        outbox: Outbox | None = None,
     ) -> None:
         self.identity = identity
         self.device_id = identity.device_id
@@ -61,11 +68,13 @@ class DeviceWire:
         self._transport = transport
         self._lock = threading.Lock()
         self._flush_lock = threading.RLock()
-        self._outbox = Outbox(f"{self.device_id} (FLICKER)")
+        self._outbox = outbox if outbox is not None else Outbox(f"{self.device_id}")
         self._seen: OrderedDict[str, None] = OrderedDict()
 
     def attach(self) -> None:
         """Deliver the transport's messages to `handle`; subscribe to own topics."""
+        if self._transport is None:
+            raise RuntimeError("attach() needs a transport (a client routes itself)")
         self._transport.set_handler(self.handle)
         for pattern in device_subscriptions(self.federation, self.device_id):
             self._transport.subscribe(pattern)
@@ -121,4 +130,5 @@ class DeviceWire:
 
     def _flush(self) -> None:
         """Publish queued messages in order, outside the state lock."""
-        self._outbox.flush(self._transport)
+        if self._transport is not None:  # else the client flushes its outbox
+            self._outbox.flush(self._transport)

@@ -1,6 +1,6 @@
 """Types of the coordinator's FLICKER service: phase, config, outcome, rejections.
 
-`ursa.coordinator.flicker_service` runs the protocol and re-exports these.
+`ursa.coordinator.methods.flicker.engine` runs the protocol and re-exports these.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from ursa._compat import StrEnum
-from ursa.coordinator import flicker as fl
-from ursa.coordinator.flicker_redundancy import DEFAULT_MAX_PRODUCT_CIPHERTEXTS
+from ursa.coordinator.methods.flicker import algorithm as fl
+from ursa.coordinator.methods.flicker.redundancy import DEFAULT_MAX_PRODUCT_CIPHERTEXTS
 from ursa.protocol.messages import DEFAULT_CHUNK_SIZE, ID_PATTERN
 
 __all__ = [

@@ -21,12 +21,13 @@ cannot interpret:
    ``s = 2^u``, ``u ~ U[0, REDUNDANCY_SCALE_BITS)``, and a sign
    ``sigma = ±1`` from a seed only the peer and the dominant device know. It
    seals ``N`` and the seed to the dominant device.
-3. **Coordinator** (`ursa.coordinator.flicker_redundancy`): decrypts the block
+3. **Coordinator** (`ursa.coordinator.methods.flicker.redundancy`): decrypts the block
    sums and forwards one bit per block, ``sum > 0``, with the peer's box.
 4. **Dominant** (`count_above`, `decide`): un-flips the bits with the seed,
    counts per candidate the bits of the first ``N`` (real) slots of each
    peer, and removes a candidate if ``sum(above) / sum(N) >= chi`` over the
-   peers that answered (`ursa.edge_sdk.resampling.is_globally_redundant` on
+   peers that answered
+   (`ursa.edge_sdk.methods.flicker.resampling.is_globally_redundant` on
    the same cosines gives the same answer, up to CKKS error ~1e-7 on the
    cosine next to ``eta``).
 
@@ -72,7 +73,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.crypto.ckks import pad_length, zero_sum_mask
-from ursa.edge_sdk.flicker import ResamplingError
+from ursa.edge_sdk.methods.flicker.algorithm import ResamplingError
 from ursa.protocol.messages import MAX_REDUNDANCY_CIPHERTEXTS, REDUNDANCY_SCALE_BITS
 
 if TYPE_CHECKING:
@@ -308,7 +309,7 @@ def decide(
     """Flags of the real candidates: at least ``chi`` of all ``vectors`` pass.
 
     Candidates past the tested places stay (False); no vectors: nothing is
-    redundant (as `ursa.edge_sdk.resampling.is_globally_redundant`).
+    redundant (as `ursa.edge_sdk.methods.flicker.resampling.is_globally_redundant`).
     """
     flags = np.zeros(num_candidates, dtype=bool)
     if vectors == 0:

@@ -12,7 +12,8 @@ After the ring, the coordinator alternates two kinds of request
 
 `CorrectionLoop` checks each reply against the open request (kind, step,
 sender, once per sender), feeds the decrypted values to the
-`ursa.coordinator.flicker` state machine and opens the next request, until
+`ursa.coordinator.methods.flicker.algorithm` state machine and opens the next request,
+until
 the state is DONE. The caller sends the requests and decrypts the replies.
 """
 
@@ -24,7 +25,7 @@ from typing import Any, Literal
 
 import numpy.typing as npt
 
-from ursa.coordinator import flicker as fl
+from ursa.coordinator.methods.flicker import algorithm as fl
 from ursa.protocol.messages import ErrorCode
 
 __all__ = ["CorrectionLoop", "LoopError", "Request"]
@@ -62,7 +63,7 @@ class CorrectionLoop:
     """Localisation and resampling requests until the run is done.
 
     Args:
-        state: The run after `ursa.coordinator.flicker.start`.
+        state: The run after `ursa.coordinator.methods.flicker.algorithm.start`.
         reply_deadline_s: Time each request gets.
         now: The current time (opens the first request).
     """
@@ -74,6 +75,51 @@ class CorrectionLoop:
         self.request: Request | None = None
         self.log: list[dict[str, Any]] = []
         self._open(now)
+
+    def to_record(self) -> dict[str, Any]:
+        """A JSON-able record of the loop (the open request included)."""
+        request = self.request
+        return {
+            "state": self.state.to_dict(),
+            "reply_deadline_s": self.reply_deadline_s,
+            "step": self.step,
+            "log": self.log,
+            "request": None
+            if request is None
+            else {
+                "kind": request.kind,
+                "step": request.step,
+                "targets": sorted(request.targets),
+                "similarities": request.similarities,
+                "answered": sorted(request.answered),
+            },
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], now: float) -> CorrectionLoop:
+        """Rebuild from `to_record`; the open request gets a fresh deadline.
+
+        Raises:
+            KeyError, TypeError, ValueError: a damaged record.
+        """
+        loop = cls.__new__(cls)
+        loop.state = fl.FlickerState.from_dict(record["state"])
+        loop.reply_deadline_s = float(record["reply_deadline_s"])
+        loop.step = int(record["step"])
+        loop.log = list(record["log"])
+        raw = record["request"]
+        loop.request = None
+        if raw is not None:
+            kind: RequestKind = "cosine" if raw["kind"] == "cosine" else "resample"
+            loop.request = Request(
+                kind,
+                int(raw["step"]),
+                frozenset(str(d) for d in raw["targets"]),
+                now + loop.reply_deadline_s,
+                {str(d): float(c) for d, c in raw["similarities"].items()},
+                {str(d) for d in raw["answered"]},
+            )
+        return loop
 
     @property
     def is_over(self) -> bool:

@@ -199,7 +199,8 @@ def decrypt_block_similarities(
 ) -> FloatArray:
     """Sum each ``block``-slot group of masked block products (global test).
 
-    ``ciphertexts`` come from `ursa.edge_sdk.resampling.masked_block_products`:
+    ``ciphertexts`` come from
+    `ursa.edge_sdk.methods.flicker.resampling.masked_block_products`:
     slot group ``j`` holds ``b * v_j + m_j`` with ``sum(m_j) = 0``, so the
     group sum is ``<b, v_j>`` and nothing finer. Returns the first ``count``
     similarities.
@@ -274,8 +275,31 @@ class FlickerState:
             "saturated": sorted(self.saturated),
             "updates": self.updates,
             "localisations": self.localisations,
+            "max_updates": self.max_updates,
             "stop_reason": None if self.stop_reason is None else str(self.stop_reason),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FlickerState:
+        """Rebuild from `to_dict` (a restarted coordinator's run).
+
+        Raises:
+            KeyError, TypeError, ValueError: a damaged record.
+        """
+        reason = data["stop_reason"]
+        return cls(
+            devices=tuple(str(d) for d in data["devices"]),
+            global_counts=tuple(int(c) for c in data["global_counts"]),
+            gi=float(data["gi"]),
+            nabla=float(data["nabla"]),
+            stage=Stage(data["stage"]),
+            dominant=None if data["dominant"] is None else str(data["dominant"]),
+            saturated=frozenset(str(d) for d in data["saturated"]),
+            updates=int(data["updates"]),
+            localisations=int(data["localisations"]),
+            max_updates=int(data.get("max_updates", DEFAULT_MAX_UPDATES)),
+            stop_reason=None if reason is None else StopReason(reason),
+        )
 
 
 def _check_stage(state: FlickerState, expected: Stage) -> None:

@@ -1,7 +1,8 @@
 """FLICKER's global redundancy test between devices, relayed by the coordinator.
 
-The design and what each party learns: `ursa.edge_sdk.global_redundancy`.
-On the wire (the coordinator's side: `ursa.coordinator.flicker_redundancy`)::
+The design and what each party learns:
+`ursa.edge_sdk.methods.flicker.global_redundancy`.
+On the wire (the coordinator's side: `ursa.coordinator.methods.flicker.redundancy`)::
 
     dominant: RedundancyOffer(recipient, box = seal(label, eta, Enc(candidates)))
     peer:     RedundancyAsk -> RedundancyReply parts (products; part 0 also
@@ -9,12 +10,13 @@ On the wire (the coordinator's side: `ursa.coordinator.flicker_redundancy`)::
     dominant: RedundancyResult per answering peer -> flags -> the step resumes
 
 `WireGlobalTest` is the ``global_test`` of a device's
-`ursa.edge_sdk.resampling.DataResampler`. A resampling step runs twice: the
+`ursa.edge_sdk.methods.flicker.resampling.DataResampler`. A resampling step runs twice:
+the
 first pass stops at the global test (`GlobalTestPending`, before anything
 changes) and the offers go out; when the results are in, the step runs again
 from the same state, the local test picks the same candidates, and the test
 answers with the flags. `RedundancyExchange` holds both roles for a
-`ursa.edge_sdk.flicker_client.FlickerParticipant`. Anything malformed,
+`ursa.edge_sdk.methods.flicker.participant.FlickerParticipant`. Anything malformed,
 misaddressed or of another step raises `RejectedError` (logged by the
 participant); a peer whose result does not open is left out of the decision.
 """
@@ -34,9 +36,9 @@ from ursa.crypto.ckks import CkksPublicContext
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.sealing import open_sealed, seal
-from ursa.edge_sdk import global_redundancy as gr
-from ursa.edge_sdk.flicker import ResamplingError
-from ursa.edge_sdk.flicker_wire import RejectedError
+from ursa.edge_sdk.methods.flicker import global_redundancy as gr
+from ursa.edge_sdk.methods.flicker.algorithm import ResamplingError
+from ursa.edge_sdk.methods.flicker.wire import RejectedError
 from ursa.protocol.messages import (
     BaseMessage,
     RedundancyAsk,

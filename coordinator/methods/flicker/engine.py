@@ -16,7 +16,7 @@ The protocol (papers/003 §2, SPEC §3, §5), as `FlickerCoordinator` drives it:
        candidate -> CosineReply(masked product) -> coordinator (cosine only)
        ResampleRequest(nabla_client) -> the dominant device
        [under-sampling: the global redundancy test, relayed and answered by
-        `RedundancyRelay` (ursa.coordinator.flicker_redundancy)]
+        `RedundancyRelay` (ursa.coordinator.methods.flicker.redundancy)]
        dominant -> CountUpdate(Enc(new - old counts), saturated)
        coordinator: Enc(GD) + Enc(delta) -> decrypt -> new GD
 
@@ -40,7 +40,7 @@ to (`start`'s ``round_index``). Every incoming message is admitted (topic,
 federation, sender, enrolment, size, decode, duplicate id) and checked
 against the stage; anything else is rejected with a logged reason (kept in
 `rejections`) and an `ErrorReply` to the sender, never an exception.
-Phase, config and outcome types live in `ursa.coordinator.flicker_types`.
+Phase, config and outcome types live in `ursa.coordinator.methods.flicker.outcome`.
 """
 
 from __future__ import annotations
@@ -53,15 +53,10 @@ from typing import Any
 
 import numpy as np
 
-from ursa.coordinator import flicker as fl
-from ursa.coordinator.flicker_loop import CorrectionLoop, LoopError
-from ursa.coordinator.flicker_redundancy import (
-    Outgoing,
-    RedundancyError,
-    RedundancyRelay,
-)
-from ursa.coordinator.flicker_ring import RingError, RingRelay
-from ursa.coordinator.flicker_types import (
+from ursa.coordinator.enrolment import device_keys_of
+from ursa.coordinator.methods.flicker import algorithm as fl
+from ursa.coordinator.methods.flicker.loop import CorrectionLoop, LoopError
+from ursa.coordinator.methods.flicker.outcome import (
     DEFAULT_HOP_DEADLINE_S,
     DEFAULT_NABLA_CLIENT,
     DEFAULT_REPLY_DEADLINE_S,
@@ -71,7 +66,13 @@ from ursa.coordinator.flicker_types import (
     RefusedError,
     Rejection,
 )
-from ursa.coordinator.flicker_wire import ContextTransfer, FlickerWire
+from ursa.coordinator.methods.flicker.redundancy import (
+    Outgoing,
+    RedundancyError,
+    RedundancyRelay,
+)
+from ursa.coordinator.methods.flicker.ring import FlickerRing, RingError
+from ursa.coordinator.methods.flicker.wire import ContextTransfer, FlickerWire
 from ursa.crypto.ckks import CkksKeyOwner
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DevicePublicIdentity
@@ -90,6 +91,7 @@ from ursa.protocol.messages import (
     RingResult,
     RingStart,
 )
+from ursa.protocol.outbox import Outbox
 from ursa.protocol.transport import Transport
 
 __all__ = [
@@ -103,9 +105,11 @@ __all__ = [
     "Rejection",
 ]
 
-logger = logging.getLogger("ursa.coordinator.flicker")
+logger = logging.getLogger("ursa.coordinator.methods.flicker.algorithm")
 
 Clock = Callable[[], float]
+Sign = Callable[[BaseMessage], BaseMessage]
+"""The coordinator's signature over a message (a service run signs `RingStart`)."""
 
 COSINE_SLACK = 1e-3
 """A decrypted cosine of two count vectors lies in [0, 1] up to CKKS error."""
@@ -141,13 +145,16 @@ class FlickerCoordinator(FlickerWire):
         self,
         config: FlickerServiceConfig,
         devices: Mapping[str, DevicePublicIdentity],
-        transport: Transport,
+        transport: Transport | None,
         *,
         clock: Clock = time.monotonic,
         rng: np.random.Generator | None = None,
         key_owner: CkksKeyOwner | None = None,
+        outbox: Outbox | None = None,
+        sign: Sign | None = None,
     ) -> None:
-        super().__init__(config, devices, transport)
+        super().__init__(config, devices, transport, outbox=outbox)
+        self._sign = sign
         self.key_owner = key_owner if key_owner is not None else CkksKeyOwner()
         self._context = self.key_owner.public_context()
         self._clock = clock
@@ -156,7 +163,7 @@ class FlickerCoordinator(FlickerWire):
             self.key_owner.public_context_bytes(), config.federation, config.chunk_size
         )
         self._phase = Phase.IDLE
-        self._ring: RingRelay | None = None
+        self._ring: FlickerRing | None = None
         self._step = 0
         self._loop: CorrectionLoop | None = None
         self._enc_gd: bytes | None = None
@@ -178,6 +185,15 @@ class FlickerCoordinator(FlickerWire):
         return self._phase
 
     @property
+    def rng(self) -> np.random.Generator:
+        """The generator of ring orders."""
+        return self._rng
+
+    def is_context_request(self, request: ChunkRequest) -> bool:
+        """Whether a chunk request asks for the CKKS context (else: a model's)."""
+        return self._transfer.is_for(request)
+
+    @property
     def public_context_bytes(self) -> int:
         """Size of the public context every device downloads."""
         return self._transfer.manifest.total_size
@@ -190,7 +206,7 @@ class FlickerCoordinator(FlickerWire):
                 phase=self._phase,
                 ring_order=ring.order if ring else (),
                 contributors=loop.state.devices if loop else (),
-                skipped=tuple(ring.silent) if ring else (),
+                skipped=ring.silent if ring else (),
                 gd_before=self._gd_before,
                 state=loop.state if loop else None,
                 failure=self._failure,
@@ -202,7 +218,8 @@ class FlickerCoordinator(FlickerWire):
         """Publish the CKKS context (once) and start a run; return its id.
 
         ``order`` (default: a random permutation of the enrolled devices) lists
-        the ring members; at least `ursa.coordinator.flicker.MIN_RING_DEVICES`.
+        the ring members; at least
+        `ursa.coordinator.methods.flicker.algorithm.MIN_RING_DEVICES`.
         The run's id is its ring id; ``round_index`` is the federation round
         its messages carry.
 
@@ -222,7 +239,7 @@ class FlickerCoordinator(FlickerWire):
                 fl.choose_ring_order(ring_order, self._rng)  # validates
             if not self._transfer.published:
                 self._publish_context(self._transfer)
-            ring = RingRelay.start(
+            ring = FlickerRing.start(
                 uuid.uuid4().hex, ring_order, self._clock(), self.config.hop_deadline_s
             )
             self._ring, self._step, self._phase = ring, 0, Phase.RING
@@ -233,6 +250,59 @@ class FlickerCoordinator(FlickerWire):
             ring_id = ring.ring_id
         self._flush()
         return ring_id
+
+    # --- persistence (a service keeps the run in its store) --------------------
+
+    @property
+    def encrypted_counts(self) -> bytes | None:
+        """``Enc(GD)`` of the run (stored apart: it changes far less often)."""
+        return self._enc_gd
+
+    def to_record(self) -> dict[str, Any]:
+        """The run as a JSON-able record: phase, ring, correction loop."""
+        with self._lock:
+            ring, loop = self._ring, self._loop
+            return {
+                "phase": str(self._phase),
+                "round": self._round,
+                "step": self._step,
+                "failure": self._failure,
+                "published": self._transfer.published,
+                "gd_before": None if self._gd_before is None else list(self._gd_before),
+                "ring": None if ring is None else ring.to_record(),
+                "loop": None if loop is None else loop.to_record(),
+            }
+
+    def restore(self, record: dict[str, Any], encrypted_counts: bytes | None) -> None:
+        """Adopt a run saved by `to_record` (deadlines restart now); then `resume`.
+
+        Raises:
+            KeyError, TypeError, ValueError: a damaged record.
+        """
+        now = self._clock()
+        with self._lock:
+            self._phase = Phase(record["phase"])
+            self._round = int(record["round"])
+            self._step = int(record["step"])
+            self._failure = record["failure"]
+            self._transfer.published = bool(record["published"])
+            before = record["gd_before"]
+            self._gd_before = None if before is None else tuple(int(c) for c in before)
+            ring, loop = record["ring"], record["loop"]
+            self._ring = None if ring is None else FlickerRing.from_record(ring)
+            self._loop = None if loop is None else CorrectionLoop.from_record(loop, now)
+            self._enc_gd = encrypted_counts
+
+    def resume(self) -> None:
+        """Re-send what the restored phase waits on (devices answer idempotently)."""
+        with self._lock:
+            ring, loop = self._ring, self._loop
+            if self._phase is Phase.RING and ring is not None:
+                ring.relay.restarted(self._clock(), lambda holder, contributors: None)
+                self._send_ring_start(ring)
+            elif self._phase in (Phase.LOCALISE, Phase.RESAMPLE) and loop is not None:
+                self._send_requests(loop)
+        self._flush()
 
     def on_message(
         self, device: str | None, message: BaseMessage, payload: bytes | None = None
@@ -263,8 +333,7 @@ class FlickerCoordinator(FlickerWire):
         with self._lock:
             now = self._clock()
             if self._phase is Phase.RING and self._ring is not None:
-                if self._ring.is_overdue(now):
-                    self._skip_holder(self._ring, now)
+                self._skip_holder(self._ring, now)
             elif self._loop is not None and not self._loop.is_over:
                 run_id = self._ring.ring_id if self._ring else ""
                 self._emit(*self._redundancy.on_tick(now, run_id))
@@ -298,7 +367,7 @@ class FlickerCoordinator(FlickerWire):
 
     # --- step 2: the ring ----------------------------------------------------
 
-    def _current_ring(self) -> RingRelay:
+    def _current_ring(self) -> FlickerRing:
         if self._phase is not Phase.RING or self._ring is None:
             raise RefusedError(ErrorCode.LATE, "no ring is running")
         return self._ring
@@ -321,7 +390,9 @@ class FlickerCoordinator(FlickerWire):
     def _on_ring_result(self, message: RingResult) -> None:
         ring = self._current_ring()
         try:
-            ring.accept_result(message.ring_id, message.sender, message.contributors)
+            ring.accept_result(
+                message.ring_id, message.sender, message.contributors, self._clock()
+            )
         except RingError as exc:
             raise RefusedError(exc.code, exc.reason) from None
         try:
@@ -342,23 +413,29 @@ class FlickerCoordinator(FlickerWire):
         self._loop = CorrectionLoop(state, self.config.reply_deadline_s, self._clock())
         self._send_requests(self._loop)
 
-    def _skip_holder(self, ring: RingRelay, now: float) -> None:
+    def _skip_holder(self, ring: FlickerRing, now: float) -> None:
         try:
-            silent = ring.skip_holder(now)
+            silent = ring.skip_overdue(now)
         except RingError as exc:
             self._fail(exc.reason)
+            return
+        if silent is None:
             return
         logger.warning("FLICKER ring %s: %s silent, skipped", ring.ring_id, silent)
         self._send_ring_start(ring)
 
-    def _send_ring_start(self, ring: RingRelay) -> None:
+    def _send_ring_start(self, ring: FlickerRing) -> None:
+        """Tell every live member the order (signed, with their keys, in a service)."""
+        start: BaseMessage = self._message(
+            RingStart,
+            ring_id=ring.ring_id,
+            order=ring.live,
+            hop_deadline_s=self.config.hop_deadline_s,
+        )
+        if self._sign is not None:
+            members = tuple(device_keys_of(self.devices[d]) for d in ring.live)
+            start = self._sign(start.model_copy(update={"members": members}))
         for device in ring.live:
-            start = self._message(
-                RingStart,
-                ring_id=ring.ring_id,
-                order=ring.live,
-                hop_deadline_s=self.config.hop_deadline_s,
-            )
             self._send(start, device)
 
     # --- steps 3-4: localisation and correction -------------------------------

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from ursa.coordinator.flicker_service import FlickerServiceConfig, Phase
-from ursa.edge_sdk import flicker as dev
+from ursa.coordinator.methods.flicker.engine import FlickerServiceConfig, Phase
+from ursa.edge_sdk.methods.flicker import algorithm as dev
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.inmemory import InMemoryTransport
 from ursa.protocol.messages import (

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ursa.coordinator import flicker as coord
-from ursa.coordinator.flicker import FlickerError, Stage, StopReason
-from ursa.edge_sdk import flicker as dev
+from ursa.coordinator.methods.flicker import algorithm as coord
+from ursa.coordinator.methods.flicker.algorithm import FlickerError, Stage, StopReason
+from ursa.edge_sdk.methods.flicker import algorithm as dev
 
 pytest.importorskip("tenseal")
 from ursa.crypto.ckks import CkksKeyOwner, CkksPublicContext
@@ -245,7 +245,11 @@ def test_localisation_cosine_matches_plaintext(
 def test_block_similarities_match_plaintext(
     owner: CkksKeyOwner, device: CkksPublicContext
 ) -> None:
-    from ursa.edge_sdk.resampling import encrypt_tiled, masked_block_products, unit_rows
+    from ursa.edge_sdk.methods.flicker.resampling import (
+        encrypt_tiled,
+        masked_block_products,
+        unit_rows,
+    )
 
     rng = np.random.default_rng(3)
     b = unit_rows(rng.random((1, 4)))[0]
@@ -257,3 +261,12 @@ def test_block_similarities_match_plaintext(
     np.testing.assert_allclose(sims, others @ b, atol=1e-4)
     with pytest.raises(FlickerError):
         coord.decrypt_block_similarities(owner, cts, 17, 4)
+
+
+def test_a_run_state_round_trips_through_its_dict() -> None:
+    state = coord.start(["d1", "d2", "d3"], [10, 900, 40], nabla=0.2)
+    state = coord.on_similarities(state, {"d1": 0.2, "d2": 0.9, "d3": 0.4})
+
+    again = coord.FlickerState.from_dict(state.to_dict())
+
+    assert again == state

@@ -21,10 +21,12 @@ trains on afterwards, not what the user has.
   vector is encrypted (`encrypt_tiled`), the other devices compute its cosine
   with their vectors (`class_features`) on the ciphertext
   (`masked_block_products`) and the key owner decrypts the per-vector sums
-  (`ursa.coordinator.flicker.decrypt_block_similarities`). Over the wire
-  (`ursa.edge_sdk.flicker_redundancy`) the candidates travel sealed to the
+  (`ursa.coordinator.methods.flicker.algorithm.decrypt_block_similarities`). Over the
+  wire
+  (`ursa.edge_sdk.methods.flicker.redundancy`) the candidates travel sealed to the
   other devices and the coordinator decrypts only blinded signs
-  (`ursa.edge_sdk.global_redundancy`, which says what each party learns).
+  (`ursa.edge_sdk.methods.flicker.global_redundancy`, which says what each party
+  learns).
 
 The shared feature extractor here is `CentroidFeatures`: the soft-max output
 of a nearest-class-mean classifier fit on auxiliary data, a numpy stand-in for
@@ -43,7 +45,11 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.crypto.ckks import pad_length, zero_sum_mask
-from ursa.edge_sdk.flicker import DEFAULT_THETA, ResamplingError, undersample_candidates
+from ursa.edge_sdk.methods.flicker.algorithm import (
+    DEFAULT_THETA,
+    ResamplingError,
+    undersample_candidates,
+)
 
 if TYPE_CHECKING:
     from ursa.crypto.ckks import CkksPublicContext
@@ -382,7 +388,7 @@ def masked_block_products(
 
 
 class DataResampler:
-    """The `ursa.edge_sdk.flicker.Resampler` of a device holding images.
+    """The `ursa.edge_sdk.methods.flicker.algorithm.Resampler` of an image device.
 
     ``view`` is the current training view; `materialise` it to train.
     ``global_test`` (None: local test only) may be set after construction,

@@ -3,10 +3,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ursa.edge_sdk import flicker as dev
-from ursa.edge_sdk import resampling as rs
-from ursa.edge_sdk.flicker import ResamplingError
-from ursa.edge_sdk.resampling import Orientation, TrainingView
+from ursa.edge_sdk.methods.flicker import algorithm as dev
+from ursa.edge_sdk.methods.flicker import resampling as rs
+from ursa.edge_sdk.methods.flicker.algorithm import ResamplingError
+from ursa.edge_sdk.methods.flicker.resampling import Orientation, TrainingView
 
 
 def _images(counts: list[int], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -168,7 +168,7 @@ def test_data_resampler_runs_flicker_steps_on_images() -> None:
 
 def test_encrypted_block_products_give_cosines_only() -> None:
     pytest.importorskip("tenseal")
-    from ursa.coordinator.flicker import decrypt_block_similarities
+    from ursa.coordinator.methods.flicker.algorithm import decrypt_block_similarities
     from ursa.crypto.ckks import CkksKeyOwner, CkksPublicContext
 
     owner = CkksKeyOwner()

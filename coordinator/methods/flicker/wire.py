@@ -11,13 +11,18 @@ as a chunked transfer (`ContextTransfer`) and answers chunk requests for it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from ursa.coordinator.flicker_types import FlickerServiceConfig, RefusedError, Rejection
+from ursa.coordinator.methods.flicker.outcome import (
+    FlickerServiceConfig,
+    RefusedError,
+    Rejection,
+)
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.protocol.chunking import select_chunks, split
 from ursa.protocol.envelope import decode, encode, message_kind
@@ -46,7 +51,7 @@ from ursa.protocol.transport import Transport
 
 __all__ = ["SEEN_IDS", "ContextTransfer", "FlickerWire"]
 
-logger = logging.getLogger("ursa.coordinator.flicker")
+logger = logging.getLogger("ursa.coordinator.methods.flicker.algorithm")
 
 SEEN_IDS = 8192
 """Message ids remembered to drop redeliveries."""
@@ -58,7 +63,11 @@ class ContextTransfer:
     """The CKKS public context as one chunked transfer (manifest + chunks)."""
 
     def __init__(self, data: bytes, federation: str, chunk_size: int) -> None:
-        """Split ``data`` into chunks of ``chunk_size`` bytes."""
+        """Split ``data`` into chunks of ``chunk_size`` bytes.
+
+        The transfer id is the context's hash: a restarted coordinator with the
+        same key announces the same transfer, which devices keep.
+        """
         self.manifest, self.chunks = split(
             data,
             purpose=CKKS_CONTEXT,
@@ -66,6 +75,7 @@ class ContextTransfer:
             round=0,
             sender=COORDINATOR,
             chunk_size=chunk_size,
+            transfer_id=hashlib.sha256(data).hexdigest()[:32],
         )
         self.published = False
 
@@ -79,28 +89,35 @@ class FlickerWire:
 
     Args:
         config: The service config (federation).
-        devices: The enrolled devices' public identities (who may send).
-        transport: Where messages go.
+        devices: The enrolled devices' public identities (who may send); a
+            service passes its live enrolment table.
+        transport: Where messages go; None inside a `CoordinatorService`,
+            whose outbox (``outbox``) the service flushes itself.
+        outbox: The queue to publish through (default: its own).
     """
 
     def __init__(
         self,
         config: FlickerServiceConfig,
         devices: Mapping[str, DevicePublicIdentity],
-        transport: Transport,
+        transport: Transport | None,
+        *,
+        outbox: Outbox | None = None,
     ) -> None:
         self.config = config
-        self.devices = dict(devices)
+        self.devices = devices
         self.rejections: list[Rejection] = []
         self._transport = transport
         self._lock = threading.Lock()
         self._flush_lock = threading.RLock()
-        self._outbox = Outbox("coordinator (FLICKER)")
+        self._outbox = outbox if outbox is not None else Outbox("coordinator (FLICKER)")
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._round = 0
 
     def attach(self) -> None:
         """Deliver the transport's messages to `handle`; subscribe to device topics."""
+        if self._transport is None:
+            raise RuntimeError("attach() needs a transport (a service routes itself)")
         self._transport.set_handler(self.handle)
         for pattern in coordinator_subscriptions(self.config.federation):
             self._transport.subscribe(pattern)
@@ -224,4 +241,5 @@ class FlickerWire:
 
     def _flush(self) -> None:
         """Publish queued messages in order, outside the state lock."""
-        self._outbox.flush(self._transport)
+        if self._transport is not None:  # else the service flushes its outbox
+            self._outbox.flush(self._transport)

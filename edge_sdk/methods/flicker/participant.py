@@ -1,7 +1,7 @@
 """FLICKER over the wire, device side: context download, ring hops, cosine, resampling.
 
 A `FlickerParticipant` answers the coordinator's FLICKER messages (see
-`ursa.coordinator.flicker_service` for the whole protocol) for one device:
+`ursa.coordinator.methods.flicker.engine` for the whole protocol) for one device:
 
 * **context**: the announced CKKS public context arrives as a chunked
   transfer (capped at ``max_context_bytes``; missing chunks are re-requested
@@ -14,11 +14,12 @@ A `FlickerParticipant` answers the coordinator's FLICKER messages (see
   announces a shorter order (a silent device skipped), a device that already
   sent re-seals its own outgoing sum to its new successor;
 * **localisation**: a masked product of ``Enc(GD/||GD||)`` with its unit count
-  vector (`ursa.edge_sdk.flicker.similarity_reply`);
+  vector (`ursa.edge_sdk.methods.flicker.algorithm.similarity_reply`);
 * **resampling**: one `resample_step` per request with its `Resampler`
-  (`CountResampler` for count-level runs, `ursa.edge_sdk.resampling.DataResampler`
+  (`CountResampler` for count-level runs,
+  `ursa.edge_sdk.methods.flicker.resampling.DataResampler`
   on images), then ``Enc(new - old counts)`` and the saturation flag;
-* **global redundancy test** (`ursa.edge_sdk.flicker_redundancy`): a
+* **global redundancy test** (`ursa.edge_sdk.methods.flicker.redundancy`): a
   `DataResampler` without a ``global_test`` gets a `WireGlobalTest`, so its
   under-sampling asks the other live devices of the run (its step waits for
   the coordinator's results); every device answers other devices' asks with
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -47,20 +48,24 @@ from ursa.crypto.ckks import CkksPublicContext, require_tenseal
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.sealing import open_sealed, seal
-from ursa.edge_sdk import flicker as dev
-from ursa.edge_sdk.flicker_context import (
+from ursa.edge_sdk.methods.flicker import algorithm as dev
+from ursa.edge_sdk.methods.flicker.context import (
     DEFAULT_MAX_CONTEXT_BYTES,
     ContextDownload,
     ContextError,
 )
-from ursa.edge_sdk.flicker_redundancy import (
+from ursa.edge_sdk.methods.flicker.redundancy import (
     GlobalTestPending,
     RedundancyExchange,
     WireGlobalTest,
 )
-from ursa.edge_sdk.flicker_wire import DeviceWire
-from ursa.edge_sdk.flicker_wire import RejectedError as _RejectedError
-from ursa.edge_sdk.resampling import DEFAULT_CHI, DEFAULT_ETA, DataResampler
+from ursa.edge_sdk.methods.flicker.resampling import (
+    DEFAULT_CHI,
+    DEFAULT_ETA,
+    DataResampler,
+)
+from ursa.edge_sdk.methods.flicker.wire import DeviceWire
+from ursa.edge_sdk.methods.flicker.wire import RejectedError as _RejectedError
 from ursa.protocol.envelope import message_kind
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -79,17 +84,18 @@ from ursa.protocol.messages import (
     RingStart,
     TransferManifest,
 )
-from ursa.protocol.outbox import Outgoing
+from ursa.protocol.outbox import Outbox, Outgoing
 from ursa.protocol.transport import Transport
 
 __all__ = [
     "DEFAULT_MAX_CONTEXT_BYTES",
     "MIN_RING_DEVICES",
+    "WORK_KINDS",
     "FlickerParticipant",
     "ring_seal_context",
 ]
 
-logger = logging.getLogger("ursa.edge_sdk.flicker")
+logger = logging.getLogger("ursa.edge_sdk.methods.flicker.algorithm")
 
 MIN_RING_DEVICES = 3
 """A device never sends a ring result with fewer contributors: the key owner
@@ -101,7 +107,7 @@ CACHED_REPLIES = 16
 
 _M = TypeVar("_M", bound=BaseMessage)
 _Step = CosineRequest | ResampleRequest
-_WORK = (
+WORK_KINDS: tuple[type[BaseMessage], ...] = (
     RingStart,
     RingHop,
     CosineRequest,
@@ -150,7 +156,12 @@ class FlickerParticipant(DeviceWire):
             successors); the coordinator's enrolment list.
         counts: This device's class counts (for `DataResampler`, its view's).
         transport: Where messages go; `attach` makes it deliver to `handle`
-            (an `EdgeClient` that routes messages itself calls `on_message`).
+            (None inside an `EdgeClient`, which routes messages itself to
+            `on_message` and flushes ``outbox``).
+        outbox: The queue replies go to (default: its own).
+        verify: Checks the coordinator's signature on a `RingStart` that
+            carries the members' keys (an `EdgeClient` run); None: ``peers``
+            are known beforehand (a stand-alone run).
         resampler: The data work of a resampling step (count level by default).
         rng: Masks, scales and orders of the replies (unseeded by default:
             never fix it in production).
@@ -168,7 +179,9 @@ class FlickerParticipant(DeviceWire):
         federation: str,
         peers: Mapping[str, DevicePublicIdentity],
         counts: npt.ArrayLike,
-        transport: Transport,
+        transport: Transport | None,
+        outbox: Outbox | None = None,
+        verify: Callable[[BaseMessage], None] | None = None,
         resampler: dev.Resampler | None = None,
         rng: np.random.Generator | None = None,
         max_steps: int = dev.DEFAULT_MAX_STEPS,
@@ -176,7 +189,8 @@ class FlickerParticipant(DeviceWire):
         global_test: bool = True,
     ) -> None:
         require_tenseal()  # at configuration time, not when a ciphertext arrives
-        super().__init__(identity, federation, transport)
+        super().__init__(identity, federation, transport, outbox=outbox)
+        self._verify = verify
         self.peers = dict(peers)
         self.state = dev.init_device(counts)
         self.resampler: dev.Resampler = resampler or dev.CountResampler()
@@ -241,7 +255,7 @@ class FlickerParticipant(DeviceWire):
                 self._ring = None  # a new key: a new run follows
         elif isinstance(message, TransferManifest | Chunk):
             self._on_transfer(message, relayed)
-        elif isinstance(message, _WORK):
+        elif isinstance(message, WORK_KINDS):
             if self.context is None:
                 if len(self._waiting) >= MAX_WAITING:
                     raise _RejectedError("too much work waiting for the context")
@@ -293,7 +307,32 @@ class FlickerParticipant(DeviceWire):
 
     # --- the ring -------------------------------------------------------------
 
+    def claims_transfer(self, message: TransferManifest | Chunk) -> bool:
+        """Whether a transfer message carries the CKKS context (else a model)."""
+        return self._download.claims(message)
+
+    def _adopt_members(self, message: RingStart) -> None:
+        """Learn the ring's keys from a signed `RingStart` (a service run)."""
+        if self._verify is None:
+            raise _RejectedError("ring members, but no coordinator key to check them")
+        try:
+            self._verify(message)
+            members = {
+                k.device_id: DevicePublicIdentity(
+                    k.device_id, k.x25519_public, k.ed25519_public
+                )
+                for k in message.members
+            }
+        except (CryptoError, ValueError) as exc:
+            raise _RejectedError(f"ring start: {exc}") from None
+        if set(members) != set(message.order):
+            raise _RejectedError("ring members are not the ring order")
+        members.pop(self.device_id, None)
+        self.peers.update(members)
+
     def _on_ring_start(self, message: RingStart) -> None:
+        if message.members or self._verify is not None:
+            self._adopt_members(message)
         me = self.device_id
         if me not in message.order:
             raise _RejectedError("ring order without this device")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ursa.coordinator.flicker_redundancy import MAX_MAGNITUDE, decrypt_signs
+from ursa.coordinator.methods.flicker.redundancy import MAX_MAGNITUDE, decrypt_signs
 from ursa.crypto.ckks import CkksKeyOwner
-from ursa.edge_sdk import global_redundancy as gr
-from ursa.edge_sdk.flicker import ResamplingError
-from ursa.edge_sdk.resampling import is_globally_redundant, unit_rows
+from ursa.edge_sdk.methods.flicker import global_redundancy as gr
+from ursa.edge_sdk.methods.flicker.algorithm import ResamplingError
+from ursa.edge_sdk.methods.flicker.resampling import is_globally_redundant, unit_rows
 
 pytest.importorskip("tenseal")
 

@@ -2,7 +2,7 @@
 
 During a resampling step the dominant device may run the global test of
 papers/003 §3.2.2 (the design, and what each party learns, is in
-`ursa.edge_sdk.global_redundancy`)::
+`ursa.edge_sdk.methods.flicker.global_redundancy`)::
 
     dominant -> RedundancyOffer(recipient, recipients, layout, box) -> coordinator
     coordinator -> RedundancyAsk(origin, layout, vector_slots, box) -> recipient

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from ursa.coordinator.flicker_redundancy import RedundancyTest, vector_slots_for
-from ursa.coordinator.flicker_service import FlickerServiceConfig, Phase
-from ursa.edge_sdk import resampling as rs
+from ursa.coordinator.methods.flicker.engine import FlickerServiceConfig, Phase
+from ursa.coordinator.methods.flicker.redundancy import RedundancyTest, vector_slots_for
+from ursa.edge_sdk.methods.flicker import resampling as rs
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.inmemory import InMemoryTransport
 from ursa.protocol.messages import BaseMessage, RedundancyReply

@@ -8,14 +8,14 @@ import msgpack
 import numpy as np
 import pytest
 
-from ursa.coordinator.flicker_redundancy import decrypt_signs
+from ursa.coordinator.methods.flicker.redundancy import decrypt_signs
 from ursa.crypto.ckks import CkksKeyOwner
 from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.sealing import open_sealed, seal
-from ursa.edge_sdk import global_redundancy as gr
-from ursa.edge_sdk import resampling as rs
-from ursa.edge_sdk.flicker_client import FlickerParticipant
-from ursa.edge_sdk.flicker_redundancy import (
+from ursa.edge_sdk.methods.flicker import global_redundancy as gr
+from ursa.edge_sdk.methods.flicker import resampling as rs
+from ursa.edge_sdk.methods.flicker.participant import FlickerParticipant
+from ursa.edge_sdk.methods.flicker.redundancy import (
     BACK_LABEL,
     OFFER_LABEL,
     GlobalTestPending,

@@ -5,8 +5,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from ursa.edge_sdk import flicker as dev
-from ursa.edge_sdk.flicker import Method, ResamplingError, SaturationReason
+from ursa.edge_sdk.methods.flicker import algorithm as dev
+from ursa.edge_sdk.methods.flicker.algorithm import (
+    Method,
+    ResamplingError,
+    SaturationReason,
+)
 
 
 @dataclass

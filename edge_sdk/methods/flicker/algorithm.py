@@ -20,7 +20,7 @@ order: 4000 -> 3793 first, then 10 + round(3793/10) = 389):
 
 The data work sits behind the `Resampler` protocol: `CountResampler` models it
 at the count level (simulations of the paper's tables), and
-`ursa.edge_sdk.resampling.DataResampler` does it on images.
+`ursa.edge_sdk.methods.flicker.resampling.DataResampler` does it on images.
 """
 
 from __future__ import annotations

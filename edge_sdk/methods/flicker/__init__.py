@@ -1,0 +1,1 @@
+"""FLICKER, device half: the ring, masked cosines and resampling of local data."""

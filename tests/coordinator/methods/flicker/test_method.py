@@ -1,0 +1,126 @@
+"""FLICKER inside `CoordinatorService` and `EdgeClient`, over the in-memory bus.
+
+One federation, one session per device: the run sits between enrolment and
+the first key epoch, devices register their resampled labels, and a killed
+coordinator resumes the run from its store.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ursa.coordinator.methods.flicker.keyfile import CKKS_KEY_FILENAME
+from ursa.coordinator.methods_config import DubheSpec, FlickerSpec
+from ursa.coordinator.rounds import Stage
+from ursa.edge_sdk import methods_config as device_methods
+from ursa.edge_sdk.config import DeviceConfig
+from ursa.protocol.envelope import decode
+
+pytest.importorskip("tenseal")
+
+N = 5
+METHODS = (DubheSpec(), FlickerSpec(reply_deadline_s=30.0))
+
+
+def _flicker_federation(federation: Any) -> Any:
+    fed = federation(num_devices=N, k=2, tries=2, rounds=2, methods=METHODS)
+    plain = fed.device_config
+
+    def device_config(device_id: str) -> DeviceConfig:
+        methods = (device_methods.DubheSpec(), device_methods.FlickerSpec())
+        return plain(device_id).model_copy(update={"methods": methods})
+
+    fed.device_config = device_config
+    return fed
+
+
+def _final_counts(client: Any) -> tuple[int, ...]:
+    assert client.flicker is not None and client.flicker.participant is not None
+    counts: tuple[int, ...] = client.flicker.participant.counts
+    return counts
+
+
+def _kinds(fed: Any) -> list[str]:
+    return [decode(payload).kind for _, payload in fed.captured]
+
+
+def test_flicker_runs_after_enrolment_and_devices_register_resampled_labels(
+    federation: Any,
+) -> None:
+    fed = _flicker_federation(federation)
+
+    fed.start()
+
+    kinds = _kinds(fed)
+    assert fed.coordinator.is_done
+    assert kinds.index("ring_start") < kinds.index("key_epoch_start")
+    assert kinds.index("count_update") < kinds.index("key_epoch_start")
+    flicker = fed.coordinator.flicker
+    assert flicker is not None
+    summary = flicker.summary()
+    assert summary["phase"] == "done" and summary["resampled_devices"]
+    assert summary["gi_after"] > summary["gi_before"]
+    for device_id in summary["resampled_devices"]:
+        client = fed.devices[device_id]
+        assert client.flicker is not None and client.flicker.has_resampled
+        participant = client.flicker.participant
+        assert participant is not None
+        counts = np.bincount(client._labels, minlength=10)
+        assert tuple(int(c) for c in counts) == participant.counts
+    starts = [m for _, m in fed.messages("ring_start")]
+    assert all(m.signature and len(m.members) == len(m.order) for m in starts)
+    store = fed.coordinator.store
+    assert store.method_state("flicker", "run")["phase"] == "done"
+    key_file = fed.config.state_dir / CKKS_KEY_FILENAME
+    assert os.stat(key_file).st_mode & 0o777 == 0o600
+    epochs = [m for _, m in fed.messages("key_epoch_start")]
+    assert {m.methods for m in epochs} == {("dubhe", "flicker")}
+
+
+def test_a_coordinator_killed_mid_resampling_resumes_the_same_run(
+    federation: Any,
+) -> None:
+    fed = _flicker_federation(federation)
+
+    def lose_count_updates(sender: Any, receiver: Any, topic: str, data: bytes) -> bool:
+        return receiver == "coordinator" and decode(data).kind == "count_update"
+
+    fed.bus.drop_filter = lose_count_updates
+    fed.start()
+    assert fed.coordinator.state.stage is Stage.BALANCING
+    assert fed.coordinator.store.method_state("flicker", "run")["phase"] == "resample"
+
+    fed.coordinator_transport.kill()  # kill -9: no clean shutdown
+    fed.coordinator.store.close()
+    fed.bus.drop_filter = None
+    fed.coordinator = fed.new_coordinator()
+    fed.coordinator.start()
+
+    assert fed.coordinator.is_done
+    ring_ids = {m.ring_id for _, m in fed.messages("ring_start")}
+    assert len(ring_ids) == 1, "the run resumed, it did not start again"
+    assert len(fed.messages("enrol_result")) == N
+    flicker = fed.coordinator.flicker
+    assert flicker is not None
+    summary = flicker.summary()
+    assert summary["phase"] == "done" and summary["resampled_devices"]
+    # Enc(GD) went through the store as bytes and got the resumed updates added:
+    # it decrypts to the plaintext sum of the devices' final counts
+    finals = [_final_counts(c) for c in fed.devices.values()]
+    assert summary["global_counts_after"] == np.sum(finals, axis=0).tolist()
+
+
+def test_a_config_without_flicker_refuses_a_flicker_method(tmp_path: Path) -> None:
+    from ursa.coordinator.config import CoordinatorConfig
+    from ursa.coordinator.methods.flicker.method import FlickerMethod
+    from ursa.coordinator.service import CoordinatorService
+
+    config = CoordinatorConfig(federation="f", state_dir=tmp_path)
+
+    with pytest.raises(ValueError, match="names no flicker"):
+        CoordinatorService(config, flicker=FlickerMethod(FlickerSpec()))
