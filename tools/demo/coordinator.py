@@ -14,6 +14,7 @@ from ursa.coordinator.methods_config import (
     FeddiskSpec,
     FlickerSpec,
     MethodSpec,
+    RandomSpec,
 )
 from ursa.tools.compose import RoundHooks, TrainingHooks
 from ursa.tools.demo.settings import (
@@ -75,15 +76,11 @@ def coordinator_config(
         CoordinatorConfig,
         DeadlinesConfig,
         EnrolmentConfig,
-        RegistryConfig,
         TrainingSection,
     )
 
     random = s.selection == "random"
-    registry = (
-        RegistryConfig(groups=(10,), sigma=(0.0,)) if random else RegistryConfig()
-    )
-    methods: list[MethodSpec] = [DubheSpec()]
+    methods: list[MethodSpec] = [RandomSpec() if random else DubheSpec()]
     training = None
     if initial is not None:
         methods.append(_training_method(s, made_initial))
@@ -97,7 +94,6 @@ def coordinator_config(
         state_dir=workdir / "coordinator",
         broker=BrokerConfig(url=url),
         enrolment=EnrolmentConfig(mode="tofu"),
-        registry=registry,
         min_devices=s.devices,
         k=s.k,
         tries=1 if random else s.tries,

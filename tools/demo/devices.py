@@ -23,6 +23,7 @@ from ursa.tools.demo.fleet import DeviceReport, DeviceSpec, FleetSpec
 
 if TYPE_CHECKING:
     from ursa.edge_sdk.client import EdgeClient
+    from ursa.edge_sdk.methods_config import DeviceMethodSpec
 
 __all__ = ["DeviceFleet", "run_device_process", "spawn_devices"]
 
@@ -103,6 +104,7 @@ def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> Edg
         state_dir=spec.state_root / device.device_id,
         broker=BrokerConfig(url=spec.broker_url),
         obfuscator_pool_size=spec.obfuscator_pool_size,
+        methods=_methods(spec),
     )
     extra = spec.extra.get("flicker")
     for attempt in range(CONNECT_ATTEMPTS):
@@ -130,6 +132,25 @@ def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> Edg
             )
             time.sleep(1.0 + attempt)
     raise AssertionError("unreachable")
+
+
+def _methods(spec: FleetSpec) -> tuple[DeviceMethodSpec, ...]:
+    """The device's ``[[methods]]``: the fleet's selection, training and balancing."""
+    from pydantic import TypeAdapter
+
+    from ursa.edge_sdk.methods_config import DeviceMethodSpec
+
+    if spec.feddisk is not None:
+        training: dict[str, Any] = {"kind": "feddisk", **spec.feddisk}
+    elif spec.climb is not None:
+        training = {"kind": "climb", **spec.climb}
+    else:
+        training = {"kind": "fedavg"}
+    tables = [{"kind": spec.selection}, training]
+    if "flicker" in spec.extra:
+        tables.append({"kind": "flicker"})
+    adapter = TypeAdapter(tuple[DeviceMethodSpec, ...])
+    return adapter.validate_python(tuple(tables))
 
 
 def _report(client: EdgeClient, flicker: dict[str, Any] | None = None) -> DeviceReport:

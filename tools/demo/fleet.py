@@ -38,6 +38,8 @@ class FleetSpec:
     feddisk: dict[str, Any] | None = None
     """`FeddiskSettings` fields when the run uses FedDisk."""
     wire_dtype: Literal["float32", "float16"] = "float32"
+    selection: str = "dubhe"
+    """The selection method's ``[[methods]]`` kind (``dubhe`` or ``random``)."""
     obfuscator_pool_size: int = 4
     log_level: int = logging.WARNING
     extra: dict[str, Any] = field(default_factory=dict)

@@ -441,6 +441,7 @@ def _fleet(
         "climb": climb,
         "feddisk": {} if s.weighting == "feddisk" else None,
         "wire_dtype": s.wire_dtype,
+        "selection": s.selection,
     }
 
 

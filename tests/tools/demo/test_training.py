@@ -187,12 +187,12 @@ def test_flicker_needs_a_ring_of_three(capsys: pytest.CaptureFixture[str]) -> No
     assert "needs at least 3 devices" in capsys.readouterr().err
 
 
-def test_feddisk_demo_runs_made_rounds_then_weighted_classifier_rounds(
+def test_random_feddisk_demo_runs_made_rounds_then_weighted_classifier_rounds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("amqtt")
     argv = [
-        "demo", "--weighting", "feddisk", "--made-rounds", "2", "--json",
+        "demo", "--methods", "random,feddisk", "--made-rounds", "2", "--json",
         "--devices", "6", "--k", "2", "--tries", "2", "--rounds", "2",
         "--key-bits", "512", "--processes", "2", "--local-epochs", "1",
         "--timeout", "240", "--report-dir", str(tmp_path / "report"),
@@ -204,6 +204,7 @@ def test_feddisk_demo_runs_made_rounds_then_weighted_classifier_rounds(
     report = json.loads(captured.out.strip().splitlines()[-1])
     assert code == 0 and report["completed"], captured.err[-2000:]
     assert report["onnx_check"]["identical"] is True
+    assert report["methods"] == ["random", "feddisk"]
     section = report["feddisk"]
     made = section["made_rounds"]
     assert 1 <= made <= 2 and section["switch_round"] == made + 1
