@@ -35,14 +35,13 @@ from ursa.coordinator.config import (
     DeadlinesConfig,
     EnrolmentConfig,
 )
-from ursa.coordinator.service import CoordinatorService
-from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.config import BrokerConfig, DeviceConfig
 from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.mqtt import MqttTransport
 from ursa.protocol.topics import parse_topic
 from ursa.tools.broker.mosquitto import MosquittoBroker
+from ursa.tools.compose import build_coordinator, build_device
 
 FEDERATION = "bench"
 BUDGETS = [Budget("selection_round_s", at_most=2.0)]
@@ -176,7 +175,7 @@ def run(
                 training_s=30,
             ),
         )
-        service = CoordinatorService(config)
+        service = build_coordinator(config)
         service.start()
         stop = threading.Event()
         loop = threading.Thread(target=service.run, args=(stop,), daemon=True)
@@ -186,7 +185,7 @@ def run(
         started = time.perf_counter()
         try:
             for index, device_id in enumerate(ids):
-                client = EdgeClient(
+                client = build_device(
                     DeviceConfig(
                         device_id=device_id,
                         federation=FEDERATION,
@@ -198,7 +197,7 @@ def run(
                         ),
                         obfuscator_pool_size=2,
                     ),
-                    _labels(index, rng),
+                    labels=_labels(index, rng),
                     rng=np.random.default_rng(index),
                 )
                 client.start()

@@ -275,9 +275,14 @@ def build_device(
     config: DeviceConfig,
     labels_path: Path | None = None,
     *,
+    labels: NDArray[np.int64] | None = None,
     transport: Transport | None = None,
+    rng: np.random.Generator | None = None,
 ) -> EdgeClient:
     """The `EdgeClient` of ``config``: a trainer from ``[training]`` if set.
+
+    A selection-only device takes its labels from ``labels`` (an app or a
+    benchmark that holds them), else ``labels_path`` or ``labels_file``.
 
     Raises:
         ServiceSetupError: no labels, or labels given to a training device, or
@@ -295,12 +300,15 @@ def build_device(
         )
     if config.training is None:
         path = labels_path or config.labels_file
-        if path is None:
+        if labels is None and path is None:
             raise ServiceSetupError("give --labels or labels_file (or [training])")
-        labels = load_labels(Path(path))
+        if labels is None:
+            labels = load_labels(Path(str(path)))
         flicker = device_flicker(config, labels)
-        return EdgeClient(config, labels, transport=transport, flicker=flicker)
-    if labels_path is not None:
+        return EdgeClient(
+            config, labels, transport=transport, flicker=flicker, rng=rng
+        )
+    if labels_path is not None or labels is not None:
         raise ServiceSetupError("a training device takes its labels from data_file")
     x, y = load_training_data(config.training.data_file)
     trainer = torch_trainer(
@@ -308,5 +316,5 @@ def build_device(
     )
     flicker = device_flicker(config, y, x)
     return EdgeClient(
-        config, y, trainer=trainer, transport=transport, flicker=flicker
+        config, y, trainer=trainer, transport=transport, flicker=flicker, rng=rng
     )
