@@ -110,6 +110,7 @@ def test_method_state_and_phase_records_survive_a_reopen(tmp_path: Path) -> None
     assert store.phase_keys() == ["climb.dual/m/3"]
     assert store.phase("climb.dual/m/3") == {"kind": "gather", "answered": ["d1"]}
     assert store.phase("wait/3") is None
+    store.close()
 
 
 def test_a_phase_record_rolls_back_with_its_message(tmp_path: Path) -> None:
@@ -122,3 +123,4 @@ def test_a_phase_record_rolls_back_with_its_message(tmp_path: Path) -> None:
 
     assert not store.is_seen("m1") and store.phase("p") is None
     assert store.method_state("feddisk", "progress") is None
+    store.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -220,11 +220,16 @@ class Harness:
 
 
 @pytest.fixture
-def harness(tmp_path: Path, keys: Keys) -> Callable[..., Harness]:
-    def make(**config: Any) -> Harness:
-        return Harness(tmp_path, *keys, config=FeddiskConfig(**config))
+def harness(tmp_path: Path, keys: Keys) -> Iterator[Callable[..., Harness]]:
+    made: list[Harness] = []
 
-    return make
+    def make(**config: Any) -> Harness:
+        made.append(Harness(tmp_path, *keys, config=FeddiskConfig(**config)))
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.view.store.close()  # an unclosed SQLite connection warns on 3.13
 
 
 def refused(h: Harness, round_index: int, message: BaseMessage) -> str:
@@ -236,8 +241,8 @@ def refused(h: Harness, round_index: int, message: BaseMessage) -> str:
 # --- tests ------------------------------------------------------------------------
 
 
-def test_models_must_match_the_config(tmp_path: Path, keys: Keys) -> None:
-    h = Harness(tmp_path, *keys)
+def test_models_must_match_the_config(harness: Callable[..., Harness]) -> None:
+    h = harness()
     made, classifier = h.plugin.made, h.plugin.classifier
 
     with pytest.raises(ValueError, match="expects 'mine'"):

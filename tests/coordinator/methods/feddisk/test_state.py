@@ -25,7 +25,9 @@ def test_state_round_trips_through_the_store(tmp_path: Path) -> None:
     state.switch_round = 6
     state.enter(6, Role.CLASSIFIER)
     store.close()
-    assert FeddiskState.load(CoordinatorStore(tmp_path / "db.sqlite3")) == state
+    reopened = CoordinatorStore(tmp_path / "db.sqlite3")
+    assert FeddiskState.load(reopened) == state
+    reopened.close()
 
 
 def test_corrupt_progress_is_an_error(tmp_path: Path) -> None:
@@ -36,6 +38,7 @@ def test_corrupt_progress_is_an_error(tmp_path: Path) -> None:
     store.set_method_state("feddisk", "progress", [1])
     with pytest.raises(FeddiskStateError):
         FeddiskState.load(store)
+    store.close()
 
 
 def test_a_state_without_a_store_lives_in_memory() -> None:
