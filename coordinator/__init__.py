@@ -3,6 +3,7 @@
 from ursa.coordinator.config import CoordinatorConfig, load_coordinator_config
 from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
+from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.random import RandomSelection
 from ursa.coordinator.plugin import NoTraining, RoundPlugin
 from ursa.coordinator.selection_method import SelectionMethod, SelectionRequest
@@ -15,6 +16,7 @@ __all__ = [
     "CoordinatorService",
     "FeddiskConfig",
     "FeddiskPlugin",
+    "FlickerMethod",
     "NoTraining",
     "RandomSelection",
     "RoundPlugin",

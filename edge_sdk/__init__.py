@@ -18,6 +18,7 @@ from ursa.edge_sdk.method import DeviceContext, DeviceMethod, TrainPlan
 from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.methods.dubhe import Dubhe
 from ursa.edge_sdk.methods.feddisk import FedDisk
+from ursa.edge_sdk.methods.flicker.method import Flicker
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.trainer import (
     LocalDelta,
@@ -42,6 +43,7 @@ __all__ = [
     "FedDisk",
     "FeddiskSettings",
     "FeddiskTrainer",
+    "Flicker",
     "LocalDelta",
     "ModelTrainer",
     "NoOpTrainer",

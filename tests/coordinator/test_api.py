@@ -11,6 +11,7 @@ def test_all_is_pinned_and_every_name_resolves() -> None:
         "CoordinatorService",
         "FeddiskConfig",
         "FeddiskPlugin",
+        "FlickerMethod",
         "NoTraining",
         "RandomSelection",
         "RoundPlugin",

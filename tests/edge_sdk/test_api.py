@@ -19,6 +19,7 @@ PUBLIC = [
     "FedDisk",
     "FeddiskSettings",
     "FeddiskTrainer",
+    "Flicker",
     "LocalDelta",
     "ModelTrainer",
     "NoOpTrainer",
