@@ -318,6 +318,7 @@ class CoordinatorService(Recovery):
                 transport.flush(5.0)
             except TransportError as exc:
                 logger.warning("could not flush on stop: %s", exc)
+            self._outbox.close()  # a tick racing the stop: dropped quietly
             transport.close()
         if self._started:
             self._store.close()
