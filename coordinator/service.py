@@ -238,7 +238,7 @@ class CoordinatorService(Recovery):
                 outbox=self._outbox,
                 clock=self._clock,
                 sign=self._sign,
-                rng=self._rng,
+                seed=cfg.seed,
             )
         transport = self._transport or self._make_transport()
         self._transport = transport

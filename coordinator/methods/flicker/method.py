@@ -62,6 +62,8 @@ logger = logging.getLogger("ursa.coordinator.flicker")
 RUN_KEY = "run"
 COUNTS_KEY = "encrypted_counts"
 RING_PHASE = "flicker.ring"
+RING_STREAM = 0x464C4B
+"""The ring order's generator stream under the federation's seed ("FLK")."""
 
 _KINDS: tuple[type[BaseMessage], ...] = (
     RingHop,
@@ -112,12 +114,14 @@ class FlickerMethod:
         outbox: Outbox,
         clock: Callable[[], float],
         sign: Sign,
-        rng: np.random.Generator,
+        seed: int | None = None,
     ) -> None:
         """Load (or create) the CKKS key and restore a saved run.
 
         ``devices`` is the service's live enrolment table; replies go into the
-        service's ``outbox``, which it flushes.
+        service's ``outbox``, which it flushes. The ring order comes from a
+        generator of its own (from ``seed``), so running FLICKER leaves the
+        service's draws (agents, trims) as they are without it.
 
         Raises:
             CryptoError: the key file is unreadable or others may read it.
@@ -132,7 +136,7 @@ class FlickerMethod:
             devices,
             None,
             clock=clock,
-            rng=self._rng if self._rng is not None else rng,
+            rng=self._rng if self._rng is not None else _ring_rng(seed),
             key_owner=load_or_create_key_owner(state_dir),
             outbox=outbox,
             sign=sign,
@@ -265,3 +269,7 @@ class FlickerMethod:
         if self._engine is None:
             raise RuntimeError("FlickerMethod.attach() was not called")
         return self._engine
+
+
+def _ring_rng(seed: int | None) -> np.random.Generator:
+    return np.random.default_rng(None if seed is None else [seed, RING_STREAM])
