@@ -305,12 +305,19 @@ class FlickerCoordinator(FlickerWire):
         self._flush()
 
     def on_message(
-        self, device: str | None, message: BaseMessage, payload: bytes | None = None
+        self,
+        device: str | None,
+        message: BaseMessage,
+        payload: bytes | None = None,
+        *,
+        admitted: bool = False,
     ) -> None:
         """Act on one decoded message from ``device`` (the topic's device id).
 
         ``payload`` is the message as received; ring hops are relayed as these
-        exact bytes (re-encoded when it is None).
+        exact bytes (re-encoded when it is None). ``admitted``: a runtime
+        already checked federation, sender and enrolment and dropped a seen
+        message id (`CoordinatorService`), so this engine does not again.
         """
         kind = message_kind(message)
         if not isinstance(message, _KINDS):
@@ -319,8 +326,10 @@ class FlickerCoordinator(FlickerWire):
             return  # a model transfer: not ours
         try:
             with self._lock:
-                self._admit(device, message)
-                self._dispatch(message, payload)
+                if not admitted:
+                    self._admit(device, message)
+                if admitted or self._first_time(message.message_id):
+                    self._dispatch(message, payload)
         except RefusedError as exc:
             self._refuse(device, kind, exc.code, exc.reason, message.message_id)
         except Exception as exc:  # nothing a device sends may crash the run
@@ -348,8 +357,6 @@ class FlickerCoordinator(FlickerWire):
     # --- dispatch ---------------------------------------------------------------
 
     def _dispatch(self, message: BaseMessage, payload: bytes | None) -> None:
-        if not self._first_time(message.message_id):
-            return
         if isinstance(message, RingHop):
             self._on_ring_hop(message, payload or encode(message))
         elif isinstance(message, RingResult):

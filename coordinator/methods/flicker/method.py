@@ -200,7 +200,7 @@ class FlickerMethod:
         engine = self._require()
         if not engine.is_context_request(request):
             return False
-        engine.on_message(request.sender, request)
+        engine.on_message(request.sender, request, admitted=True)
         return True
 
     # --- figures ----------------------------------------------------------------
@@ -247,7 +247,7 @@ class FlickerMethod:
 
     def _on_message(self, message: BaseMessage) -> None:
         """A router handler: the runtime admitted it (inside its transaction)."""
-        self._require().on_message(message.sender, message)
+        self._require().on_message(message.sender, message, admitted=True)
         self._save()
 
     def _save(self) -> None:
