@@ -469,6 +469,8 @@ class CoordinatorService(Recovery):
                     self._online.add(device)
                 else:
                     self._online.discard(device)
+                    if self._flicker is not None:
+                        self._flicker.device_left(device)
                 self._step(now)
 
     def _on_hello(self, message: Hello) -> None:

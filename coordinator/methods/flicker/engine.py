@@ -337,6 +337,23 @@ class FlickerCoordinator(FlickerWire):
             self._refuse(device, kind, ErrorCode.INTERNAL, repr(exc), None)
         self._flush()
 
+    def device_left(self, device: str) -> None:
+        """A device went offline: skip it in the ring now, not at its deadline."""
+        with self._lock:
+            ring = self._ring
+            if self._phase is not Phase.RING or ring is None:
+                return
+            try:
+                skipped = ring.device_left(device, self._clock())
+            except RingError as exc:
+                self._fail(exc.reason)
+                return
+            if skipped:
+                ring_id = ring.ring_id
+                logger.warning("FLICKER ring %s: %s left, skipped", ring_id, device)
+                self._send_ring_start(ring)
+        self._flush()
+
     def tick(self) -> None:
         """Act on passed deadlines (call every few hundred milliseconds)."""
         with self._lock:

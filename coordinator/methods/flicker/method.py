@@ -195,6 +195,13 @@ class FlickerMethod:
             logger.info("FLICKER over: %s", self.summary())
         return self.is_over
 
+    def device_left(self, device: str) -> None:
+        """A last will: a ring member that has not added its counts is skipped now."""
+        engine = self._engine
+        if engine is not None and engine.phase is Phase.RING:
+            engine.device_left(device)
+            self._save()
+
     def answers(self, request: ChunkRequest) -> bool:
         """Answer a chunk request for the CKKS context; False: not ours (a model)."""
         engine = self._require()
