@@ -37,9 +37,12 @@ A run is named by its ring id: cosine and resample requests carry it as
 and a reply must repeat both, so a reply late from an earlier step or an
 earlier run is recognised; ``round`` is the federation round the run belongs
 to (`start`'s ``round_index``). Every incoming message is admitted (topic,
-federation, sender, enrolment, size, decode, duplicate id) and checked
-against the stage; anything else is rejected with a logged reason (kept in
-`rejections`) and an `ErrorReply` to the sender, never an exception.
+federation, sender, enrolment, size, decode, duplicate id: by
+`CoordinatorService`'s runtime when FLICKER runs as its method
+(`ursa.coordinator.methods.flicker.method`), else by `FlickerWire` in a
+stand-alone run) and checked against the stage; anything else is rejected
+with a logged reason (kept in `rejections`) and an `ErrorReply` to the
+sender, never an exception.
 Phase, config and outcome types live in `ursa.coordinator.methods.flicker.outcome`.
 """
 

@@ -41,6 +41,7 @@ from ursa.coordinator.methods.flicker.outcome import (
 )
 from ursa.coordinator.methods_config import FlickerSpec
 from ursa.coordinator.store import CoordinatorStore
+from ursa.crypto.ckks import require_tenseal
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.protocol.messages import (
     BaseMessage,
@@ -78,6 +79,9 @@ _KINDS: tuple[type[BaseMessage], ...] = (
 class FlickerMethod:
     """FLICKER's coordinator half inside `CoordinatorService`.
 
+    Raises:
+        BackendUnavailableError: TenSEAL is not installed (the ``ckks`` extra).
+
     Args:
         spec: The federation's ``kind = "flicker"`` table.
         rng: Ring order (the service's generator by default).
@@ -86,6 +90,7 @@ class FlickerMethod:
     name: ClassVar[str] = "flicker"
 
     def __init__(self, spec: FlickerSpec, *, rng: np.random.Generator | None = None):
+        require_tenseal()  # at configuration, not when the first device enrols
         self.spec = spec
         self._rng = rng
         self._engine: FlickerCoordinator | None = None
