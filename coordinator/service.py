@@ -242,7 +242,7 @@ class CoordinatorService(Recovery):
                 outbox=self._outbox,
                 clock=self._clock,
                 sign=self._sign,
-                rng=self._rng,
+                seed=cfg.seed,
             )
         transport = self._transport or self._make_transport()
         self._transport = transport
@@ -474,6 +474,8 @@ class CoordinatorService(Recovery):
                     self._online.add(device)
                 else:
                     self._online.discard(device)
+                    if self._flicker is not None:
+                        self._flicker.device_left(device)
                 self._step(now)
 
     def _on_hello(self, message: Hello) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,25 @@ def test_flicker_modules_import_without_tenseal() -> None:
         "ursa.coordinator.methods.flicker.engine"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.usefixtures("no_tenseal")
+def test_a_flicker_config_without_tenseal_is_a_setup_error(tmp_path: Path) -> None:
+    from ursa.coordinator.config import CoordinatorConfig
+    from ursa.edge_sdk.config import DeviceConfig
+    from ursa.tools.compose import ServiceSetupError, build_coordinator, build_device
+
+    methods = [{"kind": "dubhe"}, {"kind": "flicker"}]
+    coordinator = CoordinatorConfig.model_validate(
+        {"federation": "f", "state_dir": tmp_path / "c", "methods": methods}
+    )
+    with pytest.raises(ServiceSetupError, match="CKKS unavailable"):
+        build_coordinator(coordinator)
+    labels = tmp_path / "labels.txt"
+    labels.write_text("0 1 1 2")
+    device = DeviceConfig.model_validate(
+        {"device_id": "d1", "federation": "f", "state_dir": tmp_path / "d"}
+        | {"methods": methods}
+    )
+    with pytest.raises(ServiceSetupError, match="CKKS unavailable"):
+        build_device(device, labels)

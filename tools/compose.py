@@ -144,11 +144,17 @@ def build_coordinator(
 ) -> CoordinatorService:
     """The coordinator service of ``config`` (training if its methods say so)."""
     from ursa.coordinator.service import CoordinatorService
+    from ursa.crypto.errors import BackendUnavailableError
 
     plugin = training_plugin(config, hooks)
-    if clock is None:
-        return CoordinatorService(config, plugin=plugin, transport=transport)
-    return CoordinatorService(config, plugin=plugin, transport=transport, clock=clock)
+    try:
+        if clock is None:
+            return CoordinatorService(config, plugin=plugin, transport=transport)
+        return CoordinatorService(
+            config, plugin=plugin, transport=transport, clock=clock
+        )
+    except BackendUnavailableError as exc:
+        raise ServiceSetupError(f"[[methods]] flicker: {exc}") from None
 
 
 def load_labels(path: Path) -> NDArray[np.int64]:
@@ -250,6 +256,7 @@ def device_flicker(
     Raises:
         ServiceSetupError: an unreadable ``features_file`` or unusable samples.
     """
+    from ursa.crypto.errors import BackendUnavailableError
     from ursa.edge_sdk.methods.flicker.method import Flicker, load_features
     from ursa.edge_sdk.methods_config import flicker_spec
 
@@ -267,7 +274,7 @@ def device_flicker(
         return Flicker(
             spec, labels=labels, x=x, extractor=extractor, num_classes=num_classes
         )
-    except (OSError, KeyError, ValueError) as exc:
+    except (OSError, KeyError, ValueError, BackendUnavailableError) as exc:
         raise ServiceSetupError(f"[[methods]] flicker: {exc}") from None
 
 

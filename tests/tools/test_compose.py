@@ -233,3 +233,27 @@ def test_selection_only_device_runs_without_torch(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
     with pytest.raises(compose.ServiceSetupError, match="labels"):
         compose.build_device(_device(tmp_path))
+
+
+def test_flicker_on_both_sides_builds_each_half(tmp_path: Path) -> None:
+    pytest.importorskip("tenseal")
+    from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
+
+    config = _coordinator(tmp_path, [DUBHE, {"kind": "flicker", "nabla": 0.2}], None)
+    transport = InMemoryTransport(InMemoryBus(), "coordinator")
+    service = compose.build_coordinator(config, transport=transport)
+    assert service.flicker is not None and service.flicker.spec.nabla == 0.2
+    assert config.method_names() == ("dubhe", "flicker")
+
+    np.save(tmp_path / "l.npy", np.array([0, 1, 1, 2]))
+    flicker = [DUBHE, {"kind": "flicker"}]
+    device = compose.build_device(
+        _device(tmp_path, methods=flicker), tmp_path / "l.npy"
+    )
+    assert device.flicker is not None and device.methods() == ("dubhe", "flicker")
+
+    np.savez(tmp_path / "f.npz", centroids=np.eye(3, 4), temperature=0.5)
+    training = _training(tmp_path)
+    methods = [DUBHE, {"kind": "fedavg"}, {"kind": "flicker", "features_file": "f.npz"}]
+    with pytest.raises(compose.ServiceSetupError, match="flicker"):
+        compose.build_device(_device(tmp_path, training=training, methods=methods))

@@ -37,9 +37,12 @@ A run is named by its ring id: cosine and resample requests carry it as
 and a reply must repeat both, so a reply late from an earlier step or an
 earlier run is recognised; ``round`` is the federation round the run belongs
 to (`start`'s ``round_index``). Every incoming message is admitted (topic,
-federation, sender, enrolment, size, decode, duplicate id) and checked
-against the stage; anything else is rejected with a logged reason (kept in
-`rejections`) and an `ErrorReply` to the sender, never an exception.
+federation, sender, enrolment, size, decode, duplicate id: by
+`CoordinatorService`'s runtime when FLICKER runs as its method
+(`ursa.coordinator.methods.flicker.method`), else by `FlickerWire` in a
+stand-alone run) and checked against the stage; anything else is rejected
+with a logged reason (kept in `rejections`) and an `ErrorReply` to the
+sender, never an exception.
 Phase, config and outcome types live in `ursa.coordinator.methods.flicker.outcome`.
 """
 
@@ -305,12 +308,19 @@ class FlickerCoordinator(FlickerWire):
         self._flush()
 
     def on_message(
-        self, device: str | None, message: BaseMessage, payload: bytes | None = None
+        self,
+        device: str | None,
+        message: BaseMessage,
+        payload: bytes | None = None,
+        *,
+        admitted: bool = False,
     ) -> None:
         """Act on one decoded message from ``device`` (the topic's device id).
 
         ``payload`` is the message as received; ring hops are relayed as these
-        exact bytes (re-encoded when it is None).
+        exact bytes (re-encoded when it is None). ``admitted``: a runtime
+        already checked federation, sender and enrolment and dropped a seen
+        message id (`CoordinatorService`), so this engine does not again.
         """
         kind = message_kind(message)
         if not isinstance(message, _KINDS):
@@ -319,13 +329,32 @@ class FlickerCoordinator(FlickerWire):
             return  # a model transfer: not ours
         try:
             with self._lock:
-                self._admit(device, message)
-                self._dispatch(message, payload)
+                if not admitted:
+                    self._admit(device, message)
+                if admitted or self._first_time(message.message_id):
+                    self._dispatch(message, payload)
         except RefusedError as exc:
             self._refuse(device, kind, exc.code, exc.reason, message.message_id)
         except Exception as exc:  # nothing a device sends may crash the run
             logger.exception("FLICKER: %s from %s failed", kind, device)
             self._refuse(device, kind, ErrorCode.INTERNAL, repr(exc), None)
+        self._flush()
+
+    def device_left(self, device: str) -> None:
+        """A device went offline: skip it in the ring now, not at its deadline."""
+        with self._lock:
+            ring = self._ring
+            if self._phase is not Phase.RING or ring is None:
+                return
+            try:
+                skipped = ring.device_left(device, self._clock())
+            except RingError as exc:
+                self._fail(exc.reason)
+                return
+            if skipped:
+                ring_id = ring.ring_id
+                logger.warning("FLICKER ring %s: %s left, skipped", ring_id, device)
+                self._send_ring_start(ring)
         self._flush()
 
     def tick(self) -> None:
@@ -348,8 +377,6 @@ class FlickerCoordinator(FlickerWire):
     # --- dispatch ---------------------------------------------------------------
 
     def _dispatch(self, message: BaseMessage, payload: bytes | None) -> None:
-        if not self._first_time(message.message_id):
-            return
         if isinstance(message, RingHop):
             self._on_ring_hop(message, payload or encode(message))
         elif isinstance(message, RingResult):

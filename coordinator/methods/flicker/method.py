@@ -41,6 +41,7 @@ from ursa.coordinator.methods.flicker.outcome import (
 )
 from ursa.coordinator.methods_config import FlickerSpec
 from ursa.coordinator.store import CoordinatorStore
+from ursa.crypto.ckks import require_tenseal
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.protocol.messages import (
     BaseMessage,
@@ -62,6 +63,8 @@ logger = logging.getLogger("ursa.coordinator.flicker")
 RUN_KEY = "run"
 COUNTS_KEY = "encrypted_counts"
 RING_PHASE = "flicker.ring"
+RING_STREAM = 0x464C4B
+"""The ring order's generator stream under the federation's seed ("FLK")."""
 
 _KINDS: tuple[type[BaseMessage], ...] = (
     RingHop,
@@ -76,6 +79,9 @@ _KINDS: tuple[type[BaseMessage], ...] = (
 class FlickerMethod:
     """FLICKER's coordinator half inside `CoordinatorService`.
 
+    Raises:
+        BackendUnavailableError: TenSEAL is not installed (the ``ckks`` extra).
+
     Args:
         spec: The federation's ``kind = "flicker"`` table.
         rng: Ring order (the service's generator by default).
@@ -84,6 +90,7 @@ class FlickerMethod:
     name: ClassVar[str] = "flicker"
 
     def __init__(self, spec: FlickerSpec, *, rng: np.random.Generator | None = None):
+        require_tenseal()  # at configuration, not when the first device enrols
         self.spec = spec
         self._rng = rng
         self._engine: FlickerCoordinator | None = None
@@ -112,12 +119,14 @@ class FlickerMethod:
         outbox: Outbox,
         clock: Callable[[], float],
         sign: Sign,
-        rng: np.random.Generator,
+        seed: int | None = None,
     ) -> None:
         """Load (or create) the CKKS key and restore a saved run.
 
         ``devices`` is the service's live enrolment table; replies go into the
-        service's ``outbox``, which it flushes.
+        service's ``outbox``, which it flushes. The ring order comes from a
+        generator of its own (from ``seed``), so running FLICKER leaves the
+        service's draws (agents, trims) as they are without it.
 
         Raises:
             CryptoError: the key file is unreadable or others may read it.
@@ -132,7 +141,7 @@ class FlickerMethod:
             devices,
             None,
             clock=clock,
-            rng=self._rng if self._rng is not None else rng,
+            rng=self._rng if self._rng is not None else _ring_rng(seed),
             key_owner=load_or_create_key_owner(state_dir),
             outbox=outbox,
             sign=sign,
@@ -191,12 +200,19 @@ class FlickerMethod:
             logger.info("FLICKER over: %s", self.summary())
         return self.is_over
 
+    def device_left(self, device: str) -> None:
+        """A last will: a ring member that has not added its counts is skipped now."""
+        engine = self._engine
+        if engine is not None and engine.phase is Phase.RING:
+            engine.device_left(device)
+            self._save()
+
     def answers(self, request: ChunkRequest) -> bool:
         """Answer a chunk request for the CKKS context; False: not ours (a model)."""
         engine = self._require()
         if not engine.is_context_request(request):
             return False
-        engine.on_message(request.sender, request)
+        engine.on_message(request.sender, request, admitted=True)
         return True
 
     # --- figures ----------------------------------------------------------------
@@ -243,7 +259,7 @@ class FlickerMethod:
 
     def _on_message(self, message: BaseMessage) -> None:
         """A router handler: the runtime admitted it (inside its transaction)."""
-        self._require().on_message(message.sender, message)
+        self._require().on_message(message.sender, message, admitted=True)
         self._save()
 
     def _save(self) -> None:
@@ -265,3 +281,7 @@ class FlickerMethod:
         if self._engine is None:
             raise RuntimeError("FlickerMethod.attach() was not called")
         return self._engine
+
+
+def _ring_rng(seed: int | None) -> np.random.Generator:
+    return np.random.default_rng(None if seed is None else [seed, RING_STREAM])

@@ -153,15 +153,34 @@ class FlickerRing:
             RingError: fewer than `MIN_RING_DEVICES` live devices would remain.
         """
         holder = self.relay.holder
-        status = self.relay.poll(now, _no_turn)
-        if status is PhaseStatus.FALLBACK:
-            left = self.relay.live_count
-            reason = f"only {left} live devices left in the ring"
-            raise RingError(ErrorCode.LATE, reason)
+        self.relay.poll(now, _no_turn)
+        self._check_live()
         if holder is None or holder not in self.relay.silent:
             return None
         self._skipped.append(holder)
         return holder
+
+    def device_left(self, device: str, now: float) -> bool:
+        """A last will; True if ``device`` was skipped (it had not sent its hop).
+
+        A device already in the chain stays: its counts are in the sum.
+
+        Raises:
+            RingError: fewer than `MIN_RING_DEVICES` live devices would remain.
+        """
+        before = set(self.relay.silent)
+        self.relay.device_left(device, now, _no_turn)
+        self._check_live()
+        if device in before or device not in self.relay.silent:
+            return False
+        self._skipped.append(device)
+        return True
+
+    def _check_live(self) -> None:
+        if self.relay.status is PhaseStatus.FALLBACK:
+            left = self.relay.live_count
+            reason = f"only {left} live devices left in the ring"
+            raise RingError(ErrorCode.LATE, reason)
 
     def to_record(self) -> Record:
         """The relay's JSON-able record, plus the order of the skips."""

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from ursa.crypto.ckks import require_tenseal
 from ursa.crypto.identity import DeviceIdentity
 from ursa.edge_sdk.methods.flicker.participant import WORK_KINDS, FlickerParticipant
 from ursa.edge_sdk.methods.flicker.resampling import (
@@ -88,6 +89,10 @@ class Flicker:
             labels' maximum plus one; give it when a class may be absent).
         rng: Masks, copies and removals (unseeded by default: never fix it
             in production).
+
+    Raises:
+        BackendUnavailableError: TenSEAL is not installed (the ``ckks`` extra).
+        ValueError: samples and labels differ, or samples are not images.
     """
 
     name: ClassVar[str] = "flicker"
@@ -102,6 +107,7 @@ class Flicker:
         num_classes: int | None = None,
         rng: np.random.Generator | None = None,
     ) -> None:
+        require_tenseal()  # at configuration, not when the ring starts
         self.spec = spec if spec is not None else FlickerSpec()
         self._labels = np.asarray(labels, dtype=np.int64)
         self._x = None if x is None else np.asarray(x)

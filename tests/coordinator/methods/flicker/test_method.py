@@ -124,3 +124,32 @@ def test_a_config_without_flicker_refuses_a_flicker_method(tmp_path: Path) -> No
 
     with pytest.raises(ValueError, match="names no flicker"):
         CoordinatorService(config, flicker=FlickerMethod(FlickerSpec()))
+
+
+def test_a_ring_member_whose_last_will_arrives_is_skipped_without_waiting(
+    federation: Any,
+) -> None:
+    fed = _flicker_federation(federation)
+    lost: list[str] = []
+
+    def lose_the_first_relayed_hop(
+        sender: Any, receiver: Any, topic: str, data: bytes
+    ) -> bool:
+        relayed = sender == "coordinator" and receiver in fed.device_ids
+        if relayed and not lost and decode(data).kind == "ring_hop":
+            lost.append(receiver)
+            return True
+        return False
+
+    fed.bus.drop_filter = lose_the_first_relayed_hop
+    fed.start()
+    assert lost and fed.coordinator.state.stage is Stage.BALANCING
+
+    fed.transports[lost[0]].kill()  # its last will says offline; no clock moves
+
+    flicker = fed.coordinator.flicker
+    assert flicker is not None
+    outcome = flicker.outcome()
+    assert outcome is not None and outcome.skipped == (lost[0],)
+    assert lost[0] not in outcome.contributors
+    assert fed.coordinator.is_done

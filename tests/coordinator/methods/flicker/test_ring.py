@@ -66,3 +66,15 @@ def test_the_record_survives_json_and_the_ring_goes_on() -> None:
     again.accept_hop("r1", "a", ("a",), 0, "c", 12.0)
 
     assert again.silent == ("b",) and again.relay.contributors() == ("a", "c")
+
+
+def test_a_last_will_skips_the_holder_at_once_and_a_later_member_when_reached() -> None:
+    ring = FlickerRing.start("r1", ORDER, now=0.0, hop_deadline_s=10.0)
+    ring.accept_hop("r1", "a", ("a",), 0, "b", 1.0)
+
+    assert ring.device_left("a", 2.0) is False  # its counts are in the sum
+    assert ring.device_left("b", 2.0) is True  # the holder: a re-seals to c
+    ring.accept_hop("r1", "a", ("a",), 0, "c", 3.0)
+    assert ring.live == ("a", "c", "d") and ring.silent == ("b",)
+    with pytest.raises(RingError, match="only 2 live devices"):
+        ring.device_left("d", 4.0)
