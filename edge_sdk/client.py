@@ -59,7 +59,13 @@ from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.methods.dubhe import Dubhe
 from ursa.edge_sdk.methods.feddisk import FedDisk
 from ursa.edge_sdk.methods.flicker.method import PEER_KINDS, Flicker
-from ursa.edge_sdk.methods_config import flicker_spec, selection_kind
+from ursa.edge_sdk.methods_config import (
+    ClimbSpec,
+    DeviceMethodSpec,
+    flicker_spec,
+    selection_kind,
+    training_spec,
+)
 from ursa.edge_sdk.model_steps import ModelSteps
 from ursa.edge_sdk.phased_trainer import PhasedTrainer
 from ursa.edge_sdk.registration import RegistrationError
@@ -161,7 +167,11 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._labels = array.astype(np.int64)
         self._trainer = trainer or NoOpTrainer(int(array.size))
         self._selection = selection_kind(config.method_list())
-        given = list(methods) if methods is not None else _methods_of(self._trainer)
+        given = (
+            list(methods)
+            if methods is not None
+            else _methods_of(self._trainer, config.method_list())
+        )
         dubhe = self._selection == "dubhe" and not any(
             isinstance(m, Dubhe) for m in given
         )
@@ -527,10 +537,19 @@ class EdgeClient(EpochSteps, ModelSteps):
 MethodT = TypeVar("MethodT", bound=DeviceMethod)
 
 
-def _methods_of(trainer: Trainer) -> list[DeviceMethod]:
-    """The methods a trainer implies: `FedDisk`, or `Climb` with CLIMB settings."""
+def _methods_of(
+    trainer: Trainer, specs: Sequence[DeviceMethodSpec]
+) -> list[DeviceMethod]:
+    """The training method's device half, if it has one.
+
+    `FedDisk` for a `PhasedTrainer`; else `Climb` from a ``kind = "climb"``
+    table, or from the trainer's own CLIMB settings.
+    """
     if isinstance(trainer, PhasedTrainer):
         return [FedDisk(trainer)]
+    spec = training_spec(specs)
+    if isinstance(spec, ClimbSpec):
+        return [Climb(spec.climb_config())]
     if isinstance(trainer, ModelTrainer) and trainer.climb is not None:
         return [Climb(trainer.climb)]
     return []

@@ -19,7 +19,9 @@ from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.paillier import PaillierPublicKey, encrypt_vector
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.config import DeviceConfig, load_device_config
-from ursa.edge_sdk.trainer import NoOpTrainer
+from ursa.edge_sdk.methods.climb import Climb
+from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer, NoOpTrainer
+from ursa.models.weights import Arrays
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
@@ -430,3 +432,31 @@ def test_an_app_names_its_methods_and_its_trainer_must_agree(tmp_path: Path) -> 
     assert EdgeClient(config("random"), labels).methods() == ("random",)
     with pytest.raises(ValueError, match="the trainer runs random"):
         EdgeClient(config("random", "climb"), labels, trainer=NoOpTrainer(3))
+
+
+def test_a_climb_table_gives_an_app_trainer_the_dual_steps(tmp_path: Path) -> None:
+    config = DeviceConfig.model_validate(
+        {
+            "device_id": "a",
+            "federation": "f",
+            "state_dir": tmp_path,
+            "methods": [{"kind": "dubhe"}, {"kind": "climb", "eta_d": 0.25}],
+        }
+    )
+
+    client = EdgeClient(config, np.array([0, 1, 1]), trainer=_PlainTrainer())
+
+    assert client.methods() == ("dubhe", "climb")
+    assert client.method(Climb).config.eta_d == 0.25
+
+
+class _PlainTrainer(ModelTrainer):
+    """A model trainer without CLIMB settings of its own."""
+
+    def train_delta(
+        self, round_index: int, global_arrays: Arrays, *, delta_scale: float
+    ) -> LocalDelta:
+        return LocalDelta(dict(global_arrays), 3)
+
+    def local_loss(self, global_arrays: Arrays) -> float:
+        return 0.5
