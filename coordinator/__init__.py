@@ -1,12 +1,18 @@
 """Coordinator service: round state machine, encrypted and model aggregation."""
 
 from ursa.coordinator.config import CoordinatorConfig, load_coordinator_config
+from ursa.coordinator.methods.dubhe import DubheSelection
 from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.random import RandomSelection
 from ursa.coordinator.plugin import NoTraining, RoundPlugin
-from ursa.coordinator.selection_method import SelectionMethod, SelectionRequest
+from ursa.coordinator.selection_method import (
+    Selection,
+    SelectionContext,
+    SelectionMethod,
+    SelectionRequest,
+)
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingPlugin
 from ursa.coordinator.training_round import TrainingConfig
@@ -14,12 +20,15 @@ from ursa.coordinator.training_round import TrainingConfig
 __all__ = [
     "CoordinatorConfig",
     "CoordinatorService",
+    "DubheSelection",
     "FeddiskConfig",
     "FeddiskPlugin",
     "FlickerMethod",
     "NoTraining",
     "RandomSelection",
     "RoundPlugin",
+    "Selection",
+    "SelectionContext",
     "SelectionMethod",
     "SelectionRequest",
     "TrainingConfig",
