@@ -98,6 +98,8 @@ class ServiceCore:
     _online: set[str]
     _epoch: EpochWork | None
     _round: RoundWork | None
+    _announced_at: float = float("-inf")
+    """When the open round was last re-announced (rate limit)."""
     _outbox: Outbox
 
     # --- state --------------------------------------------------------------

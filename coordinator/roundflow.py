@@ -23,9 +23,12 @@ from ursa.coordinator.selection_method import Selection, SelectionRequest
 from ursa.protocol.envelope import encode
 from ursa.protocol.messages import COORDINATOR, RoundAnnounce, SelectionResult
 
-__all__ = ["RoundStages"]
+__all__ = ["MIN_ANNOUNCE_INTERVAL_S", "RoundStages"]
 
 logger = logging.getLogger("ursa.coordinator")
+
+MIN_ANNOUNCE_INTERVAL_S = 1.0
+"""Re-announcements of a round are at least this far apart, whatever a method asks."""
 
 
 class RoundStages(ServiceCore):
@@ -62,6 +65,7 @@ class RoundStages(ServiceCore):
             advance(self._state, Stage.SELECTING, round=index, deadline_at=None)
         )
         self._send_raw(payload, "round_announce", None)
+        self._announced_at = now
         request = self._selection_request(now)
         if request is not None:
             self._selection.open_round(request)
@@ -82,9 +86,13 @@ class RoundStages(ServiceCore):
 
     def reannounce(self) -> None:
         """Publish the open round's announce again, with a fresh message id."""
-        work = self._round
+        work, now = self._round, self._clock()
         if work is None:
             return
+        if now - self._announced_at < MIN_ANNOUNCE_INTERVAL_S:
+            logger.info("round %d: announce rate-limited", work.round)
+            return
+        self._announced_at = now
         work.announce = self._announce(work.round, work.epoch)
         self._store.set_announce(work.round, work.announce)
         self._send_raw(work.announce, "round_announce", None)

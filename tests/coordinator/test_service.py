@@ -373,3 +373,26 @@ def _dubhe_step(fed: Any) -> DubheStep | None:
     method = fed.coordinator.selection
     assert isinstance(method, DubheSelection)
     return method.step
+
+
+def test_reannouncements_are_rate_limited_whatever_the_method_asks(
+    federation: Any,
+) -> None:
+    fed = federation(num_devices=5, k=2, tries=2, rounds=1)
+    fed.bus.drop_filter = _drop(fed.device_ids[-1], "volunteer")
+    fed.start()
+    assert _dubhe_step(fed) is DubheStep.VOLUNTEERING
+    before = len(fed.messages("round_announce"))
+    fed.coordinator.reannounce()  # right after the round's own announce
+    fed.tick(0)
+    assert len(fed.messages("round_announce")) == before
+
+    fed.tick(1.0)
+    for _ in range(5):
+        fed.coordinator.reannounce()
+    fed.tick(0)
+    assert len(fed.messages("round_announce")) == before + 1
+    fed.tick(1.0)
+    fed.coordinator.reannounce()
+    fed.tick(0)
+    assert len(fed.messages("round_announce")) == before + 2

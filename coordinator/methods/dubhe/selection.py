@@ -4,11 +4,12 @@ A `SelectionMethod` in three steps, each with its own window:
 
 VOLUNTEERING: the retained `RoundAnnounce` asks every registered device for
 its H draws; the step closes when every online registrant answered or at the
-window's end. With fewer than K responders the round is announced again with
-a fresh window (a round never selects fewer than K). Per try, surplus
-volunteers are trimmed and a shortfall topped up uniformly from the other
-responders (`ursa.coordinator.methods.dubhe.tries`). With H = 1 that try is
-the selection.
+window's end (never early with fewer than K). With fewer than K responders
+the round is announced again, each window twice as long as the last, up to
+16 (a round never selects fewer than K, and never re-announces in a loop).
+Per try, surplus volunteers are trimmed and a shortfall topped up uniformly
+from the other responders (`ursa.coordinator.methods.dubhe.tries`). With
+H = 1 that try is the selection.
 
 DISTRIBUTIONS (H > 1): each member of some try gets a `TryAssignment` and
 answers with its encrypted label distribution once; per try the coordinator
@@ -42,7 +43,6 @@ from ursa.coordinator.methods.dubhe.tries import (
     make_tries,
 )
 from ursa.coordinator.plugin import EpochView
-from ursa.coordinator.selection import SelectionError
 from ursa.coordinator.selection_method import (
     Selection,
     SelectionContext,
@@ -70,6 +70,9 @@ __all__ = ["DubheSelection", "DubheStep"]
 
 logger = logging.getLogger("ursa.coordinator.dubhe")
 
+MAX_BACKOFF = 16
+"""A short volunteering window is retried 2, 4, ... up to 16 windows later."""
+
 
 class DubheStep(StrEnum):
     """Where Dubhe is in the open round."""
@@ -95,6 +98,8 @@ class _Round:
     candidates: tuple[int, ...] | None = None
     answer: Selection | None = None
     """The agent's verified choice, handed over at the next step."""
+    retries: int = 0
+    """Volunteering windows that closed short of K (each next one is longer)."""
 
     def members(self) -> set[str]:
         """Every device in some tentative set."""
@@ -207,21 +212,24 @@ class DubheSelection(SelectionMethod):
         self, work: _Round, request: SelectionRequest
     ) -> Selection | None:
         answered = set(work.volunteers)
-        everyone = bool(answered) and request.eligible <= answered
+        enough = len(answered) >= request.k
+        everyone = enough and request.eligible <= answered
         if not (everyone or request.now >= work.deadline_at):
             return None
-        try:
-            tentative = make_tries(work.volunteers, request.k, self._tries, request.rng)
-        except SelectionError:
+        if not enough:  # wait longer each time: never a re-announce loop
+            work.retries += 1
+            window = self._volunteer_s * min(2**work.retries, MAX_BACKOFF)
             logger.warning(
-                "round %d: %d responders < K=%d; re-announcing",
+                "round %d: %d responders < K=%d; re-announcing, next try in %.0f s",
                 work.round,
                 len(answered),
                 request.k,
+                window,
             )
-            work.deadline_at = request.now + self._volunteer_s
+            work.deadline_at = request.now + window
             self._context().reannounce()
             return None
+        tentative = make_tries(work.volunteers, request.k, self._tries, request.rng)
         work.tentative = tentative
         self._context().store.set_tries(work.round, tentative)
         if self._tries == 1:

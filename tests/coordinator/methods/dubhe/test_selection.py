@@ -137,19 +137,25 @@ def test_one_try_selects_as_soon_as_every_online_device_volunteered(
     assert late.value.code == ErrorCode.LATE
 
 
-def test_too_few_volunteers_at_the_window_end_reannounce_and_wait_again(
+def test_too_few_volunteers_reannounce_with_growing_windows_never_in_a_loop(
     store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
 ) -> None:
-    ctx = FakeContext(store, keys[0])
+    ctx = FakeContext(store, keys[0], online={"d0"})  # the rest are away
     dubhe, router = method(ctx, tries=1)
     dubhe.open_round(request(ctx, 0.0))
-    volunteer(router, "d0", (True,))
+    volunteer(router, "d0", (True,))  # every online device answered, 1 < K
 
-    assert dubhe.select(request(ctx, 9.9)) is None and ctx.announces == 0
+    for _ in range(100):  # a step per message and tick: no re-announce yet
+        assert dubhe.select(request(ctx, 9.9)) is None
+    assert ctx.announces == 0
     assert dubhe.select(request(ctx, 10.0)) is None and ctx.announces == 1
-    assert dubhe.select(request(ctx, 19.9)) is None and ctx.announces == 1
+    assert dubhe.select(request(ctx, 29.9)) is None and ctx.announces == 1
+    assert dubhe.select(request(ctx, 30.0)) is None and ctx.announces == 2
+    assert dubhe.select(request(ctx, 69.9)) is None and ctx.announces == 2
+
+    ctx.online.add("d1")
     volunteer(router, "d1", (False,))
-    selection = dubhe.select(request(ctx, 20.0))
+    selection = dubhe.select(request(ctx, 50.0))  # everyone online answered, K
     assert selection is not None and set(selection.selected) == {"d0", "d1"}
 
 
