@@ -66,6 +66,7 @@ from ursa.coordinator.rounds import RoundState, Stage
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
+from ursa.protocol.connect import connect_patiently
 from ursa.protocol.envelope import decode, encode, message_kind
 from ursa.protocol.errors import DecodeError, OversizeError, TopicError, VersionError
 from ursa.protocol.messages import (
@@ -94,6 +95,12 @@ from ursa.protocol.transport import Transport, TransportError
 __all__ = ["IDENTITY_PUBLIC_FILENAME", "CoordinatorService"]
 
 logger = logging.getLogger("ursa.coordinator")
+
+TRANSIENT_CODES = frozenset(
+    {ErrorCode.LATE, ErrorCode.WRONG_ROUND, ErrorCode.WRONG_EPOCH}
+)
+"""Refusals that depend on when a message came, not on what it says: such a
+message is not marked seen, so the device's retransmission is judged afresh."""
 
 IDENTITY_PUBLIC_FILENAME = "coordinator.pub"
 """Hex of the coordinator's public identity, for devices that pin it by config."""
@@ -147,6 +154,8 @@ class CoordinatorService(Recovery):
         self._epoch = None
         self._round = None
         self._started = False
+        self._resumed = False
+        self._held: list[tuple[str, bytes]] = []
         self._router = self._routes()
         self._selection.register(self._router)
         spec = config.flicker_method()
@@ -244,20 +253,34 @@ class CoordinatorService(Recovery):
                 sign=self._sign,
                 seed=cfg.seed,
             )
-        transport = self._transport or self._make_transport()
-        self._transport = transport
-        transport.set_handler(self.handle)
-        for pattern in coordinator_subscriptions(cfg.federation):
-            transport.subscribe(pattern)
-        if not transport.is_connected:
-            transport.connect()
+        if self._transport is None:
+            self._transport = connect_patiently(
+                self._make_transport,
+                what="coordinator",
+                min_delay_s=cfg.broker.reconnect_min_delay_s,
+                max_delay_s=cfg.broker.reconnect_max_delay_s,
+                stop=self._stopped,
+            )
+        else:
+            self._subscribe(self._transport)
+            if not self._transport.is_connected:
+                self._transport.connect()
         self._publish_status(online=True)
         with self._lock:
             self._resume(self._clock())
             if self._flicker is not None and self._state.stage is Stage.BALANCING:
                 self._flicker.resume()
+            self._resumed = True
+            held, self._held = self._held, []
+            for topic, payload in held:  # arrived while the stage was restored
+                self._admit_safely(topic, payload)
             self._step(self._clock())
         self._flush()
+
+    def _subscribe(self, transport: Transport) -> None:
+        transport.set_handler(self.handle)
+        for pattern in coordinator_subscriptions(self._config.federation):
+            transport.subscribe(pattern)
 
     def _make_transport(self) -> Transport:
         from ursa.protocol.mqtt import MqttTransport
@@ -266,7 +289,11 @@ class CoordinatorService(Recovery):
             global_topic(self._config.federation, STATUS),
             encode(self._status(online=False)),
         )
-        return MqttTransport(self._config.broker.mqtt_config(COORDINATOR, will=will))
+        transport = MqttTransport(
+            self._config.broker.mqtt_config(COORDINATOR, will=will)
+        )
+        self._subscribe(transport)
+        return transport
 
     def _status(self, *, online: bool) -> Status:
         return Status(
@@ -332,13 +359,24 @@ class CoordinatorService(Recovery):
     # --- admission ------------------------------------------------------------
 
     def handle(self, topic: str, payload: bytes) -> None:
-        """The transport handler: admit, dispatch, step; never raises."""
+        """The transport handler: admit, dispatch, step; never raises.
+
+        Until `start` has restored and resumed the current stage, messages are
+        held, not judged: an update queued in the broker during a restart must
+        not be refused as late because its round is not reopened yet.
+        """
+        with self._lock:
+            if not self._resumed:
+                self._held.append((topic, payload))
+                return
+            self._admit_safely(topic, payload)
+        self._flush()
+
+    def _admit_safely(self, topic: str, payload: bytes) -> None:
         try:
-            with self._lock:
-                self._admit(topic, payload, self._clock())
+            self._admit(topic, payload, self._clock())
         except Exception:
             logger.exception("internal error on a message from %s", topic)
-        self._flush()
 
     def _admit(self, topic: str, payload: bytes, now: float) -> None:
         cfg = self._config
@@ -399,7 +437,6 @@ class CoordinatorService(Recovery):
             )
             return
         with self._store.transaction():
-            self._store.mark_seen(message.message_id, now)
             if device in self._enrolled and device not in self._online:
                 self._online.add(device)
                 self._store.set_online(device, True)
@@ -407,6 +444,10 @@ class CoordinatorService(Recovery):
                 self._dispatch(message)
             except RejectedError as exc:
                 self._reject(device, kind, exc.code, exc.reason, message.message_id)
+                if exc.code not in TRANSIENT_CODES:
+                    self._store.mark_seen(message.message_id, now)
+            else:
+                self._store.mark_seen(message.message_id, now)
             self._step(now)
 
     def _routes(self) -> Router:

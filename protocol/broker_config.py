@@ -37,9 +37,15 @@ class BrokerConfig(BaseModel):
     tls_ca_file: Path | None = None
     keepalive_s: int = Field(default=DEFAULT_KEEPALIVE_S, ge=5, le=3600)
     timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
+    reconnect_min_delay_s: int = Field(default=1, ge=1)
+    """First wait before connecting again (at boot and after a lost connection)."""
+    reconnect_max_delay_s: int = Field(default=60, ge=1)
+    """Longest wait; the waits double up to it, jittered across a fleet."""
 
     @model_validator(mode="after")
     def _check_url(self) -> Self:
+        if self.reconnect_min_delay_s > self.reconnect_max_delay_s:
+            raise ValueError("reconnect_min_delay_s exceeds reconnect_max_delay_s")
         parts = urlsplit(self.url)
         if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
             raise ValueError(f"broker url must be mqtt://host:port, got {self.url!r}")
@@ -68,6 +74,8 @@ class BrokerConfig(BaseModel):
             tls_ca_file=self.tls_ca_file if tls else None,
             keepalive_s=self.keepalive_s,
             timeout_s=self.timeout_s,
+            reconnect_min_delay_s=self.reconnect_min_delay_s,
+            reconnect_max_delay_s=self.reconnect_max_delay_s,
             will_topic=None if will is None else will[0],
             will_payload=b"" if will is None else will[1],
             will_retain=True,

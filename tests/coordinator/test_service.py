@@ -396,3 +396,47 @@ def test_reannouncements_are_rate_limited_whatever_the_method_asks(
     fed.coordinator.reannounce()
     fed.tick(0)
     assert len(fed.messages("round_announce")) == before + 2
+
+
+def test_a_message_queued_during_a_restart_waits_until_the_round_is_reopened(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=5, k=2, tries=2, rounds=1)
+    late = fed.device_ids[-1]
+    fed.bus.drop_filter = _drop(late, "volunteer")
+    fed.start()
+    assert _dubhe_step(fed) is DubheStep.VOLUNTEERING
+    fed.coordinator_transport.kill()  # kill -9
+    fed.coordinator.store.close()
+    fed.bus.drop_filter = None
+    queued = Volunteer(federation=FED, round=1, sender=late, draws=(1, 1))
+    fed.send_as(late, queued)  # waits in the coordinator's broker session
+    caplog.set_level(logging.INFO, logger="ursa.coordinator")
+
+    fed.coordinator = fed.new_coordinator()
+    fed.coordinator.start()  # the broker delivers it during connect()
+
+    refused = [e.in_reply_to for e in fed.errors_to(late)]
+    assert queued.message_id not in refused
+    assert "not open" not in caplog.text
+    stored = fed.coordinator.store.round(1)
+    assert stored is not None and late in stored.volunteers
+    assert fed.coordinator.is_done
+
+
+def test_a_refusal_for_timing_is_not_remembered_so_a_resend_is_judged_afresh(
+    federation: Any,
+) -> None:
+    fed = federation(num_devices=5, k=2, tries=2, rounds=1)
+    late = fed.device_ids[-1]
+    fed.bus.drop_filter = _drop(late, "volunteer")
+    fed.start()
+    early = Volunteer(federation=FED, round=2, sender=late, draws=(1, 1))
+    fed.send_as(late, early)
+    assert [e.code for e in fed.errors_to(late)] == ["wrong_round"]
+    assert not fed.coordinator.store.is_seen(early.message_id)
+
+    garbled = Volunteer(federation=FED, round=1, sender=late, draws=(1,))
+    fed.send_as(late, garbled)
+    assert [e.code for e in fed.errors_to(late)][-1] == "malformed"
+    assert fed.coordinator.store.is_seen(garbled.message_id)
