@@ -150,6 +150,9 @@ class DeadlinesConfig(_Frozen):
     distributions_s: float = Field(default=10.0, gt=0)
     agent_s: float = Field(default=10.0, gt=0)
     training_s: float = Field(default=600.0, gt=0)
+    outage_grace_s: float = Field(default=30.0, ge=0)
+    """After a broker outage, how long departures are held while the fleet
+    reconnects (`ursa.coordinator.presence`)."""
 
 
 class RegistryConfig(_Frozen):

@@ -21,6 +21,7 @@ import numpy as np
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.plugin import EpochView, RoundPlugin
+from ursa.coordinator.presence import Presence
 from ursa.coordinator.rounds import RoundState, Stage, advance
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.store import CoordinatorStore
@@ -95,7 +96,9 @@ class ServiceCore:
     _identity: DeviceIdentity
     _state: RoundState
     _enrolled: dict[str, DevicePublicIdentity]
+    _presence: Presence
     _online: set[str]
+    """``_presence.online``: who the coordinator counts as online."""
     _epoch: EpochWork | None
     _round: RoundWork | None
     _announced_at: float = float("-inf")

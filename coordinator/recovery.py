@@ -39,7 +39,7 @@ class Recovery(EpochStages, RoundStages):
         self._enrolled = {
             d: DevicePublicIdentity.from_bytes(b) for d, b in store.enrolled().items()
         }
-        self._online = store.online() & set(self._enrolled)
+        self._presence.restore(store.online() & set(self._enrolled))
         raw = store.get_meta(STATE_KEY)
         if raw is None:
             return

@@ -48,6 +48,7 @@ idempotently with the same message ids, so nothing is counted twice.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -61,6 +62,7 @@ from ursa.coordinator.enrolment import decide_enrolment, enrol_result
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.registry import selection_method
 from ursa.coordinator.plugin import EpochView, NoTraining, RoundPlugin
+from ursa.coordinator.presence import Presence
 from ursa.coordinator.recovery import Recovery
 from ursa.coordinator.rounds import RoundState, Stage
 from ursa.coordinator.selection_method import SelectionMethod
@@ -150,7 +152,9 @@ class CoordinatorService(Recovery):
         self._stopped = threading.Event()
         self._state = RoundState()
         self._enrolled = {}
-        self._online = set()
+        self._presence = Presence(grace_s=config.deadlines.outage_grace_s)
+        self._online = self._presence.online
+        self._connected = False
         self._epoch = None
         self._round = None
         self._started = False
@@ -266,6 +270,7 @@ class CoordinatorService(Recovery):
             if not self._transport.is_connected:
                 self._transport.connect()
         self._publish_status(online=True)
+        self._connected = self._transport.is_connected
         with self._lock:
             self._resume(self._clock())
             if self._flicker is not None and self._state.stage is Stage.BALANCING:
@@ -311,6 +316,7 @@ class CoordinatorService(Recovery):
         """Check deadlines and phase conditions now (the run loop calls it)."""
         with self._lock:
             try:
+                self._watch_connection(self._clock())
                 self._step(self._clock())
             except Exception:
                 logger.exception("stage step failed; will retry at the next tick")
@@ -437,8 +443,7 @@ class CoordinatorService(Recovery):
             )
             return
         with self._store.transaction():
-            if device in self._enrolled and device not in self._online:
-                self._online.add(device)
+            if device in self._enrolled and self._presence.arrived(device):
                 self._store.set_online(device, True)
             try:
                 self._dispatch(message)
@@ -504,17 +509,57 @@ class CoordinatorService(Recovery):
                 reason = "device is not enrolled (send hello)"
                 self._reject(device, "status", ErrorCode.UNKNOWN_DEVICE, reason, None)
             return
-        if message.online != (device in self._online):
-            logger.info("%s is %s", device, "online" if message.online else "offline")
+        presence = self._presence
+        with self._store.transaction():
+            if message.online:
+                if not presence.arrived(device):
+                    return
+                logger.info("%s is online", device)
+                self._store.set_online(device, True)
+            elif presence.left(device, now):
+                logger.info("%s is offline", device)
+                self._departed({device})
+            elif device in presence.held:
+                logger.info("%s is offline (held: a possible outage)", device)
+                for held in presence.held:  # a burst takes earlier departures back
+                    self._store.set_online(held, True)
+                return
+            else:
+                return
+            self._step(now)
+
+    def _departed(self, devices: set[str]) -> None:
+        """Record departures the presence applied (last wills, or a hold ended)."""
+        for device in sorted(devices):
+            self._store.set_online(device, False)
+            if self._flicker is not None:
+                self._flicker.device_left(device)
+
+    def _extend_deadline(self, outage_s: float) -> None:
+        """Give the open stage back the time the broker was away."""
+        deadline = self._state.deadline_at
+        if outage_s > 0 and deadline is not None:
+            logger.info("broker back after %.0f s; stage deadline extended", outage_s)
+            self._set_state(
+                dataclasses.replace(self._state, deadline_at=deadline + outage_s)
+            )
+
+    def _watch_connection(self, now: float) -> None:
+        """Tell the presence about our own connection; apply ended holds."""
+        transport = self._transport
+        connected = transport is not None and transport.is_connected
+        if connected != self._connected:
+            self._connected = connected
+            if not connected:
+                logger.warning("lost the broker: holding phases open")
+                self._presence.connection_lost(now)
+            else:
+                outage = self._presence.connection_back(now)
+                self._extend_deadline(outage)
+        gone = self._presence.release(now)
+        if gone:
             with self._store.transaction():
-                self._store.set_online(device, message.online)
-                if message.online:
-                    self._online.add(device)
-                else:
-                    self._online.discard(device)
-                    if self._flicker is not None:
-                        self._flicker.device_left(device)
-                self._step(now)
+                self._departed(gone)
 
     def _on_hello(self, message: Hello) -> None:
         device = message.sender  # admission checked it is the topic's device
@@ -528,7 +573,7 @@ class CoordinatorService(Recovery):
                 self._clock(),
             )
             self._enrolled[device] = decision.identity
-            self._online.add(device)
+            self._presence.arrived(device)
             self._store.set_online(device, True)
             logger.info("enrolled %s (%s)", device, decision.identity.fingerprint())
         elif not decision.accepted:

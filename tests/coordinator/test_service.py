@@ -440,3 +440,24 @@ def test_a_refusal_for_timing_is_not_remembered_so_a_resend_is_judged_afresh(
     fed.send_as(late, garbled)
     assert [e.code for e in fed.errors_to(late)][-1] == "malformed"
     assert fed.coordinator.store.is_seen(garbled.message_id)
+
+
+def test_most_of_the_fleet_dropping_at_once_is_an_outage_not_a_departure(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=5, k=2, tries=2, rounds=1)
+    fed.bus.drop_filter = _drop(fed.device_ids[-1], "volunteer")
+    fed.start()
+    assert _dubhe_step(fed) is DubheStep.VOLUNTEERING
+    caplog.set_level(logging.INFO, logger="ursa.coordinator")
+
+    dropped = fed.device_ids[:3]
+    for device in dropped:
+        fed.transports[device].kill()  # their last wills arrive together
+
+    assert "treating it as a broker outage" in caplog.text
+    assert set(dropped) <= fed.coordinator.online_devices()
+    fed.tick(29)
+    assert set(dropped) <= fed.coordinator.online_devices()
+    fed.tick(2)  # the grace is over and they did not come back
+    assert not set(dropped) & fed.coordinator.online_devices()
