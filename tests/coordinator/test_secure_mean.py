@@ -7,8 +7,8 @@ import json
 import pytest
 
 from ursa.coordinator.climb import DualSumState
-from ursa.coordinator.climb_steps import ClimbDualWire
 from ursa.coordinator.gather import Gather
+from ursa.coordinator.methods.climb.wire import ClimbDualWire
 from ursa.coordinator.phase import PhaseStatus
 from ursa.coordinator.secure_mean import MeanHead, secure_mean
 from ursa.crypto.paillier import (
