@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ursa.coordinator.climb import DualSumState
+from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather
 from ursa.coordinator.methods.climb.wire import ClimbDualWire
 from ursa.coordinator.phase import PhaseStatus
@@ -58,7 +58,7 @@ def stats(public: PaillierPublicKey, device: str, f: float, lam: float) -> Climb
 
 def open_mean(
     public: PaillierPublicKey, out: Outbox, saved: dict[str, object] | None = None
-) -> Gather[ClimbStats, DualSumState]:
+) -> Gather[ClimbStats, EncryptedSum]:
     return secure_mean(
         ClimbDualWire(),
         HEAD,

@@ -34,7 +34,7 @@ from ursa.coordinator.before_training import (
     StepContext,
     StepPhase,
 )
-from ursa.coordinator.climb import DualSumState
+from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather
 from ursa.coordinator.methods.climb.wire import ClimbDualWire, dual_step_key
 from ursa.coordinator.methods_config import ClimbSpec
@@ -63,7 +63,7 @@ class ClimbDualStep(BeforeTraining):
         self.spec = spec or ClimbSpec()
         self._ctx: StepContext | None = None
         self._round: int | None = None
-        self._dual: Gather[ClimbStats, DualSumState] | None = None
+        self._dual: Gather[ClimbStats, EncryptedSum] | None = None
 
     # --- BeforeTraining ----------------------------------------------------------
 
@@ -157,13 +157,13 @@ class ClimbDualStep(BeforeTraining):
             return
         self._changed(dual)
 
-    def _open_dual(self, round_index: int) -> Gather[ClimbStats, DualSumState] | None:
+    def _open_dual(self, round_index: int) -> Gather[ClimbStats, EncryptedSum] | None:
         dual = self._dual
         if dual is None or self._round != round_index or not dual.is_open:
             return None
         return dual
 
-    def _changed(self, dual: Gather[ClimbStats, DualSumState]) -> None:
+    def _changed(self, dual: Gather[ClimbStats, EncryptedSum]) -> None:
         """Save the step in the message's transaction; log once it closed."""
         assert self._ctx is not None and self._round is not None
         self._ctx.view.store.save_phase(dual.key, self._round, dual.to_record())

@@ -11,7 +11,7 @@ own lambda and weight (`ursa.edge_sdk.methods.climb`).
 
 from __future__ import annotations
 
-from ursa.coordinator.climb import DUAL_REPORT_LENGTH
+from ursa.coordinator.methods.climb.dual_sum import DUAL_REPORT_LENGTH
 from ursa.coordinator.secure_mean import MeanHead, MeanWire
 from ursa.protocol.messages import COORDINATOR, ClimbStats, ClimbSum, DualStepRequest
 
