@@ -3,12 +3,18 @@
 from ursa.coordinator.before_training import BeforeTraining
 from ursa.coordinator.config import CoordinatorConfig, load_coordinator_config
 from ursa.coordinator.methods.climb import ClimbDualStep
+from ursa.coordinator.methods.dubhe import DubheSelection
 from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.random import RandomSelection
 from ursa.coordinator.plugin import NoTraining, RoundPlugin
-from ursa.coordinator.selection_method import SelectionMethod, SelectionRequest
+from ursa.coordinator.selection_method import (
+    Selection,
+    SelectionContext,
+    SelectionMethod,
+    SelectionRequest,
+)
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingPlugin
 from ursa.coordinator.training_round import TrainingConfig
@@ -18,12 +24,15 @@ __all__ = [
     "ClimbDualStep",
     "CoordinatorConfig",
     "CoordinatorService",
+    "DubheSelection",
     "FeddiskConfig",
     "FeddiskPlugin",
     "FlickerMethod",
     "NoTraining",
     "RandomSelection",
     "RoundPlugin",
+    "Selection",
+    "SelectionContext",
     "SelectionMethod",
     "SelectionRequest",
     "TrainingConfig",

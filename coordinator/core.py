@@ -20,7 +20,7 @@ import numpy as np
 
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
-from ursa.coordinator.plugin import RoundPlugin
+from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.rounds import RoundState, Stage, advance
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.store import CoordinatorStore
@@ -78,16 +78,8 @@ class RoundWork:
     round: int
     epoch: int
     announce: bytes
-    volunteers: dict[str, tuple[bool, ...]] = field(default_factory=dict)
-    tentative: tuple[tuple[str, ...], ...] | None = None
-    distributions: dict[str, EncryptedVector] = field(default_factory=dict)
-    candidates: tuple[int, ...] | None = None
     selected: tuple[str, ...] | None = None
     result: bytes | None = None
-
-    def members(self) -> set[str]:
-        """Every device in some tentative set."""
-        return {d for t in self.tentative or () for d in t}
 
 
 class ServiceCore:
@@ -97,8 +89,7 @@ class ServiceCore:
     _clock: Clock
     _rng: np.random.Generator
     _plugin: RoundPlugin
-    _selection: SelectionMethod | None
-    """The selection method; None: Dubhe (the VOLUNTEERING..AGENT stages)."""
+    _selection: SelectionMethod
     _transport: Transport | None
     _store: CoordinatorStore
     _identity: DeviceIdentity
@@ -107,6 +98,8 @@ class ServiceCore:
     _online: set[str]
     _epoch: EpochWork | None
     _round: RoundWork | None
+    _announced_at: float = float("-inf")
+    """When the open round was last re-announced (rate limit)."""
     _outbox: Outbox
 
     # --- state --------------------------------------------------------------
@@ -136,6 +129,19 @@ class ServiceCore:
     def _deadline_passed(self, now: float) -> bool:
         deadline = self._state.deadline_at
         return deadline is not None and now >= deadline
+
+    def _epoch_view(self) -> EpochView | None:
+        """The current key epoch's public data (for methods and plugins)."""
+        work = self._epoch
+        if work is None:
+            return None
+        return EpochView(
+            work.epoch,
+            work.public_key,
+            frozenset(work.registered),
+            work.agent,
+            self._enrolled.get(work.agent),
+        )
 
     def _online_enrolled(self) -> set[str]:
         return self._online & set(self._enrolled)

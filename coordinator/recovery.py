@@ -2,10 +2,11 @@
 
 After ``kill -9`` the store holds the `RoundState`, the key epoch (agent,
 recipients, relayed public key, running registry sum, published registry
-sum) and the round (announce, volunteers, tentative sets, encrypted
-distributions, candidates, selection). `Recovery._restore` rebuilds the
-working copies and gives the current stage a fresh deadline (the devices may
-have waited); `Recovery._resume` re-publishes what that stage waits on. Every
+sum) and the round (announce, selection; the selection method's progress).
+`Recovery._restore` rebuilds the working copies and gives the current stage
+a fresh deadline (the devices may have waited); `Recovery._resume`
+re-publishes what that stage waits on and lets the selection method resume
+its own steps (`SelectionMethod.resume`). Every
 device answer carries a deterministic message id and every handler records
 per device, so an answer given twice is recognised, never counted twice.
 """
@@ -19,7 +20,6 @@ from ursa.coordinator.core import STATE_KEY, EpochWork, RoundWork
 from ursa.coordinator.keys import EpochStages
 from ursa.coordinator.roundflow import RoundStages
 from ursa.coordinator.rounds import RoundState, Stage
-from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierPublicKey, encrypted_vector_from
 from ursa.protocol.envelope import decode
@@ -84,35 +84,21 @@ class Recovery(EpochStages, RoundStages):
     def _restore_round(self, index: int) -> RoundWork | None:
         record = self._store.round(index) if index else None
         epoch = self._epoch
-        if record is None or epoch is None or epoch.public_key is None:
-            return None
-        if record.epoch != epoch.epoch:
-            return None  # a round of an earlier epoch: a new one is being keyed
-        public_key = epoch.public_key
-        work = RoundWork(record.round, record.epoch, record.announce)
-        work.volunteers = dict(record.volunteers)
-        work.tentative = record.tries
-        work.candidates = record.candidates
-        work.selected = record.selected
-        work.result = record.result
-        try:
-            work.distributions = {
-                d: encrypted_vector_from(b, public_key, num_parties=1)
-                for d, b in record.distributions.items()
-            }
-        except CryptoError:
-            logger.exception("stored distributions of round %d unreadable", index)
-        return work
+        if record is None or epoch is None or record.epoch != epoch.epoch:
+            return None  # none yet, or a round of an earlier epoch: a new one is keyed
+        return RoundWork(
+            record.round,
+            record.epoch,
+            record.announce,
+            selected=record.selected,
+            result=record.result,
+        )
 
     def _stage_deadline_s(self, stage: Stage) -> float | None:
         d = self._config.deadlines
         return {
             Stage.KEY_EPOCH: d.key_epoch_s,
             Stage.REGISTRATION: d.registration_s,
-            Stage.VOLUNTEERING: d.volunteer_s,
-            Stage.DISTRIBUTIONS: d.distributions_s,
-            Stage.AGENT: d.agent_s,
-            Stage.SELECTING: d.volunteer_s,
             Stage.TRAINING: d.training_s,
         }.get(stage)
 
@@ -133,18 +119,10 @@ class Recovery(EpochStages, RoundStages):
                 self._send_raw(work.registry_sum_msg, "registry_sum", None)
         if stage is Stage.KEY_EPOCH:
             self._send_seal_request()
-        round_stages = (
-            Stage.VOLUNTEERING,
-            Stage.DISTRIBUTIONS,
-            Stage.AGENT,
-            Stage.SELECTING,
-        )
-        if current is not None and stage in (*round_stages, Stage.TRAINING):
+        if current is not None and stage in (Stage.SELECTING, Stage.TRAINING):
             self._send_raw(current.announce, "round_announce", None)
-        if stage is Stage.DISTRIBUTIONS and current is not None:
-            waiting = sorted(current.members() - set(current.distributions))
-            self._send_assignments(current, waiting)
-        if stage is Stage.AGENT and current is not None:
-            self._send_try_sums(current)
+            request = self._selection_request(now)
+            if request is not None:
+                self._selection.resume(request)
         if stage is Stage.TRAINING and current is not None and current.selected:
             self._plugin.on_selected(current.round, current.selected, self._send)

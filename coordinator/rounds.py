@@ -1,41 +1,29 @@
-"""The coordinator's state machine (stages, transitions) and its pure round steps.
+"""The coordinator's state machine: its stages and their transitions.
 
 One `Stage` at a time, held in a frozen `RoundState` that only
 `advance` replaces (after `check_transition`)::
 
-    ENROLMENT -> KEY_EPOCH -> REGISTRATION -> VOLUNTEERING -> DISTRIBUTIONS
-                    ^  |                        ^   |  |          |
-                    |  +-- agent silent: retry  |   |  +---- H=1  v
-                    |                           |   |        |  AGENT
-                    |                           |   v        v    |
-                    +------ rekey --------- TRAINING <------------+
-                                             |  ^
-                                             v  |
-                                   DONE    SELECTING
+    ENROLMENT -> [BALANCING] -> KEY_EPOCH -> REGISTRATION -> SELECTING
+                                  ^  |                          ^   |
+                                  |  +-- agent silent: retry    |   v
+                                  +----------- rekey -------- TRAINING -> DONE
 
-VOLUNTEERING, DISTRIBUTIONS and AGENT are Dubhe's; a federation whose
-selection method is another (`ursa.coordinator.selection_method`) goes from
-REGISTRATION or TRAINING to SELECTING instead, and from there to TRAINING.
-
+SELECTING is the federation's selection method's (Dubhe's volunteers, tries
+and agent, or the random baseline: `ursa.coordinator.selection_method`); its
+own steps and windows are the method's. TRAINING is the training method's.
 With a balancing method (FLICKER), ENROLMENT -> BALANCING -> KEY_EPOCH: the
 method runs once, before the first key epoch's registration.
-
-The functions below turn what the coordinator saw (device ids, draws, who
-delivered) into tentative sets and selections; they take device ids and the
-coordinator's generator and touch no network, clock or database.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
 from typing_extensions import TypedDict, Unpack
 
 from ursa._compat import StrEnum
-from ursa.coordinator.selection import finalize_selections
 
 __all__ = [
     "TRANSITIONS",
@@ -45,9 +33,6 @@ __all__ = [
     "TransitionError",
     "advance",
     "check_transition",
-    "complete_tries",
-    "fallback_selection",
-    "make_tries",
 ]
 
 
@@ -59,10 +44,8 @@ class Stage(StrEnum):
     """A balancing method (FLICKER) runs once before the first key epoch."""
     KEY_EPOCH = "key_epoch"
     REGISTRATION = "registration"
-    VOLUNTEERING = "volunteering"
-    DISTRIBUTIONS = "distributions"
-    AGENT = "agent"
     SELECTING = "selecting"
+    """The selection method's steps (Dubhe: volunteers, distributions, agent)."""
     TRAINING = "training"
     DONE = "done"
 
@@ -71,21 +54,21 @@ TRANSITIONS: Mapping[Stage, frozenset[Stage]] = {
     Stage.ENROLMENT: frozenset({Stage.BALANCING, Stage.KEY_EPOCH, Stage.DONE}),
     Stage.BALANCING: frozenset({Stage.KEY_EPOCH}),
     Stage.KEY_EPOCH: frozenset({Stage.KEY_EPOCH, Stage.REGISTRATION}),
-    Stage.REGISTRATION: frozenset(
-        {Stage.KEY_EPOCH, Stage.VOLUNTEERING, Stage.SELECTING, Stage.DONE}
-    ),
-    Stage.VOLUNTEERING: frozenset(
-        {Stage.VOLUNTEERING, Stage.DISTRIBUTIONS, Stage.TRAINING, Stage.KEY_EPOCH}
-    ),
-    Stage.DISTRIBUTIONS: frozenset({Stage.AGENT, Stage.TRAINING}),
-    Stage.AGENT: frozenset({Stage.TRAINING}),
-    Stage.SELECTING: frozenset({Stage.SELECTING, Stage.TRAINING}),
-    Stage.TRAINING: frozenset(
-        {Stage.VOLUNTEERING, Stage.SELECTING, Stage.KEY_EPOCH, Stage.DONE}
-    ),
+    Stage.REGISTRATION: frozenset({Stage.KEY_EPOCH, Stage.SELECTING, Stage.DONE}),
+    Stage.SELECTING: frozenset({Stage.SELECTING, Stage.TRAINING, Stage.KEY_EPOCH}),
+    Stage.TRAINING: frozenset({Stage.SELECTING, Stage.KEY_EPOCH, Stage.DONE}),
     Stage.DONE: frozenset(),
 }
 """Allowed stage changes (a stage may re-enter itself where it retries)."""
+
+
+_LEGACY_STAGES = {
+    "volunteering": "selecting",
+    "distributions": "selecting",
+    "agent": "selecting",
+}
+"""Dubhe's steps were runtime stages before they moved into its method; a
+state dir saved then resumes in SELECTING (Dubhe reads its step from the store)."""
 
 
 class TransitionError(RuntimeError):
@@ -118,8 +101,9 @@ class RoundState:
     def from_json(cls, data: Mapping[str, object]) -> RoundState:
         """Inverse of `to_json`."""
         deadline = data.get("deadline_at")
+        stage = str(data["stage"])
         return cls(
-            stage=Stage(str(data["stage"])),
+            stage=Stage(_LEGACY_STAGES.get(stage, stage)),
             epoch=int(str(data["epoch"])),
             round=int(str(data["round"])),
             deadline_at=None if deadline is None else float(str(deadline)),
@@ -148,54 +132,3 @@ def advance(
     """A checked copy of `state` in `stage` with `changes` applied."""
     check_transition(state.stage, stage)
     return dataclasses.replace(state, stage=stage, **changes)
-
-
-def make_tries(
-    volunteers: Mapping[str, Sequence[bool]],
-    k: int,
-    tries: int,
-    rng: np.random.Generator,
-) -> tuple[tuple[str, ...], ...]:
-    """The H tentative sets of exactly K from the responders' per-try draws.
-
-    Per try: trim surplus volunteers uniformly, or top up uniformly from the
-    responders who did not volunteer in that try (`finalize_selections`).
-    Responders are sorted by id first, so a seeded generator is reproducible.
-
-    Raises:
-        SelectionError: fewer than K responders.
-    """
-    devices = sorted(volunteers)
-    draws = np.array([list(volunteers[d])[:tries] for d in devices], dtype=bool)
-    chosen = finalize_selections(draws.T.reshape(tries, len(devices)), k, rng)
-    return tuple(tuple(devices[i] for i in row) for row in chosen)
-
-
-def complete_tries(
-    tries: Sequence[Sequence[str]], delivered: set[str] | frozenset[str]
-) -> tuple[int, ...]:
-    """Indices of the tries all of whose members delivered their distribution."""
-    return tuple(h for h, members in enumerate(tries) if set(members) <= delivered)
-
-
-def fallback_selection(
-    tries: Sequence[Sequence[str]],
-    preferred: Sequence[int],
-    alive: Sequence[str],
-    k: int,
-    rng: np.random.Generator,
-) -> tuple[int | None, tuple[str, ...]]:
-    """A selection when the agent cannot answer: the first usable try, or a repair.
-
-    Returns ``(h, members)`` of the first try in `preferred` (complete tries),
-    else ``(None, set)``: try 0's members that are in `alive`, topped up
-    uniformly from the rest of `alive` to K (fewer only if `alive` is short).
-    """
-    if preferred:
-        return preferred[0], tuple(tries[preferred[0]])
-    alive_set = set(alive)
-    kept = [d for d in tries[0] if d in alive_set] if tries else []
-    rest = sorted(alive_set - set(kept))
-    need = max(0, min(k - len(kept), len(rest)))
-    extra = [rest[i] for i in rng.permutation(len(rest))[:need]] if need else []
-    return None, tuple(sorted(kept + extra))

@@ -1,31 +1,47 @@
 """The contract of a coordinator selection method: who takes part in a round.
 
-A federation has exactly one selection method (``[[methods]]``). Dubhe's
-encrypted self-selection is still the runtime's own stage flow
-(``roundflow.py``: VOLUNTEERING, DISTRIBUTIONS, AGENT); every other selection
-method implements `SelectionMethod` and lives in ``coordinator/methods/<m>/``,
-registered in `ursa.coordinator.methods`. The runtime opens the round (the
-stored, retained `RoundAnnounce`), then calls `SelectionMethod.select` at
-every tick of its SELECTING stage until it names the participants; the
-runtime signs and publishes the `SelectionResult`, persists it with the
-round, and hands the round to the training method. A method that cannot
-decide by the stage's deadline is asked again under a fresh deadline (a
-round never starts with fewer than K).
+A federation has exactly one selection method (``[[methods]]``), a package
+under ``coordinator/methods/<m>/`` registered in
+`ursa.coordinator.methods.registry`: Dubhe's encrypted self-selection
+(``dubhe``) or the uniform baseline (``random``). The runtime opens each
+round (the stored, retained `RoundAnnounce`), calls `SelectionMethod.open_round`
+and then `SelectionMethod.select` at every step of its SELECTING stage (every
+tick and after every admitted message) until the method names the
+participants. The runtime checks them (K distinct eligible devices), signs
+and publishes the `SelectionResult`, persists it with the round, and hands
+the round to the training method.
 
-`select` gets a frozen `SelectionRequest` and returns ids: no I/O, no clock,
-so a method is a pure function of what the runtime saw, and a restart before
-the result was published simply asks again.
+What the runtime owns: admission, dedup, the store's transaction around each
+message, the key epoch, the announce and the signed result. What a method
+owns: the messages it registers on the runtime's `Router` (Dubhe's
+volunteers, distributions and agent answer), its own windows and deadlines
+(`SelectionRequest.now`), and its progress in the store (in the transaction
+of the message that changed it), so that after a restart `resume` re-sends
+what it waits on and a re-sent device answer is never counted twice.
+
+A method with no messages (random) implements only `select`: a pure function
+of what the runtime saw.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 
-__all__ = ["SelectionMethod", "SelectionRequest"]
+from ursa.coordinator.plugin import EpochView
+from ursa.coordinator.store import CoordinatorStore
+from ursa.protocol.messages import BaseMessage
+from ursa.protocol.router import Router
+
+__all__ = [
+    "Selection",
+    "SelectionContext",
+    "SelectionMethod",
+    "SelectionRequest",
+]
 
 
 @dataclass(frozen=True)
@@ -39,6 +55,7 @@ class SelectionRequest:
         eligible: Devices registered in this key epoch (they hold its key, which
             CLIMB's and FedDisk's encrypted means need) and online now.
         rng: The coordinator's seeded generator (reproducible draws).
+        now: The coordinator's clock (for a method's own windows).
     """
 
     round: int
@@ -46,6 +63,54 @@ class SelectionRequest:
     k: int
     eligible: frozenset[str]
     rng: np.random.Generator
+    now: float = 0.0
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A method's answer: the participants, and what the runtime should record.
+
+    Attributes:
+        selected: Exactly K distinct eligible device ids.
+        try_index: Which of Dubhe's tentative sets won (signed into the
+            result; None for a method without tries or a repaired set).
+        rekey: Start a new key epoch before the next round (e.g. Dubhe's agent
+            stayed silent: it holds the only answer the protocol trusts).
+    """
+
+    selected: tuple[str, ...]
+    try_index: int | None = None
+    rekey: bool = False
+
+
+class SelectionContext(Protocol):
+    """What the runtime lends a selection method (given once, to `attach`)."""
+
+    @property
+    def federation(self) -> str:
+        """The federation id (messages carry it)."""
+        ...
+
+    @property
+    def store(self) -> CoordinatorStore:
+        """The coordinator's store; writes join the current message's transaction."""
+        ...
+
+    def epoch_view(self) -> EpochView | None:
+        """The current key epoch (public key, registered devices, agent)."""
+        ...
+
+    def online_devices(self) -> frozenset[str]:
+        """Enrolled devices currently online."""
+        ...
+
+    def send(self, message: BaseMessage, device: str | None) -> None:
+        """Queue a message for one device's down topic (None: the global topic)."""
+        ...
+
+    def reannounce(self) -> None:
+        """Publish the open round's `RoundAnnounce` again (a fresh message id)."""
+        ...
 
 
 class SelectionMethod(ABC):
@@ -54,6 +119,22 @@ class SelectionMethod(ABC):
     name: ClassVar[str]
     """The method's ``[[methods]]`` kind (signed into each key epoch)."""
 
+    def attach(self, ctx: SelectionContext) -> None:  # noqa: B027 - optional hook
+        """Keep the runtime's context (once, when the service starts)."""
+
+    def register(self, router: Router) -> None:  # noqa: B027 - optional hook
+        """Route the method's device messages to it (a kind has one owner)."""
+
+    def open_round(self, request: SelectionRequest) -> None:  # noqa: B027
+        """A new round was announced (default: nothing to prepare)."""
+
+    def resume(self, request: SelectionRequest) -> None:  # noqa: B027
+        """After a restart in SELECTING: reload progress, re-send what it waits on."""
+
+    def epoch_unusable(self, epoch: EpochView, online: frozenset[str]) -> str | None:
+        """Why the next round needs a new key epoch first (None: it does not)."""
+        return None
+
     @abstractmethod
-    def select(self, request: SelectionRequest) -> tuple[str, ...] | None:
-        """Exactly ``request.k`` distinct eligible ids, or None to wait a tick."""
+    def select(self, request: SelectionRequest) -> Selection | None:
+        """The round's participants, or None to be asked again at the next step."""

@@ -16,23 +16,17 @@ The protocol as the coordinator runs it (SPEC §2, §3, §5; Dubhe Fig. 3-5)::
     4  device -> Registration(Enc(one-hot registry)) -> running sum
        [all online recipients or deadline]  RegistrySum -> all (retained)
     5  RoundAnnounce(round, K, H, deadline) -> all (retained)
-       device -> Volunteer(H draws)  [all online registrants or deadline]
-       H = 1: exactly-K set, else per try trim / top-up, then
-       coordinator -> TryAssignment(try indices) -> each member
-       member -> EncryptedDistribution -> coordinator (sums per try)
-       coordinator -> TrySums -> agent -> AgentAnswer(best try, signed)
-       SelectionResult (signed, exactly K) -> all; RoundPlugin trains
-       (another selection method: after the announce the coordinator asks
-       it at each tick, SELECTING, and signs the K it names)
+       SELECTING: the selection method's own messages and windows (Dubhe:
+       Volunteer, TryAssignment, EncryptedDistribution, TrySums, AgentAnswer;
+       `ursa.coordinator.methods.dubhe`), until it names the participants
+       SelectionResult (signed, K) -> all; RoundPlugin trains
        round complete (persisted once) -> next round, or a new key epoch
 
 Phases close early once every *online* device they wait on has answered (a
-last will removes a device at once), else at their deadline. Fewer than K
-responders: re-announce, never a smaller set. Agent offline or silent past
-its deadline: the first complete try (try 0 when complete) is adopted, the
-fallback is logged, and a new key epoch (new agent, new registration of the
-online devices) starts before the next round. Devices enrolled after a key
-epoch started join at the next one.
+last will removes a device at once), else at their deadline. A selection
+method may ask for a new key epoch before the next round (Dubhe, when its
+agent is offline or silent). Devices enrolled after a key epoch started join
+at the next one.
 
 Admission (every incoming message, in order; a failure is logged with its
 reason and, where the sender can act, answered with an `ErrorReply`):
@@ -44,10 +38,11 @@ checks epoch, round, stage and role. Nothing a device sends can crash it: an
 unexpected exception is logged with its traceback and its transaction rolls
 back (the message is not marked seen, so a re-send is handled afresh).
 
-Restart: state, epochs, rounds, volunteers, distributions and seen ids live in
+Restart: state, epochs, rounds, the methods' progress and seen ids live in
 SQLite; on start the service reloads them, gives the current stage a fresh
 deadline and re-publishes what the stage waits on (key notice, public key,
-registry sum, announce, assignments, sums, last selection). Devices answer
+registry sum, announce, last selection; the selection method re-sends its
+own). Devices answer
 idempotently with the same message ids, so nothing is counted twice.
 """
 
@@ -68,17 +63,16 @@ from ursa.coordinator.methods.registry import selection_method
 from ursa.coordinator.plugin import EpochView, NoTraining, RoundPlugin
 from ursa.coordinator.recovery import Recovery
 from ursa.coordinator.rounds import RoundState, Stage
+from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.protocol.envelope import decode, encode, message_kind
 from ursa.protocol.errors import DecodeError, OversizeError, TopicError, VersionError
 from ursa.protocol.messages import (
     COORDINATOR,
-    AgentAnswer,
     AgentPublicKey,
     BaseMessage,
     ChunkRequest,
-    EncryptedDistribution,
     ErrorCode,
     ErrorReply,
     Heartbeat,
@@ -86,7 +80,6 @@ from ursa.protocol.messages import (
     Registration,
     SealedSecretKey,
     Status,
-    Volunteer,
 )
 from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import Dispatch, RejectedError, Router
@@ -142,7 +135,7 @@ class CoordinatorService(Recovery):
                 f"[[methods]] names {named}, the training plugin runs "
                 f"{', '.join(runs) or 'none'}"
             )
-        self._selection = selection_method(config.selection_method().kind)
+        self._selection = selection_method(config)
         self._rng = rng if rng is not None else np.random.default_rng(config.seed)
         self._transport = transport
         self._lock = threading.RLock()
@@ -155,6 +148,7 @@ class CoordinatorService(Recovery):
         self._round = None
         self._started = False
         self._router = self._routes()
+        self._selection.register(self._router)
         spec = config.flicker_method()
         if flicker is None and spec is not None:
             flicker = FlickerMethod(spec)
@@ -196,19 +190,24 @@ class CoordinatorService(Recovery):
         """FLICKER's coordinator half, if the federation runs it (for figures)."""
         return self._flicker
 
+    @property
+    def federation(self) -> str:
+        """The federation id."""
+        return self._config.federation
+
+    @property
+    def selection(self) -> SelectionMethod:
+        """The federation's selection method (for status and tests)."""
+        return self._selection
+
+    def send(self, message: BaseMessage, device: str | None) -> None:
+        """Queue a message (for methods: flushed after the current step)."""
+        self._send(message, device)
+
     def epoch_view(self) -> EpochView | None:
         """The current key epoch's public data (for the round plugin)."""
         with self._lock:
-            work = self._epoch
-            if work is None:
-                return None
-            return EpochView(
-                work.epoch,
-                work.public_key,
-                frozenset(work.registered),
-                work.agent,
-                self._enrolled.get(work.agent),
-            )
+            return self._epoch_view()
 
     def online_devices(self) -> frozenset[str]:
         """Enrolled devices currently online (for the round plugin)."""
@@ -232,6 +231,7 @@ class CoordinatorService(Recovery):
         with self._lock:
             self._restore(now)
         self._plugin.attach(self)
+        self._selection.attach(self)
         if self._flicker is not None:
             self._flicker.attach(
                 federation=cfg.federation,
@@ -417,9 +417,6 @@ class CoordinatorService(Recovery):
         router.register(AgentPublicKey, self._on_agent_public_key, owner=own)
         router.register(SealedSecretKey, self._on_sealed_secret_key, owner=own)
         router.register(Registration, self._on_registration, owner=own)
-        router.register(Volunteer, self._on_volunteer, owner=own)
-        router.register(EncryptedDistribution, self._on_distribution, owner=own)
-        router.register(AgentAnswer, self._on_agent_answer, owner=own)
         router.register(ErrorReply, self._on_error_reply, owner=own)
         router.register(Heartbeat, lambda m: None, owner=own)
         return router
@@ -514,9 +511,6 @@ class CoordinatorService(Recovery):
             Stage.BALANCING: self._stage_balancing,
             Stage.KEY_EPOCH: self._stage_key_epoch,
             Stage.REGISTRATION: self._stage_registration,
-            Stage.VOLUNTEERING: self._stage_volunteering,
-            Stage.DISTRIBUTIONS: self._stage_distributions,
-            Stage.AGENT: self._stage_agent,
             Stage.SELECTING: self._stage_selecting,
             Stage.TRAINING: self._stage_training,
             Stage.DONE: lambda now: None,

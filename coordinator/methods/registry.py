@@ -2,25 +2,42 @@
 
 The runtime looks a federation's selection method up here; adding one is a
 package under ``coordinator/methods/`` and a line below (plus its settings
-class in `ursa.coordinator.methods_config`). Dubhe is absent: its encrypted
-self-selection is still the runtime's own stage flow.
+class in `ursa.coordinator.methods_config`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from ursa.coordinator.config import CoordinatorConfig
+from ursa.coordinator.methods.dubhe import DubheSelection
 from ursa.coordinator.methods.random import RandomSelection
 from ursa.coordinator.selection_method import SelectionMethod
 
 __all__ = ["SELECTION_METHODS", "selection_method"]
 
-SELECTION_METHODS: Mapping[str, type[SelectionMethod]] = {
-    RandomSelection.name: RandomSelection,
+
+def _dubhe(config: CoordinatorConfig) -> SelectionMethod:
+    d = config.deadlines
+    return DubheSelection(
+        tries=config.tries,
+        num_classes=config.registry.num_classes,
+        volunteer_s=d.volunteer_s,
+        distributions_s=d.distributions_s,
+        agent_s=d.agent_s,
+    )
+
+
+def _random(config: CoordinatorConfig) -> SelectionMethod:
+    return RandomSelection(window_s=config.deadlines.volunteer_s)
+
+
+SELECTION_METHODS: Mapping[str, Callable[[CoordinatorConfig], SelectionMethod]] = {
+    DubheSelection.name: _dubhe,
+    RandomSelection.name: _random,
 }
 
 
-def selection_method(kind: str) -> SelectionMethod | None:
-    """The method for selection ``kind``; None for Dubhe (the runtime's flow)."""
-    cls = SELECTION_METHODS.get(kind)
-    return None if cls is None else cls()
+def selection_method(config: CoordinatorConfig) -> SelectionMethod:
+    """The federation's selection method, built from its config."""
+    return SELECTION_METHODS[config.selection_method().kind](config)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from ursa.coordinator.config import EnrolmentConfig
+from ursa.coordinator.methods.dubhe import DubheSelection, DubheStep
 from ursa.coordinator.rounds import Stage
 from ursa.crypto.identity import (
     DeviceIdentity,
@@ -152,7 +153,7 @@ def test_wrong_round_wrong_epoch_and_non_agent_answers_are_rejected(
     last = fed.device_ids[-1]
     fed.bus.drop_filter = _drop(last, "volunteer")
     fed.start()
-    assert fed.coordinator.state.stage is Stage.VOLUNTEERING
+    assert _dubhe_step(fed) is DubheStep.VOLUNTEERING
     agent = fed.messages("key_epoch_start")[0][1].agent
     other = next(d for d in fed.device_ids if d not in (agent, last))
     caplog.set_level(logging.INFO, logger="ursa.coordinator")
@@ -240,7 +241,7 @@ def test_silent_agent_falls_back_and_rekeys_before_the_next_round(
     fed.bus.drop_filter = _drop(None, "agent_answer")
     caplog.set_level(logging.INFO, logger="ursa.coordinator")
     fed.start()
-    assert fed.coordinator.state.stage is Stage.AGENT
+    assert _dubhe_step(fed) is DubheStep.AGENT
     first_agent = fed.messages("key_epoch_start")[0][1].agent
     fed.bus.drop_filter = _drop(first_agent, "agent_answer")
 
@@ -283,11 +284,11 @@ def test_restart_from_sqlite_mid_round_resumes_without_double_counting(
     fed.bus.drop_filter = _drop(stalled, stall)  # round 1 stalls at that stage
     fed.start()
     expected = {
-        "volunteer": Stage.VOLUNTEERING,
-        "encrypted_distribution": Stage.DISTRIBUTIONS,
-        "agent_answer": Stage.AGENT,
+        "volunteer": DubheStep.VOLUNTEERING,
+        "encrypted_distribution": DubheStep.DISTRIBUTIONS,
+        "agent_answer": DubheStep.AGENT,
     }
-    assert fed.coordinator.state.stage is expected[stall]
+    assert _dubhe_step(fed) is expected[stall]
     assert fed.coordinator.state.round == 1
     enrolled_before = fed.coordinator.store.enrolled()
     round_before = fed.coordinator.state.round
@@ -364,3 +365,34 @@ def test_tofu_refuses_a_changed_key(
     assert not last.accepted
     assert "identity keys differ from the enrolled ones" in caplog.text
     assert fed.coordinator.store.enrolled()["d00"] != impostor.to_bytes()
+
+
+def _dubhe_step(fed: Any) -> DubheStep | None:
+    """Dubhe's step in the open round (the runtime's stage is SELECTING)."""
+    assert fed.coordinator.state.stage is Stage.SELECTING
+    method = fed.coordinator.selection
+    assert isinstance(method, DubheSelection)
+    return method.step
+
+
+def test_reannouncements_are_rate_limited_whatever_the_method_asks(
+    federation: Any,
+) -> None:
+    fed = federation(num_devices=5, k=2, tries=2, rounds=1)
+    fed.bus.drop_filter = _drop(fed.device_ids[-1], "volunteer")
+    fed.start()
+    assert _dubhe_step(fed) is DubheStep.VOLUNTEERING
+    before = len(fed.messages("round_announce"))
+    fed.coordinator.reannounce()  # right after the round's own announce
+    fed.tick(0)
+    assert len(fed.messages("round_announce")) == before
+
+    fed.tick(1.0)
+    for _ in range(5):
+        fed.coordinator.reannounce()
+    fed.tick(0)
+    assert len(fed.messages("round_announce")) == before + 1
+    fed.tick(1.0)
+    fed.coordinator.reannounce()
+    fed.tick(0)
+    assert len(fed.messages("round_announce")) == before + 2

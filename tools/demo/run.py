@@ -50,9 +50,7 @@ _STAGE_NOTES = {
     "balancing": "FLICKER: encrypted class counts, then resampling",
     "key_epoch": "key epoch: the agent makes the Paillier key and seals it",
     "registration": "devices register their encrypted categories",
-    "volunteering": "round 1: devices volunteer",
-    "distributions": "round 1: encrypted label distributions of the tries",
-    "agent": "round 1: the agent picks the best try",
+    "selecting": "round 1: selection (Dubhe: volunteers, tries, the agent)",
     "training": "round 1: training",
 }
 _TRAINING_NOTES = {

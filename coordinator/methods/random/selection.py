@@ -9,22 +9,54 @@ on a selection the coordinator really made.
 
 from __future__ import annotations
 
+import logging
 from typing import ClassVar
 
-from ursa.coordinator.selection_method import SelectionMethod, SelectionRequest
+from ursa.coordinator.selection_method import (
+    Selection,
+    SelectionMethod,
+    SelectionRequest,
+)
 
 __all__ = ["RandomSelection"]
 
+logger = logging.getLogger("ursa.coordinator.random")
+
 
 class RandomSelection(SelectionMethod):
-    """K eligible devices drawn uniformly without replacement."""
+    """K eligible devices drawn uniformly without replacement.
+
+    Args:
+        window_s: How long a round may wait for K eligible devices before the
+            wait is logged (then again every window).
+    """
 
     name: ClassVar[str] = "random"
 
-    def select(self, request: SelectionRequest) -> tuple[str, ...] | None:
+    def __init__(self, *, window_s: float = 10.0) -> None:
+        self._window_s = window_s
+        self._waiting_since: float | None = None
+
+    def open_round(self, request: SelectionRequest) -> None:
+        """Start the round's waiting window."""
+        self._waiting_since = request.now
+
+    def select(self, request: SelectionRequest) -> Selection | None:
         """K ids drawn from the sorted eligible set; None while fewer are online."""
         eligible = sorted(request.eligible)
-        if len(eligible) < request.k:
-            return None
-        picked = request.rng.choice(len(eligible), size=request.k, replace=False)
-        return tuple(sorted(eligible[int(i)] for i in picked))
+        if len(eligible) >= request.k:
+            picked = request.rng.choice(len(eligible), size=request.k, replace=False)
+            return Selection(tuple(sorted(eligible[int(i)] for i in picked)))
+        since = self._waiting_since
+        if since is None or request.now - since >= self._window_s:
+            if since is not None:
+                logger.warning(
+                    "round %d: %s cannot select %d of %d eligible devices yet; "
+                    "asking again",
+                    request.round,
+                    self.name,
+                    request.k,
+                    len(eligible),
+                )
+            self._waiting_since = request.now
+        return None

@@ -24,8 +24,9 @@ def test_waits_while_fewer_than_k_are_eligible() -> None:
 
 def test_names_k_distinct_eligible_devices_sorted() -> None:
     eligible = {f"d{i:02d}" for i in range(10)}
-    chosen = RandomSelection().select(request(eligible, k=4))
-    assert chosen is not None
+    selection = RandomSelection().select(request(eligible, k=4))
+    assert selection is not None and selection.try_index is None
+    chosen = selection.selected
     assert len(set(chosen)) == 4 and set(chosen) <= eligible
     assert list(chosen) == sorted(chosen)
 
@@ -43,13 +44,13 @@ def test_every_device_is_chosen_about_k_over_n_of_the_time() -> None:
     method, rng = RandomSelection(), np.random.default_rng(1)
     counts = dict.fromkeys(eligible, 0)
     for _ in range(draws):
-        chosen = method.select(
+        selection = method.select(
             SelectionRequest(
                 round=1, epoch=1, k=k, eligible=frozenset(eligible), rng=rng
             )
         )
-        assert chosen is not None
-        for device in chosen:
+        assert selection is not None
+        for device in selection.selected:
             counts[device] += 1
     expected = draws * k / n  # 1200; a binomial sd of about 29
     assert all(abs(c - expected) < 6 * 29 for c in counts.values()), counts

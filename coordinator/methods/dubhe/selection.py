@@ -1,0 +1,458 @@
+"""Dubhe's coordinator half: volunteers, tries, the agent's answer (Fig. 3, 5).
+
+A `SelectionMethod` in three steps, each with its own window:
+
+VOLUNTEERING: the retained `RoundAnnounce` asks every registered device for
+its H draws; the step closes when every online registrant answered or at the
+window's end (never early with fewer than K). With fewer than K responders
+the round is announced again, each window twice as long as the last, up to
+16 (a round never selects fewer than K, and never re-announces in a loop).
+Per try, surplus volunteers are trimmed and a shortfall topped up uniformly
+from the other responders (`ursa.coordinator.methods.dubhe.tries`). With
+H = 1 that try is the selection.
+
+DISTRIBUTIONS (H > 1): each member of some try gets a `TryAssignment` and
+answers with its encrypted label distribution once; per try the coordinator
+sums the members' ciphertexts. Tries with a silent member are not offered.
+
+AGENT: the complete tries' sums go to the epoch's agent (`TrySums`), which
+answers the index of the best one, signed. If the agent stays silent past
+the window, or is offline, the first complete try (try 0 when complete) is
+selected, logged, and the runtime starts a new key epoch before the next
+round (the agent holds the only answer the protocol trusts). With no
+complete try, try 0 is repaired from devices that did deliver, topped up to K.
+
+Progress lives in the store's round record (volunteers' draws, tentative
+sets, encrypted distributions, candidates), written in the transaction of
+the message that changed it; the step is read back from what is there, so a
+restarted coordinator resumes with fresh windows and re-sends what it waits
+on. The coordinator sees draws and ciphertexts only: never a distribution.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ursa._compat import StrEnum
+from ursa.coordinator.methods.dubhe.tries import (
+    complete_tries,
+    fallback_selection,
+    make_tries,
+)
+from ursa.coordinator.plugin import EpochView
+from ursa.coordinator.selection_method import (
+    Selection,
+    SelectionContext,
+    SelectionMethod,
+    SelectionRequest,
+)
+from ursa.coordinator.store import RoundRecord
+from ursa.crypto.errors import CryptoError
+from ursa.crypto.identity import verify_signature
+from ursa.crypto.paillier import EncryptedVector, encrypted_vector_from, sum_encrypted
+from ursa.protocol.envelope import signing_bytes
+from ursa.protocol.messages import (
+    COORDINATOR,
+    AgentAnswer,
+    BaseMessage,
+    EncryptedDistribution,
+    ErrorCode,
+    TryAssignment,
+    TrySums,
+    Volunteer,
+)
+from ursa.protocol.router import RejectedError, Router
+
+__all__ = ["DubheSelection", "DubheStep"]
+
+logger = logging.getLogger("ursa.coordinator.dubhe")
+
+MAX_BACKOFF = 16
+"""A short volunteering window is retried 2, 4, ... up to 16 windows later."""
+
+
+class DubheStep(StrEnum):
+    """Where Dubhe is in the open round."""
+
+    VOLUNTEERING = "volunteering"
+    DISTRIBUTIONS = "distributions"
+    AGENT = "agent"
+    SELECTED = "selected"
+    """The round's selection was handed to the runtime; late answers are refused."""
+
+
+@dataclass
+class _Round:
+    """The open round as Dubhe works on it (mirrors the store's round record)."""
+
+    round: int
+    epoch: int
+    step: DubheStep
+    deadline_at: float
+    volunteers: dict[str, tuple[bool, ...]] = field(default_factory=dict)
+    tentative: tuple[tuple[str, ...], ...] | None = None
+    distributions: dict[str, EncryptedVector] = field(default_factory=dict)
+    candidates: tuple[int, ...] | None = None
+    answer: Selection | None = None
+    """The agent's verified choice, handed over at the next step."""
+    retries: int = 0
+    """Volunteering windows that closed short of K (each next one is longer)."""
+
+    def members(self) -> set[str]:
+        """Every device in some tentative set."""
+        return {d for t in self.tentative or () for d in t}
+
+
+class DubheSelection(SelectionMethod):
+    """Dubhe's self-selection over the encrypted registry (the coordinator half).
+
+    Args:
+        tries: H, the tentative sets per round (1: no agent step).
+        num_classes: Length of every encrypted distribution.
+        volunteer_s: The volunteering window (and each re-announce's).
+        distributions_s: The window for the members' distributions.
+        agent_s: The window for the agent's answer.
+    """
+
+    name: ClassVar[str] = "dubhe"
+
+    def __init__(
+        self,
+        *,
+        tries: int,
+        num_classes: int,
+        volunteer_s: float,
+        distributions_s: float,
+        agent_s: float,
+    ) -> None:
+        self._tries = tries
+        self._num_classes = num_classes
+        self._volunteer_s = volunteer_s
+        self._distributions_s = distributions_s
+        self._agent_s = agent_s
+        self._ctx: SelectionContext | None = None
+        self._round: _Round | None = None
+
+    @property
+    def step(self) -> DubheStep | None:
+        """The open round's step (None between rounds); for tests and status."""
+        return None if self._round is None else self._round.step
+
+    # --- SelectionMethod ----------------------------------------------------------
+
+    def attach(self, ctx: SelectionContext) -> None:
+        """Keep the runtime's context."""
+        self._ctx = ctx
+
+    def register(self, router: Router) -> None:
+        """Volunteers, distributions and the agent's answer come here."""
+        router.register(Volunteer, self._on_volunteer, owner=self.name)
+        router.register(EncryptedDistribution, self._on_distribution, owner=self.name)
+        router.register(AgentAnswer, self._on_agent_answer, owner=self.name)
+
+    def epoch_unusable(self, epoch: EpochView, online: frozenset[str]) -> str | None:
+        """With H > 1 every round needs the agent: a new epoch when it is gone."""
+        if self._tries > 1 and epoch.agent not in online:
+            return "agent offline"
+        return None
+
+    def open_round(self, request: SelectionRequest) -> None:
+        """A new round: collect volunteers for one window."""
+        self._round = _Round(
+            request.round,
+            request.epoch,
+            DubheStep.VOLUNTEERING,
+            request.now + self._volunteer_s,
+        )
+
+    def resume(self, request: SelectionRequest) -> None:
+        """Reload the round from the store; re-send what its step waits on."""
+        record = self._context().store.round(request.round)
+        if record is None or record.epoch != request.epoch:
+            self.open_round(request)
+            return
+        work = self._restored(record, request.now)
+        self._round = work
+        if work.step is DubheStep.DISTRIBUTIONS:
+            self._send_assignments(
+                work, sorted(work.members() - set(work.distributions))
+            )
+        elif work.step is DubheStep.AGENT:
+            self._send_try_sums(work)
+
+    def select(self, request: SelectionRequest) -> Selection | None:
+        """Run the open round's steps until one waits or the selection is made."""
+        work = self._round
+        if work is None or work.round != request.round:
+            self.open_round(request)
+            work = self._round
+            assert work is not None
+        steps: dict[DubheStep, Callable[[_Round, SelectionRequest], Selection | None]]
+        steps = {
+            DubheStep.VOLUNTEERING: self._volunteering,
+            DubheStep.DISTRIBUTIONS: self._distributions,
+            DubheStep.AGENT: self._agent,
+        }
+        while work.step in steps:
+            step = work.step
+            selection = steps[step](work, request)
+            if selection is not None:
+                work.step = DubheStep.SELECTED
+                return selection
+            if work.step is step:
+                return None
+        return None
+
+    # --- steps ----------------------------------------------------------------------
+
+    def _volunteering(
+        self, work: _Round, request: SelectionRequest
+    ) -> Selection | None:
+        answered = set(work.volunteers)
+        enough = len(answered) >= request.k
+        everyone = enough and request.eligible <= answered
+        if not (everyone or request.now >= work.deadline_at):
+            return None
+        if not enough:  # wait longer each time: never a re-announce loop
+            work.retries += 1
+            window = self._volunteer_s * min(2**work.retries, MAX_BACKOFF)
+            logger.warning(
+                "round %d: %d responders < K=%d; re-announcing, next try in %.0f s",
+                work.round,
+                len(answered),
+                request.k,
+                window,
+            )
+            work.deadline_at = request.now + window
+            self._context().reannounce()
+            return None
+        tentative = make_tries(work.volunteers, request.k, self._tries, request.rng)
+        work.tentative = tentative
+        self._context().store.set_tries(work.round, tentative)
+        if self._tries == 1:
+            return Selection(tentative[0], 0)
+        work.step = DubheStep.DISTRIBUTIONS
+        work.deadline_at = request.now + self._distributions_s
+        self._send_assignments(work, sorted(work.members()))
+        return None
+
+    def _distributions(
+        self, work: _Round, request: SelectionRequest
+    ) -> Selection | None:
+        ctx = self._context()
+        epoch, online = ctx.epoch_view(), ctx.online_devices()
+        assert work.tentative is not None and epoch is not None
+        delivered = set(work.distributions)
+        waiting = (work.members() & online) - delivered  # the dead never send
+        if waiting and request.now < work.deadline_at:
+            return None
+        candidates = complete_tries(work.tentative, delivered)
+        if candidates and epoch.agent in online and epoch.public_key is not None:
+            work.candidates = candidates
+            ctx.store.set_candidates(work.round, candidates)
+            work.step = DubheStep.AGENT
+            work.deadline_at = request.now + self._agent_s
+            self._send_try_sums(work)
+            return None
+        alive = sorted(delivered | (set(work.volunteers) & online))
+        try_index, selected = fallback_selection(
+            work.tentative, candidates, alive, request.k, request.rng
+        )
+        logger.warning(
+            "round %d: agent %s unavailable or no complete try; fallback to try %s",
+            work.round,
+            epoch.agent,
+            try_index,
+        )
+        return Selection(selected, try_index, rekey=epoch.agent not in online)
+
+    def _agent(self, work: _Round, request: SelectionRequest) -> Selection | None:
+        if work.answer is not None:
+            return work.answer
+        ctx = self._context()
+        epoch = ctx.epoch_view()
+        agent = None if epoch is None else epoch.agent
+        agent_gone = agent not in ctx.online_devices()
+        if not (agent_gone or request.now >= work.deadline_at):
+            return None
+        assert work.tentative is not None
+        candidates = work.candidates or (0,)
+        logger.warning(
+            "round %d: agent %s; fallback to try %d and a new key epoch before "
+            "the next round",
+            work.round,
+            "offline" if agent_gone else "silent past the deadline",
+            candidates[0],
+        )
+        return Selection(work.tentative[candidates[0]], candidates[0], rekey=True)
+
+    # --- sending --------------------------------------------------------------------
+
+    def _send_assignments(self, work: _Round, devices: list[str]) -> None:
+        ctx = self._context()
+        for device in devices:
+            indices = tuple(
+                h for h, members in enumerate(work.tentative or ()) if device in members
+            )
+            message = TryAssignment(
+                federation=ctx.federation,
+                round=work.round,
+                sender=COORDINATOR,
+                try_indices=indices,
+            )
+            ctx.send(message, device)
+
+    def _send_try_sums(self, work: _Round) -> None:
+        """Sum each candidate try's distributions and send the sums to the agent."""
+        ctx = self._context()
+        epoch = ctx.epoch_view()
+        if epoch is None or epoch.public_key is None or work.tentative is None:
+            return
+        public_key, tentative = epoch.public_key, work.tentative
+        candidates = work.candidates or ()
+        sums = tuple(
+            sum_encrypted(
+                public_key, (work.distributions[d] for d in tentative[h])
+            ).to_bytes(public_key)
+            for h in candidates
+        )
+        message = TrySums(
+            federation=ctx.federation,
+            round=work.round,
+            sender=COORDINATOR,
+            sums=sums,
+            member_counts=tuple(len(tentative[h]) for h in candidates),
+        )
+        ctx.send(message, epoch.agent)
+
+    # --- handlers ---------------------------------------------------------------------
+
+    def _open(self, message: BaseMessage, step: DubheStep) -> _Round:
+        """The open round if ``message`` is for it and it is at ``step``.
+
+        Raises:
+            RejectedError: another round, or the round is past ``step``.
+        """
+        work = self._round
+        current = 0 if work is None else work.round
+        if work is None or message.round > current:
+            raise RejectedError(
+                ErrorCode.WRONG_ROUND,
+                f"round {message.round} is not open (current {current})",
+            )
+        if message.round < current:
+            raise RejectedError(ErrorCode.LATE, f"round {message.round} is over")
+        if work.step is not step:
+            raise RejectedError(
+                ErrorCode.LATE, f"round {current} is past {step} ({work.step})"
+            )
+        return work
+
+    def _on_volunteer(self, message: Volunteer) -> None:
+        device = message.sender  # admission checked it is the topic's device
+        work = self._open(message, DubheStep.VOLUNTEERING)
+        ctx = self._context()
+        epoch = ctx.epoch_view()
+        if epoch is None or device not in epoch.registered:
+            raise RejectedError(
+                ErrorCode.UNAUTHORISED, f"not registered in key epoch {work.epoch}"
+            )
+        if len(message.draws) != self._tries:
+            raise RejectedError(
+                ErrorCode.MALFORMED,
+                f"{len(message.draws)} draws for {self._tries} tries",
+            )
+        if device in work.volunteers:
+            logger.info("duplicate volunteer of %s ignored", device)
+            return
+        ctx.store.add_volunteer(work.round, device, message.draws)
+        work.volunteers[device] = message.draws
+
+    def _on_distribution(self, message: EncryptedDistribution) -> None:
+        device = message.sender  # admission checked it is the topic's device
+        work = self._open(message, DubheStep.DISTRIBUTIONS)
+        ctx = self._context()
+        epoch = ctx.epoch_view()
+        if device not in work.members() or epoch is None or epoch.public_key is None:
+            raise RejectedError(ErrorCode.UNAUTHORISED, "not a member of any try")
+        if device in work.distributions:
+            logger.info("duplicate distribution of %s ignored", device)
+            return
+        try:
+            vector = encrypted_vector_from(
+                message.distribution, epoch.public_key, num_parties=1
+            )
+        except CryptoError as exc:
+            raise RejectedError(ErrorCode.BAD_CIPHERTEXT, str(exc)) from None
+        if vector.length != self._num_classes:
+            raise RejectedError(
+                ErrorCode.BAD_CIPHERTEXT,
+                f"distribution has {vector.length} values, not {self._num_classes}",
+            )
+        ctx.store.add_distribution(work.round, device, message.distribution)
+        work.distributions[device] = vector
+
+    def _on_agent_answer(self, message: AgentAnswer) -> None:
+        device = message.sender  # admission checked it is the topic's device
+        work = self._open(message, DubheStep.AGENT)
+        epoch = self._context().epoch_view()
+        if epoch is None or device != epoch.agent or epoch.agent_identity is None:
+            raise RejectedError(
+                ErrorCode.UNAUTHORISED, "only the epoch's agent answers"
+            )
+        try:
+            verify_signature(
+                epoch.agent_identity, signing_bytes(message), message.signature
+            )
+        except CryptoError as exc:
+            raise RejectedError(ErrorCode.BAD_SIGNATURE, str(exc)) from None
+        candidates = work.candidates or ()
+        if not 0 <= message.best_try < len(candidates) or work.tentative is None:
+            raise RejectedError(
+                ErrorCode.MALFORMED,
+                f"best_try {message.best_try} outside the {len(candidates)} sums",
+            )
+        h = candidates[message.best_try]
+        work.answer = Selection(work.tentative[h], h)
+
+    # --- plumbing ---------------------------------------------------------------------
+
+    def _context(self) -> SelectionContext:
+        if self._ctx is None:
+            raise RuntimeError("DubheSelection used before attach()")
+        return self._ctx
+
+    def _restored(self, record: RoundRecord, now: float) -> _Round:
+        """The round as the store has it, at the step its data says, fresh window."""
+        if record.selected is not None:
+            step, window = DubheStep.SELECTED, 0.0
+        elif record.tries is None:
+            step, window = DubheStep.VOLUNTEERING, self._volunteer_s
+        elif record.candidates is None:
+            step, window = DubheStep.DISTRIBUTIONS, self._distributions_s
+        else:
+            step, window = DubheStep.AGENT, self._agent_s
+        work = _Round(
+            record.round,
+            record.epoch,
+            step,
+            now + window,
+            volunteers=dict(record.volunteers),
+            tentative=record.tries,
+            candidates=record.candidates,
+        )
+        epoch = self._context().epoch_view()
+        if epoch is not None and epoch.public_key is not None:
+            try:
+                work.distributions = {
+                    d: encrypted_vector_from(b, epoch.public_key, num_parties=1)
+                    for d, b in record.distributions.items()
+                }
+            except CryptoError:
+                logger.exception(
+                    "stored distributions of round %d unreadable", record.round
+                )
+        return work

@@ -1,0 +1,280 @@
+"""DubheSelection with a fake context: its steps, windows, answers and restarts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ursa.coordinator.methods.dubhe import DubheSelection, DubheStep
+from ursa.coordinator.plugin import EpochView
+from ursa.coordinator.selection_method import Selection, SelectionRequest
+from ursa.coordinator.store import CoordinatorStore
+from ursa.crypto.identity import DeviceIdentity
+from ursa.crypto.paillier import (
+    PaillierPublicKey,
+    PaillierSecretKey,
+    decrypt_real_sum,
+    encrypt_reals,
+    encrypted_vector_from,
+)
+from ursa.crypto.paillier_keys import generate_keypair
+from ursa.edge_sdk.device_core import DISTRIBUTION_CODEC
+from ursa.protocol.envelope import signing_bytes
+from ursa.protocol.messages import (
+    AgentAnswer,
+    BaseMessage,
+    EncryptedDistribution,
+    ErrorCode,
+    TryAssignment,
+    TrySums,
+    Volunteer,
+)
+from ursa.protocol.router import RejectedError, Router
+
+FED = "fed"
+CLASSES = 4
+DEVICES = ("d0", "d1", "d2", "d3", "d4")
+AGENT = DeviceIdentity.generate("d4")
+
+
+@pytest.fixture(scope="module")
+def keys() -> tuple[PaillierPublicKey, PaillierSecretKey]:
+    return generate_keypair(512)
+
+
+@dataclass
+class FakeContext:
+    """The runtime's side of `SelectionContext`, recording what is sent."""
+
+    store: CoordinatorStore
+    public_key: PaillierPublicKey
+    online: set[str] = field(default_factory=lambda: set(DEVICES))
+    sent: list[tuple[BaseMessage, str | None]] = field(default_factory=list)
+    announces: int = 0
+    federation: str = FED
+
+    def epoch_view(self) -> EpochView:
+        return EpochView(1, self.public_key, frozenset(DEVICES), "d4", AGENT.public())
+
+    def online_devices(self) -> frozenset[str]:
+        return frozenset(self.online)
+
+    def send(self, message: BaseMessage, device: str | None) -> None:
+        self.sent.append((message, device))
+
+    def reannounce(self) -> None:
+        self.announces += 1
+
+    def of(self, kind: type[BaseMessage]) -> list[tuple[BaseMessage, str | None]]:
+        return [(m, d) for m, d in self.sent if isinstance(m, kind)]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[CoordinatorStore]:
+    store = CoordinatorStore(tmp_path / "c.sqlite3")
+    store.add_round(1, 1, b"announce")
+    yield store
+    store.close()
+
+
+def method(ctx: FakeContext, tries: int) -> tuple[DubheSelection, Router]:
+    dubhe = DubheSelection(
+        tries=tries,
+        num_classes=CLASSES,
+        volunteer_s=10,
+        distributions_s=10,
+        agent_s=10,
+    )
+    dubhe.attach(ctx)
+    router = Router("coordinator")
+    dubhe.register(router)
+    return dubhe, router
+
+
+def request(ctx: FakeContext, now: float, seed: int = 0) -> SelectionRequest:
+    return SelectionRequest(
+        round=1,
+        epoch=1,
+        k=2,
+        eligible=frozenset(ctx.online),
+        rng=np.random.default_rng(seed),
+        now=now,
+    )
+
+
+def volunteer(router: Router, device: str, draws: tuple[bool, ...]) -> None:
+    router.dispatch(Volunteer(federation=FED, round=1, sender=device, draws=draws))
+
+
+def distribution(key: PaillierPublicKey, device: str, values: list[float]) -> bytes:
+    vector = encrypt_reals(key, DISTRIBUTION_CODEC, 2, values)
+    return vector.to_bytes(key)
+
+
+def test_one_try_selects_as_soon_as_every_online_device_volunteered(
+    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+) -> None:
+    ctx = FakeContext(store, keys[0])
+    dubhe, router = method(ctx, tries=1)
+    dubhe.open_round(request(ctx, 0.0))
+    for device in DEVICES[:-1]:
+        volunteer(router, device, (device in ("d0", "d2"),))
+        assert dubhe.select(request(ctx, 1.0)) is None
+    volunteer(router, "d4", (False,))
+
+    selection = dubhe.select(request(ctx, 1.0))
+
+    assert selection == Selection(("d0", "d2"), 0)
+    assert dubhe.step is DubheStep.SELECTED
+    stored = store.round(1)
+    assert stored is not None and stored.tries == (("d0", "d2"),)
+    with pytest.raises(RejectedError, match="past volunteering") as late:
+        volunteer(router, "d1", (True,))
+    assert late.value.code == ErrorCode.LATE
+
+
+def test_too_few_volunteers_reannounce_with_growing_windows_never_in_a_loop(
+    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+) -> None:
+    ctx = FakeContext(store, keys[0], online={"d0"})  # the rest are away
+    dubhe, router = method(ctx, tries=1)
+    dubhe.open_round(request(ctx, 0.0))
+    volunteer(router, "d0", (True,))  # every online device answered, 1 < K
+
+    for _ in range(100):  # a step per message and tick: no re-announce yet
+        assert dubhe.select(request(ctx, 9.9)) is None
+    assert ctx.announces == 0
+    assert dubhe.select(request(ctx, 10.0)) is None and ctx.announces == 1
+    assert dubhe.select(request(ctx, 29.9)) is None and ctx.announces == 1
+    assert dubhe.select(request(ctx, 30.0)) is None and ctx.announces == 2
+    assert dubhe.select(request(ctx, 69.9)) is None and ctx.announces == 2
+
+    ctx.online.add("d1")
+    volunteer(router, "d1", (False,))
+    selection = dubhe.select(request(ctx, 50.0))  # everyone online answered, K
+    assert selection is not None and set(selection.selected) == {"d0", "d1"}
+
+
+def test_refuses_unregistered_wrong_round_and_wrong_draw_counts(
+    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+) -> None:
+    ctx = FakeContext(store, keys[0])
+    dubhe, router = method(ctx, tries=2)
+    dubhe.open_round(request(ctx, 0.0))
+    cases = [
+        (Volunteer(federation=FED, round=2, sender="d0", draws=(1, 1)), "wrong_round"),
+        (Volunteer(federation=FED, round=1, sender="x9", draws=(1, 1)), "unauthorised"),
+        (Volunteer(federation=FED, round=1, sender="d0", draws=(1,)), "malformed"),
+    ]
+    for message, code in cases:
+        with pytest.raises(RejectedError) as refused:
+            router.dispatch(message)
+        assert refused.value.code == code
+
+
+def run_to_agent(
+    ctx: FakeContext, router: Router, dubhe: DubheSelection, key: PaillierPublicKey
+) -> dict[str, list[float]]:
+    """Everyone volunteers for both tries and delivers; the sums go to the agent."""
+    dubhe.open_round(request(ctx, 0.0))
+    for device in DEVICES:
+        volunteer(router, device, (True, True))
+    assert dubhe.select(request(ctx, 1.0)) is None
+    assert dubhe.step is DubheStep.DISTRIBUTIONS
+    members = {d for m, d in ctx.of(TryAssignment)}
+    plain = {
+        d: [0.25 * (i % 4 == c) for c in range(CLASSES)] for i, d in enumerate(members)
+    }
+    for device in sorted(members):
+        router.dispatch(
+            EncryptedDistribution(
+                federation=FED,
+                round=1,
+                sender=device,
+                distribution=distribution(key, device, plain[device]),
+            )
+        )
+    assert dubhe.select(request(ctx, 2.0)) is None
+    assert dubhe.step is DubheStep.AGENT
+    return plain
+
+
+def test_the_agents_signed_choice_selects_its_try_and_the_sums_match_plaintext(
+    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+) -> None:
+    public, secret = keys
+    ctx = FakeContext(store, public)
+    dubhe, router = method(ctx, tries=2)
+    plain = run_to_agent(ctx, router, dubhe, public)
+
+    [(sums, to)] = ctx.of(TrySums)
+    assert to == "d4" and isinstance(sums, TrySums)
+    stored = store.round(1)
+    assert stored is not None and stored.tries is not None
+    for h, blob in enumerate(sums.sums):
+        vector = encrypted_vector_from(blob, public)
+        total = decrypt_real_sum(secret, DISTRIBUTION_CODEC, 2, vector)
+        expected = np.sum([plain[d] for d in stored.tries[h]], axis=0)
+        np.testing.assert_allclose(total, expected, atol=1e-6)
+
+    answer = AgentAnswer(federation=FED, round=1, sender="d4", best_try=1)
+    forged = answer.model_copy(update={"signature": b"\0" * 64})
+    with pytest.raises(RejectedError) as refused:
+        router.dispatch(forged)
+    assert refused.value.code == ErrorCode.BAD_SIGNATURE
+    signed = answer.model_copy(update={"signature": AGENT.sign(signing_bytes(answer))})
+    router.dispatch(signed)
+    assert dubhe.select(request(ctx, 3.0)) == Selection(stored.tries[1], 1)
+
+
+def test_a_silent_agent_falls_back_to_the_first_complete_try_and_asks_a_rekey(
+    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+) -> None:
+    ctx = FakeContext(store, keys[0])
+    dubhe, router = method(ctx, tries=2)
+    run_to_agent(ctx, router, dubhe, keys[0])
+    stored = store.round(1)
+    assert stored is not None and stored.tries is not None
+
+    assert dubhe.select(request(ctx, 11.9)) is None
+    assert dubhe.select(request(ctx, 12.0)) == Selection(stored.tries[0], 0, rekey=True)
+
+
+def test_a_restart_mid_distributions_resends_to_the_silent_and_counts_once(
+    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+) -> None:
+    public = keys[0]
+    ctx = FakeContext(store, public)
+    dubhe, router = method(ctx, tries=2)
+    dubhe.open_round(request(ctx, 0.0))
+    for device in DEVICES:
+        volunteer(router, device, (True, True))
+    dubhe.select(request(ctx, 1.0))
+    members = sorted({d for _, d in ctx.of(TryAssignment) if d is not None})
+    first = members[0]
+    blob = distribution(public, first, [1.0, 0, 0, 0])
+    sent = EncryptedDistribution(
+        federation=FED, round=1, sender=first, distribution=blob
+    )
+    router.dispatch(sent)
+
+    again = FakeContext(store, public)  # the coordinator restarts on the store
+    restarted, router2 = method(again, tries=2)
+    restarted.resume(request(again, 100.0))
+
+    assert restarted.step is DubheStep.DISTRIBUTIONS
+    assert sorted(d for _, d in again.of(TryAssignment)) == members[1:]
+    router2.dispatch(sent)  # a re-sent answer: ignored, not summed twice
+    stored = store.round(1)
+    assert stored is not None and list(stored.distributions) == [first]
+    with pytest.raises(RejectedError) as refused:
+        router2.dispatch(
+            EncryptedDistribution(
+                federation=FED, round=1, sender=members[1], distribution=b"junk"
+            )
+        )
+    assert refused.value.code == ErrorCode.BAD_CIPHERTEXT
