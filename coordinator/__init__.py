@@ -1,6 +1,8 @@
 """Coordinator service: round state machine, encrypted and model aggregation."""
 
+from ursa.coordinator.before_training import BeforeTraining
 from ursa.coordinator.config import CoordinatorConfig, load_coordinator_config
+from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods.dubhe import DubheSelection
 from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
@@ -18,6 +20,8 @@ from ursa.coordinator.training import TrainingPlugin
 from ursa.coordinator.training_round import TrainingConfig
 
 __all__ = [
+    "BeforeTraining",
+    "ClimbDualStep",
     "CoordinatorConfig",
     "CoordinatorService",
     "DubheSelection",

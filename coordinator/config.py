@@ -220,16 +220,9 @@ class TrainingSection(BaseModel):
         from ursa.coordinator.training_round import TrainingConfig
 
         fields: dict[str, Any] = dict(self.model_extra or {})
-        if isinstance(method, ClimbSpec):
-            fields.update(
-                weighting="climb",
-                dual_timeout_s=method.dual_timeout_s,
-                dual_period=method.dual_period,
-                climb_max_parties=method.max_parties,
-            )
-        elif isinstance(method, FedAvgSpec) and method.weights == "equal":
+        if isinstance(method, FedAvgSpec) and method.weights == "equal":
             fields["weighting"] = "equal"
-        else:  # FedDisk's classifier rounds are FedAvg (its weights are the devices')
+        else:  # CLIMB's dual step sets its own; FedDisk's classifier is FedAvg
             fields["weighting"] = "fedavg"
         return TrainingConfig.model_validate(fields)
 

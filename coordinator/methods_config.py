@@ -84,7 +84,7 @@ class FedAvgSpec(_Spec):
 
 
 DEFAULT_CLIMB_MAX_PARTIES = 100_000
-"""Equal to `ursa.coordinator.training_round.DEFAULT_CLIMB_MAX_PARTIES`."""
+"""Equal to `ursa.edge_sdk.climb.DEFAULT_MAX_PARTIES` (the devices' codec bound)."""
 
 
 class ClimbSpec(_Spec):

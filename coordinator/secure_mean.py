@@ -9,7 +9,7 @@ their own messages (kept until the generic mean messages replace them)::
     coordinator -> result(Enc(sum), num_parties) -> all  (nobody: no result)
 
 `secure_mean` builds it as a `ursa.coordinator.gather.Gather` whose fold is
-the running ciphertext product of `ursa.coordinator.climb` under the epoch's
+the running ciphertext product of `ursa.coordinator.encrypted_sum` under the epoch's
 Paillier public key: the coordinator never sees a plaintext, devices decrypt
 the sum and divide by ``num_parties``. A `MeanWire` says what one purpose's
 messages look like. Refusals: another key epoch (``wrong_epoch``), a device
@@ -26,12 +26,12 @@ from collections.abc import Iterable, Set
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ursa.coordinator.climb import (
-    DualReportError,
-    DualSumState,
-    apply_dual_report,
-    finalize_dual_sum,
-    init_dual_sum,
+from ursa.coordinator.encrypted_sum import (
+    EncryptedSum,
+    ReportError,
+    add_report,
+    finalize_encrypted_sum,
+    init_encrypted_sum,
 )
 from ursa.coordinator.gather import Fold, Gather
 from ursa.coordinator.phase import Record
@@ -83,7 +83,7 @@ class MeanWire(ABC, Generic[ReportT]):
         """The encrypted sum for the devices."""
 
 
-class SecureMeanFold(Fold[ReportT, DualSumState]):
+class SecureMeanFold(Fold[ReportT, EncryptedSum]):
     """The running encrypted sum of one mean (a `Fold` of `Gather`)."""
 
     def __init__(
@@ -104,9 +104,9 @@ class SecureMeanFold(Fold[ReportT, DualSumState]):
         """The purpose's request for this head."""
         return self.wire.request(self.head)
 
-    def initial(self) -> DualSumState:
+    def initial(self) -> EncryptedSum:
         """No report yet."""
-        return init_dual_sum(
+        return init_encrypted_sum(
             self.public_key, max_parties=self.max_parties, length=self.wire.length
         )
 
@@ -118,25 +118,25 @@ class SecureMeanFold(Fold[ReportT, DualSumState]):
                 ErrorCode.WRONG_EPOCH, f"key epoch {epoch}, current {self.head.epoch}"
             )
 
-    def apply(self, state: DualSumState, device: str, reply: ReportT) -> DualSumState:
+    def apply(self, state: EncryptedSum, device: str, reply: ReportT) -> EncryptedSum:
         """Multiply the report into the sum (``bad_ciphertext`` if unusable)."""
         _, payload = self.wire.payload(reply, self.head)
         try:
-            state, _ = apply_dual_report(state, device, payload)
-        except (DualReportError, CryptoError) as exc:
+            state, _ = add_report(state, device, payload)
+        except (ReportError, CryptoError) as exc:
             raise RejectedError(ErrorCode.BAD_CIPHERTEXT, str(exc)) from None
         return state
 
-    def result(self, state: DualSumState) -> BaseMessage | None:
+    def result(self, state: EncryptedSum) -> BaseMessage | None:
         """The purpose's sum message; None if nobody reported."""
         if state.total is None:
             return None
-        total = finalize_dual_sum(state)
+        total = finalize_encrypted_sum(state)
         return self.wire.result(
             self.head, total.to_bytes(self.public_key), total.num_parties
         )
 
-    def dump(self, state: DualSumState) -> dict[str, Any]:
+    def dump(self, state: EncryptedSum) -> dict[str, Any]:
         """The head and the sum as hex (the reporters are the gather's)."""
         total = state.total
         return {
@@ -148,7 +148,7 @@ class SecureMeanFold(Fold[ReportT, DualSumState]):
             "total": None if total is None else total.to_bytes(self.public_key).hex(),
         }
 
-    def load(self, data: Any, answered: frozenset[str]) -> DualSumState:
+    def load(self, data: Any, answered: frozenset[str]) -> EncryptedSum:
         """The saved sum, if it is this head's.
 
         Raises:
@@ -168,7 +168,7 @@ class SecureMeanFold(Fold[ReportT, DualSumState]):
         )
         if vector is not None and vector.length != self.wire.length:
             raise ValueError(f"the saved sum has {vector.length} values")
-        return DualSumState(
+        return EncryptedSum(
             self.public_key, self.max_parties, vector, answered, self.wire.length
         )
 
@@ -186,7 +186,7 @@ def secure_mean(
     timeout_s: float,
     send: Send,
     saved: Record | None = None,
-) -> Gather[ReportT, DualSumState]:
+) -> Gather[ReportT, EncryptedSum]:
     """Resume the ``saved`` mean of ``head`` (a restart), else ask for a new one.
 
     A resumed mean gets a fresh deadline and re-sends its request (or its sum,

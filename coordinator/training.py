@@ -3,17 +3,16 @@
 Round r, after the signed selection (base version v = the latest checkpoint)::
 
     1  [v new]  TransferManifest("<model>.v<v>") + Chunks -> all  (global)
-    2  [CLIMB, every dual_period rounds]  DualStepRequest(r, epoch, v) -> all;
-       ClimbStats from every registered online device -> encrypted running
-       sum (`ursa.coordinator.climb_steps`, a `ursa.coordinator.secure_mean`);
-       [all reported or dual deadline] ClimbSum -> all
+    2  the before-training steps, in order, each until it is done
+       (`ursa.coordinator.before_training`; CLIMB's dual step is one:
+       `ursa.coordinator.methods.climb`); their kinds go to them
     3  ModelAvailable(r, v, transfer id) -> all (retained): the selected
        devices train from v (a device missing chunks asks `ChunkRequest`,
        answered on its own down topic with the manifest and those chunks)
     4  device -> ModelUpdate(base_version=v, num_examples, delta inline, or
        transfer_id after an upload manifest + chunks) -> running weighted sum
        (`ursa.coordinator.aggregation`: FedAvg by num_examples, equal, or
-       CLIMB's average of deltas the devices already scaled by w_i)
+       what a step says: CLIMB averages deltas the devices already scaled)
     5  [every selected online device answered, or the update deadline]
        v+1 = v + server_lr * mean delta, checkpointed atomically
        (`ursa.coordinator.models`), the optional evaluation callback runs,
@@ -28,10 +27,10 @@ dropped at the deadline (and at once when their last will says offline).
 Upload chunks still missing are re-requested every ``retry_s``.
 
 Restarts: the running sum (a model artefact file, `ursa.coordinator.models`)
-and the dual step (a phase record in the coordinator's store, written in the
-transaction of the message) are checkpointed after every accepted message;
-`on_selected` for the same round (a restarted service) resumes them and
-re-publishes what the round waits on. The coordinator
+is checkpointed after every accepted update, and each step keeps its phase
+record in the coordinator's store (written in the transaction of the
+message); `on_selected` for the same round (a restarted service) resumes
+them and re-publishes what the round waits on. The coordinator
 needs no torch: it starts from an initial weights file (see
 `ursa.coordinator.models`) and evaluates only through the optional
 ``evaluate`` callback (the demo's uses torch, lazily).
@@ -41,21 +40,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ursa.coordinator.aggregation import (
-    UpdateOutcome,
     Weighting,
     finalize_aggregation,
     init_aggregation,
 )
-from ursa.coordinator.climb import DualSumState
-from ursa.coordinator.climb_steps import ClimbDualWire, dual_step_key
+from ursa.coordinator.before_training import BeforeTraining, RoundInfo, StepContext
 from ursa.coordinator.clock import Clock
-from ursa.coordinator.gather import Gather
 from ursa.coordinator.model_transfer import (
     OutgoingModels,
     TransferRejectedError,
@@ -63,10 +59,7 @@ from ursa.coordinator.model_transfer import (
     model_notice,
 )
 from ursa.coordinator.models import ModelStore
-from ursa.coordinator.phase import PhaseStatus
 from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
-from ursa.coordinator.secure_mean import MeanHead, secure_mean
-from ursa.coordinator.store import CoordinatorStore
 from ursa.coordinator.training_round import (
     WRONG_VERSION,
     OpenRound,
@@ -76,16 +69,16 @@ from ursa.coordinator.training_round import (
 from ursa.models.weights import Arrays
 from ursa.protocol.envelope import message_kind
 from ursa.protocol.messages import (
+    COORDINATOR,
     BaseMessage,
     Chunk,
     ChunkRequest,
-    ClimbStats,
     ErrorCode,
     ModelAvailable,
     TransferManifest,
 )
 from ursa.protocol.messages import ModelUpdate as UpdateMessage
-from ursa.protocol.router import RejectedError
+from ursa.protocol.router import Dispatch, RejectedError, Router
 
 __all__ = [
     "WRONG_VERSION",
@@ -112,13 +105,14 @@ class RoundRecord:
     selected: tuple[str, ...]
     contributed: tuple[str, ...]
     dropped: tuple[str, ...]
-    dual_reporters: int
+    before_training: Mapping[str, int]
+    """Devices that answered each before-training step, by method name."""
     elapsed_s: float
     metrics: Mapping[str, Any] = field(default_factory=dict)
 
 
 class TrainingPlugin(RoundPlugin):
-    """FedAvg / equal / CLIMB training rounds over chunked model transfers.
+    """FedAvg / equal training rounds over chunked model transfers, after steps.
 
     Args:
         federation: The federation id (messages carry it).
@@ -129,9 +123,13 @@ class TrainingPlugin(RoundPlugin):
         evaluate: Called after every round with the new global model.
         on_round: Called with each finished round's record.
         clock: Seconds, for the phase deadlines (the service's clock).
+        before_training: Steps run in order before each round trains (e.g.
+            CLIMB's dual step); they name the signed method and may set the
+            weighting.
 
     Raises:
         ModelStoreError: no checkpoint and no (usable) initial weights.
+        ValueError: two steps own one message kind or set different weightings.
     """
 
     def __init__(
@@ -144,8 +142,14 @@ class TrainingPlugin(RoundPlugin):
         evaluate: Evaluator | None = None,
         on_round: Callable[[RoundRecord], None] | None = None,
         clock: Clock = time.time,
+        before_training: Sequence[BeforeTraining] = (),
     ) -> None:
         self.config = config or TrainingConfig()
+        self._steps = tuple(before_training)
+        self._step_router = Router(COORDINATOR)
+        for step in self._steps:
+            step.register(self._step_router)
+        self._weighting = _weighting(self.config.weighting, self._steps)
         self._federation = federation
         self._store = ModelStore(
             state_dir, self.config.model, keep=self.config.keep_versions
@@ -165,7 +169,6 @@ class TrainingPlugin(RoundPlugin):
         self._on_round = on_round
         self._clock = clock
         self._view: CoordinatorView | None = None
-        self._phases: CoordinatorStore | None = None
         self._send: Send | None = None
         self._outgoing = OutgoingModels(federation, chunk_size=self.config.chunk_size)
         self._published_version: int | None = None
@@ -189,17 +192,29 @@ class TrainingPlugin(RoundPlugin):
         """The checkpoint store."""
         return self._store
 
+    @property
+    def weighting(self) -> Weighting:
+        """How the rounds average updates (the config's, or a step's)."""
+        return self._weighting
+
+    @property
+    def before_training(self) -> tuple[BeforeTraining, ...]:
+        """The steps each round runs before it trains."""
+        return self._steps
+
     def attach(self, view: CoordinatorView) -> None:
-        """Keep the service's view (key epoch, who is online) and its store."""
+        """Keep the service's view (key epoch, who is online); attach the steps."""
         self._view = view
-        self._phases = view.store
+        ctx = StepContext(self._federation, view, self._emit, self._clock)
+        for step in self._steps:
+            step.attach(ctx)
 
     # --- RoundPlugin ------------------------------------------------------------
 
     def on_selected(
         self, round_index: int, selected: tuple[str, ...], send: Send
     ) -> None:
-        """Publish the model, run the dual step if due, let the selected train."""
+        """Publish the model, run the before-training steps, let the selected train."""
         self._send = send
         current = self._open
         if current is not None and current.index == round_index:
@@ -209,10 +224,9 @@ class TrainingPlugin(RoundPlugin):
             self._finish(current, "the next round opened")
         now = self._clock()
         base = self._latest
-        weighting = self.config.weighting
         aggregation = self._store.load_partial(round_index, base.version)
         if aggregation is None:
-            aggregation = init_aggregation(self._arrays, weighting)
+            aggregation = init_aggregation(self._arrays, self._weighting)
         uploads = Uploads(
             max_transfer_bytes=self.config.max_update_bytes,
             max_total_bytes=self.config.max_update_bytes * max(1, len(selected)),
@@ -223,7 +237,7 @@ class TrainingPlugin(RoundPlugin):
             base.version,
             self._arrays,
             selected,
-            Phase.TRAIN,
+            Phase.BEFORE,
             now + self.config.update_timeout_s,
             aggregation,
             uploads,
@@ -234,12 +248,7 @@ class TrainingPlugin(RoundPlugin):
             work.phase = Phase.DONE  # aggregated just before a restart
             return
         self._publish_model(round_index)
-        work.dual = self._open_dual(round_index, now)
-        if work.dual is None:
-            self._start_training(work, now)
-            return
-        work.phase = Phase.DUAL
-        self._after_dual_event(work, now)
+        self._open_steps(work, now, 0)
 
     def on_message(self, round_index: int, message: BaseMessage, send: Send) -> None:
         """Route a training-phase message (refusals raise `RejectedError`)."""
@@ -251,8 +260,8 @@ class TrainingPlugin(RoundPlugin):
         work = self._open
         if work is None or work.index != round_index:
             raise RejectedError(ErrorCode.LATE, f"round {round_index} is not training")
-        if isinstance(message, ClimbStats):
-            self._on_climb_stats(work, device, message)
+        if self._step_router.dispatch(message) is not Dispatch.UNHANDLED:
+            self._after_step_event(work, self._clock())
         elif isinstance(message, UpdateMessage):
             if work.receive_update(device, message, self._clock()):
                 self._accepted(work, device, message)
@@ -268,15 +277,14 @@ class TrainingPlugin(RoundPlugin):
         self._maybe_finish(work)
 
     def on_tick(self, round_index: int, now: float, send: Send) -> None:
-        """Close the dual step or the round at their deadlines; re-request chunks."""
+        """Tick the running step; close the round at its deadline; re-request chunks."""
         self._send = send
         work = self._open
         if work is None or work.index != round_index:
             return
-        if work.phase is Phase.DUAL and work.dual is not None:
-            work.dual.track_online(self._online(), self._emit)
-            if work.dual.poll(now, self._emit) is not PhaseStatus.OPEN:
-                self._after_dual_event(work, now)  # no write on a quiet tick
+        if work.phase is Phase.BEFORE:
+            self._steps[work.step].on_tick(round_index, now)
+            self._after_step_event(work, now)
             return
         if work.phase is not Phase.TRAIN:
             return
@@ -290,8 +298,8 @@ class TrainingPlugin(RoundPlugin):
             self._emit(request, device)
 
     def methods(self) -> tuple[str, ...]:
-        """The training method devices must run: ``climb`` or ``fedavg``."""
-        return ("climb",) if self.config.weighting is Weighting.CLIMB else ("fedavg",)
+        """The training method devices must run: the steps' methods, else fedavg."""
+        return tuple(dict.fromkeys(s.name for s in self._steps)) or ("fedavg",)
 
     def is_complete(self, round_index: int) -> bool:
         """Whether the round has been aggregated (or ended without updates)."""
@@ -334,8 +342,8 @@ class TrainingPlugin(RoundPlugin):
             return
         self._published_version = None
         self._publish_model(work.index)
-        if work.dual is not None:
-            work.dual.republish(self._emit)
+        for step in self._steps[: work.step + 1]:
+            step.republish(work.index)
         if work.phase is Phase.TRAIN:
             self._emit(self._notice(work), None)
 
@@ -349,75 +357,34 @@ class TrainingPlugin(RoundPlugin):
         self._emit(self._notice(work), None)
         self._maybe_finish(work)
 
-    # --- CLIMB dual step ---------------------------------------------------------
+    # --- before-training steps --------------------------------------------------
 
-    def _open_dual(
-        self, round_index: int, now: float
-    ) -> Gather[ClimbStats, DualSumState] | None:
-        """The round's dual step if due: resumed from the store, else asked."""
-        cfg = self.config
-        due = (round_index - 1) % cfg.dual_period == 0
-        if cfg.weighting is not Weighting.CLIMB or not due:
-            return None
-        epoch = None if self._view is None else self._view.epoch_view()
-        if epoch is None or epoch.public_key is None:
-            logger.warning("round %d: no epoch key; no dual step", round_index)
-            return None
-        key = dual_step_key(cfg.model, round_index)
-        head = MeanHead(self._federation, round_index, epoch.epoch, self.version)
-        return secure_mean(
-            ClimbDualWire(),
-            head,
-            key=key,
-            public_key=epoch.public_key,
-            registered=epoch.registered,
-            online=self._online(),
-            max_parties=cfg.climb_max_parties,
-            now=now,
-            timeout_s=cfg.dual_timeout_s,
-            send=self._emit,
-            saved=None if self._phases is None else self._phases.phase(key),
-        )
+    def _open_steps(self, work: OpenRound, now: float, first: int) -> None:
+        """Open the steps from ``first`` on, until one waits; then train."""
+        info = RoundInfo(work.index, work.model, work.base_version, work.selected)
+        for index in range(first, len(self._steps)):
+            step = self._steps[index]
+            work.step = index
+            phase = step.open(info, now)
+            if phase is not None:
+                work.phases[step.name] = phase
+            if not step.is_done(work.index):
+                return
+        self._start_training(work, now)
+
+    def _after_step_event(self, work: OpenRound, now: float) -> None:
+        """Once the running step is done, open the next one (or train)."""
+        if work.phase is Phase.BEFORE and self._steps[work.step].is_done(work.index):
+            self._open_steps(work, now, work.step + 1)
 
     def _online(self) -> frozenset[str]:
         return frozenset() if self._view is None else self._view.online_devices()
 
-    def _on_climb_stats(
-        self, work: OpenRound, device: str, message: ClimbStats
-    ) -> None:
-        dual = work.dual
-        if dual is None or work.phase is not Phase.DUAL:
-            raise RejectedError(
-                ErrorCode.LATE, f"round {work.index} has no open dual step"
-            )
-        if dual.offer(device, message, self._emit) is UpdateOutcome.DUPLICATE:
-            logger.info(
-                "round %d: second dual report of %s ignored", work.index, device
-            )
-            return
-        self._after_dual_event(work, self._clock())
-
-    def _after_dual_event(self, work: OpenRound, now: float) -> None:
-        """Save the dual step; once it closed (its sum is out), train."""
-        dual = work.dual
-        assert dual is not None
-        if self._phases is not None:
-            self._phases.save_phase(dual.key, work.index, dual.to_record())
-        if dual.is_open:
-            return
-        if dual.status is PhaseStatus.FALLBACK:
-            logger.warning("round %d: no dual report; weights unchanged", work.index)
-        else:
-            logger.info(
-                "round %d: dual step summed %d reports", work.index, len(dual.answered)
-            )
-        self._start_training(work, now)
-
     # --- updates ------------------------------------------------------------------
 
     def _accepted(self, work: OpenRound, device: str, message: UpdateMessage) -> None:
-        if self.config.weighting is Weighting.CLIMB and not message.delta_scaled:
-            logger.info("round %d: %s sent an unscaled delta (w=1)", work.index, device)
+        for step in self._steps:
+            step.on_update(work.index, device, message)
         self._store.save_partial(work.index, work.base_version, work.aggregation)
         logger.info(
             "round %d: update %d/%d from %s (%d examples)",
@@ -459,8 +426,8 @@ class TrainingPlugin(RoundPlugin):
             logger.warning("round %d: dropped silent devices %s", work.index, dropped)
         work.close()
         self._store.clear_round(work.index)
-        if work.dual is not None and self._phases is not None:
-            self._phases.drop_phase(work.dual.key)
+        for step in self._steps:
+            step.close(work.index)
         metrics: Mapping[str, Any] = {}
         if self._evaluate is not None:
             try:
@@ -474,7 +441,7 @@ class TrainingPlugin(RoundPlugin):
             work.selected,
             contributed,
             dropped,
-            0 if work.dual is None else len(work.dual.answered),
+            {name: len(phase.answered) for name, phase in work.phases.items()},
             self._clock() - work.started_at,
             metrics,
         )
@@ -501,3 +468,15 @@ class TrainingPlugin(RoundPlugin):
             raise RejectedError(ErrorCode.TRANSFER_FAILED, str(exc)) from None
         for reply in replies:
             send(reply, device)
+
+
+def _weighting(configured: Weighting, steps: Sequence[BeforeTraining]) -> Weighting:
+    """The configured weighting, unless a step says how its rounds average.
+
+    Raises:
+        ValueError: two steps say different things.
+    """
+    said = {step.weighting for step in steps if step.weighting is not None}
+    if len(said) > 1:
+        raise ValueError(f"before-training steps disagree on weighting: {said}")
+    return said.pop() if said else configured

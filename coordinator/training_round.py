@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ursa._compat import StrEnum
 from ursa.coordinator.aggregation import (
@@ -23,8 +23,7 @@ from ursa.coordinator.aggregation import (
     Weighting,
     apply_update,
 )
-from ursa.coordinator.climb import DualSumState
-from ursa.coordinator.gather import Gather
+from ursa.coordinator.before_training import StepPhase
 from ursa.coordinator.model_transfer import TransferRejectedError, Uploads
 from ursa.coordinator.models import DEFAULT_KEEP_VERSIONS
 from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes
@@ -32,7 +31,6 @@ from ursa.protocol.messages import (
     NAME_PATTERN,
     Chunk,
     ChunkRequest,
-    ClimbStats,
     ErrorCode,
     TransferManifest,
 )
@@ -47,10 +45,6 @@ WRONG_VERSION = "wrong_version"
 """`ErrorReply.code` for an update trained from another global version."""
 
 
-DEFAULT_CLIMB_MAX_PARTIES = 100_000
-"""Equal to `ursa.edge_sdk.climb.DEFAULT_MAX_PARTIES` (the devices' codec bound)."""
-
-
 class TrainingConfig(BaseModel):
     """How the coordinator runs the training phase (frozen)."""
 
@@ -58,23 +52,31 @@ class TrainingConfig(BaseModel):
 
     model: str = Field(default="classifier", pattern=NAME_PATTERN, max_length=24)
     weighting: Weighting = Weighting.FEDAVG
+    """FedAvg or equal; a before-training step may say otherwise (CLIMB)."""
     server_lr: float = Field(default=1.0, gt=0.0)
     update_timeout_s: float = Field(default=300.0, gt=0.0)
     """Updates after this long (from ModelAvailable) are not waited for."""
-    dual_timeout_s: float = Field(default=60.0, gt=0.0)
-    dual_period: int = Field(default=1, ge=1)
-    """CLIMB: a dual step in rounds 1, 1 + period, ..."""
-    climb_max_parties: int = Field(default=DEFAULT_CLIMB_MAX_PARTIES, ge=1)
     chunk_size: int = Field(default=256 * 1024, ge=1024, le=1024 * 1024)
     retry_s: float = Field(default=5.0, gt=0.0)
     max_update_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     keep_versions: int = Field(default=DEFAULT_KEEP_VERSIONS, ge=1)
 
+    @field_validator("weighting")
+    @classmethod
+    def _not_climb(cls, weighting: Weighting) -> Weighting:
+        if weighting is Weighting.CLIMB:
+            raise ValueError(
+                "CLIMB's weighting comes with its dual step: pass a "
+                "ursa.coordinator.methods.climb.ClimbDualStep to the TrainingPlugin"
+            )
+        return weighting
+
 
 class Phase(StrEnum):
     """Where an open round is."""
 
-    DUAL = "dual"
+    BEFORE = "before_training"
+    """The round's before-training steps run (`ursa.coordinator.before_training`)."""
     TRAIN = "train"
     DONE = "done"
 
@@ -93,8 +95,10 @@ class OpenRound:
     aggregation: AggregationState
     uploads: Uploads
     started_at: float
-    dual: Gather[ClimbStats, DualSumState] | None = None
-    """CLIMB's dual step of the round (`ursa.coordinator.climb_steps`)."""
+    step: int = 0
+    """The before-training step that runs (or ran last)."""
+    phases: dict[str, StepPhase] = field(default_factory=dict)
+    """The phases the round's before-training steps opened, by method name."""
     pending: dict[str, tuple[UpdateMessage, float]] = field(default_factory=dict)
 
     def check_participant(self, device: str) -> None:
@@ -109,7 +113,7 @@ class OpenRound:
             )
         if self.phase is not Phase.TRAIN:
             raise RejectedError(
-                ErrorCode.LATE, f"round {self.index} is still in its dual step"
+                ErrorCode.LATE, f"round {self.index} is still in a before-training step"
             )
 
     def receive_update(self, device: str, message: UpdateMessage, now: float) -> bool:

@@ -5,9 +5,10 @@ the integration tests all build through here, so a ``[[methods]]`` list means
 the same thing everywhere:
 
 * coordinator: the training method (``fedavg``, ``climb`` or ``feddisk``)
-  becomes its `RoundPlugin` (FedDisk: a `FeddiskPlugin` over a MADE and a
-  classifier `TrainingPlugin`); no training method, no plugin (rounds end at
-  the selection);
+  becomes its `RoundPlugin`: a `TrainingPlugin` (CLIMB: with its
+  `ClimbDualStep` before each round trains; FedDisk: a `FeddiskPlugin` over a
+  MADE and a classifier `TrainingPlugin`); no training method, no plugin
+  (rounds end at the selection);
 * device: a ``[training]`` section becomes a `TorchTrainer` with CLIMB's
   settings under ``kind = "climb"``, wrapped in a `FeddiskTrainer` under
   ``kind = "feddisk"``; torch is imported only then, so a selection-only
@@ -95,14 +96,16 @@ def training_plugin(
     method = config.training_method()
     if method is None:
         return None
+    from ursa.coordinator.methods.climb.step import ClimbDualStep
     from ursa.coordinator.methods.feddisk.config import FeddiskConfig
     from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
-    from ursa.coordinator.methods_config import FeddiskSpec
+    from ursa.coordinator.methods_config import ClimbSpec, FeddiskSpec
     from ursa.coordinator.models import ModelStoreError
     from ursa.coordinator.training import TrainingPlugin
 
     hooks = hooks or TrainingHooks()
     section = config.training_section()
+    steps = [ClimbDualStep(method)] if isinstance(method, ClimbSpec) else []
     try:
         classifier = TrainingPlugin(
             federation=config.federation,
@@ -111,6 +114,7 @@ def training_plugin(
             initial_weights=section.initial_weights,
             evaluate=hooks.classifier.evaluate,
             on_round=hooks.classifier.on_round,
+            before_training=steps,
         )
         if not isinstance(method, FeddiskSpec):
             return classifier

@@ -7,6 +7,8 @@ import ursa.coordinator as coordinator
 
 def test_all_is_pinned_and_every_name_resolves() -> None:
     assert sorted(coordinator.__all__) == [
+        "BeforeTraining",
+        "ClimbDualStep",
         "CoordinatorConfig",
         "CoordinatorService",
         "DubheSelection",

@@ -123,9 +123,10 @@ def test_training_section_maps_to_training_config(tmp_path: Path) -> None:
     assert config.training.initial_weights == Path("weights.ursw")
     method = config.training_method()
     assert method is not None and method.kind == "climb"
+    assert (method.dual_period, method.dual_timeout_s) == (2, 7.0)
     training = config.training_section().training_config(method)
-    assert training.weighting == "climb" and training.dual_period == 2
-    assert (training.update_timeout_s, training.dual_timeout_s) == (30.0, 7.0)
+    assert training.weighting == "fedavg"  # CLIMB's weighting is its dual step's
+    assert training.update_timeout_s == 30.0
     assert training.server_lr == 0.5 and training.model == "classifier"
 
 

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from ursa.coordinator.config import CoordinatorConfig, load_coordinator_config
+from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import (
     ClimbSpec,
     FeddiskSpec,
@@ -81,19 +82,18 @@ def test_methods_error_is_a_value_error() -> None:
     assert issubclass(MethodsError, ValueError)
 
 
-def test_climb_spec_fields_reach_the_training_config(tmp_path: Path) -> None:
+def test_climb_spec_fields_reach_its_dual_step(tmp_path: Path) -> None:
     config = _config(
         tmp_path,
         [{"kind": "dubhe"}, {"kind": "climb", "dual_period": 3, "max_parties": 50}],
     )
     method = config.training_method()
     assert isinstance(method, ClimbSpec)
+    step = ClimbDualStep(method)
+    assert (step.spec.dual_period, step.spec.max_parties) == (3, 50)
+    assert step.weighting == "climb"  # the step's, not the training config's
     training = config.training_section().training_config(method)
-    assert (training.weighting, training.dual_period, training.climb_max_parties) == (
-        "climb",
-        3,
-        50,
-    )
+    assert training.weighting == "fedavg"
 
 
 def test_flicker_is_an_optional_balancing_method_signed_with_the_rest(

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from ursa.coordinator.climb import DualSumState
-from ursa.coordinator.climb_steps import ClimbDualWire
+from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather
+from ursa.coordinator.methods.climb.wire import ClimbDualWire
 from ursa.coordinator.phase import PhaseStatus
 from ursa.coordinator.secure_mean import MeanHead, secure_mean
 from ursa.crypto.paillier import (
@@ -58,7 +58,7 @@ def stats(public: PaillierPublicKey, device: str, f: float, lam: float) -> Climb
 
 def open_mean(
     public: PaillierPublicKey, out: Outbox, saved: dict[str, object] | None = None
-) -> Gather[ClimbStats, DualSumState]:
+) -> Gather[ClimbStats, EncryptedSum]:
     return secure_mean(
         ClimbDualWire(),
         HEAD,

@@ -1,4 +1,4 @@
-"""Training rounds over the in-memory bus: FedAvg, CLIMB over HE, refusals, drops."""
+"""Training rounds over the in-memory bus: FedAvg, CLIMB's step over HE, refusals."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.aggregation import Weighting
+from ursa.coordinator.before_training import BeforeTraining
+from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import ClimbSpec, DubheSpec, FedAvgSpec
 from ursa.coordinator.models import ModelStore
 from ursa.coordinator.service import CoordinatorService
@@ -69,7 +71,10 @@ def start_training(
     climb: ClimbConfig | None = None,
     prepare: Callable[[EdgeClient], None] | None = None,
 ) -> TrainingPlugin:
-    """Swap in a coordinator with the training plugin, start it and the devices."""
+    """Swap in a coordinator with the training plugin, start it and the devices.
+
+    With ``climb`` the devices run CLIMB and the plugin its dual step.
+    """
     initial = tmp_path / "initial.ursw"
     initial.write_bytes(arrays_to_bytes(INITIAL))
     plugin = TrainingPlugin(
@@ -78,9 +83,10 @@ def start_training(
         config=config,
         initial_weights=initial,
         clock=fed.clock,
+        before_training=climb_steps(climb),
     )
     transport = InMemoryTransport(fed.bus, "coordinator")
-    method = ClimbSpec() if config.weighting is Weighting.CLIMB else FedAvgSpec()
+    method = ClimbSpec() if climb is not None else FedAvgSpec()
     fed.config = fed.config.model_copy(update={"methods": (DubheSpec(), method)})
     fed.coordinator = CoordinatorService(
         fed.config, transport=transport, clock=fed.clock, plugin=plugin
@@ -105,6 +111,11 @@ def start_training(
         fed.transports[device_id] = device_transport
         client.start()
     return plugin
+
+
+def climb_steps(climb: ClimbConfig | None) -> list[BeforeTraining]:
+    """CLIMB's dual step when the devices run CLIMB, else none."""
+    return [] if climb is None else [ClimbDualStep()]
 
 
 def selections(fed: Any) -> dict[int, tuple[str, ...]]:
@@ -145,6 +156,7 @@ def test_fedavg_rounds_equal_the_plaintext_running_sum(
     notices = [m for _, m in fed.messages("model_available")]
     assert [(m.round, m.model_version) for m in notices] == [(1, 0), (2, 1), (3, 2)]
     assert fed.messages("dual_step_request") == []
+    assert [r.before_training for r in plugin.history] == [{}] * 3
 
 
 def climb_oracle(
@@ -175,18 +187,17 @@ def test_climb_over_he_equals_the_plaintext_dual_path(
     fed = federation(num_devices=6, k=3, tries=1, rounds=3)
     climb = ClimbConfig(eta_d=0.5, epsilon=0.01)
 
-    plugin = start_training(
-        fed, tmp_path, TrainingConfig(weighting=Weighting.CLIMB), climb=climb
-    )
+    plugin = start_training(fed, tmp_path, TrainingConfig(), climb=climb)
 
     assert fed.coordinator.is_done and plugin.version == 3
+    assert plugin.weighting is Weighting.CLIMB and plugin.methods() == ("climb",)
     expected, lambdas = climb_oracle(fed, 3, climb)
     got = np.array([fed.devices[d].method(Climb).lam for d in fed.device_ids])
     np.testing.assert_allclose(got, lambdas, atol=1e-6)
     assert lambdas.max() > 0.1, "the test should move some dual variables"
     for name, value in plugin.global_arrays.items():
         np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
-    assert [r.dual_reporters for r in plugin.history] == [6, 6, 6]
+    assert [r.before_training for r in plugin.history] == [{"climb": 6}] * 3
     sums = [m for _, m in fed.messages("climb_sum")]
     assert [s.num_parties for s in sums] == [6, 6, 6]
     updates = [m for _, m in fed.messages("model_update")]
@@ -341,11 +352,17 @@ def test_float16_deltas_are_half_the_bytes_and_still_aggregate(
     )
 
 
-def restart_coordinator(fed: Any, config: TrainingConfig) -> TrainingPlugin:
+def restart_coordinator(
+    fed: Any, config: TrainingConfig, climb: ClimbConfig | None = None
+) -> TrainingPlugin:
     """Stop the coordinator; a new, unstarted one with a new plugin on its state."""
     fed.coordinator.stop()
     plugin = TrainingPlugin(
-        federation=FED, state_dir=fed.config.state_dir, config=config, clock=fed.clock
+        federation=FED,
+        state_dir=fed.config.state_dir,
+        config=config,
+        clock=fed.clock,
+        before_training=climb_steps(climb),
     )
     fed.coordinator = CoordinatorService(
         fed.config,
@@ -389,16 +406,16 @@ def test_a_coordinator_restart_mid_dual_step_resumes_its_encrypted_sum(
         return sender == late and decode(payload).kind == "climb_stats"
 
     fed.bus.drop_filter = drop
-    config = TrainingConfig(weighting=Weighting.CLIMB)
+    config = TrainingConfig()
     start_training(fed, tmp_path, config, climb=climb)
     assert not fed.coordinator.is_done and fed.messages("climb_sum") == []
     assert fed.coordinator.store.phase_keys() == ["climb.dual/classifier/1"]
-    plugin = restart_coordinator(fed, config)
+    plugin = restart_coordinator(fed, config, climb)
     fed.bus.drop_filter = None
     fed.coordinator.start()  # re-asks; only the missing report is new
 
     assert fed.coordinator.is_done and plugin.version == 1
-    assert [r.dual_reporters for r in plugin.history] == [6]
+    assert [r.before_training for r in plugin.history] == [{"climb": 6}]
     assert [m.num_parties for _, m in fed.messages("climb_sum")] == [6]
     _, lambdas = climb_oracle(fed, 1, climb)
     got = np.array([fed.devices[d].method(Climb).lam for d in fed.device_ids])

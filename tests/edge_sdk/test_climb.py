@@ -5,11 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from ursa.coordinator.climb import (
-    apply_dual_report,
-    finalize_dual_sum,
-    init_dual_sum,
-)
+from ursa.coordinator.encrypted_sum import add_report, finalize_encrypted_sum
+from ursa.coordinator.methods.climb.dual_sum import init_dual_sum
 from ursa.crypto.paillier import encrypted_vector_from, generate_keypair
 from ursa.edge_sdk.climb import (
     ClimbConfig,
@@ -73,8 +70,8 @@ def _run(keys, encrypted: bool, steps: int = 4) -> np.ndarray:  # type: ignore[n
             state = init_dual_sum(public, max_parties=CONFIG.max_parties)
             for i, (f, lam) in enumerate(zip(losses, lambdas, strict=True)):
                 report = encrypt_dual_report(public, CONFIG, float(f), float(lam))
-                state, _ = apply_dual_report(state, f"d{i}", report.to_bytes(public))
-            wire = finalize_dual_sum(state).to_bytes(public)  # down to the devices
+                state, _ = add_report(state, f"d{i}", report.to_bytes(public))
+            wire = finalize_encrypted_sum(state).to_bytes(public)  # down to the devices
             means = decrypt_dual_means(
                 secret, CONFIG, encrypted_vector_from(wire, public)
             )
@@ -103,9 +100,9 @@ def test_decrypted_means_are_within_fixed_point_precision(keys) -> None:  # type
     reports = [encrypt_dual_report(public, CONFIG, f, lam) for f, lam in values]
     state = init_dual_sum(public, max_parties=CONFIG.max_parties)
     for i, r in enumerate(reports):
-        state, _ = apply_dual_report(state, str(i), r.to_bytes(public))
+        state, _ = add_report(state, str(i), r.to_bytes(public))
 
-    means = decrypt_dual_means(secret, CONFIG, finalize_dual_sum(state))
+    means = decrypt_dual_means(secret, CONFIG, finalize_encrypted_sum(state))
 
     assert means.mean_loss == pytest.approx((0.123456789 + 2.5 + 999.0) / 3, abs=2**-24)
     assert means.mean_lambda == pytest.approx(5.75 / 3, abs=2**-24)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ursa.coordinator.climb import apply_dual_report, init_dual_sum
+from ursa.coordinator.encrypted_sum import add_report, init_encrypted_sum
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.paillier import (
     encrypt_reals,
@@ -11,6 +11,7 @@ from ursa.crypto.paillier import (
     generate_keypair,
 )
 from ursa.edge_sdk.made_loss import (
+    MADE_LOSS_LENGTH,
     MadeLossCodec,
     MadeLossError,
     decrypt_fleet_loss,
@@ -31,10 +32,12 @@ def test_encrypted_sum_after_bytes_round_trip_equals_plaintext_weighted_mean(
     public, secret = keys
     codec = MadeLossCodec()
     losses, counts = [12.5, -3.25, 40.0, 7.125], [9, 30, 1, 17]
-    state = init_dual_sum(public, max_parties=codec.max_parties)
+    state = init_encrypted_sum(
+        public, max_parties=codec.max_parties, length=MADE_LOSS_LENGTH
+    )
     for i, (loss, n) in enumerate(zip(losses, counts, strict=True)):
         wire = encrypt_made_loss(public, codec, loss, n).to_bytes(public)
-        state, _ = apply_dual_report(state, f"dev{i}", wire)
+        state, _ = add_report(state, f"dev{i}", wire)
     assert state.total is not None
     summed = encrypted_vector_from(state.total.to_bytes(public), public)
 

@@ -69,7 +69,7 @@ def test_feddisk_trains_the_made_then_the_weighted_classifier_over_mosquitto(
     config = config.model_copy(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 90})}
     )
-    timeouts = TrainingConfig(update_timeout_s=40, dual_timeout_s=15)
+    timeouts = TrainingConfig(update_timeout_s=40)
     switches: list[tuple[int, int]] = []
     plugin = FeddiskPlugin(
         federation="disk",

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import ClimbSpec, DubheSpec, FlickerSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.store import DB_FILENAME
@@ -38,7 +39,6 @@ MODEL = {"input_dim": 64, "num_classes": 10, "hidden_sizes": [32]}
 def test_dubhe_climb_flicker_trains_after_flicker_balanced_the_images(
     mqtt_federation: Any, tmp_path: Path
 ) -> None:
-    from ursa.coordinator.aggregation import Weighting
     from ursa.edge_sdk.climb import ClimbConfig
     from ursa.edge_sdk.methods.flicker.method import Flicker
     from ursa.edge_sdk.methods.flicker.resampling import CentroidFeatures
@@ -84,11 +84,10 @@ def test_dubhe_climb_flicker_trains_after_flicker_balanced_the_images(
     plugin = TrainingPlugin(
         federation="flkfed",
         state_dir=config.state_dir,
-        config=TrainingConfig(
-            weighting=Weighting.CLIMB, update_timeout_s=30, dual_timeout_s=15
-        ),
+        config=TrainingConfig(update_timeout_s=30),
         initial_weights=initial,
         evaluate=score,
+        before_training=[ClimbDualStep(ClimbSpec(dual_timeout_s=15))],
     )
     service = CoordinatorService(config, plugin=plugin)
     service.start()

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ursa.coordinator.aggregation import Weighting
+from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import ClimbSpec, DubheSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
@@ -54,11 +54,10 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
     plugin = TrainingPlugin(
         federation="learn",
         state_dir=config.state_dir,
-        config=TrainingConfig(
-            weighting=Weighting.CLIMB, update_timeout_s=30, dual_timeout_s=15
-        ),
+        config=TrainingConfig(update_timeout_s=30),
         initial_weights=initial,
         evaluate=score,
+        before_training=[ClimbDualStep(ClimbSpec(dual_timeout_s=15))],
     )
     config = config.model_copy(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 60})}
@@ -107,7 +106,7 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
 
     assert service.is_done, f"rounds done: {[r.round for r in plugin.history]}"
     assert plugin.version == ROUNDS
-    assert [r.dual_reporters for r in plugin.history] == [N] * ROUNDS
+    assert [r.before_training for r in plugin.history] == [{"climb": N}] * ROUNDS
     assert all(len(r.contributed) == K and not r.dropped for r in plugin.history)
     assert scores[-1] > 0.3, scores
     lambdas = [c.method(Climb).lam for c in clients]

@@ -57,6 +57,7 @@ def _coordinator(
 
 
 def test_training_plugin_of_the_training_method(tmp_path: Path) -> None:
+    from ursa.coordinator.methods.climb import ClimbDualStep
     from ursa.coordinator.training import TrainingPlugin
 
     assert compose.training_plugin(_coordinator(tmp_path, [DUBHE], None)) is None
@@ -66,8 +67,10 @@ def test_training_plugin_of_the_training_method(tmp_path: Path) -> None:
     section = {"initial_weights": str(_weights(tmp_path, "--input-dim", "8"))}
     plugin = compose.training_plugin(_coordinator(tmp_path, climb, section))
     assert isinstance(plugin, TrainingPlugin)
-    assert plugin.version == 0 and plugin.config.weighting == "climb"
-    assert plugin.config.dual_period == 2 and plugin.methods() == ("climb",)
+    (step,) = plugin.before_training
+    assert isinstance(step, ClimbDualStep) and step.spec.dual_period == 2
+    assert plugin.version == 0 and plugin.weighting == "climb"
+    assert plugin.methods() == ("climb",)
     assert (tmp_path / "c" / "models" / "classifier").is_dir()
 
 
@@ -83,13 +86,8 @@ def test_the_service_signs_the_configs_methods(tmp_path: Path) -> None:
     assert config.method_names() == ("dubhe", "fedavg")
     # a plugin that runs another method than the config names is refused
     climb_config = _coordinator(tmp_path, [DUBHE, {"kind": "climb"}], section)
-    method = climb_config.training_method()
-    assert method is not None
-    climb = TrainingPlugin(
-        federation="f",
-        state_dir=tmp_path / "c",
-        config=climb_config.training_section().training_config(method),
-    )
+    climb = compose.training_plugin(climb_config)
+    assert isinstance(climb, TrainingPlugin)
     says = "names fedavg, the training plugin runs climb"
     with pytest.raises(ValueError, match=says):
         CoordinatorService(config, plugin=climb, transport=transport)

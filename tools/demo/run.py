@@ -420,7 +420,7 @@ def _round_entry(record: RoundRecord, l1: float) -> dict[str, Any]:
         "selected": list(record.selected),
         "contributed": len(record.contributed),
         "dropped": list(record.dropped),
-        "dual_reporters": record.dual_reporters,
+        "dual_reporters": record.before_training.get("climb", 0),
         "elapsed_s": record.elapsed_s,
     }
 

@@ -8,7 +8,8 @@ system's own algorithm code, only without a broker:
 * ``climb``: every ``dual_period`` rounds all N devices evaluate ``f_i`` at the
   global model and run `ursa.edge_sdk.climb.apply_dual_means_all` on the means
   (plaintext means, or with ``climb_encrypted`` the real Paillier path:
-  `encrypt_dual_report` -> `ursa.coordinator.climb` -> `decrypt_dual_means`);
+  `encrypt_dual_report` -> `ursa.coordinator.methods.climb.dual_sum` ->
+  `decrypt_dual_means`);
   participants scale their deltas by ``w_i``;
 * ``feddisk``: phase 1 (`ursa.tools.simulate.feddisk`), then weighted rounds;
 * ``focal``: local focal loss (gamma 2, as the CLIMB reference code);
@@ -39,7 +40,8 @@ from ursa.coordinator.aggregation import (
     finalize_aggregation,
     init_aggregation,
 )
-from ursa.coordinator.climb import apply_dual_report, finalize_dual_sum, init_dual_sum
+from ursa.coordinator.encrypted_sum import add_report, finalize_encrypted_sum
+from ursa.coordinator.methods.climb.dual_sum import init_dual_sum
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey, generate_keypair
 from ursa.edge_sdk.climb import (
     ClimbConfig,
@@ -257,8 +259,8 @@ class _ClimbState:
         state = init_dual_sum(public, max_parties=self.config.max_parties)
         for i, (f, lam) in enumerate(zip(losses, self.lambdas, strict=True)):
             report = encrypt_dual_report(public, self.config, float(f), float(lam))
-            state, _ = apply_dual_report(state, f"dev{i:05d}", report.to_bytes(public))
-        return decrypt_dual_means(secret, self.config, finalize_dual_sum(state))
+            state, _ = add_report(state, f"dev{i:05d}", report.to_bytes(public))
+        return decrypt_dual_means(secret, self.config, finalize_encrypted_sum(state))
 
     def summary(self) -> dict[str, Any]:
         lam = self.lambdas

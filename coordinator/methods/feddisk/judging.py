@@ -17,8 +17,8 @@ import logging
 from abc import abstractmethod
 
 from ursa.coordinator.aggregation import UpdateOutcome
-from ursa.coordinator.climb import DualSumState
 from ursa.coordinator.clock import Clock
+from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather
 from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.state import FeddiskState, Role
@@ -58,7 +58,7 @@ class FeddiskJudging(RoundPlugin):
     """What the open judgement is about (round, epoch, MADE version)."""
     _agent: str
     """The key epoch's agent, whose verdict the judgement waits for."""
-    _loss: Gather[MadeLoss, DualSumState] | None
+    _loss: Gather[MadeLoss, EncryptedSum] | None
     _verdict: Wait[MadeVerdict] | None
 
     @abstractmethod
@@ -93,7 +93,7 @@ class FeddiskJudging(RoundPlugin):
             self._decide(round_index, None, send)
         return True
 
-    def _open_loss_of(self, round_index: int) -> Gather[MadeLoss, DualSumState] | None:
+    def _open_loss_of(self, round_index: int) -> Gather[MadeLoss, EncryptedSum] | None:
         head = self._head
         if head is None or head.round != round_index:
             return None
@@ -167,7 +167,7 @@ class FeddiskJudging(RoundPlugin):
         self._after_loss_event(loss, self._clock(), send)
 
     def _after_loss_event(
-        self, loss: Gather[MadeLoss, DualSumState], now: float, send: Send
+        self, loss: Gather[MadeLoss, EncryptedSum], now: float, send: Send
     ) -> None:
         """Save the loss step; once closed, wait for the verdict (or train on)."""
         head = self._head

@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 
 from ursa.coordinator.aggregation import UpdateOutcome
-from ursa.coordinator.climb import DualSumState
+from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather
 from ursa.coordinator.methods.feddisk.steps import (
     MADE_LOSS_LENGTH,
@@ -91,7 +91,7 @@ def new_step(
     head: MeanHead = HEAD,
     online: frozenset[str] = REGISTERED,
     saved: dict[str, object] | None = None,
-) -> Gather[MadeLoss, DualSumState]:
+) -> Gather[MadeLoss, EncryptedSum]:
     return secure_mean(
         MadeLossWire("made"),
         head,

@@ -1,22 +1,17 @@
-"""CLIMB dual steps over the wire, coordinator side (SPEC §5, CLIMB Alg. 1).
+"""CLIMB's dual step on the wire, coordinator side: its `secure_mean` messages.
 
-One dual step per round that needs one (every ``dual_period`` rounds),
-before the round's participants train, is a `ursa.coordinator.secure_mean`
-with CLIMB's messages::
-
-    coordinator -> DualStepRequest(round, key epoch, model version) -> all
-    device      -> ClimbStats(Enc([f_i, lambda_i]))    (every registered device)
-    [every registered online device reported, or the dual deadline]
-    coordinator -> ClimbSum(Enc(sum), num_parties) -> all
-
-The coordinator holds only the epoch's Paillier public key and never sees a
-loss or a dual variable. Devices decrypt the means and update their own
-lambda and weight (`ursa.edge_sdk.climb_steps`).
+`ClimbDualWire` says how a dual step is asked (`DualStepRequest`), read
+(`ClimbStats`: ``Enc([f_i, lambda_i])``, one party's packed Paillier vector)
+and answered (`ClimbSum`: the encrypted sum and ``num_parties``);
+`ursa.coordinator.methods.climb.step` runs it before the rounds that need
+one. The coordinator holds only the epoch's Paillier public key and never
+sees a loss or a dual variable. Devices decrypt the means and update their
+own lambda and weight (`ursa.edge_sdk.methods.climb`).
 """
 
 from __future__ import annotations
 
-from ursa.coordinator.climb import DUAL_REPORT_LENGTH
+from ursa.coordinator.methods.climb.dual_sum import DUAL_REPORT_LENGTH
 from ursa.coordinator.secure_mean import MeanHead, MeanWire
 from ursa.protocol.messages import COORDINATOR, ClimbStats, ClimbSum, DualStepRequest
 

@@ -1,0 +1,130 @@
+"""A method's step in a round's BEFORE_TRAINING slot: after selection, before training.
+
+`ursa.coordinator.training.TrainingPlugin` runs its steps in order once the
+round's model is published and before the selected devices are told to
+train (CLIMB's dual step is one: `ursa.coordinator.methods.climb`)::
+
+    plugin = TrainingPlugin(..., before_training=[step])   # step.register(router)
+    step.attach(ctx)                                       # once, at service start
+    phase = step.open(info, now)     # per round: resumed from its phase record,
+                                     # or asked anew; None: nothing this round
+    step.on_message / on_tick        # its own kinds (router), deadlines
+    step.is_done(round)  -> the next step, then training
+    step.close(round)                # the round is over: drop its record
+
+A step persists through the coordinator's store only with the persisted
+primitives (`ursa.coordinator.gather`, `ursa.coordinator.secure_mean`, ...):
+it saves its phase record in the transaction of the message that changed it,
+so a restarted coordinator calling `open` for the same round resumes it. Its
+handlers raise `RejectedError` (answered as an `ErrorReply`) for a message
+it refuses. What a step changes about the training after it is said here,
+not in the training plugin: `name` replaces ``fedavg`` in the signed method
+list, `weighting` says how the round averages its updates.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Set
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from ursa.coordinator.aggregation import Weighting
+from ursa.coordinator.clock import Clock
+from ursa.coordinator.phase import PhaseStatus
+from ursa.coordinator.plugin import CoordinatorView, Send
+from ursa.protocol.messages import ModelUpdate
+from ursa.protocol.router import Router
+
+__all__ = ["BeforeTraining", "RoundInfo", "StepContext", "StepPhase"]
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """The round a step runs in: what the selected devices will train."""
+
+    round: int
+    model: str
+    version: int
+    """The global version the round trains from (the published model)."""
+    selected: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What the training plugin gives its steps (once, in `BeforeTraining.attach`)."""
+
+    federation: str
+    view: CoordinatorView
+    """The key epoch, who is online, and the store for phase records."""
+    send: Send
+    """Publishes through the service's current ``send`` (None: to all)."""
+    clock: Clock
+
+
+class StepPhase(Protocol):
+    """What the training plugin reads of a step's open phase (a `Gather` is one)."""
+
+    @property
+    def key(self) -> str:
+        """The phase record's key in the store."""
+        ...
+
+    @property
+    def status(self) -> PhaseStatus:
+        """Open, done, or closed without what it waited for."""
+        ...
+
+    @property
+    def answered(self) -> Set[str]:
+        """Devices that took part."""
+        ...
+
+
+class BeforeTraining(ABC):
+    """One method's phase before a round trains (see the module docstring)."""
+
+    name: ClassVar[str]
+    """The method's ``[[methods]]`` kind, signed into each key epoch instead of
+    ``fedavg`` (devices must run it)."""
+    weighting: ClassVar[Weighting | None] = None
+    """How the round averages updates when this step is composed (None: the
+    training configuration's); CLIMB: deltas the devices already scaled."""
+
+    @abstractmethod
+    def register(self, router: Router) -> None:
+        """Register the step's message kinds (each kind has one owner)."""
+
+    @abstractmethod
+    def attach(self, ctx: StepContext) -> None:
+        """Keep the context (called once, when the service starts)."""
+
+    @abstractmethod
+    def open(self, info: RoundInfo, now: float) -> StepPhase | None:
+        """Open the round's phase, or resume it from the store's record.
+
+        Returns:
+            The phase (it may already be closed after a restart), or None
+            when the step does not run in this round.
+        """
+
+    @abstractmethod
+    def on_tick(self, round_index: int, now: float) -> None:
+        """Close the open phase at its deadline, follow who is online."""
+
+    @abstractmethod
+    def is_done(self, round_index: int) -> bool:
+        """Whether the round's phase is closed (or never opened)."""
+
+    @abstractmethod
+    def republish(self, round_index: int) -> None:
+        """Send again what devices wait on (the request, or the result)."""
+
+    @abstractmethod
+    def close(self, round_index: int) -> None:
+        """The round is over: forget its phase and drop its record."""
+
+    def on_update(  # noqa: B027 - optional hook
+        self, round_index: int, device: str, message: ModelUpdate
+    ) -> None:
+        """An update was counted in the round (default: nothing)."""
