@@ -27,9 +27,10 @@ What a device does (the coordinator's side is in ``coordinator/service.py``):
    MADE round, the encrypted validation loss on `MadeLossRequest`, the
    decrypted fleet loss and the stop rule on `MadeLossSum` (the agent sends
    the signed `MadeVerdict`), and the sample weights on `FeddiskSwitch`.
-6. A balancing method (FLICKER, ``methods/flicker``) runs between enrolment
-   and the first key epoch; at that epoch its `replace_data` becomes the
-   device's labels and training data, before the device registers.
+6. A balancing method runs between enrolment and the first key epoch (its
+   messages and transfers through the method hooks of ``method.py``); at
+   that epoch its `replace_data` becomes the device's labels and training
+   data, before the device registers.
 
 Messages arrive in any order across topics: one that needs something not
 known yet (the coordinator identity, the agent's identity, the key, the
@@ -131,11 +132,10 @@ class EdgeClient(EpochSteps, ModelSteps):
         transport: A transport (tests: in-memory); None builds an
             `MqttTransport` from ``config.broker``.
         trainer: Called when selected; default `NoOpTrainer`.
-        methods: Device halves the app builds itself (e.g. a `Flicker` over
-            its images); every other kind the device runs is built from its
-            ``[[methods]]`` table or the trainer (`compose_methods`: `Dubhe`
-            when it selects, `FedDisk` for a `PhasedTrainer`, `Climb` from a
-            table or the trainer's CLIMB settings, count-level `Flicker`).
+        methods: Device halves the app builds itself (e.g. a balancing
+            method over its own samples); every other kind the device runs
+            is built from its ``[[methods]]`` table or the trainer
+            (`ursa.edge_sdk.methods.registry.compose_methods`).
         rng: The device's private randomness for the volunteer coins.
     """
 

@@ -24,7 +24,6 @@ on its stored data (the coordinator does not run FLICKER again).
 
 from __future__ import annotations
 
-import logging
 import math
 from pathlib import Path
 from typing import Any, ClassVar
@@ -47,8 +46,6 @@ from ursa.protocol.methods import MethodRole
 from ursa.protocol.router import Router
 
 __all__ = ["Flicker", "load_features", "resample_indices"]
-
-logger = logging.getLogger("ursa.edge_sdk.flicker")
 
 
 def load_features(path: Path) -> CentroidFeatures:
@@ -148,7 +145,7 @@ class Flicker(DeviceMethod):
         return True
 
     def replace_data(self) -> LocalData | None:
-        """The data to train on after the run (None: the run never started here)."""
+        """The data to train on after the run (None: never attached to a device)."""
         if self.participant is None:
             return None
         x, labels = self.resampled()

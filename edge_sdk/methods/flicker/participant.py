@@ -99,6 +99,8 @@ logger = logging.getLogger("ursa.edge_sdk.methods.flicker")
 MIN_RING_DEVICES = 3
 """A device never sends a ring result with fewer contributors: the key owner
 would learn a sum of one or two devices' counts."""
+MAX_WAITING = 64
+"""Messages that may wait for the context at once."""
 RING_SEAL_LABEL = "ursa-flicker-ring-v1"
 CACHED_REPLIES = 16
 
@@ -252,6 +254,8 @@ class FlickerParticipant:
             self._waiting.clear()
             return
         if work.message_id not in self._waiting:  # not a retry by the host
+            if len(self._waiting) >= MAX_WAITING:
+                raise RefusedError("too much work waiting for the context")
             self._waiting.add(work.message_id)
             self._request_context()
         raise NotReadyError
