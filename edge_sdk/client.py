@@ -27,6 +27,10 @@ What a device does (the coordinator's side is in ``coordinator/service.py``):
    MADE round, the encrypted validation loss on `MadeLossRequest`, the
    decrypted fleet loss and the stop rule on `MadeLossSum` (the agent sends
    the signed `MadeVerdict`), and the sample weights on `FeddiskSwitch`.
+6. A balancing method runs between enrolment and the first key epoch (its
+   messages and transfers through the method hooks of ``method.py``); at
+   that epoch its `replace_data` becomes the device's labels and training
+   data, before the device registers.
 
 Messages arrive in any order across topics: one that needs something not
 known yet (the coordinator identity, the agent's identity, the key, the
@@ -51,26 +55,17 @@ from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
+from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.device_core import DeviceStats, TrainingStats
 from ursa.edge_sdk.keys import EpochSteps
-from ursa.edge_sdk.method import DeviceMethod, EpochKeys, Roster
-from ursa.edge_sdk.methods.climb import Climb
-from ursa.edge_sdk.methods.dubhe import Dubhe
-from ursa.edge_sdk.methods.feddisk import FedDisk
-from ursa.edge_sdk.methods.flicker.method import PEER_KINDS, Flicker
-from ursa.edge_sdk.methods_config import (
-    ClimbSpec,
-    DeviceMethodSpec,
-    flicker_spec,
-    selection_kind,
-    training_spec,
-)
+from ursa.edge_sdk.method import DeviceMethod, EpochKeys, LocalData, Roster
+from ursa.edge_sdk.methods.registry import compose_methods
+from ursa.edge_sdk.methods_config import selection_kind
 from ursa.edge_sdk.model_steps import ModelSteps
-from ursa.edge_sdk.phased_trainer import PhasedTrainer
 from ursa.edge_sdk.registration import RegistrationError
 from ursa.edge_sdk.state import DeviceStateDir
-from ursa.edge_sdk.trainer import ModelTrainer, NoOpTrainer, Trainer
+from ursa.edge_sdk.trainer import NoOpTrainer, Trainer
 from ursa.models.weights import Arrays
 from ursa.protocol.envelope import decode, encode, message_kind
 from ursa.protocol.errors import ProtocolError
@@ -86,12 +81,14 @@ from ursa.protocol.messages import (
     KeyEpochStart,
     ModelAvailable,
     RegistrySum,
+    Relay,
     SealedSecretKey,
     SealRequest,
     SelectionResult,
     Status,
     TransferManifest,
 )
+from ursa.protocol.methods import MethodRole
 from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import Dispatch, NotReadyError, RejectedError, Router
 from ursa.protocol.topics import device_subscriptions, parse_topic, status_topic
@@ -101,7 +98,6 @@ __all__ = ["ClientState", "DeviceStats", "EdgeClient", "device_will"]
 
 logger = logging.getLogger("ursa.edge_sdk")
 
-_RELAYED_BY_AGENT = frozenset({"agent_public_key", "sealed_secret_key"})
 _REFUSALS = (CryptoError, RegistrationError, RejectedError, ValueError)
 """What a handler raises for a message it refuses: logged, never fatal."""
 
@@ -136,14 +132,10 @@ class EdgeClient(EpochSteps, ModelSteps):
         transport: A transport (tests: in-memory); None builds an
             `MqttTransport` from ``config.broker``.
         trainer: Called when selected; default `NoOpTrainer`.
-        methods: The device halves of the federation's methods (e.g.
-            `Climb`); None: `FedDisk` for a `PhasedTrainer`, `Climb` when the
-            trainer has CLIMB settings. `Dubhe` is added when the config's
-            selection method is Dubhe (the default).
-        flicker: FLICKER's device half when the federation balances its data
-            first (default under ``kind = "flicker"``: count-level resampling
-            of ``labels``); its result replaces the labels and the trainer's
-            data before the first registration.
+        methods: Device halves the app builds itself (e.g. a balancing
+            method over its own samples); every other kind the device runs
+            is built from its ``[[methods]]`` table or the trainer
+            (`ursa.edge_sdk.methods.registry.compose_methods`).
         rng: The device's private randomness for the volunteer coins.
     """
 
@@ -156,7 +148,6 @@ class EdgeClient(EpochSteps, ModelSteps):
         trainer: Trainer | None = None,
         methods: Sequence[DeviceMethod] | None = None,
         rng: np.random.Generator | None = None,
-        flicker: Flicker | None = None,
     ) -> None:
         array = np.asarray(labels)
         if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
@@ -167,20 +158,10 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._labels = array.astype(np.int64)
         self._trainer = trainer or NoOpTrainer(int(array.size))
         self._selection = selection_kind(config.method_list())
-        given = (
-            list(methods)
-            if methods is not None
-            else _methods_of(self._trainer, config.method_list())
+        self._methods = compose_methods(
+            self._trainer, config.method_list(), self._labels, methods or ()
         )
-        dubhe = self._selection == "dubhe" and not any(
-            isinstance(m, Dubhe) for m in given
-        )
-        self._methods = [Dubhe(), *given] if dubhe else given
-        spec = flicker_spec(config.method_list())
-        if flicker is None and spec is not None:
-            flicker = Flicker(spec, labels=self._labels)
-        self._flicker = flicker
-        self._balanced = False
+        self._data_settled = False
         if config.methods is not None:
             named = {m.kind for m in config.methods}
             if named != set(self.methods()):
@@ -254,14 +235,6 @@ class EdgeClient(EpochSteps, ModelSteps):
         with self._lock:
             self._restore()
             self._restore_training()
-        if self._flicker is not None:
-            self._flicker.attach(
-                identity=self._identity,
-                federation=cfg.federation,
-                outbox=self._outbox,
-                verify=self._verify_coordinator,
-                router=self._router,
-            )
         transport = self._transport or self._make_transport()
         self._transport = transport
         transport.set_handler(self.handle)
@@ -408,7 +381,8 @@ class EdgeClient(EpochSteps, ModelSteps):
         kind = message_kind(message)
         if isinstance(message, Status):
             return None
-        relayed = kind in _RELAYED_BY_AGENT or (own and kind in PEER_KINDS)
+        relay = type(message).relay
+        relayed = relay is Relay.AGENT or (own and relay is Relay.PEER)
         if message.sender != COORDINATOR and not relayed:
             logger.warning(
                 "%s: dropped %s claiming sender %s",
@@ -453,68 +427,62 @@ class EdgeClient(EpochSteps, ModelSteps):
             self._router.retry_parked(self._refused)
 
     def methods(self) -> tuple[str, ...]:
-        """Selection, the trainer's training method (if any), FLICKER if it runs."""
-        balancing = ("flicker",) if self._flicker is not None else ()
-        if any(isinstance(m, FedDisk) for m in self._methods):
-            return (self._selection, "feddisk", *balancing)
-        trainer = self._model_trainer()
-        if trainer is None:
+        """Selection, training (when the trainer trains models), balancing."""
+        roles = [(m.role, m.name) for m in self._methods]
+        balancing = tuple(name for role, name in roles if role is MethodRole.BALANCING)
+        if self._model_trainer() is None:
             return (self._selection, *balancing)
-        climbs = any(isinstance(m, Climb) for m in self._methods)
-        training = "climb" if climbs else "fedavg"
-        return (self._selection, training, *balancing)
+        training = [name for role, name in roles if role is MethodRole.TRAINING]
+        return (self._selection, *(training or ["fedavg"])[:1], *balancing)
 
-    @property
-    def flicker(self) -> Flicker | None:
-        """FLICKER's device half, if this device runs it (for figures)."""
-        return self._flicker
-
-    # --- FLICKER: the data the federation trains on ---------------------------
-
-    def _verify_coordinator(self, message: BaseMessage) -> None:
-        if self._coordinator is None:
-            raise ValueError("no pinned coordinator identity yet")
-        self._verify(self._coordinator, message)
+    # --- before registration: the data the federation trains on ----------------
 
     def _on_key_epoch(self, message: KeyEpochStart) -> None:
-        """A signed key epoch ends FLICKER's run: take its data, then adopt it."""
-        if self._flicker is not None and not self._balanced:
+        """The first signed key epoch ends any balancing run: take its data first."""
+        if not self._data_settled:
             if self._coordinator is None:
                 raise NotReadyError
             self._verify(self._coordinator, message)
-            self._use_balanced_data(self._flicker)
+            self._data_settled = True
+            for method in self._methods:
+                data = method.replace_data()
+                if data is not None:
+                    self._use_data(method.name, data)
         self._on_key_epoch_start(message)
 
-    def _use_balanced_data(self, flicker: Flicker) -> None:
-        """Labels (and the trainer's samples) as FLICKER left them, once."""
-        self._balanced = True
-        x, labels = flicker.resampled()
-        if len(labels) == 0:
-            logger.error("%s: FLICKER left no samples; keeping mine", self.device_id)
+    def _use_data(self, by: str, data: LocalData) -> None:
+        """Labels (and the trainer's samples) as a method left them."""
+        if len(data.labels) == 0:
+            logger.error("%s: %s left no samples; keeping mine", self.device_id, by)
             return
         before = len(self._labels)
-        if x is not None:
+        if data.x is not None:
             try:
-                self._trainer.use_data(x, labels)
+                self._trainer.use_data(data.x, data.labels)
             except (NotImplementedError, ValueError) as exc:
-                logger.error("%s: FLICKER's data not used: %s", self.device_id, exc)
+                logger.error("%s: %s's data not used: %s", self.device_id, by, exc)
                 return
-        self._labels = labels
+        self._labels = data.labels
         if isinstance(self._trainer, NoOpTrainer):
-            self._trainer.num_examples = len(labels)
+            self._trainer.num_examples = len(data.labels)
         logger.info(
-            "%s: FLICKER done: %d samples (%d before)",
+            "%s: %s done: %d samples (%d before)",
             self.device_id,
-            len(labels),
+            by,
+            len(data.labels),
             before,
         )
 
+    def _takes_transfer(self, message: TransferManifest | Chunk) -> bool:
+        """Whether a method takes a transfer message (else it is a model's)."""
+        return any(method.take_transfer(message) for method in self._methods)
+
     def _on_manifest(self, message: TransferManifest) -> None:
-        if self._flicker is None or not self._flicker.claims(message):
+        if not self._takes_transfer(message):
             self._on_transfer_manifest(message)
 
     def _on_any_chunk(self, message: Chunk) -> None:
-        if self._flicker is None or not self._flicker.claims(message):
+        if not self._takes_transfer(message):
             self._on_chunk(message)
 
     def _refused(self, message: BaseMessage, exc: Exception) -> None:
@@ -535,24 +503,6 @@ class EdgeClient(EpochSteps, ModelSteps):
 
 
 MethodT = TypeVar("MethodT", bound=DeviceMethod)
-
-
-def _methods_of(
-    trainer: Trainer, specs: Sequence[DeviceMethodSpec]
-) -> list[DeviceMethod]:
-    """The training method's device half, if it has one.
-
-    `FedDisk` for a `PhasedTrainer`; else `Climb` from a ``kind = "climb"``
-    table, or from the trainer's own CLIMB settings.
-    """
-    if isinstance(trainer, PhasedTrainer):
-        return [FedDisk(trainer)]
-    spec = training_spec(specs)
-    if isinstance(spec, ClimbSpec):
-        return [Climb(spec.climb_config())]
-    if isinstance(trainer, ModelTrainer) and trainer.climb is not None:
-        return [Climb(trainer.climb)]
-    return []
 
 
 class _Context:
@@ -632,6 +582,22 @@ class _Context:
 
     def seconds_since_model_notice(self) -> float:
         return time.monotonic() - self._client._notice_at
+
+    def seal_for(
+        self, peer: DevicePublicIdentity, context: bytes, plaintext: bytes
+    ) -> bytes:
+        return seal(self._client._identity, peer, context, plaintext)
+
+    def open_from(
+        self, peer: DevicePublicIdentity, context: bytes, box: bytes
+    ) -> bytes:
+        return open_sealed(self._client._identity, peer, context, box)
+
+    def verify_coordinator(self, message: BaseMessage) -> None:
+        coordinator = self._client._coordinator
+        if coordinator is None:
+            raise NotReadyError
+        self._client._verify(coordinator, message)
 
     def retry_training(self) -> None:
         self._client._maybe_train()

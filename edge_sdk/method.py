@@ -9,6 +9,13 @@ the model downloads, the trainer and the outbox. The runtime keeps the loop,
 admission, dedup, parking of early messages, transfers and the key epoch;
 a method never opens a connection or keeps its own dedup table.
 
+A method that runs before the federation trains (FLICKER balances the
+devices' data between enrolment and the first key epoch) may take transfers
+that are not models (`take_transfer`, e.g. its CKKS context), seal and open
+boxes to other devices through the context (ring hops, which the runtime
+admits only on the device's own down topic: `Relay.PEER` on the kind), and
+replace the device's data before it first registers (`replace_data`).
+
 Hooks into a selected device's training round, in the order they run:
 `admit_model` (may hold a `ModelAvailable` back), `ready_to_train` (may make
 the round wait, e.g. for CLIMB's dual step), then `plan` (how the delta is
@@ -19,11 +26,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
+from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
 from ursa.edge_sdk.device_core import DeviceStats, TrainingStats
@@ -32,16 +40,21 @@ from ursa.edge_sdk.trainer import ModelTrainer, Trainer
 from ursa.models.weights import Arrays
 from ursa.protocol.messages import (
     BaseMessage,
+    Chunk,
     ErrorReply,
     KeyEpochStart,
     ModelAvailable,
+    TransferManifest,
 )
+from ursa.protocol.methods import MethodRole
 from ursa.protocol.router import Router
 
 __all__ = [
     "DeviceContext",
     "DeviceMethod",
     "EpochKeys",
+    "LocalData",
+    "PeerChannel",
     "Roster",
     "TrainPlan",
     "model_trainer",
@@ -62,6 +75,14 @@ class TrainPlan:
     round: int
     delta_scale: float = 1.0
     scaled: bool = False
+
+
+@dataclass(frozen=True)
+class LocalData:
+    """The data a device trains on and registers: samples (if it has them), labels."""
+
+    x: NDArray[Any] | None
+    labels: NDArray[np.int64]
 
 
 @dataclass(frozen=True)
@@ -92,8 +113,13 @@ class Roster:
     registry: NDArray[np.int64]
 
 
-class DeviceContext(Protocol):
-    """What a method may use of its device (provided by `EdgeClient`)."""
+class PeerChannel(Protocol):
+    """The device as a method that talks to other devices sees it.
+
+    Messages to a peer travel through the coordinator, sealed to the peer's
+    identity (the coordinator relays them unopened); the coordinator signs
+    who the peers are.
+    """
 
     @property
     def device_id(self) -> str:
@@ -104,6 +130,39 @@ class DeviceContext(Protocol):
     def federation(self) -> str:
         """The federation's name."""
         ...
+
+    def send(self, message: BaseMessage) -> None:
+        """Queue ``message`` on this device's up topic."""
+        ...
+
+    def seal_for(
+        self, peer: DevicePublicIdentity, context: bytes, plaintext: bytes
+    ) -> bytes:
+        """``plaintext`` sealed from this device to ``peer``, bound to ``context``."""
+        ...
+
+    def open_from(
+        self, peer: DevicePublicIdentity, context: bytes, box: bytes
+    ) -> bytes:
+        """A box ``peer`` sealed to this device under ``context``.
+
+        Raises:
+            CryptoError: the box does not open.
+        """
+        ...
+
+    def verify_coordinator(self, message: BaseMessage) -> None:
+        """Check the coordinator's signature on ``message``.
+
+        Raises:
+            NotReadyError: the coordinator's identity is not pinned yet.
+            CryptoError: a bad signature.
+        """
+        ...
+
+
+class DeviceContext(PeerChannel, Protocol):
+    """What a method may use of its device (provided by `EdgeClient`)."""
 
     @property
     def store(self) -> DeviceStateDir:
@@ -138,10 +197,6 @@ class DeviceContext(Protocol):
     @property
     def rng(self) -> np.random.Generator:
         """The device's private randomness (e.g. Dubhe's volunteer coins)."""
-        ...
-
-    def send(self, message: BaseMessage) -> None:
-        """Queue ``message`` on this device's up topic."""
         ...
 
     def roster(self) -> Roster | None:
@@ -197,6 +252,8 @@ class DeviceMethod(ABC):
 
     name: ClassVar[str]
     """The method's ``[[methods]]`` kind (compared with the signed list)."""
+    role: ClassVar[MethodRole | None] = None
+    """What it provides (None: a helper that is no ``[[methods]]`` kind)."""
 
     _ctx: DeviceContext | None = None
 
@@ -218,6 +275,22 @@ class DeviceMethod(ABC):
 
     def start(self) -> None:  # noqa: B027 - optional hook
         """Reload persisted progress (the client starts; default: nothing)."""
+
+    def take_transfer(self, message: TransferManifest | Chunk) -> bool:
+        """Take a transfer message that is not a model's (default: not mine).
+
+        Returns True when the message belongs to this method (the runtime then
+        does not treat it as a model download). Raises as a handler does.
+        """
+        return False
+
+    def replace_data(self) -> LocalData | None:
+        """The data to use instead of the device's own, or None (default: keep).
+
+        Asked once, when the first signed key epoch arrives, before the
+        device computes its registry entry: a balancing method's run is over.
+        """
+        return None
 
     def admit_model(self, message: ModelAvailable) -> None:  # noqa: B027
         """Raise `NotReadyError` to hold a model notice back (default: admit)."""

@@ -10,14 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ursa.coordinator.methods.flicker.engine import FlickerCoordinator
 from ursa.coordinator.methods.flicker.outcome import FlickerServiceConfig
 from ursa.crypto.ckks import CKKS_UNAVAILABLE, require_tenseal
 from ursa.crypto.errors import BackendUnavailableError
-from ursa.crypto.identity import DeviceIdentity
-from ursa.edge_sdk.methods.flicker.participant import FlickerParticipant
+from ursa.edge_sdk.methods.flicker.method import Flicker
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 
 MESSAGE = "CKKS unavailable: install ursa-fl[ckks] on Python ≥ 3.11"
@@ -37,15 +37,8 @@ def test_require_tenseal_raises_the_install_instruction() -> None:
 
 @pytest.mark.usefixtures("no_tenseal")
 def test_flicker_device_fails_when_constructed() -> None:
-    identity = DeviceIdentity.generate("dev-a")
     with pytest.raises(BackendUnavailableError, match="CKKS unavailable"):
-        FlickerParticipant(
-            identity=identity,
-            federation="fed",
-            peers={"dev-a": identity.public()},
-            counts=(1, 2, 3),
-            transport=InMemoryTransport(InMemoryBus(), "dev-a"),
-        )
+        Flicker(labels=np.array([0, 1, 2]))
 
 
 @pytest.mark.usefixtures("no_tenseal")

@@ -316,9 +316,8 @@ def build_device(
         if labels is None:
             labels = load_labels(Path(str(path)))
         flicker = device_flicker(config, labels)
-        return EdgeClient(
-            config, labels, transport=transport, flicker=flicker, rng=rng
-        )
+        methods = [] if flicker is None else [flicker]
+        return EdgeClient(config, labels, transport=transport, methods=methods, rng=rng)
     if labels_path is not None or labels is not None:
         raise ServiceSetupError("a training device takes its labels from data_file")
     x, y = load_training_data(config.training.data_file)
@@ -327,5 +326,10 @@ def build_device(
     )
     flicker = device_flicker(config, y, x)
     return EdgeClient(
-        config, y, trainer=trainer, transport=transport, flicker=flicker, rng=rng
+        config,
+        y,
+        trainer=trainer,
+        transport=transport,
+        methods=[] if flicker is None else [flicker],
+        rng=rng,
     )

@@ -158,6 +158,21 @@ def _new_message_id() -> str:
     return uuid.uuid4().hex
 
 
+class Relay(StrEnum):
+    """Who may send a kind to a device besides the coordinator (`BaseMessage.relay`).
+
+    The device's admission reads it off the class, so a method cannot widen
+    who may send a kind.
+    """
+
+    NONE = "none"
+    """The coordinator only."""
+    AGENT = "agent"
+    """Also the key epoch's agent, relayed by the coordinator (and signed)."""
+    PEER = "peer"
+    """Also another device, relayed to the recipient's own down topic only."""
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
@@ -176,6 +191,8 @@ class BaseMessage(_Frozen):
     """The last topic level this kind travels on."""
     retained: ClassVar[bool] = False
     """Published retained when global, so a device that (re)connects catches up."""
+    relay: ClassVar[Relay] = Relay.NONE
+    """Who besides the coordinator may send this kind to a device."""
 
 
 class ErrorReply(BaseMessage):

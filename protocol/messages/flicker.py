@@ -23,6 +23,7 @@ from ursa.protocol.messages.base import (
     DeviceList,
     Id,
     Positive,
+    Relay,
     Signature,
     unique_entries,
 )
@@ -59,6 +60,7 @@ class RingHop(BaseMessage):
     """Device to next device via the coordinator: running Enc(counts), sealed."""
 
     kind: Literal["ring_hop"] = "ring_hop"
+    relay: ClassVar[Relay] = Relay.PEER
     ring_id: Id
     hop_index: Count
     recipient: DeviceId

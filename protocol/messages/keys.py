@@ -22,6 +22,7 @@ from ursa.protocol.messages.base import (
     Fraction,
     Name,
     Positive,
+    Relay,
     Signature,
     unique_entries,
 )
@@ -90,6 +91,7 @@ class AgentPublicKey(BaseMessage):
     kind: Literal["agent_public_key"] = "agent_public_key"
     topic: ClassVar[str] = PUBLIC_KEY
     retained: ClassVar[bool] = True
+    relay: ClassVar[Relay] = Relay.AGENT
     epoch: Count
     public_key: Annotated[bytes, Field(min_length=1, max_length=4096)]
     signature: Signature = b""
@@ -99,6 +101,7 @@ class SealedSecretKey(BaseMessage):
     """Agent to one device (relayed, unopenable by the coordinator)."""
 
     kind: Literal["sealed_secret_key"] = "sealed_secret_key"
+    relay: ClassVar[Relay] = Relay.AGENT
     epoch: Count
     recipient: DeviceId
     box: Annotated[bytes, Field(min_length=1, max_length=16 * 1024)]

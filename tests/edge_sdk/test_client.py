@@ -19,6 +19,7 @@ from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.paillier import PaillierPublicKey, encrypt_vector
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.config import DeviceConfig, load_device_config
+from ursa.edge_sdk.method import DeviceMethod, LocalData
 from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer, NoOpTrainer
 from ursa.models.weights import Arrays
@@ -27,12 +28,15 @@ from ursa.protocol.errors import ProtocolError
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import (
     COORDINATOR,
+    AgentPublicKey,
     EnrolResult,
     IdentityKeys,
     Registration,
+    RingHop,
     RoundAnnounce,
     SelectionResult,
 )
+from ursa.protocol.router import Router
 from ursa.protocol.topics import down_topic, global_topic, name_for, up_topic
 
 FED = "fed"
@@ -82,7 +86,12 @@ class Harness:
         self.raw = InMemoryTransport(self.bus, "raw")
         self.raw.connect()
 
-    def client(self, device_id: str, **config: Any) -> EdgeClient:
+    def client(
+        self,
+        device_id: str,
+        methods: list[DeviceMethod] | None = None,
+        **config: Any,
+    ) -> EdgeClient:
         cfg = DeviceConfig(
             device_id=device_id,
             federation=FED,
@@ -100,6 +109,7 @@ class Harness:
                 self.bus, device_id, will=(topic, payload, True)
             ),
             rng=np.random.default_rng(index),
+            methods=methods,
         )
         self.clients[device_id] = client
         return client
@@ -460,3 +470,67 @@ class _PlainTrainer(ModelTrainer):
 
     def local_loss(self, global_arrays: Arrays) -> float:
         return 0.5
+
+
+class _Balances(DeviceMethod):
+    """A balancing stand-in: its data replaces the device's, once."""
+
+    name = "balances"
+
+    def __init__(self, labels: list[int]) -> None:
+        self.labels = np.array(labels, dtype=np.int64)
+        self.asked = 0
+
+    def register(self, router: Router) -> None:
+        pass
+
+    def replace_data(self) -> LocalData | None:
+        self.asked += 1
+        return LocalData(None, self.labels)
+
+
+def test_a_method_replaces_the_data_before_the_first_registration(
+    harness: Any,
+) -> None:
+    h = harness(4)
+    balances = _Balances([3, 3, 3, 4])
+    h.coordinator.start()
+    for device_id in h.ids:
+        h.client(device_id, methods=[balances] if device_id == "d0" else None).start()
+
+    assert h.coordinator.is_done and h.clients["d0"].has_registry
+    assert balances.asked == 1
+    assert h.clients["d0"]._labels.tolist() == [3, 3, 3, 4]
+    trainer = h.clients["d0"]._trainer
+    assert isinstance(trainer, NoOpTrainer) and trainer.num_examples == 4
+    assert h.clients["d0"].methods() == ("dubhe",)  # a helper of no [[methods]] role
+
+
+def test_who_may_send_a_kind_besides_the_coordinator_is_read_off_its_class(
+    tmp_path: Path,
+) -> None:
+    config = DeviceConfig(device_id="d0", federation=FED, state_dir=tmp_path)
+    client = EdgeClient(config, [0, 1])
+    hop = RingHop(
+        federation=FED,
+        round=0,
+        sender="d1",
+        ring_id="r",
+        hop_index=0,
+        recipient="d0",
+        contributors=("d1",),
+        box=b"sealed",
+    )
+    key = AgentPublicKey(federation=FED, round=0, sender="d1", epoch=1, public_key=b"k")
+    announce = RoundAnnounce(
+        federation=FED, round=1, sender="d1", epoch=1, k=2, deadline_s=5.0
+    )
+
+    def accepted(message: Any, *, own: bool) -> bool:
+        name = name_for(message.kind)
+        topic = down_topic(FED, "d0", name) if own else global_topic(FED, name)
+        return client._accept(topic, encode(message)) is not None
+
+    assert accepted(hop, own=True) and not accepted(hop, own=False)  # a peer's
+    assert accepted(key, own=False)  # the agent's, relayed (and signed)
+    assert not accepted(announce, own=True)  # the coordinator's only

@@ -19,8 +19,8 @@ from ursa.coordinator.methods.flicker.engine import (
 )
 from ursa.crypto.identity import DeviceIdentity
 from ursa.edge_sdk.methods.flicker import algorithm as dev
-from ursa.edge_sdk.methods.flicker.participant import FlickerParticipant
 from ursa.protocol.envelope import decode
+from ursa.tools.simulate.flicker_device import FleetDevice
 from ursa.tools.simulate.flicker_run import run_flicker
 from ursa.tools.simulate.flicker_tables import get_table
 
@@ -93,7 +93,7 @@ def test_flicker_runs_over_mosquitto_without_counts_in_transit(
     coordinator.attach()
     participants = {}
     for device, counts in LIVE.items():
-        participant = FlickerParticipant(
+        participant = FleetDevice(
             identity=identities[device],
             federation=FEDERATION,
             peers=public,
@@ -188,7 +188,7 @@ def test_the_global_redundancy_test_runs_over_mosquitto_with_sealed_candidates(
     coordinator.attach()
     participants = {}
     for device, resampler in wire.items():
-        participants[device] = FlickerParticipant(
+        participants[device] = FleetDevice(
             identity=identities[device],
             federation=FEDERATION,
             peers=public,

@@ -124,7 +124,7 @@ def test_dubhe_climb_flicker_trains_after_flicker_balanced_the_images(
             ys,
             trainer=trainer,
             rng=np.random.default_rng(i),
-            flicker=flicker,
+            methods=[flicker],
         )
         fed.clients[device_id] = client
         client.start()
@@ -151,8 +151,9 @@ def test_dubhe_climb_flicker_trains_after_flicker_balanced_the_images(
         trainer = client._trainer
         assert isinstance(trainer, TorchTrainer)
         counts = np.bincount(trainer.y, minlength=10)
-        assert client.flicker is not None and client.flicker.participant is not None
-        assert tuple(int(c) for c in counts) == client.flicker.participant.counts
+        participant = client.method(Flicker).participant
+        assert participant is not None
+        assert tuple(int(c) for c in counts) == participant.counts
         assert np.array_equal(trainer.y, client._labels)
     assert plugin.version == rounds
     assert all(len(r.contributed) == k for r in plugin.history)

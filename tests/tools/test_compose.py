@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from ursa.edge_sdk.methods.flicker.method import Flicker
 from ursa.tools import compose
 from ursa.tools.cli import service as cli_service
 
@@ -248,7 +249,8 @@ def test_flicker_on_both_sides_builds_each_half(tmp_path: Path) -> None:
     device = compose.build_device(
         _device(tmp_path, methods=flicker), tmp_path / "l.npy"
     )
-    assert device.flicker is not None and device.methods() == ("dubhe", "flicker")
+    assert device.methods() == ("dubhe", "flicker")
+    assert device.method(Flicker).participant is not None
 
     np.savez(tmp_path / "f.npz", centroids=np.eye(3, 4), temperature=0.5)
     training = _training(tmp_path)

@@ -114,7 +114,7 @@ def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> Edg
             device.y,
             trainer=trainer,
             rng=np.random.default_rng(device.seed),
-            flicker=flicker,
+            methods=None if flicker is None else [flicker],
         )
         try:
             if connect_lock is None:

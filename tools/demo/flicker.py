@@ -61,8 +61,12 @@ def device_flicker(extra: Mapping[str, Any], device: DeviceSpec) -> Flicker:
 
 def device_figures(client: EdgeClient) -> dict[str, Any] | None:
     """A device's FLICKER figures (its own counts stay in its process's report)."""
-    flicker = client.flicker
-    participant = None if flicker is None else flicker.participant
+    from ursa.edge_sdk.methods.flicker.method import Flicker
+
+    try:
+        participant = client.method(Flicker).participant
+    except KeyError:  # the device runs no FLICKER
+        return None
     if participant is None:
         return None
     state = participant.state
@@ -73,7 +77,6 @@ def device_figures(client: EdgeClient) -> dict[str, Any] | None:
         "removed": state.removed,
         "steps": len(participant.steps),
         "saturation": None if state.saturation is None else str(state.saturation),
-        "rejections": len(participant.rejections),
     }
 
 

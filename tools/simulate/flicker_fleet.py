@@ -1,6 +1,7 @@
 """A FLICKER fleet in one process: the real wire protocol over an in-memory bus.
 
-`build_fleet` connects one `FlickerCoordinator` and a `FlickerParticipant`
+`build_fleet` connects one `FlickerCoordinator` and a `FleetDevice`
+(`ursa.tools.simulate.flicker_device`: the device protocol on its own transport)
 per device to a synchronous `InMemoryBus` (every message is encoded, routed by
 topic and decoded, exactly as over MQTT). Devices listed as ``silent`` are
 enrolled and placed in the ring but never connect. `Fleet.run` starts a ring
@@ -28,9 +29,9 @@ from ursa.coordinator.methods.flicker.engine import (
 from ursa.crypto.ckks import CkksKeyOwner
 from ursa.crypto.identity import DeviceIdentity
 from ursa.edge_sdk.methods.flicker import algorithm as dev
-from ursa.edge_sdk.methods.flicker.participant import FlickerParticipant
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import COORDINATOR
+from ursa.tools.simulate.flicker_device import FleetDevice
 
 __all__ = ["FakeClock", "Fleet", "build_fleet"]
 
@@ -61,7 +62,7 @@ class Fleet:
     clock: FakeClock
     coordinator: FlickerCoordinator
     coordinator_transport: InMemoryTransport
-    participants: dict[str, FlickerParticipant]
+    participants: dict[str, FleetDevice]
     transports: dict[str, InMemoryTransport]
 
     def run(self, order: Sequence[str] | None = None) -> FlickerOutcome:
@@ -118,7 +119,7 @@ def build_fleet(
         if device in silent:
             continue
         transport = InMemoryTransport(bus, device)
-        participant = FlickerParticipant(
+        participant = FleetDevice(
             identity=identities[device],
             federation=config.federation,
             peers=public,

@@ -44,6 +44,7 @@ from ursa.edge_sdk.climb import (
 from ursa.edge_sdk.device_core import derived_id
 from ursa.edge_sdk.method import DeviceMethod, TrainPlan, model_trainer
 from ursa.protocol.messages import ClimbStats, ClimbSum, DualStepRequest, ErrorReply
+from ursa.protocol.methods import MethodRole
 from ursa.protocol.router import NotReadyError, Router
 
 __all__ = ["DUAL_WAIT_S", "Climb"]
@@ -68,6 +69,7 @@ class Climb(DeviceMethod):
     """CLIMB's device half: report ``Enc([f_i, lambda_i])``, apply the means."""
 
     name: ClassVar[str] = "climb"
+    role: ClassVar[MethodRole | None] = MethodRole.TRAINING
 
     def __init__(self, config: ClimbConfig) -> None:
         self.config = config
@@ -77,7 +79,6 @@ class Climb(DeviceMethod):
         """``w_i``, the scale of this device's next delta."""
         self._request: DualStepRequest | None = None
         self._report: _Report | None = None
-
 
     def register(self, router: Router) -> None:
         """Handle dual step requests and sums."""

@@ -32,6 +32,7 @@ from ursa.protocol.messages import (
     TrySums,
     Volunteer,
 )
+from ursa.protocol.methods import MethodRole
 from ursa.protocol.router import NotReadyError, Router
 
 __all__ = ["Dubhe"]
@@ -43,6 +44,7 @@ class Dubhe(DeviceMethod):
     """Dubhe's self-selection: volunteer draws, distributions, the agent's answer."""
 
     name: ClassVar[str] = "dubhe"
+    role: ClassVar[MethodRole | None] = MethodRole.SELECTION
 
     def __init__(self) -> None:
         self._announce: RoundAnnounce | None = None

@@ -63,6 +63,7 @@ from ursa.protocol.messages import (
     MadeVerdict,
     ModelAvailable,
 )
+from ursa.protocol.methods import MethodRole
 from ursa.protocol.router import NotReadyError, Router
 
 __all__ = ["UNCAPPED_ROUNDS", "FedDisk", "MadeReport"]
@@ -88,6 +89,7 @@ class FedDisk(DeviceMethod):
     """FedDisk's device half over a `PhasedTrainer` (see the module docstring)."""
 
     name: ClassVar[str] = "feddisk"
+    role: ClassVar[MethodRole | None] = MethodRole.TRAINING
 
     def __init__(self, trainer: PhasedTrainer) -> None:
         self.trainer = trainer
@@ -104,7 +106,6 @@ class FedDisk(DeviceMethod):
         self._request: MadeLossRequest | None = None
         self._report: MadeReport | None = None
         self._applied: tuple[int, int, int] | None = None
-
 
     @property
     def in_made_phase(self) -> bool:

@@ -1,16 +1,16 @@
-"""FLICKER in the `EdgeClient`: the ring, masked cosines and resampling, then the data.
+"""FLICKER's device half: the ring, masked cosines and resampling, then the data.
 
-The coordinator runs FLICKER between enrolment and the first key epoch. The
-device half is a `FlickerParticipant` on the client's connection: the
-client admits every message (topic, federation, sender; ring hops only on
-the device's own down topic) and routes FLICKER's kinds here through its
-`Router`; replies go into the client's outbox. The CKKS public context
-arrives as a chunked transfer the client hands over (`claims`).
+The coordinator runs FLICKER between enrolment and the first key epoch.
+`Flicker` is a `DeviceMethod`: it registers FLICKER's kinds on the client's
+`Router` (the client admits them: topic, federation, sender; a ring hop only
+from a device, on this device's own down topic), takes the CKKS public
+context's chunked transfer (`take_transfer`), and seals and opens ring hops
+through its `DeviceContext`. The protocol itself is a `FlickerParticipant`.
 
 The run's end is the first `KeyEpochStart`: before it registers, the
-client takes `resampled()` (once) as its labels and, when it trains, as its
-trainer's data, so Dubhe's registry and the training rounds see the
-balanced data. Two ways to resample:
+client asks `replace_data` (once) and takes the result as its labels and,
+when it trains, as its trainer's data, so Dubhe's registry and the training
+rounds see the balanced data. Two ways to resample:
 
 * with a shared feature extractor and images (`DataResampler`): rotated or
   flipped copies of the minority class, under-sampling by feature
@@ -24,9 +24,7 @@ on its stored data (the coordinator does not run FLICKER again).
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,8 +32,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ursa.crypto.ckks import require_tenseal
-from ursa.crypto.identity import DeviceIdentity
-from ursa.edge_sdk.methods.flicker.participant import WORK_KINDS, FlickerParticipant
+from ursa.edge_sdk.method import DeviceMethod, LocalData
+from ursa.edge_sdk.methods.flicker.participant import FlickerParticipant
 from ursa.edge_sdk.methods.flicker.resampling import (
     CentroidFeatures,
     DataResampler,
@@ -43,22 +41,11 @@ from ursa.edge_sdk.methods.flicker.resampling import (
     TrainingView,
 )
 from ursa.edge_sdk.methods_config import FlickerSpec
-from ursa.protocol.messages import (
-    BaseMessage,
-    Chunk,
-    CkksContextAnnounce,
-    TransferManifest,
-)
-from ursa.protocol.outbox import Outbox
+from ursa.protocol.messages import Chunk, TransferManifest
+from ursa.protocol.methods import MethodRole
 from ursa.protocol.router import Router
 
-__all__ = ["PEER_KINDS", "Flicker", "load_features", "resample_indices"]
-
-logger = logging.getLogger("ursa.edge_sdk.flicker")
-
-_KINDS: tuple[type[BaseMessage], ...] = (CkksContextAnnounce, *WORK_KINDS)
-PEER_KINDS = frozenset({"ring_hop"})
-"""Kinds a device sends to another through the coordinator (own down topic only)."""
+__all__ = ["Flicker", "load_features", "resample_indices"]
 
 
 def load_features(path: Path) -> CentroidFeatures:
@@ -76,7 +63,7 @@ def load_features(path: Path) -> CentroidFeatures:
     return CentroidFeatures(centroids, temperature)
 
 
-class Flicker:
+class Flicker(DeviceMethod):
     """FLICKER's device half in an `EdgeClient`.
 
     Args:
@@ -96,6 +83,7 @@ class Flicker:
     """
 
     name: ClassVar[str] = "flicker"
+    role: ClassVar[MethodRole | None] = MethodRole.BALANCING
 
     def __init__(
         self,
@@ -114,9 +102,7 @@ class Flicker:
         if self._x is not None and len(self._x) != len(self._labels):
             raise ValueError("x and labels differ in length")
         self._num_classes = (
-            num_classes
-            or self.spec.num_classes
-            or int(self._labels.max(initial=1)) + 1
+            num_classes or self.spec.num_classes or int(self._labels.max(initial=1)) + 1
         )
         self._rng = rng if rng is not None else np.random.default_rng()
         self._data: DataResampler | None = None
@@ -130,49 +116,40 @@ class Flicker:
             )
         self.participant: FlickerParticipant | None = None
 
-    def attach(
-        self,
-        *,
-        identity: DeviceIdentity,
-        federation: str,
-        outbox: Outbox,
-        verify: Callable[[BaseMessage], None],
-        router: Router,
-    ) -> None:
-        """Join the client: its identity, outbox and router (a kind, one owner).
-
-        ``verify`` checks the coordinator's signature on a `RingStart` (the
-        ring members' keys come with it).
-        """
+    def register(self, router: Router) -> None:
+        """Build this device's participant and register FLICKER's kinds."""
         counts = (
             self._data.view.counts()
             if self._data is not None
             else np.bincount(self._labels, minlength=self._num_classes)
         )
         self.participant = FlickerParticipant(
-            identity=identity,
-            federation=federation,
+            self.ctx,
             peers={},
             counts=counts,
-            transport=None,
-            outbox=outbox,
-            verify=verify,
+            signed_members=True,
             resampler=self._data,
             rng=self._rng,
             max_steps=self.spec.max_steps,
             max_context_bytes=self.spec.max_context_bytes,
             global_test=self.spec.global_test,
         )
-        for kind in _KINDS:
-            router.register(kind, self._on_message, owner=self.name)
+        self.participant.register(router, owner=self.name)
 
-    def claims(self, message: TransferManifest | Chunk) -> bool:
+    def take_transfer(self, message: TransferManifest | Chunk) -> bool:
         """Take a transfer message of the CKKS context; False: another's (a model)."""
         participant = self.participant
-        if participant is None or not participant.claims_transfer(message):
+        if participant is None or not participant.claims(message):
             return False
-        participant.on_message(message, relayed=True)
+        participant.on_transfer(message)
         return True
+
+    def replace_data(self) -> LocalData | None:
+        """The data to train on after the run (None: never attached to a device)."""
+        if self.participant is None:
+            return None
+        x, labels = self.resampled()
+        return LocalData(x, labels)
 
     @property
     def has_resampled(self) -> bool:
@@ -192,11 +169,6 @@ class Flicker:
             return self._x, self._labels
         picked = resample_indices(self._labels, participant.counts, self._rng)
         return (None if self._x is None else self._x[picked]), self._labels[picked]
-
-    def _on_message(self, message: BaseMessage) -> None:
-        """A router handler: the client admitted the message."""
-        if self.participant is not None:
-            self.participant.on_message(message, relayed=True)
 
 
 def _images(x: NDArray[Any]) -> NDArray[Any]:
@@ -224,4 +196,3 @@ def resample_indices(
     if not picked:
         return np.zeros(0, dtype=np.int64)
     return np.concatenate(picked).astype(np.int64)
-

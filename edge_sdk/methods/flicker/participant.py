@@ -1,11 +1,17 @@
-"""FLICKER over the wire, device side: context download, ring hops, cosine, resampling.
+"""FLICKER's protocol for one device: context download, ring hops, cosine, resampling.
 
 A `FlickerParticipant` answers the coordinator's FLICKER messages (see
-`ursa.coordinator.methods.flicker.engine` for the whole protocol) for one device:
+`ursa.coordinator.methods.flicker` for the whole protocol) for one device. It
+has no connection of its own: its host admits messages (topic, federation,
+sender) and calls its typed handlers through a `Router` (`register`), and it
+reaches the device through a `PeerChannel` (the outbox, sealing and opening
+boxes device to device, the coordinator's signature). In an `EdgeClient` the
+host is the `Flicker` method and the channel its `DeviceContext`.
 
 * **context**: the announced CKKS public context arrives as a chunked
   transfer (capped at ``max_context_bytes``; missing chunks are re-requested
-  when work needs the context); work that arrives first waits for it;
+  when work needs the context); work that arrives first raises
+  `NotReadyError`, so the host parks it until the context is complete;
 * **ring**: the first device of the order encrypts its counts; every other
   one opens the box from its predecessor, adds its counts and seals the sum
   to its successor (`ring_seal_context` binds federation, ring, hop and
@@ -28,16 +34,15 @@ A `FlickerParticipant` answers the coordinator's FLICKER messages (see
 Cosine and resample requests name their run (``run_id``, the ring id) and
 ``step``; a request of another run is refused, and replies are cached per
 step, so a repeated request is answered with the same message and never
-resamples twice (an older step is refused as stale). Every message is
-validated; anything malformed, late, misaddressed or from the wrong sender is
-logged (and kept in `rejections`), never raised.
+resamples twice (an older step is refused as stale). Anything malformed,
+late or misaddressed raises `RefusedError` (the host logs it).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -46,14 +51,15 @@ import numpy.typing as npt
 
 from ursa.crypto.ckks import CkksPublicContext, require_tenseal
 from ursa.crypto.errors import CryptoError
-from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
-from ursa.crypto.sealing import open_sealed, seal
+from ursa.crypto.identity import DevicePublicIdentity
+from ursa.edge_sdk.method import PeerChannel
 from ursa.edge_sdk.methods.flicker import algorithm as dev
 from ursa.edge_sdk.methods.flicker.context import (
     DEFAULT_MAX_CONTEXT_BYTES,
     ContextDownload,
     ContextError,
 )
+from ursa.edge_sdk.methods.flicker.errors import RefusedError
 from ursa.edge_sdk.methods.flicker.redundancy import (
     GlobalTestPending,
     RedundancyExchange,
@@ -64,18 +70,13 @@ from ursa.edge_sdk.methods.flicker.resampling import (
     DEFAULT_ETA,
     DataResampler,
 )
-from ursa.edge_sdk.methods.flicker.wire import DeviceWire
-from ursa.edge_sdk.methods.flicker.wire import RejectedError as _RejectedError
-from ursa.protocol.envelope import message_kind
 from ursa.protocol.messages import (
-    COORDINATOR,
     BaseMessage,
     Chunk,
     CkksContextAnnounce,
     CosineReply,
     CosineRequest,
     CountUpdate,
-    ErrorReply,
     RedundancyAsk,
     RedundancyResult,
     ResampleRequest,
@@ -84,38 +85,27 @@ from ursa.protocol.messages import (
     RingStart,
     TransferManifest,
 )
-from ursa.protocol.outbox import Outbox, Outgoing
-from ursa.protocol.transport import Transport
+from ursa.protocol.router import NotReadyError, Router
 
 __all__ = [
     "DEFAULT_MAX_CONTEXT_BYTES",
     "MIN_RING_DEVICES",
-    "WORK_KINDS",
     "FlickerParticipant",
     "ring_seal_context",
 ]
 
-logger = logging.getLogger("ursa.edge_sdk.methods.flicker.algorithm")
+logger = logging.getLogger("ursa.edge_sdk.methods.flicker")
 
 MIN_RING_DEVICES = 3
 """A device never sends a ring result with fewer contributors: the key owner
 would learn a sum of one or two devices' counts."""
 MAX_WAITING = 64
-"""Requests kept while the context downloads."""
+"""Messages that may wait for the context at once."""
 RING_SEAL_LABEL = "ursa-flicker-ring-v1"
 CACHED_REPLIES = 16
 
 _M = TypeVar("_M", bound=BaseMessage)
 _Step = CosineRequest | ResampleRequest
-WORK_KINDS: tuple[type[BaseMessage], ...] = (
-    RingStart,
-    RingHop,
-    CosineRequest,
-    ResampleRequest,
-    RedundancyAsk,
-    RedundancyResult,
-)
-_RELAYED = (RingHop, RedundancyAsk, RedundancyResult)
 
 
 def ring_seal_context(
@@ -141,27 +131,20 @@ class _Ring:
     live: tuple[str, ...]
     received: bool = False
     sent: _Sent | None = None
-    replies: OrderedDict[int, Outgoing] = field(
-        default_factory=OrderedDict
-    )
+    replies: OrderedDict[int, BaseMessage] = field(default_factory=OrderedDict)
 
 
-class FlickerParticipant(DeviceWire):
-    """One device's side of FLICKER.
+class FlickerParticipant:
+    """One device's side of FLICKER, driven by its host's router.
 
     Args:
-        identity: This device's identity (opens and seals ring hops).
-        federation: The federation id.
-        peers: The other devices' public identities (ring predecessors and
-            successors); the coordinator's enrolment list.
+        channel: The device: its id, outbox, sealing and the coordinator's key.
+        peers: The other devices' public identities when known beforehand
+            (an in-process simulation); empty when each `RingStart` brings
+            the members' keys, signed by the coordinator.
         counts: This device's class counts (for `DataResampler`, its view's).
-        transport: Where messages go; `attach` makes it deliver to `handle`
-            (None inside an `EdgeClient`, which routes messages itself to
-            `on_message` and flushes ``outbox``).
-        outbox: The queue replies go to (default: its own).
-        verify: Checks the coordinator's signature on a `RingStart` that
-            carries the members' keys (an `EdgeClient` run); None: ``peers``
-            are known beforehand (a stand-alone run).
+        signed_members: Require a signed member list on every `RingStart`
+            (an `EdgeClient` run); False: ``peers`` are known beforehand.
         resampler: The data work of a resampling step (count level by default).
         rng: Masks, scales and orders of the replies (unseeded by default:
             never fix it in production).
@@ -170,18 +153,18 @@ class FlickerParticipant(DeviceWire):
         global_test: Run the global redundancy test on the wire when the
             resampler is a `DataResampler` without a ``global_test`` (False:
             the local test only, the local under-sampling baseline).
+
+    Raises:
+        BackendUnavailableError: TenSEAL is not installed (the ``ckks`` extra).
     """
 
     def __init__(
         self,
+        channel: PeerChannel,
         *,
-        identity: DeviceIdentity,
-        federation: str,
         peers: Mapping[str, DevicePublicIdentity],
         counts: npt.ArrayLike,
-        transport: Transport | None,
-        outbox: Outbox | None = None,
-        verify: Callable[[BaseMessage], None] | None = None,
+        signed_members: bool = False,
         resampler: dev.Resampler | None = None,
         rng: np.random.Generator | None = None,
         max_steps: int = dev.DEFAULT_MAX_STEPS,
@@ -189,8 +172,8 @@ class FlickerParticipant(DeviceWire):
         global_test: bool = True,
     ) -> None:
         require_tenseal()  # at configuration time, not when a ciphertext arrives
-        super().__init__(identity, federation, transport, outbox=outbox)
-        self._verify = verify
+        self._channel = channel
+        self._signed_members = signed_members
         self.peers = dict(peers)
         self.state = dev.init_device(counts)
         self.resampler: dev.Resampler = resampler or dev.CountResampler()
@@ -198,125 +181,98 @@ class FlickerParticipant(DeviceWire):
         self._rng = rng if rng is not None else np.random.default_rng()
         self._max_steps = max_steps
         self._download = ContextDownload(max_context_bytes)
-        self._waiting: list[BaseMessage] = []
+        self._fetching = False
+        self._waiting: set[str] = set()
+        """Ids of work that waits for the context (asked for it already)."""
         self._ring: _Ring | None = None
         data = self.resampler if isinstance(self.resampler, DataResampler) else None
         test = None
         if data is not None and global_test and data.global_test is None:
             test = data.global_test = WireGlobalTest(DEFAULT_ETA, DEFAULT_CHI)
         self.redundancy = RedundancyExchange(
-            identity=identity,
-            federation=federation,
+            channel=channel,
             peers=self.peers,
-            send=self._send,
             make=self._message,
             rng=self._rng,
             test=test,
             features=data.class_features if data is not None else None,
         )
 
-    def on_message(self, message: BaseMessage, *, relayed: bool) -> None:
-        """Act on one decoded message.
+    @property
+    def device_id(self) -> str:
+        """This device's id."""
+        return self._channel.device_id
 
-        ``relayed`` says it came on this device's own down topic (ring hops
-        must; answers to chunk requests do), not on the global one.
-        """
-        kind = message_kind(message)
-        try:
-            with self._lock:
-                self._admit(message, relayed)
-                self._dispatch(message, relayed)
-        except _RejectedError as exc:
-            self._note(kind, str(exc))
-        except Exception as exc:  # nothing received may crash the device
-            logger.exception("FLICKER: %s failed on %s", kind, self.device_id)
-            self._note(kind, f"internal error: {exc!r}")
-        self._flush()
-
-    # --- admission ----------------------------------------------------------
-
-    def _admit(self, message: BaseMessage, relayed: bool) -> None:
-        if message.federation != self.federation:
-            raise _RejectedError("another federation")
-        if isinstance(message, _RELAYED) and not relayed:
-            kind = message_kind(message).replace("_", " ")
-            raise _RejectedError(f"{kind} not on this device's down topic")
-        if isinstance(message, RingHop):
-            if message.sender not in self.peers:
-                raise _RejectedError(f"ring hop from unknown {message.sender}")
-        elif message.sender != COORDINATOR:
-            raise _RejectedError(f"{message_kind(message)} not from the coordinator")
-
-    def _dispatch(self, message: BaseMessage, relayed: bool) -> None:
-        if not self._first_time(message.message_id):
-            return  # a QoS 1 redelivery
-        if isinstance(message, CkksContextAnnounce):
-            if self._download.on_announce(message):
-                self._ring = None  # a new key: a new run follows
-        elif isinstance(message, TransferManifest | Chunk):
-            self._on_transfer(message, relayed)
-        elif isinstance(message, WORK_KINDS):
-            if self.context is None:
-                if len(self._waiting) >= MAX_WAITING:
-                    raise _RejectedError("too much work waiting for the context")
-                self._waiting.append(message)
-                self._request_context()
-            else:
-                self._work(message)
-        elif isinstance(message, ErrorReply):
-            logger.warning("FLICKER: coordinator refused: %s", message.reason)
-
-    def _work(self, message: BaseMessage) -> None:
-        if isinstance(message, RingStart):
-            self._on_ring_start(message)
-        elif isinstance(message, RingHop):
-            self._on_ring_hop(message)
-        elif isinstance(message, CosineRequest):
-            self._on_cosine_request(message)
-        elif isinstance(message, ResampleRequest):
-            self._on_resample_request(message)
-        elif isinstance(message, RedundancyAsk):
-            self._on_redundancy_ask(message)
-        elif isinstance(message, RedundancyResult):
-            self._on_redundancy_result(message)
+    def register(self, router: Router, owner: str) -> None:
+        """Route FLICKER's kinds to this device's handlers (the CKKS transfer aside)."""
+        router.register(CkksContextAnnounce, self.on_announce, owner=owner)
+        router.register(RingStart, self.on_ring_start, owner=owner)
+        router.register(RingHop, self.on_ring_hop, owner=owner)
+        router.register(CosineRequest, self.on_cosine_request, owner=owner)
+        router.register(ResampleRequest, self.on_resample_request, owner=owner)
+        router.register(RedundancyAsk, self.on_redundancy_ask, owner=owner)
+        router.register(RedundancyResult, self.on_redundancy_result, owner=owner)
 
     # --- the CKKS public context --------------------------------------------
 
-    def _on_transfer(self, message: TransferManifest | Chunk, relayed: bool) -> None:
-        try:
-            completed = self._download.on_transfer(message)
-        except ContextError as exc:
-            raise _RejectedError(str(exc)) from None
-        if not completed:
-            if relayed and self._waiting:  # an answer to a request: ask the rest
-                self._request_context()
-            return
-        waiting, self._waiting = self._waiting, []
-        for work in waiting:
-            try:
-                self._work(work)
-            except _RejectedError as exc:
-                self._note(message_kind(work), str(exc))
+    def on_announce(self, message: CkksContextAnnounce) -> None:
+        """Expect the announced context transfer (a new key: a new run follows)."""
+        if self._download.on_announce(message):
+            self._ring = None
 
-    def _request_context(self) -> None:
-        request = self._download.chunk_request(
-            federation=self.federation, sender=self.device_id
-        )
-        if request is not None:
-            self._send(request)
-
-    # --- the ring -------------------------------------------------------------
-
-    def claims_transfer(self, message: TransferManifest | Chunk) -> bool:
+    def claims(self, message: TransferManifest | Chunk) -> bool:
         """Whether a transfer message carries the CKKS context (else a model)."""
         return self._download.claims(message)
 
+    def on_transfer(self, message: TransferManifest | Chunk) -> bool:
+        """Take a manifest or chunk of the context; True when it has just completed.
+
+        Raises:
+            RefusedError: oversize, inconsistent or corrupt transfer.
+        """
+        try:
+            completed = self._download.on_transfer(message)
+        except ContextError as exc:
+            raise RefusedError(str(exc)) from None
+        if completed:
+            self._fetching = False
+        elif self._fetching:  # this device asked: ask for the rest once answered
+            self._request_context()
+        return completed
+
+    def _request_context(self) -> None:
+        request = self._download.chunk_request(
+            federation=self._channel.federation, sender=self.device_id
+        )
+        if request is not None:
+            self._fetching = True
+            self._channel.send(request)
+
+    def _wait_for_context(self, work: BaseMessage) -> None:
+        """Raise `NotReadyError` until the context is here; ask once per message."""
+        if self._download.context is not None:
+            self._waiting.clear()
+            return
+        if work.message_id not in self._waiting:  # not a retry by the host
+            if len(self._waiting) >= MAX_WAITING:
+                raise RefusedError("too much work waiting for the context")
+            self._waiting.add(work.message_id)
+            self._request_context()
+        raise NotReadyError
+
+    def _ctx(self) -> CkksPublicContext:
+        """The context (handlers wait for it first)."""
+        context = self._download.context
+        if context is None:
+            raise NotReadyError
+        return context
+
+    # --- the ring -------------------------------------------------------------
+
     def _adopt_members(self, message: RingStart) -> None:
         """Learn the ring's keys from a signed `RingStart` (a service run)."""
-        if self._verify is None:
-            raise _RejectedError("ring members, but no coordinator key to check them")
         try:
-            self._verify(message)
+            self._channel.verify_coordinator(message)
             members = {
                 k.device_id: DevicePublicIdentity(
                     k.device_id, k.x25519_public, k.ed25519_public
@@ -324,18 +280,20 @@ class FlickerParticipant(DeviceWire):
                 for k in message.members
             }
         except (CryptoError, ValueError) as exc:
-            raise _RejectedError(f"ring start: {exc}") from None
+            raise RefusedError(f"ring start: {exc}") from None
         if set(members) != set(message.order):
-            raise _RejectedError("ring members are not the ring order")
+            raise RefusedError("ring members are not the ring order")
         members.pop(self.device_id, None)
         self.peers.update(members)
 
-    def _on_ring_start(self, message: RingStart) -> None:
-        if message.members or self._verify is not None:
+    def on_ring_start(self, message: RingStart) -> None:
+        """Join the ring (or its shorter order, a silent device skipped)."""
+        self._wait_for_context(message)
+        if message.members or self._signed_members:
             self._adopt_members(message)
         me = self.device_id
         if me not in message.order:
-            raise _RejectedError("ring order without this device")
+            raise RefusedError("ring order without this device")
         ring = self._ring
         if ring is None or ring.ring_id != message.ring_id:
             self._ring = _Ring(
@@ -345,7 +303,7 @@ class FlickerParticipant(DeviceWire):
                 self._start_ring(self._ring)
             return
         if not _is_subsequence(message.order, ring.live):
-            raise _RejectedError("new ring order is not the old one minus devices")
+            raise RefusedError("new ring order is not the old one minus devices")
         ring.live = message.order
         sent = ring.sent
         if sent is not None:
@@ -357,27 +315,34 @@ class FlickerParticipant(DeviceWire):
     def _start_ring(self, ring: _Ring) -> None:
         self._forward(ring, dev.encrypt_counts(self._ctx(), self.counts), ())
 
-    def _on_ring_hop(self, message: RingHop) -> None:
+    def on_ring_hop(self, message: RingHop) -> None:
+        """Add this device's counts to its predecessor's sum and pass it on."""
+        if message.sender not in self.peers:
+            raise RefusedError(f"ring hop from unknown {message.sender}")
+        self._wait_for_context(message)
         ring, me = self._ring, self.device_id
         if ring is None or ring.ring_id != message.ring_id:
-            raise _RejectedError(f"hop of unknown ring {message.ring_id}")
+            raise RefusedError(f"hop of unknown ring {message.ring_id}")
         if message.recipient != me or ring.received or ring.sent is not None:
-            raise _RejectedError("hop not addressed to this device now")
+            raise RefusedError("hop not addressed to this device now")
         expected = ring.live[: ring.live.index(me)]
         if not expected or message.contributors != expected:
-            raise _RejectedError(f"contributors {message.contributors} != {expected}")
+            raise RefusedError(f"contributors {message.contributors} != {expected}")
         if message.hop_index != len(expected) - 1:
-            raise _RejectedError("hop_index does not match the contributors")
+            raise RefusedError("hop_index does not match the contributors")
         context = ring_seal_context(
-            self.federation, ring.ring_id, message.hop_index, message.contributors
+            self._channel.federation,
+            ring.ring_id,
+            message.hop_index,
+            message.contributors,
         )
         try:
-            running = open_sealed(
-                self.identity, self.peers[message.sender], context, message.box
+            running = self._channel.open_from(
+                self.peers[message.sender], context, message.box
             )
             total = dev.add_counts(self._ctx(), running, self.counts)
         except CryptoError as exc:
-            raise _RejectedError(f"ring hop: {exc}") from None
+            raise RefusedError(f"ring hop: {exc}") from None
         ring.received = True
         self._forward(ring, total, message.contributors)
 
@@ -388,7 +353,7 @@ class FlickerParticipant(DeviceWire):
         ring.sent = _Sent(total, contributors, successor)
         if successor is None:
             if len(contributors) < MIN_RING_DEVICES:
-                raise _RejectedError(f"refusing a ring result of {len(contributors)}")
+                raise RefusedError(f"refusing a ring result of {len(contributors)}")
             result = self._message(
                 RingResult,
                 ring.round,
@@ -396,13 +361,13 @@ class FlickerParticipant(DeviceWire):
                 contributors=contributors,
                 total=total,
             )
-            self._send(result)
+            self._channel.send(result)
             return
         hop_index = len(contributors) - 1
         context = ring_seal_context(
-            self.federation, ring.ring_id, hop_index, contributors
+            self._channel.federation, ring.ring_id, hop_index, contributors
         )
-        box = seal(self.identity, self.peers[successor], context, total)
+        box = self._channel.seal_for(self.peers[successor], context, total)
         hop = self._message(
             RingHop,
             ring.round,
@@ -412,7 +377,7 @@ class FlickerParticipant(DeviceWire):
             contributors=contributors,
             box=box,
         )
-        self._send(hop)
+        self._channel.send(hop)
 
     # --- localisation and resampling -------------------------------------------
 
@@ -420,9 +385,9 @@ class FlickerParticipant(DeviceWire):
         """The completed ring of run ``run_id``."""
         ring = self._ring
         if ring is None or ring.sent is None:
-            raise _RejectedError("not part of a completed ring")
+            raise RefusedError("not part of a completed ring")
         if run_id != ring.ring_id:
-            raise _RejectedError(f"request of run {run_id}, not of this ring")
+            raise RefusedError(f"request of run {run_id}, not of this ring")
         return ring
 
     def _step_ring(self, message: _Step) -> _Ring | None:
@@ -430,13 +395,15 @@ class FlickerParticipant(DeviceWire):
         ring = self._run_ring(message.run_id)
         cached = ring.replies.get(message.step)
         if cached is not None:
-            self._outbox.put_item(cached)
+            self._channel.send(cached)
             return None
         if ring.replies and message.step < max(ring.replies):
-            raise _RejectedError(f"stale step {message.step}")
+            raise RefusedError(f"stale step {message.step}")
         return ring
 
-    def _on_cosine_request(self, message: CosineRequest) -> None:
+    def on_cosine_request(self, message: CosineRequest) -> None:
+        """Answer the masked product of ``Enc(GD/||GD||)`` with this device's counts."""
+        self._wait_for_context(message)
         ring = self._step_ring(message)
         if ring is None:
             return
@@ -445,10 +412,12 @@ class FlickerParticipant(DeviceWire):
                 self._ctx(), message.ciphertext, self.counts, self._rng
             )
         except (CryptoError, dev.ResamplingError, ValueError) as exc:
-            raise _RejectedError(f"cosine request: {exc}") from None
+            raise RefusedError(f"cosine request: {exc}") from None
         self._answer(ring, message, CosineReply, masked_product=product)
 
-    def _on_resample_request(self, message: ResampleRequest) -> None:
+    def on_resample_request(self, message: ResampleRequest) -> None:
+        """Make one resampling step and send the encrypted change of counts."""
+        self._wait_for_context(message)
         ring = self._step_ring(message)
         if ring is None:
             return
@@ -462,7 +431,7 @@ class FlickerParticipant(DeviceWire):
             )
         except GlobalTestPending as pending:  # nothing changed yet: ask the peers
             if not self.redundancy.start(message, pending, ring.live, self._ctx()):
-                self._on_resample_request(message)  # no peer: answered at once
+                self.on_resample_request(message)  # no peer: answered at once
             return
         except dev.ResamplingError as exc:  # say "saturated" so the run moves on
             logger.error("FLICKER: resampling failed: %s", exc)
@@ -474,25 +443,29 @@ class FlickerParticipant(DeviceWire):
         saturated = report.saturated
         self._answer(ring, message, CountUpdate, delta=encrypted, saturated=saturated)
 
-    def _on_redundancy_ask(self, message: RedundancyAsk) -> None:
+    def on_redundancy_ask(self, message: RedundancyAsk) -> None:
+        """Answer another device's global redundancy test."""
+        self._wait_for_context(message)
         ring = self._run_ring(message.run_id)
         if message.origin not in ring.live or message.origin == self.device_id:
-            raise _RejectedError(f"ask of {message.origin}, not a peer of this run")
+            raise RefusedError(f"ask of {message.origin}, not a peer of this run")
         self.redundancy.on_ask(message, self._ctx())
 
-    def _on_redundancy_result(self, message: RedundancyResult) -> None:
+    def on_redundancy_result(self, message: RedundancyResult) -> None:
+        """Take a peer's result; when all are in, the waiting step runs again."""
         self._run_ring(message.run_id)
         request, problem = self.redundancy.on_result(message)
         if problem is not None:
-            self._note(message_kind(message), problem)
+            logger.warning("FLICKER %s: %s", self.device_id, problem)
         if request is not None:  # every result is in: the step runs again
-            self._on_resample_request(request)
+            self.on_resample_request(request)
 
     def _answer(self, ring: _Ring, asked: _Step, cls: type[_M], **fields: Any) -> None:
         """Send (and cache) the reply to a request: same round, run and step."""
         fields.update(run_id=asked.run_id, step=asked.step)
         reply = self._message(cls, asked.round, **fields)
-        ring.replies[asked.step] = self._send(reply)
+        self._channel.send(reply)
+        ring.replies[asked.step] = reply
         while len(ring.replies) > CACHED_REPLIES:
             ring.replies.popitem(last=False)
 
@@ -513,11 +486,10 @@ class FlickerParticipant(DeviceWire):
         """Size of the downloaded public context (0 before)."""
         return self._download.size
 
-    def _ctx(self) -> CkksPublicContext:
-        context = self._download.context
-        if context is None:  # callers wait for it; unreachable
-            raise _RejectedError("no CKKS context yet")
-        return context
+    def _message(self, cls: type[_M], round_index: int, **fields: Any) -> _M:
+        """A message from this device."""
+        fields.update(federation=self._channel.federation, sender=self.device_id)
+        return cls(round=round_index, **fields)
 
 
 def _successor(live: Sequence[str], device_id: str) -> str | None:

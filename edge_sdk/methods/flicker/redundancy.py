@@ -16,9 +16,10 @@ first pass stops at the global test (`GlobalTestPending`, before anything
 changes) and the offers go out; when the results are in, the step runs again
 from the same state, the local test picks the same candidates, and the test
 answers with the flags. `RedundancyExchange` holds both roles for a
-`ursa.edge_sdk.methods.flicker.participant.FlickerParticipant`. Anything malformed,
-misaddressed or of another step raises `RejectedError` (logged by the
-participant); a peer whose result does not open is left out of the decision.
+`ursa.edge_sdk.methods.flicker.participant.FlickerParticipant`, sealing and
+opening through its `PeerChannel`. Anything malformed, misaddressed or of
+another step raises `RefusedError` (logged by the host); a peer whose result
+does not open is left out of the decision.
 """
 
 from __future__ import annotations
@@ -34,13 +35,12 @@ import numpy.typing as npt
 
 from ursa.crypto.ckks import CkksPublicContext
 from ursa.crypto.errors import CryptoError
-from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
-from ursa.crypto.sealing import open_sealed, seal
+from ursa.crypto.identity import DevicePublicIdentity
+from ursa.edge_sdk.method import PeerChannel
 from ursa.edge_sdk.methods.flicker import global_redundancy as gr
 from ursa.edge_sdk.methods.flicker.algorithm import ResamplingError
-from ursa.edge_sdk.methods.flicker.wire import RejectedError
+from ursa.edge_sdk.methods.flicker.errors import RefusedError
 from ursa.protocol.messages import (
-    BaseMessage,
     RedundancyAsk,
     RedundancyOffer,
     RedundancyReply,
@@ -120,10 +120,8 @@ class RedundancyExchange:
     """Both roles of the global redundancy test for one device.
 
     Args:
-        identity: This device's identity (seals and opens the boxes).
-        federation: The federation id.
+        channel: The device (its id, outbox, sealing and opening of boxes).
         peers: The other devices' public identities.
-        send: Queues a message built by ``make``.
         make: Builds a message of this device (``cls, round, **fields``).
         rng: Vector order, scales and masks (unseeded in production).
         test: The installed global test (None: this device never asks).
@@ -133,20 +131,16 @@ class RedundancyExchange:
     def __init__(
         self,
         *,
-        identity: DeviceIdentity,
-        federation: str,
+        channel: PeerChannel,
         peers: dict[str, DevicePublicIdentity],
-        send: Callable[[BaseMessage], object],
         make: Callable[..., Any],
         rng: np.random.Generator,
         test: WireGlobalTest | None,
         features: Features | None,
     ) -> None:
         self.test = test
-        self._identity = identity
-        self._federation = federation
+        self._channel = channel
         self._peers = peers
-        self._send = send
         self._make = make
         self._rng = rng
         self._features = features
@@ -166,10 +160,10 @@ class RedundancyExchange:
         Returns False, with the test answered (nothing is globally redundant),
         when there is no peer to ask: the step can run again at once.
         """
-        me = self._identity.device_id
+        me = self._channel.device_id
         test = self.test
         if test is None:  # unreachable: only the installed test raises pending
-            raise RejectedError("no global test installed")
+            raise RefusedError("no global test installed")
         asked = tuple(d for d in live if d != me and d in self._peers)
         candidates = pending.candidates
         if not asked:
@@ -183,10 +177,10 @@ class RedundancyExchange:
             {"label": pending.label, "eta": test.eta, "ciphertexts": ciphertexts}
         )
         where = seal_context(
-            OFFER_LABEL, self._federation, request.run_id, request.step
+            OFFER_LABEL, self._channel.federation, request.run_id, request.step
         )
         for peer in asked:
-            box = seal(self._identity, self._peers[peer], where, payload)
+            box = self._channel.seal_for(self._peers[peer], where, payload)
             offer = self._make(
                 RedundancyOffer,
                 request.round,
@@ -199,7 +193,7 @@ class RedundancyExchange:
                 recipients=asked,
                 box=box,
             )
-            self._send(offer)
+            self._channel.send(offer)
         self._pending = _Pending(
             request, test, pending.label, candidates, layout, asked
         )
@@ -214,23 +208,23 @@ class RedundancyExchange:
         None), and why a peer's result was left out (or None).
 
         Raises:
-            RejectedError: a result of no open test, or unlike the test's first.
+            RefusedError: a result of no open test, or unlike the test's first.
         """
         pending = self._pending
         if pending is None or (result.run_id, result.step) != (
             pending.request.run_id,
             pending.request.step,
         ):
-            raise RejectedError(f"result of step {result.step}: no test open")
+            raise RefusedError(f"result of step {result.step}: no test open")
         if pending.peers is None:
             if not set(result.peers) <= set(pending.asked):
-                raise RejectedError(f"result names peers not asked: {result.peers}")
+                raise RefusedError(f"result names peers not asked: {result.peers}")
             pending.peers, pending.vector_slots = result.peers, result.vector_slots
         elif (result.peers, result.vector_slots) != (
             pending.peers,
             pending.vector_slots,
         ):
-            raise RejectedError("result unlike the first of this test")
+            raise RefusedError("result unlike the first of this test")
         problem = self._take(pending, result)
         done = pending.dropped | set(pending.counts)
         if not set(pending.peers) <= done:
@@ -242,11 +236,11 @@ class RedundancyExchange:
         if peer is None or result.box is None or result.signs is None:
             return None  # no peer answered (the message validates them together)
         if peer in pending.counts or peer in pending.dropped:
-            raise RejectedError(f"a second result of {peer}")
+            raise RefusedError(f"a second result of {peer}")
         req = pending.request
-        where = seal_context(BACK_LABEL, self._federation, req.run_id, req.step)
+        where = seal_context(BACK_LABEL, self._channel.federation, req.run_id, req.step)
         try:
-            opened = open_sealed(self._identity, self._peers[peer], where, result.box)
+            opened = self._channel.open_from(self._peers[peer], where, result.box)
             count, seed = _back_payload(opened)
             above = gr.count_above(
                 result.signs, seed, pending.layout, pending.vector_slots, count
@@ -278,14 +272,16 @@ class RedundancyExchange:
         """Compute and send the signed products for another device's candidates."""
         origin = self._peers.get(ask.origin)
         if origin is None:
-            raise RejectedError(f"ask from unknown {ask.origin}")
-        where = seal_context(OFFER_LABEL, self._federation, ask.run_id, ask.step)
+            raise RefusedError(f"ask from unknown {ask.origin}")
+        where = seal_context(
+            OFFER_LABEL, self._channel.federation, ask.run_id, ask.step
+        )
         try:
             layout = gr.Layout.of(
                 ask.block_slots, ask.per_ciphertext, ask.ciphertexts, context.slot_count
             )
             parts = layout.parts(ask.vector_slots)
-            opened = open_sealed(self._identity, origin, where, ask.box)
+            opened = self._channel.open_from(origin, where, ask.box)
             label, eta, ciphertexts = _offer_payload(opened, layout)
             vectors = self._features(label) if self._features else np.zeros((0, 0))
             pool, order, real = gr.arrange_vectors(
@@ -298,10 +294,10 @@ class RedundancyExchange:
                 )
             )
         except (CryptoError, ResamplingError, ValueError) as exc:
-            raise RejectedError(f"redundancy ask: {exc}") from None
+            raise RefusedError(f"redundancy ask: {exc}") from None
         back = msgpack.packb({"count": real, "seed": seed})
-        where = seal_context(BACK_LABEL, self._federation, ask.run_id, ask.step)
-        box = seal(self._identity, origin, where, back)
+        where = seal_context(BACK_LABEL, self._channel.federation, ask.run_id, ask.step)
+        box = self._channel.seal_for(origin, where, back)
         for part, product in enumerate(products):
             reply = self._make(
                 RedundancyReply,
@@ -313,7 +309,7 @@ class RedundancyExchange:
                 products=product,
                 box=box if part == 0 else None,
             )
-            self._send(reply)
+            self._channel.send(reply)
 
 
 def _same(a: FloatArray, b: FloatArray) -> bool:

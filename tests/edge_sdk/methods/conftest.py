@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey, generate_keypair
+from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.device_core import DeviceStats, TrainingStats
 from ursa.edge_sdk.method import EpochKeys, Roster
 from ursa.edge_sdk.state import DeviceStateDir
@@ -37,7 +39,11 @@ class FixedLoss(ModelTrainer):
 
 
 class FakeContext:
-    """A `DeviceContext` by hand: a model cache, an outbox list, a fake clock."""
+    """A `DeviceContext` by hand: a model cache, an outbox list, a fake clock.
+
+    Its coordinator signature check accepts every message once the coordinator
+    is "pinned" (`coordinator_pinned`) and records it in `verified`.
+    """
 
     def __init__(self, tmp: Path, keys: tuple[PaillierPublicKey, PaillierSecretKey]):
         self.device_id = "d0"
@@ -60,6 +66,9 @@ class FakeContext:
         self.labels = np.array([0, 0, 0, 1], dtype=np.int64)
         self.the_roster: Roster | None = None
         self.epoch_keys: EpochKeys | None = EpochKeys(self.epoch, public, secret, None)
+        self.identity = DeviceIdentity.generate("d0")
+        self.coordinator_pinned = True
+        self.verified: list[BaseMessage] = []
 
     def send(self, message: BaseMessage) -> None:
         self.sent.append(message)
@@ -83,6 +92,21 @@ class FakeContext:
 
     def seconds_since_model_notice(self) -> float:
         return self.notice_age
+
+    def seal_for(
+        self, peer: DevicePublicIdentity, context: bytes, plaintext: bytes
+    ) -> bytes:
+        return seal(self.identity, peer, context, plaintext)
+
+    def open_from(
+        self, peer: DevicePublicIdentity, context: bytes, box: bytes
+    ) -> bytes:
+        return open_sealed(self.identity, peer, context, box)
+
+    def verify_coordinator(self, message: BaseMessage) -> None:
+        if not self.coordinator_pinned:
+            raise NotReadyError
+        self.verified.append(message)
 
     def retry_training(self) -> None:
         self.retries += 1

@@ -19,6 +19,7 @@ from ursa.coordinator.methods_config import DubheSpec, FlickerSpec
 from ursa.coordinator.rounds import Stage
 from ursa.edge_sdk import methods_config as device_methods
 from ursa.edge_sdk.config import DeviceConfig
+from ursa.edge_sdk.methods.flicker.method import Flicker
 from ursa.protocol.envelope import decode
 
 pytest.importorskip("tenseal")
@@ -40,8 +41,9 @@ def _flicker_federation(federation: Any) -> Any:
 
 
 def _final_counts(client: Any) -> tuple[int, ...]:
-    assert client.flicker is not None and client.flicker.participant is not None
-    counts: tuple[int, ...] = client.flicker.participant.counts
+    participant = client.method(Flicker).participant
+    assert participant is not None
+    counts: tuple[int, ...] = participant.counts
     return counts
 
 
@@ -67,8 +69,8 @@ def test_flicker_runs_after_enrolment_and_devices_register_resampled_labels(
     assert summary["gi_after"] > summary["gi_before"]
     for device_id in summary["resampled_devices"]:
         client = fed.devices[device_id]
-        assert client.flicker is not None and client.flicker.has_resampled
-        participant = client.flicker.participant
+        assert client.method(Flicker).has_resampled
+        participant = client.method(Flicker).participant
         assert participant is not None
         counts = np.bincount(client._labels, minlength=10)
         assert tuple(int(c) for c in counts) == participant.counts

@@ -1,4 +1,7 @@
-"""FlickerParticipant against a scripted coordinator on the in-memory bus."""
+"""A `FleetDevice` (FLICKER's device protocol on its own transport) on the bus.
+
+The test plays the coordinator and the peers.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +13,7 @@ from ursa.crypto.errors import SealError
 from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.methods.flicker import resampling as rs
-from ursa.edge_sdk.methods.flicker.participant import (
-    FlickerParticipant,
-    ring_seal_context,
-)
+from ursa.edge_sdk.methods.flicker.participant import ring_seal_context
 from ursa.protocol.chunking import split
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
@@ -31,6 +31,7 @@ from ursa.protocol.messages import (
     RingStart,
 )
 from ursa.protocol.topics import CKKS_CONTEXT, down_topic, global_topic, name_for
+from ursa.tools.simulate.flicker_device import FleetDevice
 
 pytest.importorskip("tenseal")
 
@@ -55,7 +56,7 @@ class Harness:
         self.coordinator.subscribe(f"ursa/v1/{FED}/dev/+/up/#")
         self.coordinator.connect()
         transport = InMemoryTransport(self.bus, me)
-        self.device = FlickerParticipant(
+        self.device = FleetDevice(
             identity=IDENTITIES[me],
             federation=FED,
             peers=PUBLIC,
