@@ -207,9 +207,7 @@ class TrainingSection(BaseModel):
     def _check(self) -> Self:
         for key in self.model_extra or {}:
             if key in _MOVED_TO_METHODS:
-                raise ValueError(
-                    f"[training] {key} moved to {_MOVED_TO_METHODS[key]}"
-                )
+                raise ValueError(f"[training] {key} moved to {_MOVED_TO_METHODS[key]}")
         self.training_config(FedAvgSpec())  # a bad TrainingConfig field fails the load
         return self
 
@@ -247,6 +245,11 @@ class CoordinatorConfig(_Frozen):
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     min_devices: int = Field(default=20, ge=1)
     """Enrolled online devices needed before the first key epoch starts."""
+    quorum: int | None = Field(default=None, ge=1)
+    """Online devices needed before any later key epoch (None: ``min_devices``).
+    Short of it the coordinator waits for the fleet: a broker restart's first
+    returning device must not start an epoch alone. Lower it to go on after
+    devices leave for good."""
     k: int = Field(default=10, ge=1)
     tries: int = Field(default=1, ge=1, le=256)
     rounds: int = Field(default=10, ge=0)
@@ -267,6 +270,11 @@ class CoordinatorConfig(_Frozen):
     def _check(self) -> Self:
         if self.k > self.min_devices:
             raise ValueError(f"k={self.k} exceeds min_devices={self.min_devices}")
+        if self.quorum is not None and not self.k <= self.quorum <= self.min_devices:
+            raise ValueError(
+                f"quorum={self.quorum} must lie between k={self.k} and "
+                f"min_devices={self.min_devices}"
+            )
         if self.k > self.registry.max_parties:
             raise ValueError("k exceeds registry.max_parties")
         check_methods(self.methods)
@@ -279,6 +287,10 @@ class CoordinatorConfig(_Frozen):
         if isinstance(method, FeddiskSpec):
             self.training_section().made_training_config(method)
         return self
+
+    def epoch_quorum(self) -> int:
+        """Online devices a key epoch after the first needs."""
+        return self.min_devices if self.quorum is None else self.quorum
 
     def method_names(self) -> tuple[str, ...]:
         """The methods signed into each key epoch, in config order."""

@@ -58,6 +58,17 @@ class EpochStages(ServiceCore):
         """Open a new key epoch with a random online agent not in `exclude`."""
         cfg = self._config
         online = sorted(self._online_enrolled())
+        quorum = cfg.min_devices if self._state.epoch == 0 else cfg.epoch_quorum()
+        if len(online) < quorum:  # whatever asked for the epoch
+            if self._state.stage is not Stage.ENROLMENT:
+                logger.warning(
+                    "a new key epoch needs %d devices online (quorum), %d are; "
+                    "waiting for the fleet",
+                    quorum,
+                    len(online),
+                )
+                self._advance(Stage.ENROLMENT, now, None)
+            return
         candidates = [d for d in online if d not in exclude] or online
         if not candidates:
             logger.warning("no online enrolled device can be the agent; waiting")

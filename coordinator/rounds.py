@@ -12,7 +12,9 @@ SELECTING is the federation's selection method's (Dubhe's volunteers, tries
 and agent, or the random baseline: `ursa.coordinator.selection_method`); its
 own steps and windows are the method's. TRAINING is the training method's.
 With a balancing method (FLICKER), ENROLMENT -> BALANCING -> KEY_EPOCH: the
-method runs once, before the first key epoch's registration.
+method runs once, before the first key epoch's registration. A new key epoch
+is only ever started with ``min_devices`` online: short of them, the
+coordinator goes back to ENROLMENT and waits for the fleet.
 """
 
 from __future__ import annotations
@@ -52,11 +54,17 @@ class Stage(StrEnum):
 
 TRANSITIONS: Mapping[Stage, frozenset[Stage]] = {
     Stage.ENROLMENT: frozenset({Stage.BALANCING, Stage.KEY_EPOCH, Stage.DONE}),
-    Stage.BALANCING: frozenset({Stage.KEY_EPOCH}),
-    Stage.KEY_EPOCH: frozenset({Stage.KEY_EPOCH, Stage.REGISTRATION}),
-    Stage.REGISTRATION: frozenset({Stage.KEY_EPOCH, Stage.SELECTING, Stage.DONE}),
-    Stage.SELECTING: frozenset({Stage.SELECTING, Stage.TRAINING, Stage.KEY_EPOCH}),
-    Stage.TRAINING: frozenset({Stage.SELECTING, Stage.KEY_EPOCH, Stage.DONE}),
+    Stage.BALANCING: frozenset({Stage.KEY_EPOCH, Stage.ENROLMENT}),
+    Stage.KEY_EPOCH: frozenset({Stage.KEY_EPOCH, Stage.REGISTRATION, Stage.ENROLMENT}),
+    Stage.REGISTRATION: frozenset(
+        {Stage.KEY_EPOCH, Stage.SELECTING, Stage.DONE, Stage.ENROLMENT}
+    ),
+    Stage.SELECTING: frozenset(
+        {Stage.SELECTING, Stage.TRAINING, Stage.KEY_EPOCH, Stage.ENROLMENT}
+    ),
+    Stage.TRAINING: frozenset(
+        {Stage.SELECTING, Stage.KEY_EPOCH, Stage.DONE, Stage.ENROLMENT}
+    ),
     Stage.DONE: frozenset(),
 }
 """Allowed stage changes (a stage may re-enter itself where it retries)."""

@@ -612,7 +612,9 @@ class CoordinatorService(Recovery):
                 return
 
     def _stage_enrolment(self, now: float) -> None:
-        if len(self._online_enrolled()) >= self._config.min_devices:
+        cfg = self._config
+        needed = cfg.min_devices if self._state.epoch == 0 else cfg.epoch_quorum()
+        if len(self._online_enrolled()) >= needed:
             if self._flicker is not None and not self._flicker.is_over:
                 self._advance(Stage.BALANCING, now, None)
                 return

@@ -258,7 +258,7 @@ def test_silent_agent_falls_back_and_rekeys_before_the_next_round(
 
 
 def test_agent_offline_at_round_start_triggers_a_new_epoch(federation: Any) -> None:
-    fed = federation(num_devices=6, k=2, tries=2, rounds=1)
+    fed = federation(num_devices=6, k=2, tries=2, rounds=1, quorum=5)
     fed.bus.drop_filter = _drop(None, "registration")
     fed.start()
     agent = fed.messages("key_epoch_start")[0][1].agent
@@ -461,3 +461,26 @@ def test_most_of_the_fleet_dropping_at_once_is_an_outage_not_a_departure(
     assert set(dropped) <= fed.coordinator.online_devices()
     fed.tick(2)  # the grace is over and they did not come back
     assert not set(dropped) & fed.coordinator.online_devices()
+
+
+def test_a_new_key_epoch_waits_for_min_devices_online(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=6, k=2, tries=2, rounds=1)
+    fed.bus.drop_filter = _drop(None, "registration")
+    fed.start()
+    agent = fed.messages("key_epoch_start")[0][1].agent
+    fed.transports[agent].kill()  # 5 of min_devices=6 online
+    fed.bus.drop_filter = None
+    caplog.set_level(logging.WARNING, logger="ursa.coordinator")
+
+    fed.tick(11)  # registration deadline: nobody registered -> a new epoch is due
+    assert "needs 6 devices online (quorum), 5 are; waiting" in caplog.text
+    assert fed.coordinator.state.stage is Stage.ENROLMENT
+    for _ in range(5):
+        fed.tick(11)
+    assert len(fed.messages("key_epoch_start")) == 1  # no epoch below the quorum
+
+    fed.new_device(agent).start()  # back: the fleet is whole again
+    assert len(fed.messages("key_epoch_start")) == 2
+    assert fed.coordinator.is_done

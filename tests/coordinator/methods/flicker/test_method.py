@@ -154,4 +154,6 @@ def test_a_ring_member_whose_last_will_arrives_is_skipped_without_waiting(
     outcome = flicker.outcome()
     assert outcome is not None and outcome.skipped == (lost[0],)
     assert lost[0] not in outcome.contributors
+    assert fed.coordinator.state.stage is Stage.ENROLMENT  # 4 < min_devices=5
+    fed.new_device(lost[0]).start()
     assert fed.coordinator.is_done
