@@ -49,6 +49,8 @@ __all__ = [
 logger = logging.getLogger("ursa.coordinator")
 
 STATE_KEY = "state"
+REFUSING_KEY = "refusing"
+"""Store meta key: devices that refused this coordinator's identity."""
 
 
 def derived_id(*parts: object) -> str:
@@ -100,6 +102,8 @@ class ServiceCore:
     _online: set[str]
     """``_presence.online``: who the coordinator counts as online."""
     _epoch: EpochWork | None
+    _refusing: set[str]
+    """Enrolled devices that refused this coordinator's identity (not counted)."""
     _round: RoundWork | None
     _announced_at: float = float("-inf")
     """When the open round was last re-announced (rate limit)."""
@@ -147,7 +151,7 @@ class ServiceCore:
         )
 
     def _online_enrolled(self) -> set[str]:
-        return self._online & set(self._enrolled)
+        return (self._online & set(self._enrolled)) - self._refusing
 
     # --- sending ------------------------------------------------------------
 

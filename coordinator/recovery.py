@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 
-from ursa.coordinator.core import STATE_KEY, EpochWork, RoundWork
+from ursa.coordinator.core import REFUSING_KEY, STATE_KEY, EpochWork, RoundWork
 from ursa.coordinator.keys import EpochStages
 from ursa.coordinator.roundflow import RoundStages
 from ursa.coordinator.rounds import RoundState, Stage
@@ -40,6 +40,8 @@ class Recovery(EpochStages, RoundStages):
             d: DevicePublicIdentity.from_bytes(b) for d, b in store.enrolled().items()
         }
         self._presence.restore(store.online() & set(self._enrolled))
+        refusing = store.get_meta(REFUSING_KEY)
+        self._refusing = set(json.loads(refusing)) if refusing else set()
         raw = store.get_meta(STATE_KEY)
         if raw is None:
             return

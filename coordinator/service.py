@@ -49,6 +49,7 @@ idempotently with the same message ids, so nothing is counted twice.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -58,6 +59,7 @@ import numpy as np
 
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
+from ursa.coordinator.core import REFUSING_KEY, STATE_KEY
 from ursa.coordinator.enrolment import decide_enrolment, enrol_result
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.registry import selection_method
@@ -87,6 +89,7 @@ from ursa.protocol.messages import (
 from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import Dispatch, RejectedError, Router
 from ursa.protocol.topics import (
+    RETAINED_GLOBAL_NAMES,
     STATUS,
     coordinator_subscriptions,
     global_topic,
@@ -159,6 +162,7 @@ class CoordinatorService(Recovery):
         self._round = None
         self._started = False
         self._resumed = False
+        self._refusing: set[str] = set()
         self._held: list[tuple[str, bytes]] = []
         self._router = self._routes()
         self._selection.register(self._router)
@@ -245,6 +249,7 @@ class CoordinatorService(Recovery):
         )
         self._store = CoordinatorStore(cfg.state_dir / DB_FILENAME)
         now = self._clock()
+        fresh = self._store.get_meta(STATE_KEY) is None
         with self._lock:
             self._restore(now)
         self._plugin.attach(self)
@@ -273,6 +278,8 @@ class CoordinatorService(Recovery):
             self._subscribe(self._transport)
             if not self._transport.is_connected:
                 self._transport.connect()
+        if fresh:
+            self._clear_retained()
         self._publish_status(online=True)
         self._connected = self._transport.is_connected
         with self._lock:
@@ -285,6 +292,17 @@ class CoordinatorService(Recovery):
                 self._admit_safely(topic, payload)
             self._step(self._clock())
         self._flush()
+
+    def _clear_retained(self) -> None:
+        """A new run: delete an older run's retained notices from the broker.
+
+        A coordinator started on an empty store under an existing federation
+        name (a reset) must not leave devices the old run's key epoch, public
+        key, registry sum or round to act on.
+        """
+        fed = self._config.federation
+        for name in sorted(RETAINED_GLOBAL_NAMES - {STATUS}):
+            self._outbox.put(global_topic(fed, name), b"", 1, True)
 
     def _subscribe(self, transport: Transport) -> None:
         transport.set_handler(self.handle)
@@ -399,8 +417,8 @@ class CoordinatorService(Recovery):
         if parsed.federation != cfg.federation or device is None:
             logger.warning("rejected message on foreign topic %s", topic)
             return
-        if parsed.direction == "down":
-            return  # our own publishes, if a broker echoes them
+        if parsed.direction == "down" or not payload:
+            return  # our own publishes, if a broker echoes them; a cleared retain
         try:
             message = decode(payload, max_size=cfg.max_message_bytes)
         except OversizeError as exc:
@@ -472,12 +490,34 @@ class CoordinatorService(Recovery):
         return router
 
     def _on_error_reply(self, message: ErrorReply) -> None:
+        if message.code == ErrorCode.COORDINATOR_IDENTITY_MISMATCH:
+            self._refused_by(message.sender, message.reason)
+            return
         if message.code == ErrorCode.METHOD_MISMATCH:  # an operator must act
             logger.error(
                 "%s sits out: method_mismatch: %s", message.sender, message.reason
             )
             return
         logger.info("%s reports %s: %s", message.sender, message.code, message.reason)
+
+    def _refused_by(self, device: str, reason: str) -> None:
+        """A device pinned another coordinator: name it and the remedy; count it out."""
+        if device in self._refusing:
+            return
+        logger.error(
+            "%s refuses this coordinator (%s); it sits out until re-pinned "
+            "(`ursa device repin` on it) or this coordinator's identity.key is "
+            "restored from backup",
+            device,
+            reason,
+        )
+        self._refusing.add(device)
+        self._store.set_meta(REFUSING_KEY, json.dumps(sorted(self._refusing)))
+        epoch = self._epoch
+        keying = self._state.stage in (Stage.KEY_EPOCH, Stage.REGISTRATION)
+        if keying and epoch is not None and device in epoch.recipients:
+            logger.warning("key epoch %d counted %s; keying again", epoch.epoch, device)
+            self._start_key_epoch(self._clock(), frozenset({device}))
 
     def _dispatch(self, message: BaseMessage) -> None:
         """The router's handler, else the training plugin's (in an open round)."""
@@ -567,6 +607,9 @@ class CoordinatorService(Recovery):
 
     def _on_hello(self, message: Hello) -> None:
         device = message.sender  # admission checked it is the topic's device
+        if device in self._refusing:  # a new try, e.g. after `ursa device repin`
+            self._refusing.discard(device)
+            self._store.set_meta(REFUSING_KEY, json.dumps(sorted(self._refusing)))
         known = self._enrolled.get(device)
         decision = decide_enrolment(message, known, self._config.enrolment)
         if decision.accepted and decision.is_new and decision.identity is not None:

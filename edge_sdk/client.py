@@ -178,6 +178,7 @@ class EdgeClient(EpochSteps, ModelSteps):
         self.stats = DeviceStats()
         self.enrolled = threading.Event()
         self._coordinator: DevicePublicIdentity | None = None
+        self._refused_coordinators: set[str] = set()
         self._epoch: KeyEpochStart | None = None
         self._epoch_payload = b""
         self._agent: DevicePublicIdentity | None = None
@@ -384,6 +385,8 @@ class EdgeClient(EpochSteps, ModelSteps):
 
     def _accept(self, topic: str, payload: bytes) -> BaseMessage | None:
         cfg = self._config
+        if not payload:  # a retained message cleared (a new run), not a message
+            return None
         try:
             parsed = parse_topic(topic)
             message = decode(payload)

@@ -87,6 +87,8 @@ class DeviceCore:
     stats: DeviceStats
     enrolled: threading.Event
     _coordinator: DevicePublicIdentity | None
+    _refused_coordinators: set[str]
+    """Fingerprints of coordinators this device refused (and said so, once)."""
     _epoch: KeyEpochStart | None
     _epoch_payload: bytes
     _agent: DevicePublicIdentity | None

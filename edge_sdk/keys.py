@@ -75,14 +75,57 @@ class EpochSteps(DeviceCore):
         if identity.device_id != COORDINATOR:
             raise ValueError("coordinator identity has the wrong id")
         if pin is not None and identity.fingerprint() != pin:
-            raise ValueError("coordinator identity does not match the configured pin")
-        if self._coordinator is not None and self._coordinator != identity:
-            raise ValueError("coordinator identity differs from the pinned one")
+            self._refuse_coordinator(message, identity, pin, "configured pin")
+            return
+        known = self._coordinator
+        if known is not None and known != identity:
+            self._refuse_coordinator(message, identity, known.fingerprint(), "pinned")
+            return
         if self._coordinator is None:
             self._store.save_coordinator(identity)
             self._coordinator = identity
         self.enrolled.set()
         logger.info("%s: enrolled", self.device_id)
+
+    def _refuse_coordinator(
+        self,
+        message: EnrolResult,
+        identity: DevicePublicIdentity,
+        pinned: str,
+        where: str,
+    ) -> None:
+        """Refuse a coordinator with another identity, loudly, on both sides.
+
+        A replaced coordinator (a new state dir, a lost identity key) must not
+        be trusted silently, and must not be left guessing either: the device
+        logs one ERROR with the remedy and tells the coordinator why.
+        """
+        fingerprint = identity.fingerprint()
+        reason = f"coordinator identity {fingerprint} is not the {where} {pinned}"
+        if fingerprint not in self._refused_coordinators:  # one ERROR, every reply
+            self._refused_coordinators.add(fingerprint)
+            self._log_refusal(reason)
+        self._send(
+            ErrorReply(
+                federation=self._config.federation,
+                round=message.round,
+                sender=self.device_id,
+                message_id=derived_id(self.device_id, "identity", message.message_id),
+                code=ErrorCode.COORDINATOR_IDENTITY_MISMATCH,
+                reason=reason[:256],
+                in_reply_to=message.message_id,
+            )
+        )
+
+    def _log_refusal(self, reason: str) -> None:
+        logger.error(
+            "%s: refusing the coordinator: %s. If it was replaced on purpose, run "
+            "`ursa device repin --config <device config>` (and update "
+            "coordinator_fingerprint if set); else restore the coordinator's "
+            "identity.key from its backup",
+            self.device_id,
+            reason,
+        )
 
     def _on_error(self, message: ErrorReply) -> None:
         logger.warning(

@@ -66,6 +66,22 @@ class DeviceStateDir:
         """Pin the coordinator identity."""
         _write_atomic(self.path / "coordinator.pub", identity.to_bytes().hex().encode())
 
+    def forget_coordinator(self) -> list[str]:
+        """Drop the pin and everything of the old coordinator's run; what was removed.
+
+        For a replaced coordinator: the device keeps its identity (and its
+        data, which is not here) and enrols with the next coordinator that
+        answers, pinning it. Key epochs, draws and method progress belong to
+        the old run.
+        """
+        removed = []
+        run = ("coordinator.pub", "epoch.json", "epoch-*.key", "draws.json")
+        for pattern in (*run, METHODS_FILE):
+            for path in sorted(self.path.glob(pattern)):
+                path.unlink()
+                removed.append(path.name)
+        return removed
+
     # --- key epoch ------------------------------------------------------------
 
     def load_epoch(self) -> StoredEpoch | None:

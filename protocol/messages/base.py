@@ -82,6 +82,8 @@ class ErrorCode(StrEnum):
     TRANSFER_FAILED = "transfer_failed"
     LATE = "late"
     METHOD_MISMATCH = "method_mismatch"
+    COORDINATOR_IDENTITY_MISMATCH = "coordinator_identity_mismatch"
+    """The device pinned another coordinator identity (a replaced coordinator)."""
     INTERNAL = "internal"
 
 

@@ -16,6 +16,7 @@ from ursa.crypto.identity import (
     DevicePublicIdentity,
     verify_signature,
 )
+from ursa.edge_sdk.state import DeviceStateDir
 from ursa.protocol.envelope import decode, signing_bytes
 from ursa.protocol.messages import (
     AgentAnswer,
@@ -483,4 +484,45 @@ def test_a_new_key_epoch_waits_for_min_devices_online(
 
     fed.new_device(agent).start()  # back: the fleet is whole again
     assert len(fed.messages("key_epoch_start")) == 2
+    assert fed.coordinator.is_done
+
+
+def test_a_replaced_coordinator_is_refused_loudly_and_repinned_devices_rejoin(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=3, k=2, tries=1, rounds=1)
+    fed.start()
+    assert fed.coordinator.is_done
+    fed.coordinator.stop()
+    for client in fed.devices.values():
+        client.stop()
+    caplog.set_level(logging.INFO)
+
+    # a coordinator reset: an empty state dir, so a new identity
+    fed.config = fed.config.model_copy(update={"state_dir": fed.tmp_path / "new"})
+    fed.coordinator = fed.new_coordinator()
+    fed.coordinator.start()
+    for device in fed.device_ids:
+        fed.new_device(device).start()
+
+    for device in fed.device_ids:
+        codes = {e.code for _, e in fed.messages("error") if e.sender == device}
+        assert codes == {"coordinator_identity_mismatch"}
+    device_errors = [
+        r
+        for r in caplog.records
+        if r.name == "ursa.edge_sdk" and r.levelname == "ERROR"
+    ]
+    assert len(device_errors) == 3
+    assert all("ursa device repin" in r.getMessage() for r in device_errors)
+    assert "d00 refuses this coordinator" in caplog.text
+    fed.tick(100)
+    assert fed.coordinator.state.stage is Stage.ENROLMENT  # nobody counted
+    assert len(fed.messages("key_epoch_start")) == 1  # the old run's only
+
+    for device in fed.device_ids:  # `ursa device repin`, then start again
+        fed.devices[device].stop()
+        DeviceStateDir(fed.tmp_path / device).forget_coordinator()
+        fed.new_device(device).start()
+    fed.tick(1)
     assert fed.coordinator.is_done

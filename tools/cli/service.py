@@ -53,6 +53,12 @@ def register(sub: Subparsers) -> None:
         "--labels", type=Path, help="labels file (.npy, .txt, .csv); else labels_file"
     )
     run.set_defaults(handler=_device_run)
+    repin = device_commands.add_parser(
+        "repin",
+        help="forget the pinned coordinator (it was replaced): the next one is pinned",
+    )
+    repin.add_argument("--config", type=Path, required=True, help="TOML or JSON file")
+    repin.set_defaults(handler=_device_repin)
     model.register(sub)
 
 
@@ -103,6 +109,29 @@ def _device_run(args: argparse.Namespace) -> int:
     except TransportError as exc:  # a refusal: credentials, ACL
         print(f"ursa device run: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _device_repin(args: argparse.Namespace) -> int:
+    """Drop the old coordinator's pin and run state; keep the device's identity."""
+    from ursa.edge_sdk.config import load_device_config
+    from ursa.edge_sdk.state import DeviceStateDir
+
+    config = load_device_config(args.config, os.environ)
+    state = DeviceStateDir(config.state_dir)
+    old = state.load_coordinator()
+    removed = state.forget_coordinator()
+    if old is None:
+        print(f"{config.device_id}: no coordinator was pinned")
+    else:
+        print(f"{config.device_id}: forgot coordinator {old.fingerprint()}")
+    print(f"removed: {', '.join(removed) or 'nothing'}; identity kept")
+    if config.coordinator_fingerprint is not None:
+        print(
+            "coordinator_fingerprint is set in the config: replace it with the new "
+            "coordinator's (its state dir's coordinator.pub), or remove it"
+        )
+    print("start the device again: it pins the coordinator that answers first")
     return 0
 
 

@@ -85,3 +85,33 @@ def test_model_init_writes_feddisk_made_weights_and_the_matching_settings(
     assert f'kind = "feddisk"\nmade_hidden_sizes = {hidden}' in out
     assert cli_service.main(["model", "init", "--out", str(out_file)]) == 2
     assert "--classes" in capsys.readouterr().err
+
+
+def test_device_repin_forgets_the_coordinator_and_its_run_but_keeps_the_identity(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ursa.crypto.identity import DeviceIdentity
+    from ursa.edge_sdk.state import DeviceStateDir
+
+    state_dir = tmp_path / "d1"
+    identity = DeviceIdentity.load_or_create(state_dir, "d1")
+    state = DeviceStateDir(state_dir)
+    old = DeviceIdentity.generate("coordinator").public()
+    state.save_coordinator(old)
+    for name in ("epoch.json", "epoch-3.key", "draws.json", "methods.json"):
+        (state_dir / name).write_text("{}")
+    config = tmp_path / "d1.toml"
+    config.write_text(
+        f'device_id = "d1"\nfederation = "f"\nstate_dir = "{state_dir}"\n'
+    )
+
+    assert cli_service.main(["device", "repin", "--config", str(config)]) == 0
+
+    out = capsys.readouterr().out
+    assert f"forgot coordinator {old.fingerprint()}" in out
+    assert state.load_coordinator() is None
+    assert sorted(p.name for p in state_dir.iterdir()) == ["identity.key"]
+    again = DeviceIdentity.load_or_create(state_dir, "d1")
+    assert again.public() == identity.public()
+    assert cli_service.main(["device", "repin", "--config", str(config)]) == 0
+    assert "no coordinator was pinned" in capsys.readouterr().out
