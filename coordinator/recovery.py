@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 
-from ursa.coordinator.core import STATE_KEY, EpochWork, RoundWork
+from ursa.coordinator.core import SAT_OUT_KEY, STATE_KEY, EpochWork, RoundWork
 from ursa.coordinator.keys import EpochStages
 from ursa.coordinator.roundflow import RoundStages
 from ursa.coordinator.rounds import RoundState, Stage
@@ -40,6 +40,8 @@ class Recovery(EpochStages, RoundStages):
             d: DevicePublicIdentity.from_bytes(b) for d, b in store.enrolled().items()
         }
         self._presence.restore(store.online() & set(self._enrolled))
+        sat_out = json.loads(store.get_meta(SAT_OUT_KEY) or "{}")
+        self._sat_out = {str(d): int(e) for d, e in sat_out.items()}
         raw = store.get_meta(STATE_KEY)
         if raw is None:
             return

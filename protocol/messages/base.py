@@ -82,6 +82,7 @@ class ErrorCode(StrEnum):
     TRANSFER_FAILED = "transfer_failed"
     LATE = "late"
     METHOD_MISMATCH = "method_mismatch"
+    DATA_MISMATCH = "data_mismatch"
     INTERNAL = "internal"
 
 
