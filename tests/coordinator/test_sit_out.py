@@ -114,3 +114,24 @@ def test_a_restarted_coordinator_still_leaves_the_device_out(federation: Any) ->
 
     online = fed.coordinator.online_devices()
     assert MISFIT not in online and set(fed.device_ids[1:]) <= online
+
+
+def test_a_device_with_other_methods_is_not_waited_for_either(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = configure(federation, "random")
+    caplog.set_level(logging.INFO)
+    fed.coordinator.start()
+    for device_id in fed.device_ids:
+        if device_id == MISFIT:
+            fed.device_methods = None  # Dubhe, the default
+        client = fed.new_device(device_id)
+        fed.device_methods = (DeviceRandomSpec(),)
+        client.start()
+
+    assert fed.coordinator.is_done  # registration did not wait for it
+    refusals = [m for _, m in fed.messages("error") if m.code == "method_mismatch"]
+    assert [m.sender for m in refusals] == [MISFIT]
+    assert f"{MISFIT} sits out: method_mismatch: federation runs random" in caplog.text
+    selected = [set(m.selected) for _, m in fed.messages("selection_result")]
+    assert len(selected) == 3 and all(MISFIT not in s for s in selected)
