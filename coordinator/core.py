@@ -51,6 +51,8 @@ logger = logging.getLogger("ursa.coordinator")
 STATE_KEY = "state"
 REFUSING_KEY = "refusing"
 """Store meta key: devices that refused this coordinator's identity."""
+SAT_OUT_KEY = "sat_out"
+"""Store meta key: JSON ``{device: key epoch}`` of the devices that sat out."""
 
 
 def derived_id(*parts: object) -> str:
@@ -105,6 +107,8 @@ class ServiceCore:
     _refusing: set[str]
     """Enrolled devices that refused this coordinator's identity (not counted)."""
     _round: RoundWork | None
+    _sat_out: dict[str, int]
+    """Devices that sat a key epoch out (`method_mismatch`, `data_mismatch`): epoch."""
     _announced_at: float = float("-inf")
     """When the open round was last re-announced (rate limit)."""
     _outbox: Outbox
@@ -152,6 +156,16 @@ class ServiceCore:
 
     def _online_enrolled(self) -> set[str]:
         return (self._online & set(self._enrolled)) - self._refusing
+
+    def _sitting_out(self) -> set[str]:
+        """Devices that told us they sit the current key epoch out."""
+        epoch = self._state.epoch
+        return {device for device, e in self._sat_out.items() if e == epoch}
+
+    def _sit_out(self, device: str) -> None:
+        """Leave `device` out of the current key epoch (persisted for a restart)."""
+        self._sat_out[device] = self._state.epoch
+        self._store.set_meta(SAT_OUT_KEY, json.dumps(self._sat_out))
 
     # --- sending ------------------------------------------------------------
 

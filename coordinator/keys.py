@@ -152,7 +152,7 @@ class EpochStages(ServiceCore):
         work = self._epoch
         if work is None or work.public_key is None:
             return
-        expected = set(work.recipients) & self._online
+        expected = (set(work.recipients) & self._online) - self._sitting_out()
         all_in = bool(work.registered) and expected <= work.registered
         if not (all_in or self._deadline_passed(now)):
             return

@@ -16,7 +16,13 @@ from __future__ import annotations
 import json
 import logging
 
-from ursa.coordinator.core import REFUSING_KEY, STATE_KEY, EpochWork, RoundWork
+from ursa.coordinator.core import (
+    REFUSING_KEY,
+    SAT_OUT_KEY,
+    STATE_KEY,
+    EpochWork,
+    RoundWork,
+)
 from ursa.coordinator.keys import EpochStages
 from ursa.coordinator.roundflow import RoundStages
 from ursa.coordinator.rounds import RoundState, Stage
@@ -42,6 +48,8 @@ class Recovery(EpochStages, RoundStages):
         self._presence.restore(store.online() & set(self._enrolled))
         refusing = store.get_meta(REFUSING_KEY)
         self._refusing = set(json.loads(refusing)) if refusing else set()
+        sat_out = json.loads(store.get_meta(SAT_OUT_KEY) or "{}")
+        self._sat_out = {str(d): int(e) for d, e in sat_out.items()}
         raw = store.get_meta(STATE_KEY)
         if raw is None:
             return

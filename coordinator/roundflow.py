@@ -105,7 +105,7 @@ class RoundStages(ServiceCore):
             round=work.round,
             epoch=work.epoch,
             k=self._config.k,
-            eligible=frozenset(epoch.registered & self._online),
+            eligible=frozenset((epoch.registered & self._online) - self._sitting_out()),
             rng=self._rng,
             now=now,
         )

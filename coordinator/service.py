@@ -107,6 +107,9 @@ TRANSIENT_CODES = frozenset(
 """Refusals that depend on when a message came, not on what it says: such a
 message is not marked seen, so the device's retransmission is judged afresh."""
 
+_SITS_OUT = frozenset({ErrorCode.METHOD_MISMATCH, ErrorCode.DATA_MISMATCH})
+"""A device answering these does not fit the federation: not selected this epoch."""
+
 IDENTITY_PUBLIC_FILENAME = "coordinator.pub"
 """Hex of the coordinator's public identity, for devices that pin it by config."""
 
@@ -157,6 +160,7 @@ class CoordinatorService(Recovery):
         self._enrolled = {}
         self._presence = Presence(grace_s=config.deadlines.outage_grace_s)
         self._online = self._presence.online
+        self._sat_out = {}
         self._connected = False
         self._epoch = None
         self._round = None
@@ -227,9 +231,9 @@ class CoordinatorService(Recovery):
             return self._epoch_view()
 
     def online_devices(self) -> frozenset[str]:
-        """Enrolled devices currently online (for the round plugin)."""
+        """Enrolled devices online and not sitting the epoch out (for the plugin)."""
         with self._lock:
-            return frozenset(self._online_enrolled())
+            return frozenset(self._online_enrolled() - self._sitting_out())
 
     def start(self, *, stop: threading.Event | None = None) -> None:
         """Open the store, restore state, connect and resume the current stage.
@@ -493,10 +497,15 @@ class CoordinatorService(Recovery):
         if message.code == ErrorCode.COORDINATOR_IDENTITY_MISMATCH:
             self._refused_by(message.sender, message.reason)
             return
-        if message.code == ErrorCode.METHOD_MISMATCH:  # an operator must act
+        if message.code in _SITS_OUT:  # an operator must act
             logger.error(
-                "%s sits out: method_mismatch: %s", message.sender, message.reason
+                "%s sits out: %s: %s (excluded from key epoch %d)",
+                message.sender,
+                message.code,
+                message.reason,
+                self._state.epoch,
             )
+            self._sit_out(message.sender)
             return
         logger.info("%s reports %s: %s", message.sender, message.code, message.reason)
 

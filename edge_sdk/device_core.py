@@ -12,6 +12,7 @@ its lock.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -23,10 +24,17 @@ from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity, verify_si
 from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
 from ursa.edge_sdk.config import DeviceConfig
+from ursa.edge_sdk.data_check import (
+    DataFacts,
+    DataProblem,
+    FederationFacts,
+    data_problems,
+    reason_of,
+)
 from ursa.edge_sdk.state import DeviceStateDir, StoredEpoch
 from ursa.edge_sdk.trainer import Trainer
 from ursa.protocol.envelope import encode, message_kind, signing_bytes
-from ursa.protocol.messages import BaseMessage, KeyEpochStart
+from ursa.protocol.messages import BaseMessage, ErrorCode, ErrorReply, KeyEpochStart
 from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import NotReadyError
 from ursa.protocol.topics import name_for, qos_for, up_topic
@@ -39,6 +47,8 @@ __all__ = [
     "derived_id",
     "seal_context",
 ]
+
+logger = logging.getLogger("ursa.edge_sdk")
 
 DISTRIBUTION_CODEC = FixedPoint(bound=1.0)
 """Label distributions in [0, 1], 24 fraction bits (the protocol-wide scale)."""
@@ -99,6 +109,10 @@ class DeviceCore:
     _registry: NDArray[np.int64] | None
     _trained: set[int]
     _registered_epoch: int | None
+    _sat_out_epoch: int | None = None
+    """The key epoch this device sits out because it does not fit (data_mismatch)."""
+    _model_problems: tuple[DataProblem, ...] = ()
+    """How the latest global model did not fit (kept until one fits)."""
 
     @property
     def device_id(self) -> str:
@@ -126,6 +140,52 @@ class DeviceCore:
         if epoch < current.epoch:
             raise ValueError(f"key epoch {epoch} is over (current {current.epoch})")
         return current
+
+    @property
+    def sits_out(self) -> bool:
+        """Whether the device sits the current key epoch out (its data does not fit)."""
+        epoch = self._epoch
+        return epoch is not None and self._sat_out_epoch == epoch.epoch
+
+    def _sit_out(
+        self,
+        epoch: int,
+        round_index: int,
+        problems: tuple[DataProblem, ...],
+        in_reply_to: str | None,
+    ) -> None:
+        """Sit key epoch `epoch` out: one ERROR, one `data_mismatch` answer.
+
+        The device neither registers nor volunteers nor trains in the epoch
+        (`_index` is cleared); the coordinator excludes it from selection.
+        """
+        self._index = None
+        if self._sat_out_epoch == epoch:
+            return
+        self._sat_out_epoch = epoch
+        logger.error(
+            "%s: sitting out key epoch %d: data_mismatch: %s",
+            self.device_id,
+            epoch,
+            "; ".join(str(p) for p in problems),
+        )
+        self._send(
+            ErrorReply(
+                federation=self._config.federation,
+                round=round_index,
+                sender=self.device_id,
+                message_id=derived_id(self.device_id, "data_mismatch", epoch),
+                code=ErrorCode.DATA_MISMATCH,
+                reason=reason_of(problems),
+                in_reply_to=in_reply_to,
+            )
+        )
+
+    def _fit_problems(self, num_classes: int) -> tuple[DataProblem, ...]:
+        """How the labels (and the last global model) do not fit the federation."""
+        federation = FederationFacts(num_classes=num_classes)
+        found = data_problems(DataFacts.of(self._labels), federation)
+        return (*found, *self._model_problems)
 
     def _distribution(self, num_classes: int) -> NDArray[np.float64] | None:
         """The label distribution over `num_classes`, or None if labels do not fit."""

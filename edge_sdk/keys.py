@@ -184,11 +184,9 @@ class EpochSteps(DeviceCore):
         self._registry = None
         codebook = Codebook(notice.num_classes, notice.groups)
         distribution = self._distribution(notice.num_classes)
-        if distribution is None:
-            logger.error(
-                "%s: labels do not fit %d classes", self.device_id, notice.num_classes
-            )
-            self._index = None
+        problems = self._fit_problems(notice.num_classes)
+        if problems or distribution is None:
+            self._sit_out(notice.epoch, notice.round, problems, notice.message_id)
         else:
             thresholds = dict(zip(notice.groups, notice.sigma, strict=True))
             indices = registry_indices(distribution[None, :], codebook, thresholds)

@@ -37,6 +37,15 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
+from numpy.typing import NDArray
+
+from ursa.edge_sdk.data_check import (
+    DataFacts,
+    DataProblem,
+    FederationFacts,
+    data_problems,
+)
 from ursa.edge_sdk.device_core import TrainingStats, derived_id
 from ursa.edge_sdk.method import DeviceMethod, TrainPlan
 from ursa.edge_sdk.round_steps import RoundSteps
@@ -96,6 +105,7 @@ class ModelSteps(RoundSteps):
     _model_parts: Reassembler
     _model_inflight: dict[str, int]
     _wanted: _Wanted | None
+    _unfit_version: int | None
     _pending_rounds: set[int]
     _sent_updates: OrderedDict[int, list[BaseMessage]]
     _uploads: OrderedDict[str, tuple[TransferManifest, list[Chunk]]]
@@ -112,6 +122,7 @@ class ModelSteps(RoundSteps):
         )
         self._model_inflight = {}
         self._wanted = None
+        self._unfit_version = None
         self._pending_rounds = set()
         self._sent_updates = OrderedDict()
         self._uploads = OrderedDict()
@@ -266,12 +277,16 @@ class ModelSteps(RoundSteps):
         self._model_version = self._model_arrays = self._model_notice = None
         self._notice_at = 0.0
         self._wanted = None
+        self._unfit_version = None
+        self._model_problems = ()
         self._sent_updates.clear()
 
     def _want(self, version: int, transfer_id: str) -> None:
         """Make sure ``version`` is downloaded (or on its way)."""
         if self._model_version is not None and self._model_version >= version:
             return
+        if self._unfit_version is not None and version <= self._unfit_version:
+            return  # it does not fit this device: downloading it again is no use
         wanted = self._wanted
         if wanted is None or wanted.version < version:
             self._wanted = _Wanted(version, transfer_id, time.monotonic())
@@ -292,6 +307,8 @@ class ModelSteps(RoundSteps):
             return
         version = int(match.group("version"))
         if self._model_version is not None and version <= self._model_version:
+            return
+        if self._unfit_version is not None and version <= self._unfit_version:
             return
         for tid, known in list(self._model_inflight.items()):
             if known < version:
@@ -322,15 +339,19 @@ class ModelSteps(RoundSteps):
             if not self._model_parts.is_complete(transfer_id):
                 return
             arrays = arrays_from_bytes(self._model_parts.complete(transfer_id))
-            trainer = self._model_trainer()
-            if trainer is not None:
-                trainer.check_arrays(arrays)
         except (ProtocolError, WeightsError, ValueError) as exc:
             logger.warning(
                 "%s: model version %d refused: %s", self.device_id, version, exc
             )
             return
         del self._model_inflight[transfer_id]
+        trainer = self._model_trainer()
+        if trainer is not None:
+            problems = _model_problems(trainer, arrays, self._labels, version)
+            if problems:
+                self._refuse_model(version, problems)
+                return
+            self._model_problems = ()
         if self._model_version is not None and version <= self._model_version:
             return
         self._model_version, self._model_arrays = version, arrays
@@ -339,6 +360,31 @@ class ModelSteps(RoundSteps):
             self._wanted = None
         logger.debug("%s: model version %d downloaded", self.device_id, version)
         self._on_model_ready()
+
+    def _refuse_model(self, version: int, problems: tuple[DataProblem, ...]) -> None:
+        """A global model this device cannot train: stop asking, sit the epoch out."""
+        changed = problems != self._model_problems
+        self._model_problems = problems
+        self._unfit_version = max(version, self._unfit_version or 0)
+        if self._wanted is not None and self._wanted.version <= version:
+            self._wanted = None
+        self._pending_rounds.clear()
+        epoch, notice = self._epoch, self._model_notice
+        if epoch is not None and not self.sits_out:
+            round_index = 0 if notice is None else notice.round
+            in_reply_to = None if notice is None else notice.message_id
+            self._sit_out(epoch.epoch, round_index, problems, in_reply_to)
+        elif changed and epoch is None:
+            logger.error(
+                "%s: model version %d does not fit: %s",
+                self.device_id,
+                version,
+                "; ".join(str(p) for p in problems),
+            )
+        else:
+            logger.info(
+                "%s: model version %d does not fit either", self.device_id, version
+            )
 
     def _on_chunk_request(self, message: ChunkRequest) -> None:
         upload = self._uploads.get(message.transfer_id)
@@ -381,3 +427,31 @@ class ModelSteps(RoundSteps):
         """Periodic work: re-request model chunks, re-check waiting rounds."""
         self._request_model(now)
         self._maybe_train()
+
+
+def _model_problems(
+    trainer: ModelTrainer,
+    arrays: Arrays,
+    labels: NDArray[np.int64],
+    version: int,
+) -> tuple[DataProblem, ...]:
+    """How a downloaded global model does not fit this device (its data, its model)."""
+    model = f"model {trainer.model} v{version}"
+    federation = FederationFacts(
+        model_features=trainer.model_features(arrays), model=model
+    )
+    facts = DataFacts.of(labels, trainer.features)
+    problems = tuple(data_problems(facts, federation))
+    if problems:
+        return problems
+    try:
+        trainer.check_arrays(arrays)
+    except ValueError as exc:
+        return (
+            DataProblem(
+                f"the federation's {model} does not fit this device's model: {exc}",
+                "set [training] architecture and model_options to the "
+                "federation's model",
+            ),
+        )
+    return ()

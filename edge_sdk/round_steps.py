@@ -111,6 +111,10 @@ class RoundSteps(DeviceCore):
         self._verify(self._coordinator, message)
         if self.device_id not in message.selected or message.round in self._trained:
             return
+        if self.sits_out:  # selected before the coordinator heard why
+            me = self.device_id
+            logger.info("%s: selected in round %d, but sitting out", me, message.round)
+            return
         self._trained.add(message.round)
         self.stats.selected_rounds.append(message.round)
         self._on_selected(message.round)

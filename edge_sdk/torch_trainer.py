@@ -133,6 +133,30 @@ class TorchTrainer(ModelTrainer):
             self.architecture, self.model_config, global_arrays, self.x, self.y
         )
 
+    @property
+    def features(self) -> int:
+        """Features per local sample (``x`` flattened per sample)."""
+        return int(np.prod(self.x.shape[1:], dtype=np.int64))
+
+    def model_features(self, global_arrays: Arrays) -> int | None:
+        """Features per sample the global model takes.
+
+        An MLP's are its first weight matrix's columns, whatever the device's
+        own ``model_config`` says; other architectures take their configured
+        input shape when the arrays fit it (None when they do not).
+        """
+        if self.architecture == "mlp":
+            first = next((a for a in global_arrays.values() if a.ndim == 2), None)
+            return None if first is None else int(first.shape[1])
+        try:
+            self.check_arrays(global_arrays)
+        except ValueError:
+            return None
+        from ursa.models.registry import input_shape_of
+
+        shape = input_shape_of(self.architecture, self.model_config)
+        return int(np.prod(shape, dtype=np.int64))
+
     def check_arrays(self, global_arrays: Arrays) -> None:
         """Raise ValueError unless the arrays have the model's names and shapes."""
         if self._spec is None:

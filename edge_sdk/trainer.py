@@ -102,6 +102,19 @@ class ModelTrainer(Trainer):
     def check_arrays(self, global_arrays: Arrays) -> None:
         """Raise ValueError if the arrays do not fit the model (default: accept)."""
 
+    @property
+    def features(self) -> int | None:
+        """Features per local sample (default: unknown, nothing is checked)."""
+        return None
+
+    def model_features(self, global_arrays: Arrays) -> int | None:
+        """Features per sample the model of ``global_arrays`` takes (None: unknown).
+
+        The client compares it with `features` before the device takes part
+        (`ursa.edge_sdk.data_check`).
+        """
+        return None
+
     def train(self, round_index: int) -> TrainingReport:
         """Not used: the client calls `train_delta` with the downloaded model."""
         raise RuntimeError("a ModelTrainer trains through train_delta")

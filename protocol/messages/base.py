@@ -84,6 +84,7 @@ class ErrorCode(StrEnum):
     METHOD_MISMATCH = "method_mismatch"
     COORDINATOR_IDENTITY_MISMATCH = "coordinator_identity_mismatch"
     """The device pinned another coordinator identity (a replaced coordinator)."""
+    DATA_MISMATCH = "data_mismatch"
     INTERNAL = "internal"
 
 

@@ -421,3 +421,50 @@ def test_a_coordinator_restart_mid_dual_step_resumes_its_encrypted_sum(
     got = np.array([fed.devices[d].method(Climb).lam for d in fed.device_ids])
     np.testing.assert_allclose(got, lambdas, atol=1e-6)
     assert fed.coordinator.store.phase_keys() == []
+
+
+class ShapedTrainer(LinearTrainer):
+    """A `LinearTrainer` that knows its features per sample and the model's (w)."""
+
+    def __init__(self, index: int, device_id: str, misfit: Callable[[], str]) -> None:
+        super().__init__(index)
+        self.device_id = device_id
+        self.misfit = misfit
+
+    @property
+    def features(self) -> int:
+        return 2 if self.device_id == self.misfit() else 3
+
+    def model_features(self, global_arrays: Arrays) -> int:
+        return int(np.shape(global_arrays["w"])[0])
+
+
+def test_a_selected_device_whose_features_do_not_fit_sits_out_without_a_wait(
+    federation: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=5, k=2, tries=1, rounds=3)
+    caplog.set_level(logging.INFO)
+
+    def misfit() -> str:  # the first device selected in round 1 holds 2 features
+        return selections(fed)[1][0]
+
+    def shaped(client: EdgeClient) -> None:
+        index = fed.device_ids.index(client.device_id)
+        client._trainer = ShapedTrainer(index, client.device_id, misfit)
+
+    plugin = start_training(fed, tmp_path, TrainingConfig(), prepare=shaped)
+
+    assert fed.coordinator.is_done and plugin.version == 3  # the clock never moved
+    bad = misfit()
+    refusals = [m for _, m in fed.messages("error") if m.code == "data_mismatch"]
+    reason = "samples have 2 features; the federation's model classifier v0 takes 3"
+    assert [(m.sender, m.reason) for m in refusals] == [(bad, reason)]
+    first, *later = plugin.history
+    assert first.dropped == (bad,) and bad not in first.contributed
+    assert all(bad not in r.contributed and r.dropped == () for r in later)
+    chosen = selections(fed)
+    assert bad not in chosen[2] and bad not in chosen[3]
+    assert all(m.sender != bad for _, m in fed.messages("model_update"))
+    assert fed.devices[bad].sits_out and fed.devices[bad].model_version is None
+    assert f"{bad} sits out: data_mismatch: {reason}" in caplog.text
+    assert f"{bad}: sitting out key epoch 1: data_mismatch: {reason}" in caplog.text

@@ -89,3 +89,24 @@ def test_the_generic_train_entry_point_is_not_used() -> None:
     x, y = _data()
     with pytest.raises(RuntimeError, match="train_delta"):
         TorchTrainer(x, y, model_config=MODEL).train(1)
+
+
+def test_features_of_the_data_and_of_the_federations_mlp() -> None:
+    x, y = _data()
+    trainer = TorchTrainer(x, y, model_config=MODEL)
+    wider = initial_arrays("mlp", {**MODEL, "input_dim": 64}, seed=0)
+
+    assert trainer.features == 8
+    assert trainer.model_features(initial_arrays("mlp", MODEL, seed=0)) == 8
+    assert trainer.model_features(wider) == 64  # whatever the device's config says
+
+
+def test_features_of_a_cnn_are_its_input_shape_when_the_weights_fit() -> None:
+    config = {"input_shape": [1, 12, 12], "num_classes": 3}
+    x = np.zeros((4, 1, 12, 12), np.float32)
+    trainer = TorchTrainer(x, np.arange(4) % 3, architecture="cnn", model_config=config)
+    other = {**config, "input_shape": [3, 12, 12]}
+
+    assert trainer.features == 144
+    assert trainer.model_features(initial_arrays("cnn", config, seed=0)) == 144
+    assert trainer.model_features(initial_arrays("cnn", other, seed=0)) is None

@@ -1,0 +1,137 @@
+"""A device whose data does not fit sits the key epoch out, and no round waits on it.
+
+The clock never moves in these tests: a federation that finishes its rounds
+has waited out no deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ursa.coordinator.methods_config import RandomSpec
+from ursa.edge_sdk.client import EdgeClient, device_will
+from ursa.edge_sdk.methods_config import RandomSpec as DeviceRandomSpec
+from ursa.protocol.inmemory import InMemoryTransport
+
+from .conftest import device_labels
+
+MISFIT = "d00"
+OUTSIDE = "labels 12 lie outside the federation's 10 classes 0..9"
+
+
+def start_with_misfit(fed: Any, labels: np.ndarray) -> None:
+    """Start the coordinator and the devices; ``MISFIT`` holds ``labels``."""
+    fed.coordinator.start()
+    for index, device_id in enumerate(fed.device_ids):
+        config = fed.device_config(device_id)
+        topic, payload = device_will(config)
+        transport = InMemoryTransport(fed.bus, device_id, will=(topic, payload, True))
+        client = EdgeClient(
+            config,
+            labels if device_id == MISFIT else device_labels(index),
+            transport=transport,
+            rng=np.random.default_rng(index),
+        )
+        fed.devices[device_id] = client
+        fed.transports[device_id] = transport
+        client.start()
+
+
+def configure(federation: Any, selection: str) -> Any:
+    if selection == "dubhe":
+        return federation(num_devices=5, k=2, tries=2, rounds=3)
+    fed = federation(num_devices=5, k=2, tries=1, rounds=3, methods=(RandomSpec(),))
+    fed.device_methods = (DeviceRandomSpec(),)
+    return fed
+
+
+@pytest.mark.parametrize("selection", ["dubhe", "random"])
+def test_labels_outside_the_classes_sit_out_and_rounds_do_not_wait(
+    federation: Any, selection: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = configure(federation, selection)
+    caplog.set_level(logging.INFO)
+
+    start_with_misfit(fed, np.r_[np.arange(10), 12, 12])
+
+    refusals = [m for _, m in fed.messages("error") if m.code == "data_mismatch"]
+    assert [(m.sender, m.reason) for m in refusals] == [(MISFIT, OUTSIDE)]
+    assert fed.coordinator.is_done  # the clock never moved: no deadline waited
+    assert fed.coordinator.store.completed_rounds() == 3
+    selected = [set(m.selected) for _, m in fed.messages("selection_result")]
+    assert len(selected) == 3
+    assert all(len(s) == 2 and MISFIT not in s for s in selected)
+    assert all(m.sender != MISFIT for _, m in fed.messages("registration"))
+    assert all(m.sender != MISFIT for _, m in fed.messages("volunteer"))
+    assert fed.devices[MISFIT].sits_out
+    assert not any(fed.devices[d].sits_out for d in fed.device_ids[1:])
+    device_errors = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.ERROR and r.name == "ursa.edge_sdk"
+    ]
+    assert device_errors == [
+        f"{MISFIT}: sitting out key epoch 1: data_mismatch: {OUTSIDE} (remedy: "
+        "relabel the data to 0..9 or join a federation with num_classes >= 13)"
+    ]
+    assert (
+        f"{MISFIT} sits out: data_mismatch: {OUTSIDE} (excluded from key epoch 1)"
+        in caplog.text
+    )
+
+
+def test_a_device_that_sits_out_is_eligible_again_in_the_next_epoch(
+    federation: Any,
+) -> None:
+    fed = federation(num_devices=4, k=2, tries=1, rounds=4, rounds_per_epoch=2)
+    fed.config = fed.config.model_copy(update={"methods": (RandomSpec(),)})
+    fed.coordinator = fed.new_coordinator()
+    fed.device_methods = (DeviceRandomSpec(),)
+
+    start_with_misfit(fed, np.r_[np.arange(10), 12])
+
+    assert fed.coordinator.is_done
+    notices = [m.epoch for _, m in fed.messages("key_epoch_start")]
+    assert notices == [1, 2]
+    refusals = [m for _, m in fed.messages("error") if m.code == "data_mismatch"]
+    assert len(refusals) == 2  # one answer per epoch: the labels still do not fit
+    selected = [set(m.selected) for _, m in fed.messages("selection_result")]
+    assert len(selected) == 4 and all(MISFIT not in s for s in selected)
+
+
+def test_a_restarted_coordinator_still_leaves_the_device_out(federation: Any) -> None:
+    fed = federation(num_devices=4, k=2, tries=1, rounds=1)
+    start_with_misfit(fed, np.r_[np.arange(10), 12])
+    assert fed.coordinator.is_done
+    fed.coordinator.stop()
+
+    fed.coordinator = fed.new_coordinator()
+    fed.coordinator.start()
+
+    online = fed.coordinator.online_devices()
+    assert MISFIT not in online and set(fed.device_ids[1:]) <= online
+
+
+def test_a_device_with_other_methods_is_not_waited_for_either(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = configure(federation, "random")
+    caplog.set_level(logging.INFO)
+    fed.coordinator.start()
+    for device_id in fed.device_ids:
+        if device_id == MISFIT:
+            fed.device_methods = None  # Dubhe, the default
+        client = fed.new_device(device_id)
+        fed.device_methods = (DeviceRandomSpec(),)
+        client.start()
+
+    assert fed.coordinator.is_done  # registration did not wait for it
+    refusals = [m for _, m in fed.messages("error") if m.code == "method_mismatch"]
+    assert [m.sender for m in refusals] == [MISFIT]
+    assert f"{MISFIT} sits out: method_mismatch: federation runs random" in caplog.text
+    selected = [set(m.selected) for _, m in fed.messages("selection_result")]
+    assert len(selected) == 3 and all(MISFIT not in s for s in selected)

@@ -1,0 +1,143 @@
+"""A device whose data does not fit sits out over a real Mosquitto; nothing waits."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ursa.coordinator.config import DeadlinesConfig
+from ursa.coordinator.methods_config import FedAvgSpec, RandomSpec
+from ursa.coordinator.service import CoordinatorService
+from ursa.coordinator.training import TrainingConfig, TrainingPlugin
+from ursa.edge_sdk.client import EdgeClient
+from ursa.edge_sdk.methods_config import FedAvgSpec as DeviceFedAvgSpec
+from ursa.edge_sdk.methods_config import RandomSpec as DeviceRandomSpec
+from ursa.models.weights import arrays_to_bytes
+
+from .conftest import device_labels, polling
+
+pytestmark = pytest.mark.integration
+
+NEVER_S = 3600
+"""Every deadline: a run that finishes has waited out none of them."""
+DEADLINES = DeadlinesConfig(
+    key_epoch_s=NEVER_S,
+    registration_s=NEVER_S,
+    volunteer_s=NEVER_S,
+    distributions_s=NEVER_S,
+    agent_s=NEVER_S,
+    training_s=NEVER_S,
+)
+
+
+def test_a_misfit_device_answers_data_mismatch_and_is_never_selected(
+    mqtt_federation: Any,
+) -> None:
+    fed = mqtt_federation("itmisfit")
+    config = fed.coordinator_config(
+        4, k=2, tries=1, rounds=3, methods=(RandomSpec(),), deadlines=DEADLINES
+    )
+    service = CoordinatorService(config)
+    service.start()
+    thread = threading.Thread(target=service.run, name="coordinator", daemon=True)
+    thread.start()
+    misfit, *others = fed.device_ids(4)
+    for index, device_id in enumerate(fed.device_ids(4)):
+        labels = (
+            np.r_[np.arange(10), 12] if device_id == misfit else device_labels(index)
+        )
+        device_config = fed.device_config(device_id).model_copy(
+            update={"methods": (DeviceRandomSpec(),)}
+        )
+        client = EdgeClient(device_config, labels, rng=np.random.default_rng(index))
+        fed.clients[device_id] = client
+        client.start()
+
+    thread.join(timeout=60)
+    assert service.is_done, f"stuck at {service.state}"
+    refusals = [m for _, m in fed.capture.messages("error") if m.sender == misfit]
+    assert {(m.code, m.reason) for m in refusals} == {
+        ("data_mismatch", "labels 12 lie outside the federation's 10 classes 0..9")
+    }
+    chosen = {
+        m.round: set(m.selected) for _, m in fed.capture.messages("selection_result")
+    }
+    assert sorted(chosen) == [1, 2, 3]
+    assert all(misfit not in s and len(s) == 2 for s in chosen.values())
+    assert fed.clients[misfit].sits_out
+    assert not any(fed.clients[d].sits_out for d in others)
+
+
+def test_a_device_with_32_features_sits_out_of_a_64_feature_federation(
+    mqtt_federation: Any, tmp_path: Path
+) -> None:
+    from ursa.edge_sdk.torch_trainer import TorchTrainer
+    from ursa.edge_sdk.training import TrainConfig
+    from ursa.models.registry import initial_arrays
+
+    fed = mqtt_federation("itwide")
+    initial = tmp_path / "initial.ursw"
+    model = {"input_dim": 64, "num_classes": 10, "hidden_sizes": [16]}
+    initial.write_bytes(arrays_to_bytes(initial_arrays("mlp", model, seed=0)))
+    config = fed.coordinator_config(
+        4,
+        k=2,
+        tries=1,
+        rounds=3,
+        methods=(RandomSpec(), FedAvgSpec()),
+        deadlines=DEADLINES,
+    )
+    plugin = TrainingPlugin(
+        federation="itwide",
+        state_dir=config.state_dir,
+        config=TrainingConfig(update_timeout_s=NEVER_S),
+        initial_weights=initial,
+    )
+    service = CoordinatorService(config, plugin=plugin)
+    service.start()
+    thread = threading.Thread(target=service.run, name="coordinator", daemon=True)
+    thread.start()
+    misfit = fed.device_ids(4)[0]
+    rng = np.random.default_rng(0)
+    clients = []
+    for index, device_id in enumerate(fed.device_ids(4)):
+        features = 32 if device_id == misfit else 64  # its own config says 32 too
+        y = device_labels(index)
+        trainer = TorchTrainer(
+            rng.normal(size=(len(y), features)).astype(np.float32),
+            y,
+            model_config={**model, "input_dim": features},
+            train=TrainConfig(batch_size=32),
+            seed=index,
+        )
+        methods = (DeviceRandomSpec(), DeviceFedAvgSpec())
+        device_config = fed.device_config(device_id).model_copy(
+            update={"methods": methods}
+        )
+        client = EdgeClient(
+            device_config, y, trainer=trainer, rng=np.random.default_rng(index)
+        )
+        fed.clients[device_id] = client
+        clients.append(client)
+        client.start()
+
+    with polling(clients):
+        thread.join(timeout=60)
+    assert service.is_done, f"stuck at {service.state}"
+    refusals = [m for _, m in fed.capture.messages("error") if m.sender == misfit]
+    reason = "samples have 32 features; the federation's model classifier v0 takes 64"
+    assert {(m.code, m.reason) for m in refusals} == {("data_mismatch", reason)}
+    chosen = {
+        m.round: set(m.selected) for _, m in fed.capture.messages("selection_result")
+    }
+    assert sorted(chosen) == [1, 2, 3]
+    # (its answer races round 1's training over the broker; by round 3 it is in)
+    assert misfit not in chosen[3]
+    assert plugin.version == 3
+    assert all(misfit not in r.contributed for r in plugin.history)
+    assert all(set(r.dropped) <= {misfit} for r in plugin.history)
+    assert fed.clients[misfit].sits_out
