@@ -235,8 +235,12 @@ class CoordinatorService(Recovery):
         with self._lock:
             return frozenset(self._online_enrolled())
 
-    def start(self) -> None:
-        """Open the store, restore state, connect and resume the current stage."""
+    def start(self, *, stop: threading.Event | None = None) -> None:
+        """Open the store, restore state, connect and resume the current stage.
+
+        Without a transport given, a broker that is not up yet is waited for
+        (`ursa.protocol.connect`) until it is, or until ``stop`` is set.
+        """
         if self._started:
             raise RuntimeError("CoordinatorService.start() called twice")
         self._started = True
@@ -271,7 +275,7 @@ class CoordinatorService(Recovery):
                 what="coordinator",
                 min_delay_s=cfg.broker.reconnect_min_delay_s,
                 max_delay_s=cfg.broker.reconnect_max_delay_s,
-                stop=self._stopped,
+                stop=stop or self._stopped,
             )
         else:
             self._subscribe(self._transport)
@@ -336,7 +340,7 @@ class CoordinatorService(Recovery):
         """Start, tick until stopped (or the rounds are done), then stop."""
         stop = stop or self._stopped
         if not self._started:
-            self.start()
+            self.start(stop=stop)
         try:
             while not stop.is_set() and not self._stopped.is_set():
                 self.tick()

@@ -68,6 +68,7 @@ from ursa.edge_sdk.state import DeviceStateDir
 from ursa.edge_sdk.trainer import NoOpTrainer, Trainer
 from ursa.models.weights import Arrays
 from ursa.protocol.admission_limits import AdmissionLimiter, AdmissionStats
+from ursa.protocol.connect import connect_patiently
 from ursa.protocol.envelope import decode, encode, message_kind
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import (
@@ -229,8 +230,13 @@ class EdgeClient(EpochSteps, ModelSteps):
 
     # --- lifecycle ------------------------------------------------------------
 
-    def start(self) -> None:
-        """Load the state directory, connect, announce online and say hello."""
+    def start(self, *, stop: threading.Event | None = None) -> None:
+        """Load the state directory, connect, announce online and say hello.
+
+        Without a transport given, a broker that is not up yet is waited for
+        (`ursa.protocol.connect`: jittered backoff, a log line per attempt)
+        until it is, or until ``stop`` is set.
+        """
         if self._lifecycle is not ClientState.NEW:
             raise RuntimeError(f"start() in state {self._lifecycle}")
         cfg = self._config
@@ -239,14 +245,19 @@ class EdgeClient(EpochSteps, ModelSteps):
         with self._lock:
             self._restore()
             self._restore_training()
-        transport = self._transport or self._make_transport()
-        self._transport = transport
-        transport.set_handler(self.handle)
-        for pattern in device_subscriptions(cfg.federation, cfg.device_id):
-            transport.subscribe(pattern)
         self._lifecycle = ClientState.RUNNING
-        if not transport.is_connected:
-            transport.connect()
+        if self._transport is None:
+            self._transport = connect_patiently(
+                self._make_transport,
+                what=f"device {cfg.device_id}",
+                min_delay_s=cfg.broker.reconnect_min_delay_s,
+                max_delay_s=cfg.broker.reconnect_max_delay_s,
+                stop=stop,
+            )
+        else:
+            self._subscribe(self._transport)
+            if not self._transport.is_connected:
+                self._transport.connect()
         with self._lock:
             self._send_hello()  # first: the status would ask an unenrolled device to
             self._publish_status(online=True)  # say hello (see the coordinator)
@@ -286,7 +297,7 @@ class EdgeClient(EpochSteps, ModelSteps):
 
     def run(self, stop: threading.Event, *, poll_s: float = 1.0) -> None:
         """Start, serve (calling `poll` every ``poll_s``) until `stop`, then stop."""
-        self.start()
+        self.start(stop=stop)
         try:
             while not stop.wait(poll_s):
                 self.poll()
@@ -307,7 +318,14 @@ class EdgeClient(EpochSteps, ModelSteps):
 
         cfg = self._config
         will = device_will(cfg)
-        return MqttTransport(cfg.broker.mqtt_config(cfg.device_id, will=will))
+        transport = MqttTransport(cfg.broker.mqtt_config(cfg.device_id, will=will))
+        self._subscribe(transport)
+        return transport
+
+    def _subscribe(self, transport: Transport) -> None:
+        transport.set_handler(self.handle)
+        for pattern in device_subscriptions(self._config.federation, self.device_id):
+            transport.subscribe(pattern)
 
     def _restore(self) -> None:
         """Reload the pinned coordinator and the last key epoch from the state dir."""

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ursa.protocol.connect import ConnectAbortedError
+from ursa.protocol.transport import TransportError
 from ursa.tools.cli import model
 from ursa.tools.compose import ServiceSetupError, build_coordinator, build_device
 
@@ -75,7 +77,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ursa coordinator serve: {exc}", file=sys.stderr)
         return 2
     stop = _stop_on_signals()
-    service.run(stop, until_done=not args.keep_running)
+    try:
+        service.run(stop, until_done=not args.keep_running)
+    except ConnectAbortedError:
+        return 0  # stopped while waiting for the broker
+    except TransportError as exc:  # a refusal: credentials, ACL
+        print(f"ursa coordinator serve: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -88,7 +96,13 @@ def _device_run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"ursa device run: {exc}", file=sys.stderr)
         return 2
-    client.run(_stop_on_signals())
+    try:
+        client.run(_stop_on_signals())
+    except ConnectAbortedError:
+        return 0  # stopped while waiting for the broker
+    except TransportError as exc:  # a refusal: credentials, ACL
+        print(f"ursa device run: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
