@@ -11,6 +11,10 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     rounds = 100
     key_bits = 2048
 
+    [admission]                       # per-device limits, before decoding
+    messages_per_s = 100.0            # sustained rate per device
+    burst = 10000                     # messages at once (>= the fleet size)
+
     [broker]
     url = "mqtt://127.0.0.1:1883"     # mqtts:// for TLS
     username = "coordinator"
@@ -89,6 +93,7 @@ from ursa.coordinator.methods_config import (
     selection_spec,
     training_spec,
 )
+from ursa.protocol.admission_limits import AdmissionLimits
 from ursa.protocol.broker_config import BrokerConfig
 from ursa.protocol.codebook import Codebook, CodebookError
 from ursa.protocol.messages import ID_PATTERN
@@ -98,6 +103,7 @@ if TYPE_CHECKING:  # imported lazily: training_round -> core -> this module
 
 __all__ = [
     "DEFAULT_ENV_PREFIX",
+    "AdmissionLimits",
     "BrokerConfig",
     "CoordinatorConfig",
     "DeadlinesConfig",
@@ -258,6 +264,11 @@ class CoordinatorConfig(_Frozen):
     """Start a new key epoch every this many rounds (0: only when the agent is lost)."""
     key_bits: int = Field(default=DEFAULT_KEY_BITS, ge=512, le=4096, multiple_of=8)
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
+    """Larger messages are dropped at admission, before decoding (and answered
+    `oversize`, once per device per `LOG_INTERVAL_S`)."""
+    admission: AdmissionLimits = Field(default_factory=AdmissionLimits)
+    """Per-device message rate (`ursa.protocol.admission_limits`), checked
+    before decoding; messages over it are dropped and counted."""
     poll_interval_s: float = Field(default=0.05, gt=0)
     seed: int | None = None
     """Seeds the coordinator's generator (agent choice, trim/top-up); None: random."""

@@ -70,6 +70,11 @@ from ursa.coordinator.rounds import RoundState, Stage
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
+from ursa.protocol.admission_limits import (
+    AdmissionLimiter,
+    AdmissionStats,
+    DropReason,
+)
 from ursa.protocol.connect import connect_patiently
 from ursa.protocol.envelope import decode, encode, message_kind
 from ursa.protocol.errors import DecodeError, OversizeError, TopicError, VersionError
@@ -159,6 +164,9 @@ class CoordinatorService(Recovery):
         self._state = RoundState()
         self._enrolled = {}
         self._presence = Presence(grace_s=config.deadlines.outage_grace_s)
+        self._limiter = AdmissionLimiter(
+            config.admission, max_message_bytes=config.max_message_bytes
+        )
         self._online = self._presence.online
         self._sat_out = {}
         self._connected = False
@@ -423,6 +431,8 @@ class CoordinatorService(Recovery):
             return
         if parsed.direction == "down" or not payload:
             return  # our own publishes, if a broker echoes them; a cleared retain
+        if not self._within_limits(device, payload, now):
+            return
         try:
             message = decode(payload, max_size=cfg.max_message_bytes)
         except OversizeError as exc:
@@ -480,6 +490,40 @@ class CoordinatorService(Recovery):
             else:
                 self._store.mark_seen(message.message_id, now)
             self._step(now)
+
+    def admission_stats(self) -> AdmissionStats:
+        """Messages admitted and dropped by the per-device limits, so far."""
+        with self._lock:
+            return self._limiter.stats()
+
+    def _within_limits(self, device: str, payload: bytes, now: float) -> bool:
+        """The per-device rate and size limits, before any decode or crypto work.
+
+        A drop is logged (an oversize one also answered) once per device per
+        `LOG_INTERVAL_S`, with the count since the last line; the rest are
+        only counted, so a flood floods neither the log nor the device.
+        """
+        verdict = self._limiter.admit(device, len(payload), now)
+        if verdict.is_admitted or not verdict.should_log:
+            return verdict.is_admitted
+        count = verdict.dropped_since_log
+        if verdict.reason is DropReason.OVERSIZE:
+            limit = self._limiter.max_message_bytes
+            size = len(payload)
+            reason = f"message of {size} bytes exceeds the limit of {limit} bytes"
+            self._reject(device, "message", ErrorCode.OVERSIZE, reason, None)
+        if verdict.reason is DropReason.RATE or count > 1:
+            limits = self._config.admission
+            logger.warning(
+                "dropping messages from %s over the admission limits (%g/s, burst "
+                "%d, %d bytes): %d dropped since the last report",
+                device,
+                limits.messages_per_s,
+                limits.burst,
+                self._limiter.max_message_bytes,
+                count,
+            )
+        return False
 
     def _routes(self) -> Router:
         """The runtime's handlers (admission already checked each sender)."""

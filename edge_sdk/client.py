@@ -67,6 +67,7 @@ from ursa.edge_sdk.registration import RegistrationError
 from ursa.edge_sdk.state import DeviceStateDir
 from ursa.edge_sdk.trainer import NoOpTrainer, Trainer
 from ursa.models.weights import Arrays
+from ursa.protocol.admission_limits import AdmissionLimiter, AdmissionStats
 from ursa.protocol.connect import connect_patiently
 from ursa.protocol.envelope import decode, encode, message_kind
 from ursa.protocol.errors import ProtocolError
@@ -175,6 +176,9 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._lifecycle = ClientState.NEW
         self._lock = threading.RLock()
         self._outbox = Outbox(self._config.device_id)
+        self._limiter = AdmissionLimiter(
+            config.admission, max_message_bytes=config.max_message_bytes
+        )
         self.stats = DeviceStats()
         self.enrolled = threading.Event()
         self._coordinator: DevicePublicIdentity | None = None
@@ -389,7 +393,9 @@ class EdgeClient(EpochSteps, ModelSteps):
             return None
         try:
             parsed = parse_topic(topic)
-            message = decode(payload)
+            if not self._within_limits(parsed.device or "global", payload):
+                return None
+            message = decode(payload, max_size=cfg.max_message_bytes)
         except ProtocolError as exc:
             logger.warning("%s: dropped message on %s: %s", self.device_id, topic, exc)
             return None
@@ -413,6 +419,35 @@ class EdgeClient(EpochSteps, ModelSteps):
             )
             return None
         return message
+
+    def admission_stats(self) -> AdmissionStats:
+        """Incoming messages admitted and dropped by the limits, so far."""
+        with self._lock:
+            return self._limiter.stats()
+
+    def _within_limits(self, scope: str, payload: bytes) -> bool:
+        """The rate and size limits per topic scope, before any decode.
+
+        Everything a device receives is the coordinator's (the broker's ACL),
+        on the global topics or its own; each scope has its own bucket. A
+        drop is logged once per scope per `LOG_INTERVAL_S`, with a count.
+        """
+        verdict = self._limiter.admit(scope, len(payload), time.monotonic())
+        if verdict.should_log and verdict.reason is not None:
+            limits = self._config.admission
+            logger.warning(
+                "%s: dropping messages on %s topics over the admission limits "
+                "(%g/s, burst %d, %d bytes; this one: %s): %d dropped since the "
+                "last report",
+                self.device_id,
+                scope,
+                limits.messages_per_s,
+                limits.burst,
+                self._limiter.max_message_bytes,
+                verdict.reason.value,
+                verdict.dropped_since_log,
+            )
+        return verdict.is_admitted
 
     def _routes(self) -> Router:
         """Every kind this device handles, by the step that owns it."""

@@ -60,10 +60,13 @@ from ursa.edge_sdk.methods_config import (
     check_device_methods,
     default_methods,
 )
+from ursa.protocol.admission_limits import AdmissionLimits
 from ursa.protocol.broker_config import BrokerConfig
+from ursa.protocol.envelope import DEFAULT_MAX_MESSAGE_BYTES
 from ursa.protocol.messages import COORDINATOR, ID_PATTERN, NAME_PATTERN
 
 __all__ = [
+    "AdmissionLimits",
     "BrokerConfig",
     "DeviceConfig",
     "DeviceTrainingConfig",
@@ -124,6 +127,11 @@ class DeviceConfig(_Frozen):
     """Local training (`ursa device run` only); None: a selection-only device."""
     methods: tuple[DeviceMethodSpec, ...] | None = None
     """The ``[[methods]]`` list; None: `method_list`'s default."""
+    max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
+    """Larger incoming messages are dropped before decoding."""
+    admission: AdmissionLimits = Field(default_factory=AdmissionLimits)
+    """Rate limit on incoming messages per topic scope (global, own),
+    checked before decoding (`ursa.protocol.admission_limits`)."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:

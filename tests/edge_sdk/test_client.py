@@ -23,6 +23,7 @@ from ursa.edge_sdk.method import DeviceMethod, LocalData
 from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer, NoOpTrainer
 from ursa.models.weights import Arrays
+from ursa.protocol.admission_limits import AdmissionLimits, DropReason
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
@@ -30,6 +31,7 @@ from ursa.protocol.messages import (
     COORDINATOR,
     AgentPublicKey,
     EnrolResult,
+    ErrorReply,
     IdentityKeys,
     Registration,
     RingHop,
@@ -534,3 +536,37 @@ def test_who_may_send_a_kind_besides_the_coordinator_is_read_off_its_class(
     assert accepted(hop, own=True) and not accepted(hop, own=False)  # a peer's
     assert accepted(key, own=False)  # the agent's, relayed (and signed)
     assert not accepted(announce, own=True)  # the coordinator's only
+
+
+def test_a_device_drops_messages_over_its_admission_limits_before_decoding(
+    harness: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = harness(3, rounds=1)
+    h.coordinator.start()
+    limits = AdmissionLimits(messages_per_s=1.0, burst=50)
+    flooded = h.client("d0", admission=limits, max_message_bytes=4096)
+    for device_id in h.ids:
+        (flooded if device_id == "d0" else h.client(device_id)).start()
+    assert h.coordinator.is_done
+    before = flooded.admission_stats()
+    caplog.set_level(logging.WARNING, logger="ursa.edge_sdk")
+    topic = down_topic(FED, "d0", name_for("error"))
+    notice = ErrorReply(
+        federation=FED, round=1, sender=COORDINATOR, code="late", reason="x"
+    )
+
+    for _ in range(500):
+        h.raw.publish(topic, encode(notice))
+    h.raw.publish(topic, b"\x00" * 5000)
+
+    stats = flooded.admission_stats()
+    dropped = stats.total_dropped() - before.total_dropped()
+    assert dropped >= 500 - limits.burst
+    assert stats.dropped_by_sender["d0"][DropReason.RATE] >= 500 - limits.burst
+    assert all(
+        c.admission_stats().total_dropped() == 0
+        for c in h.clients.values()
+        if c is not flooded
+    )
+    lines = [r for r in caplog.records if "over the admission limits" in r.message]
+    assert len(lines) == 1 and "d0: dropping messages on d0 topics" in lines[0].message
