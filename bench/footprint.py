@@ -1,12 +1,13 @@
 """`ursa bench footprint`: a device's import time and peak memory, in fresh processes.
 
 Each probe runs in its own ``python -c`` subprocess, so nothing the parent has
-imported counts, and reports its wall time (``time.perf_counter`` around the
-probe's body, interpreter start-up excluded) and its peak resident set
-(``VmHWM`` from ``/proc/self/status``; ``ru_maxrss`` elsewhere, which on
-Linux would carry the parent's peak across ``exec``), which includes the
-interpreter's own ~10 MiB. The import probes repeat ``--repeats`` times and report
-the median:
+imported counts, and reports its wall time and CPU time (``time.perf_counter``
+and ``time.process_time`` around the probe's body, interpreter start-up
+excluded; on a loaded machine the CPU time is the steadier figure) and its
+peak resident set (``VmHWM`` from ``/proc/self/status``, which includes the
+interpreter's own ~10 MiB; ``ru_maxrss`` off Linux, where it would carry the
+parent's peak across ``exec``). The import probes repeat ``--repeats`` times
+and report the median:
 
     bare interpreter        ``pass``: the baseline RSS
     selection-only device   ``import ursa.edge_sdk`` (checks torch stays out)
@@ -37,9 +38,9 @@ __all__ = ["Probe", "ProbeResult", "run", "run_probe"]
 _HARNESS = """
 import json, resource, sys, time
 extra = {{}}
-start = time.perf_counter()
+start, cpu_start = time.perf_counter(), time.process_time()
 {body}
-took = time.perf_counter() - start
+took, cpu = time.perf_counter() - start, time.process_time() - cpu_start
 try:  # VmHWM: this process's own peak (ru_maxrss keeps the parent's across exec)
     status = open("/proc/self/status").read().split("VmHWM:")[1]
     peak_kib = int(status.split()[0])
@@ -47,7 +48,8 @@ except (OSError, IndexError):
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if sys.platform == "darwin":
         peak_kib //= 1024
-print(json.dumps({{"seconds": took, "peak_rss_kib": peak_kib, **extra}}))
+print(json.dumps({{"seconds": took, "cpu_seconds": cpu, "peak_rss_kib": peak_kib,
+                  **extra}}))
 """
 
 _TRAIN_STEP = """
@@ -61,12 +63,13 @@ rng = np.random.default_rng(0)
 x = rng.random((256, 64), dtype=np.float32)
 y = rng.integers(0, 10, 256)
 arrays = initial_arrays("mlp", config, seed=0)
-step = time.perf_counter()
+step, step_cpu = time.perf_counter(), time.process_time()
 result = training.train_local(
     "mlp", config, arrays, x, y,
     config=training.TrainConfig(epochs=1, batch_size=16, lr=0.05),
 )
 extra["step_seconds"] = time.perf_counter() - step
+extra["step_cpu_seconds"] = time.process_time() - step_cpu
 onnx = export_arrays_to_onnx("mlp", config, add_scaled(arrays, result.delta, 1.0))
 open(sys.argv[1], "wb").write(onnx)
 """
@@ -98,8 +101,12 @@ class ProbeResult:
 
     label: str
     seconds: float | None
+    """Wall time of the probe's body (interpreter start-up excluded)."""
+    cpu_seconds: float | None
+    """CPU time of the body: unlike wall time, barely moved by other load."""
     peak_rss_mib: float | None
     step_seconds: float | None = None
+    step_cpu_seconds: float | None = None
     skipped: str | None = None
 
 
@@ -138,7 +145,7 @@ def run_probe(
     missing = [name for name in probe.needs if _version(name) is None]
     if missing:
         skipped = f"{missing[0]} not installed"
-        return ProbeResult(probe.label, None, None, skipped=skipped)
+        return ProbeResult(probe.label, None, None, None, skipped=skipped)
     runs = []
     for _ in range(max(1, repeats)):
         done = subprocess.run(
@@ -150,13 +157,19 @@ def run_probe(
         if done.returncode != 0:
             raise RuntimeError(f"{probe.label} failed:\n{done.stderr[-2000:]}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    step = [r["step_seconds"] for r in runs if "step_seconds" in r]
+    has_step = "step_seconds" in runs[0]
     return ProbeResult(
         probe.label,
         statistics.median(r["seconds"] for r in runs),
+        statistics.median(r["cpu_seconds"] for r in runs),
         statistics.median(r["peak_rss_kib"] for r in runs) / 1024,
-        step_seconds=statistics.median(step) if step else None,
+        step_seconds=_median(runs, "step_seconds") if has_step else None,
+        step_cpu_seconds=_median(runs, "step_cpu_seconds") if has_step else None,
     )
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(float(r[key]) for r in runs)
 
 
 def run(*, as_json: bool = False, repeats: int = 5, steps: bool = False) -> int:
@@ -170,9 +183,8 @@ def run(*, as_json: bool = False, repeats: int = 5, steps: bool = False) -> int:
             if trained.skipped is None:
                 results.append(run_probe(ONNX_INFER, args=(onnx_path,)))
             else:
-                results.append(
-                    ProbeResult(ONNX_INFER.label, None, None, skipped="no model")
-                )
+                label = ONNX_INFER.label
+                results.append(ProbeResult(label, None, None, None, skipped="no model"))
     environment = _environment()
     if as_json:
         print(json.dumps({"environment": environment, "repeats": repeats,
@@ -180,19 +192,34 @@ def run(*, as_json: bool = False, repeats: int = 5, steps: bool = False) -> int:
         return 0
     print(", ".join(f"{k} {v}" for k, v in environment.items()))
     print(f"import probes: median of {repeats} fresh processes; steps: one run")
+    print(f"{'probe':<58} {'wall':>9} {'CPU':>9} {'peak RSS':>9}")
     for result in results:
         print(_line(result))
     return 0
 
 
 def _line(result: ProbeResult) -> str:
-    if result.skipped is not None or result.seconds is None:
+    if (
+        result.skipped is not None
+        or result.seconds is None
+        or result.cpu_seconds is None
+        or result.peak_rss_mib is None
+    ):
         return f"{result.label:<58} {result.skipped}"
-    rss = result.peak_rss_mib
-    figures = f"{result.seconds * 1000:>7,.0f} ms {rss:>6.0f} MiB peak RSS"
-    if result.step_seconds is not None:
-        figures += f" (the round: {result.step_seconds * 1000:,.0f} ms)"
+    figures = (
+        f"{_ms(result.seconds):>9} {_ms(result.cpu_seconds):>9} "
+        f"{result.peak_rss_mib:>5.0f} MiB"
+    )
+    if result.step_seconds is not None and result.step_cpu_seconds is not None:
+        figures += (
+            f"  (the round alone: {_ms(result.step_seconds)} wall, "
+            f"{_ms(result.step_cpu_seconds)} CPU)"
+        )
     return f"{result.label:<58} {figures}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f} ms"
 
 
 def _environment() -> dict[str, Any]:
