@@ -17,7 +17,8 @@ and report the median:
 (MLP 64-128-128-10, 256 random samples, 1 epoch, batch 16; time of the round
 alone) and, in a torch-free process, loading that model's ONNX export with
 onnxruntime and classifying 256 samples (an ``[infer]`` device). A probe whose
-extra is missing prints "not installed". Exit status 0 unless a probe fails.
+extra is missing prints "not installed"; one that fails prints "FAILED: <why>"
+(a crash as "the interpreter died (signal N)") and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -155,7 +156,12 @@ def run_probe(
             check=False,
         )
         if done.returncode != 0:
-            raise RuntimeError(f"{probe.label} failed:\n{done.stderr[-2000:]}")
+            lines = done.stderr.strip().splitlines() or [""]
+            reason = lines[-1] or f"exit status {done.returncode}"
+            if done.returncode < 0:
+                reason = f"the interpreter died (signal {-done.returncode})"
+            stderr = done.stderr[-2000:]
+            raise RuntimeError(f"{probe.label} failed:\n{stderr}\n{reason}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     has_step = "step_seconds" in runs[0]
     return ProbeResult(
@@ -173,29 +179,45 @@ def _median(runs: list[dict[str, Any]], key: str) -> float:
 
 
 def run(*, as_json: bool = False, repeats: int = 5, steps: bool = False) -> int:
-    """Print the footprint figures (a table, or one JSON object); return 0."""
-    results = [run_probe(p, repeats=repeats) for p in IMPORT_PROBES]
+    """Print the footprint figures (a table, or one JSON object).
+
+    Returns:
+        0, or 1 when a probe failed (its line says "FAILED: <why>").
+    """
+    results = [_run_or_fail(p, repeats=repeats) for p in IMPORT_PROBES]
     if steps:
         with tempfile.TemporaryDirectory() as work:
             onnx_path = str(Path(work) / "mlp.onnx")
-            trained = run_probe(TRAIN_STEP, args=(onnx_path,))
+            trained = _run_or_fail(TRAIN_STEP, args=(onnx_path,))
             results.append(trained)
             if trained.skipped is None:
-                results.append(run_probe(ONNX_INFER, args=(onnx_path,)))
+                results.append(_run_or_fail(ONNX_INFER, args=(onnx_path,)))
             else:
                 label = ONNX_INFER.label
                 results.append(ProbeResult(label, None, None, None, skipped="no model"))
+    failed = any((r.skipped or "").startswith("FAILED") for r in results)
     environment = _environment()
     if as_json:
         print(json.dumps({"environment": environment, "repeats": repeats,
                           "probes": [r.__dict__ for r in results]}))  # fmt: skip
-        return 0
+        return 1 if failed else 0
     print(", ".join(f"{k} {v}" for k, v in environment.items()))
     print(f"import probes: median of {repeats} fresh processes; steps: one run")
     print(f"{'probe':<58} {'wall':>9} {'CPU':>9} {'peak RSS':>9}")
     for result in results:
         print(_line(result))
-    return 0
+    return 1 if failed else 0
+
+
+def _run_or_fail(
+    probe: Probe, *, repeats: int = 1, args: tuple[str, ...] = ()
+) -> ProbeResult:
+    """`run_probe`, with a failure recorded as "FAILED: <its last line>"."""
+    try:
+        return run_probe(probe, repeats=repeats, args=args)
+    except RuntimeError as exc:
+        last = str(exc).strip().splitlines()[-1]
+        return ProbeResult(probe.label, None, None, None, skipped=f"FAILED: {last}")
 
 
 def _line(result: ProbeResult) -> str:

@@ -50,3 +50,16 @@ def test_steps_train_a_round_and_run_its_onnx_export_without_torch(
     train, infer = probes[-2], probes[-1]
     assert train["skipped"] is None and train["step_seconds"] is not None
     assert infer["skipped"] is None  # the probe asserts torch stayed out
+
+
+def test_a_crashed_probe_is_a_failed_line_and_exit_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ursa.bench.footprint as footprint
+
+    crash = Probe("crash", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
+    monkeypatch.setattr(footprint, "IMPORT_PROBES", (IMPORT_PROBES[0], crash))
+    assert footprint.run(repeats=1) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: the interpreter died (signal 11)" in out
+    assert "bare interpreter (pass)" in out  # the other probes still print
