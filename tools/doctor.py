@@ -594,6 +594,10 @@ def _mqtt_connect(
         client.loop_stop()
         if context is not None:
             context.close_last_socket()
+        # paho closes its socket, and its wake-up socket pair, only in
+        # reinitialise() or __del__; left to a garbage-collected cycle they
+        # would be finalised unclosed (ResourceWarning).
+        client.reinitialise()
 
 
 def _os_error(exc: BaseException) -> str:

@@ -249,6 +249,18 @@ def test_anonymous_probe_reaches_the_broker(mosquitto: MosquittoBroker) -> None:
 
 
 @pytest.mark.integration
+def test_probes_leave_no_socket_open(mosquitto: MosquittoBroker) -> None:
+    fds = Path("/proc/self/fd")
+    if not fds.is_dir():
+        pytest.skip("needs /proc/self/fd")
+    config = mosquitto.mqtt_config("dev003")
+    before = len(list(fds.iterdir()))
+    for login in (False, True):
+        probe_broker(config, login=login)
+    assert len(list(fds.iterdir())) == before
+
+
+@pytest.mark.integration
 def test_login_probe_checks_the_password(mosquitto: MosquittoBroker) -> None:
     config = mosquitto.mqtt_config("dev002")
     good = probe_broker(config, login=True)
