@@ -22,6 +22,7 @@ _AREAS = (
     "ursa.tools.cli.broker",
     "ursa.tools.cli.service",
     "ursa.tools.cli.demo",
+    "ursa.tools.cli.doctor",
 )
 
 

@@ -42,6 +42,15 @@ def register(sub: Subparsers) -> None:
     training.add_argument("--json", action="store_true", help="one JSON object")
     training.add_argument("--key-bits", type=int, default=2048, help="Paillier key")
     training.set_defaults(handler=_run_training)
+    footprint = names.add_parser(
+        "footprint", help="import time and peak RSS of a device, in fresh processes"
+    )
+    footprint.add_argument("--json", action="store_true", help="one JSON object")
+    footprint.add_argument("--repeats", type=int, default=5, help="runs per median")
+    footprint.add_argument(
+        "--steps", action="store_true", help="also one training round and ONNX run"
+    )
+    footprint.set_defaults(handler=_run_footprint)
 
 
 def _run_crypto(args: argparse.Namespace) -> int:
@@ -79,3 +88,9 @@ def _run_training(args: argparse.Namespace) -> int:
     from ursa.bench.training import run
 
     return run(as_json=args.json, key_bits=args.key_bits)
+
+
+def _run_footprint(args: argparse.Namespace) -> int:
+    from ursa.bench.footprint import run
+
+    return run(as_json=args.json, repeats=args.repeats, steps=args.steps)
