@@ -12,7 +12,7 @@ and its resident set after the imports (``/proc/self/status``).
 
 Bytes are the msgpack envelopes a device publishes in one round of the demo
 (Dubhe with H tries, CLIMB): `Volunteer`, `EncryptedDistribution` (when in a
-try), `ClimbStats` (every device, every dual step) and, when selected,
+try), CLIMB's `MeanReport` (every device, every dual step) and, when selected,
 `ModelUpdate` with the delta inline, as float32 and as float16; and what it
 receives per round: the new global model (manifest + chunks).
 """
@@ -129,8 +129,9 @@ def measure_bytes(key_bits: int = KEY_BITS) -> dict[str, Any]:
     from ursa.protocol.chunking import split
     from ursa.protocol.envelope import encode
     from ursa.protocol.messages import (
-        ClimbStats,
+        CLIMB_DUAL,
         EncryptedDistribution,
+        MeanReport,
         ModelUpdate,
         Volunteer,
     )
@@ -148,12 +149,15 @@ def measure_bytes(key_bits: int = KEY_BITS) -> dict[str, Any]:
     )
     report_vector = encrypt_dual_report(public_key, ClimbConfig(), 0.7, 0.0)
     climb = encode(
-        ClimbStats(
+        MeanReport(
             federation=fed,
             round=1,
             sender=me,
+            purpose=CLIMB_DUAL,
             epoch=1,
-            stats=report_vector.to_bytes(public_key),
+            model="mlp",
+            model_version=0,
+            ciphertext=report_vector.to_bytes(public_key),
         )
     )
     updates = {}

@@ -5,7 +5,7 @@ Out: a global model version goes to every device as one chunked transfer
 derived from (federation, model, version) (`model_transfer_id`, the same
 function as the device's) and its purpose names the version
 (``"<model>.v<version>"``), so a device that sees the chunks before the
-notice, or is told only a version (CLIMB's `DualStepRequest`), knows what
+notice, or is told only a version (a `MeanRequest`), knows what
 they are and can re-request what it missed. A re-request is answered on the
 device's own down topic with the manifest first (a device that missed it
 learns the layout), then the chunks asked for. The last `keep` versions stay

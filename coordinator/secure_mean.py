@@ -1,30 +1,30 @@
 """One encrypted mean over a key epoch's registered devices, blind to the coordinator.
 
-CLIMB's dual step and FedDisk's MADE loss step are the same protocol with
-their own messages (kept until the generic mean messages replace them)::
+CLIMB's dual step and FedDisk's MADE loss step are the same protocol, one
+message family told apart by ``purpose`` (`ursa.protocol.messages.secure_mean`)::
 
-    coordinator -> request(round, key epoch, version) -> all
-    device      -> report(Enc([v_1 .. v_length]))       (every registered device)
+    coordinator -> MeanRequest(purpose, round, key epoch, model, version) -> all
+    device      -> MeanReport(Enc([v_1 .. v_length]))   (every registered device)
     [every registered online device reported, or the deadline]
-    coordinator -> result(Enc(sum), num_parties) -> all  (nobody: no result)
+    coordinator -> MeanSum(Enc(sum), num_parties) -> all  (nobody: no sum)
 
 `secure_mean` builds it as a `ursa.coordinator.gather.Gather` whose fold is
 the running ciphertext product of `ursa.coordinator.encrypted_sum` under the epoch's
 Paillier public key: the coordinator never sees a plaintext, devices decrypt
-the sum and divide by ``num_parties``. A `MeanWire` says what one purpose's
-messages look like. Refusals: another key epoch (``wrong_epoch``), a device
-outside the registry (``unauthorised``), not one party's ``length``-value
-ciphertext (``bad_ciphertext``), after the sum (``late``), and whatever the
-wire refuses (another model version); a device's second report is ignored.
+the sum and divide by ``num_parties``. A `MeanWire` (purpose, length, model)
+writes and reads one purpose's messages. Refusals: another key epoch
+(``wrong_epoch``), a device outside the registry (``unauthorised``), not one
+party's ``length``-value ciphertext (``bad_ciphertext``), after the sum
+(``late``), another purpose (``malformed``), another model or version
+(``wrong_version``); a device's second report is ignored.
 """
 
 from __future__ import annotations
 
 import logging
-from abc import ABC, abstractmethod
 from collections.abc import Iterable, Set
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from ursa.coordinator.encrypted_sum import (
     EncryptedSum,
@@ -36,16 +36,21 @@ from ursa.coordinator.encrypted_sum import (
 from ursa.coordinator.gather import Fold, Gather
 from ursa.coordinator.phase import Record
 from ursa.coordinator.plugin import Send
+from ursa.coordinator.training_round import WRONG_VERSION
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.paillier import PaillierPublicKey, encrypted_vector_from
-from ursa.protocol.messages import BaseMessage, ErrorCode
+from ursa.protocol.messages import (
+    COORDINATOR,
+    ErrorCode,
+    MeanReport,
+    MeanRequest,
+    MeanSum,
+)
 from ursa.protocol.router import RejectedError
 
 __all__ = ["MeanHead", "MeanWire", "SecureMeanFold", "secure_mean"]
 
 logger = logging.getLogger("ursa.coordinator.secure_mean")
-
-ReportT = TypeVar("ReportT", bound=BaseMessage)
 
 
 @dataclass(frozen=True)
@@ -58,37 +63,70 @@ class MeanHead:
     version: int
 
 
-class MeanWire(ABC, Generic[ReportT]):
+@dataclass(frozen=True)
+class MeanWire:
     """One purpose's messages: how the mean is asked, read and answered."""
 
     purpose: str
-    """Names the mean in its record (``climb.dual``, ``feddisk.made_loss``)."""
+    """Names the mean on the wire and in its record (``climb.dual``)."""
     length: int
     """Values per report (the devices' codec fixes it)."""
+    model: str
+    """The model whose version the devices evaluate."""
 
-    @abstractmethod
-    def request(self, head: MeanHead) -> BaseMessage:
+    def request(self, head: MeanHead) -> MeanRequest:
         """The request every registered device answers."""
+        return MeanRequest(
+            federation=head.federation,
+            round=head.round,
+            sender=COORDINATOR,
+            purpose=self.purpose,
+            epoch=head.epoch,
+            model=self.model,
+            model_version=head.version,
+        )
 
-    @abstractmethod
-    def payload(self, report: ReportT, head: MeanHead) -> tuple[int, bytes]:
+    def payload(self, report: MeanReport, head: MeanHead) -> tuple[int, bytes]:
         """A report's key epoch and ciphertext bytes.
 
         Raises:
-            RejectedError: the report is about something else (another version).
+            RejectedError: another purpose (``malformed``), model or version
+                (``wrong_version``).
         """
+        if report.purpose != self.purpose:
+            raise RejectedError(
+                ErrorCode.MALFORMED,
+                f"a {report.purpose} report; round {head.round} gathers {self.purpose}",
+            )
+        if (report.model, report.model_version) != (self.model, head.version):
+            raise RejectedError(
+                WRONG_VERSION,
+                f"{report.model} version {report.model_version}; round {head.round} "
+                f"evaluates {self.model} version {head.version}",
+            )
+        return report.epoch, report.ciphertext
 
-    @abstractmethod
-    def result(self, head: MeanHead, total: bytes, num_parties: int) -> BaseMessage:
+    def result(self, head: MeanHead, total: bytes, num_parties: int) -> MeanSum:
         """The encrypted sum for the devices."""
+        return MeanSum(
+            federation=head.federation,
+            round=head.round,
+            sender=COORDINATOR,
+            purpose=self.purpose,
+            epoch=head.epoch,
+            model=self.model,
+            model_version=head.version,
+            ciphertext=total,
+            num_parties=num_parties,
+        )
 
 
-class SecureMeanFold(Fold[ReportT, EncryptedSum]):
+class SecureMeanFold(Fold[MeanReport, EncryptedSum]):
     """The running encrypted sum of one mean (a `Fold` of `Gather`)."""
 
     def __init__(
         self,
-        wire: MeanWire[ReportT],
+        wire: MeanWire,
         head: MeanHead,
         public_key: PaillierPublicKey,
         *,
@@ -100,7 +138,7 @@ class SecureMeanFold(Fold[ReportT, EncryptedSum]):
         self.public_key = public_key
         self.max_parties = max_parties
 
-    def request(self) -> BaseMessage:
+    def request(self) -> MeanRequest:
         """The purpose's request for this head."""
         return self.wire.request(self.head)
 
@@ -110,7 +148,7 @@ class SecureMeanFold(Fold[ReportT, EncryptedSum]):
             self.public_key, max_parties=self.max_parties, length=self.wire.length
         )
 
-    def check(self, reply: ReportT) -> None:
+    def check(self, reply: MeanReport) -> None:
         """Refuse a report for another version (the wire) or key epoch."""
         epoch, _ = self.wire.payload(reply, self.head)
         if epoch != self.head.epoch:
@@ -118,7 +156,9 @@ class SecureMeanFold(Fold[ReportT, EncryptedSum]):
                 ErrorCode.WRONG_EPOCH, f"key epoch {epoch}, current {self.head.epoch}"
             )
 
-    def apply(self, state: EncryptedSum, device: str, reply: ReportT) -> EncryptedSum:
+    def apply(
+        self, state: EncryptedSum, device: str, reply: MeanReport
+    ) -> EncryptedSum:
         """Multiply the report into the sum (``bad_ciphertext`` if unusable)."""
         _, payload = self.wire.payload(reply, self.head)
         try:
@@ -127,7 +167,7 @@ class SecureMeanFold(Fold[ReportT, EncryptedSum]):
             raise RejectedError(ErrorCode.BAD_CIPHERTEXT, str(exc)) from None
         return state
 
-    def result(self, state: EncryptedSum) -> BaseMessage | None:
+    def result(self, state: EncryptedSum) -> MeanSum | None:
         """The purpose's sum message; None if nobody reported."""
         if state.total is None:
             return None
@@ -174,7 +214,7 @@ class SecureMeanFold(Fold[ReportT, EncryptedSum]):
 
 
 def secure_mean(
-    wire: MeanWire[ReportT],
+    wire: MeanWire,
     head: MeanHead,
     *,
     key: str,
@@ -186,7 +226,7 @@ def secure_mean(
     timeout_s: float,
     send: Send,
     saved: Record | None = None,
-) -> Gather[ReportT, EncryptedSum]:
+) -> Gather[MeanReport, EncryptedSum]:
     """Resume the ``saved`` mean of ``head`` (a restart), else ask for a new one.
 
     A resumed mean gets a fresh deadline and re-sends its request (or its sum,

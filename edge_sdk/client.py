@@ -24,8 +24,8 @@ What a device does (the coordinator's side is in ``coordinator/service.py``):
    download, the methods' hooks such as CLIMB's dual step in
    ``methods/climb``, delta upload).
 5. With a `PhasedTrainer` (FedDisk, ``methods/feddisk``): after each global
-   MADE round, the encrypted validation loss on `MadeLossRequest`, the
-   decrypted fleet loss and the stop rule on `MadeLossSum` (the agent sends
+   MADE round, the encrypted validation loss on a `MeanRequest`, the
+   decrypted fleet loss and the stop rule on its `MeanSum` (the agent sends
    the signed `MadeVerdict`), and the sample weights on `FeddiskSwitch`.
 6. A balancing method runs between enrolment and the first key epoch (its
    messages and transfers through the method hooks of ``method.py``); at
@@ -64,6 +64,7 @@ from ursa.edge_sdk.methods.registry import compose_methods
 from ursa.edge_sdk.methods_config import selection_kind
 from ursa.edge_sdk.model_steps import ModelSteps
 from ursa.edge_sdk.registration import RegistrationError
+from ursa.edge_sdk.secure_mean import with_secure_means
 from ursa.edge_sdk.state import DeviceStateDir
 from ursa.edge_sdk.trainer import NoOpTrainer, Trainer
 from ursa.models.weights import Arrays
@@ -160,8 +161,10 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._labels = array.astype(np.int64)
         self._trainer = trainer or NoOpTrainer(int(array.size))
         self._selection = selection_kind(config.method_list())
-        self._methods = compose_methods(
-            self._trainer, config.method_list(), self._labels, methods or ()
+        self._methods = with_secure_means(
+            compose_methods(
+                self._trainer, config.method_list(), self._labels, methods or ()
+            )
         )
         self._data_settled = False
         if config.methods is not None:

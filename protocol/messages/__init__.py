@@ -3,10 +3,11 @@
 One module per concern, each the wire contract both sides import: `base`
 (common fields, id rules, topic names, `ErrorReply`), `session` (enrolment and
 liveness), `keys` (the Paillier key epoch), `transfer` (chunked transfers),
-`training` (announce, selection result, models and updates), and one module
-per method (`dubhe`, `climb`, `feddisk`, `flicker`). A kind's topic is
-declared on its class. Ciphertexts, keys, sealed boxes and tensors are raw
-`bytes`; `ursa.protocol.envelope` puts them on the wire as msgpack.
+`training` (announce, selection result, models and updates), `secure_mean`
+(the encrypted mean methods share), and one module per method (`dubhe`,
+`climb`, `feddisk`, `flicker`). A kind's topic is declared on its class.
+Ciphertexts, keys, sealed boxes and tensors are raw `bytes`;
+`ursa.protocol.envelope` puts them on the wire as msgpack.
 
 Messages that carry authority (key epoch, agent answers, selection result)
 have a `signature` field: Ed25519 over `envelope.signing_bytes(message)`,
@@ -60,11 +61,7 @@ from ursa.protocol.messages.base import (
     Text,
     TryIndices,
 )
-from ursa.protocol.messages.climb import (
-    ClimbStats,
-    ClimbSum,
-    DualStepRequest,
-)
+from ursa.protocol.messages.climb import CLIMB_DUAL, CLIMB_DUAL_LENGTH
 from ursa.protocol.messages.dubhe import (
     AgentAnswer,
     EncryptedDistribution,
@@ -75,10 +72,9 @@ from ursa.protocol.messages.dubhe import (
     Volunteer,
 )
 from ursa.protocol.messages.feddisk import (
+    MADE_LOSS,
+    MADE_LOSS_LENGTH,
     FeddiskSwitch,
-    MadeLoss,
-    MadeLossRequest,
-    MadeLossSum,
     MadeVerdict,
 )
 from ursa.protocol.messages.flicker import (
@@ -103,6 +99,7 @@ from ursa.protocol.messages.keys import (
     SealedSecretKey,
     SealRequest,
 )
+from ursa.protocol.messages.secure_mean import MeanReport, MeanRequest, MeanSum
 from ursa.protocol.messages.session import (
     DeviceKeys,
     EnrolResult,
@@ -125,11 +122,15 @@ from ursa.protocol.messages.transfer import (
 
 __all__ = [
     "CKKS_CONTEXT",
+    "CLIMB_DUAL",
+    "CLIMB_DUAL_LENGTH",
     "CONTROL",
     "COORDINATOR",
     "DEFAULT_CHUNK_SIZE",
     "EPOCH",
     "ID_PATTERN",
+    "MADE_LOSS",
+    "MADE_LOSS_LENGTH",
     "MAX_CHUNK_COUNT",
     "MAX_CHUNK_SIZE",
     "MAX_DEVICES",
@@ -157,8 +158,6 @@ __all__ = [
     "Chunk",
     "ChunkRequest",
     "CkksContextAnnounce",
-    "ClimbStats",
-    "ClimbSum",
     "CosineReply",
     "CosineRequest",
     "Count",
@@ -166,7 +165,6 @@ __all__ = [
     "DeviceId",
     "DeviceKeys",
     "DeviceList",
-    "DualStepRequest",
     "EncryptedDistribution",
     "EnrolResult",
     "ErrorCode",
@@ -179,10 +177,10 @@ __all__ = [
     "IdentityKeys",
     "Key32",
     "KeyEpochStart",
-    "MadeLoss",
-    "MadeLossRequest",
-    "MadeLossSum",
     "MadeVerdict",
+    "MeanReport",
+    "MeanRequest",
+    "MeanSum",
     "Message",
     "ModelAvailable",
     "ModelUpdate",
@@ -238,12 +236,9 @@ Message = Annotated[
     | ChunkRequest
     | ModelAvailable
     | ModelUpdate
-    | DualStepRequest
-    | ClimbStats
-    | ClimbSum
-    | MadeLossRequest
-    | MadeLoss
-    | MadeLossSum
+    | MeanRequest
+    | MeanReport
+    | MeanSum
     | MadeVerdict
     | FeddiskSwitch
     | CkksContextAnnounce

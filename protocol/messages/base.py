@@ -21,7 +21,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ursa._compat import StrEnum
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """2: `KeyEpochStart` carries the federation's signed method list."""
 
 COORDINATOR = "coordinator"

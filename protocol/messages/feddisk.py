@@ -1,4 +1,8 @@
-"""FedDisk's phase 1 on the wire: encrypted MADE validation loss, verdict, switch."""
+"""FedDisk's phase 1 on the wire: the agent's verdict and the switch.
+
+The encrypted MADE validation loss is a `ursa.protocol.messages.secure_mean`
+mean of purpose ``feddisk.made_loss``.
+"""
 
 from __future__ import annotations
 
@@ -7,40 +11,18 @@ from typing import ClassVar, Literal
 from ursa.protocol.messages.base import (
     PHASE,
     BaseMessage,
-    Blob,
     Count,
     Name,
-    Positive,
     Signature,
 )
 
+__all__ = ["MADE_LOSS", "MADE_LOSS_LENGTH", "FeddiskSwitch", "MadeVerdict"]
 
-class MadeLossRequest(BaseMessage):
-    """Coordinator to all: the global MADE's validation NLL at this version, please."""
+MADE_LOSS = "feddisk.made_loss"
+"""The ``purpose`` of FedDisk's loss step: a mean of ``[nll_i * n_i, n_i]``."""
+MADE_LOSS_LENGTH = 2
+"""Values per loss report: ``[nll_i * n_i, n_i]``."""
 
-    kind: Literal["made_loss_request"] = "made_loss_request"
-    epoch: Count
-    model: Name
-    model_version: Count
-
-
-class MadeLoss(BaseMessage):
-    """Device to coordinator: Enc([NLL summed over its validation split, its size])."""
-
-    kind: Literal["made_loss"] = "made_loss"
-    epoch: Count
-    model_version: Count
-    loss: Blob
-
-
-class MadeLossSum(BaseMessage):
-    """Coordinator to all: the encrypted sum of every device's `MadeLoss`."""
-
-    kind: Literal["made_loss_sum"] = "made_loss_sum"
-    epoch: Count
-    model_version: Count
-    loss_sum: Blob
-    num_parties: Positive
 
 
 class MadeVerdict(BaseMessage):

@@ -13,10 +13,10 @@ from ursa.coordinator.phase import PhaseRecordError, PhaseStatus
 from ursa.protocol.messages import (
     COORDINATOR,
     BaseMessage,
-    ClimbStats,
-    ClimbSum,
-    DualStepRequest,
     ErrorCode,
+    MeanReport,
+    MeanRequest,
+    MeanSum,
 )
 from ursa.protocol.router import RejectedError
 
@@ -24,33 +24,37 @@ FED = "fed"
 DEVICES = ("d0", "d1", "d2")
 
 
-class SumFold(Fold[ClimbStats, int]):
+class SumFold(Fold[MeanReport, int]):
     """A toy fold: the sum of the reports' first bytes (epoch 1 only)."""
 
     def request(self) -> BaseMessage:
-        return DualStepRequest(
-            federation=FED, round=4, sender=COORDINATOR, epoch=1, model_version=0
-        )
+        return MeanRequest(
+            federation=FED, round=4, sender=COORDINATOR, purpose="toy", epoch=1,
+            model="m", model_version=0,
+        )  # fmt: skip
 
     def initial(self) -> int:
         return 0
 
-    def check(self, reply: ClimbStats) -> None:
+    def check(self, reply: MeanReport) -> None:
         if reply.epoch != 1:
             raise RejectedError(ErrorCode.WRONG_EPOCH, "epoch 1 only")
 
-    def apply(self, state: int, device: str, reply: ClimbStats) -> int:
-        if reply.stats == b"bad":
+    def apply(self, state: int, device: str, reply: MeanReport) -> int:
+        if reply.ciphertext == b"bad":
             raise RejectedError(ErrorCode.BAD_CIPHERTEXT, "bad")
-        return state + reply.stats[0]
+        return state + reply.ciphertext[0]
 
     def result(self, state: int) -> BaseMessage | None:
-        return ClimbSum(
+        return MeanSum(
             federation=FED,
             round=4,
             sender=COORDINATOR,
+            purpose="toy",
             epoch=1,
-            stats_sum=bytes([state]),
+            model="m",
+            model_version=0,
+            ciphertext=bytes([state]),
             num_parties=1,
         )
 
@@ -72,18 +76,19 @@ class Outbox:
         return [type(m).__name__ for m, _ in self.sent]
 
     def sums(self) -> list[int]:
-        return [m.stats_sum[0] for m, _ in self.sent if isinstance(m, ClimbSum)]
+        return [m.ciphertext[0] for m, _ in self.sent if isinstance(m, MeanSum)]
 
 
-def report(device: str, value: int, epoch: int = 1) -> ClimbStats:
-    return ClimbStats(
-        federation=FED, round=4, sender=device, epoch=epoch, stats=bytes([value])
-    )
+def report(device: str, value: int, epoch: int = 1) -> MeanReport:
+    return MeanReport(
+        federation=FED, round=4, sender=device, purpose="toy", epoch=epoch,
+        model="m", model_version=0, ciphertext=bytes([value]),
+    )  # fmt: skip
 
 
 def open_gather(
     out: Outbox, online: frozenset[str] = frozenset(DEVICES), **kw: Any
-) -> Gather[ClimbStats, int]:
+) -> Gather[MeanReport, int]:
     return Gather.open(
         "toy/4",
         SumFold(),
@@ -96,14 +101,14 @@ def open_gather(
     )
 
 
-def reloaded(gather: Gather[ClimbStats, int]) -> Gather[ClimbStats, int]:
+def reloaded(gather: Gather[MeanReport, int]) -> Gather[MeanReport, int]:
     return Gather.from_record(json.loads(json.dumps(gather.to_record())), SumFold())
 
 
 def test_every_expected_reply_closes_it_and_sends_the_result() -> None:
     out = Outbox()
     gather = open_gather(out)
-    assert out.kinds() == ["DualStepRequest"]
+    assert out.kinds() == ["MeanRequest"]
 
     for value, device in enumerate(DEVICES, start=1):
         assert gather.is_open
@@ -128,7 +133,8 @@ def test_a_duplicate_is_ignored_and_refusals_are_typed() -> None:
         gather.offer("outsider", report("outsider", 1), out)
     assert info.value.code == ErrorCode.UNAUTHORISED
     with pytest.raises(RejectedError) as info:
-        gather.offer("d1", report("d1", 1).model_copy(update={"stats": b"bad"}), out)
+        bad = report("d1", 1).model_copy(update={"ciphertext": b"bad"})
+        gather.offer("d1", bad, out)
     assert info.value.code == ErrorCode.BAD_CIPHERTEXT
     assert gather.pending == {"d1", "d2"}, "a refused reply is not an answer"
 
@@ -153,7 +159,7 @@ def test_nobody_online_closes_at_once_without_a_result() -> None:
     gather = open_gather(out, online=frozenset())
 
     assert gather.status is PhaseStatus.FALLBACK
-    assert out.kinds() == ["DualStepRequest"]
+    assert out.kinds() == ["MeanRequest"]
     with pytest.raises(RejectedError) as info:
         gather.offer("d0", report("d0", 1), out)
     assert info.value.code == ErrorCode.LATE
@@ -195,7 +201,7 @@ def test_a_restored_gather_resumes_mid_phase_without_double_counting() -> None:
     restored.restarted(200.0, out)
 
     assert restored.to_record() == {**gather.to_record(), "deadline_at": 210.0}
-    assert out.kinds() == ["DualStepRequest", "DualStepRequest"]
+    assert out.kinds() == ["MeanRequest", "MeanRequest"]
     assert restored.offer("d0", report("d0", 9), out) is UpdateOutcome.DUPLICATE
     assert restored.poll(209.0, out) is PhaseStatus.OPEN
     restored.offer("d1", report("d1", 1), out)

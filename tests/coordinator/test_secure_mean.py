@@ -8,7 +8,7 @@ import pytest
 
 from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather
-from ursa.coordinator.methods.climb.wire import ClimbDualWire
+from ursa.coordinator.methods.climb.wire import dual_wire
 from ursa.coordinator.phase import PhaseStatus
 from ursa.coordinator.secure_mean import MeanHead, secure_mean
 from ursa.crypto.paillier import (
@@ -20,11 +20,12 @@ from ursa.crypto.paillier import (
 from ursa.edge_sdk import climb as device_climb
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.messages import (
+    CLIMB_DUAL,
     BaseMessage,
-    ClimbStats,
-    ClimbSum,
-    DualStepRequest,
     ErrorCode,
+    MeanReport,
+    MeanRequest,
+    MeanSum,
 )
 from ursa.protocol.router import RejectedError
 
@@ -49,18 +50,19 @@ class Outbox:
         self.sent.append(decode(encode(message)))  # the wire round trip
 
 
-def stats(public: PaillierPublicKey, device: str, f: float, lam: float) -> ClimbStats:
+def stats(public: PaillierPublicKey, device: str, f: float, lam: float) -> MeanReport:
     report = device_climb.encrypt_dual_report(public, CONFIG, f, lam)
-    return ClimbStats(
-        federation="fed", round=3, sender=device, epoch=1, stats=report.to_bytes(public)
-    )
+    return MeanReport(
+        federation="fed", round=3, sender=device, purpose=CLIMB_DUAL, epoch=1,
+        model="classifier", model_version=7, ciphertext=report.to_bytes(public),
+    )  # fmt: skip
 
 
 def open_mean(
     public: PaillierPublicKey, out: Outbox, saved: dict[str, object] | None = None
-) -> Gather[ClimbStats, EncryptedSum]:
+) -> Gather[MeanReport, EncryptedSum]:
     return secure_mean(
-        ClimbDualWire(),
+        dual_wire("classifier"),
         HEAD,
         key="climb.dual/classifier/3",
         public_key=public,
@@ -80,8 +82,9 @@ def test_the_sum_decrypts_to_the_plaintext_mean_across_a_restart(keys: Keys) -> 
     values = {"d0": (0.5, 0.0), "d1": (1.25, 2.0), "d2": (3.0, 0.75)}
     mean = open_mean(public, out)
     (request,) = out.sent
-    assert isinstance(request, DualStepRequest)
+    assert isinstance(request, MeanRequest) and request.purpose == CLIMB_DUAL
     assert (request.round, request.epoch, request.model_version) == (3, 1, 7)
+    assert request.model == "classifier"
     mean.offer("d0", stats(public, "d0", *values["d0"]), out)
 
     saved = json.loads(json.dumps(mean.to_record()))
@@ -92,8 +95,9 @@ def test_the_sum_decrypts_to_the_plaintext_mean_across_a_restart(keys: Keys) -> 
 
     assert resumed.status is PhaseStatus.DONE
     summed = out.sent[-1]
-    assert isinstance(summed, ClimbSum) and summed.num_parties == 3
-    vector = encrypted_vector_from(summed.stats_sum, public)
+    assert isinstance(summed, MeanSum) and summed.num_parties == 3
+    assert (summed.purpose, summed.model_version) == (CLIMB_DUAL, 7)
+    vector = encrypted_vector_from(summed.ciphertext, public)
     means = device_climb.decrypt_dual_means(secret, CONFIG, vector)
     assert means.mean_loss == pytest.approx(4.75 / 3, abs=1e-6)
     assert means.mean_lambda == pytest.approx(2.75 / 3, abs=1e-6)
@@ -106,7 +110,7 @@ def test_reports_are_refused_with_their_codes(keys: Keys) -> None:
     mean = open_mean(public, out)
     good = stats(public, "d0", 1.0, 0.0)
 
-    def code(device: str, message: ClimbStats) -> str:
+    def code(device: str, message: MeanReport) -> str:
         with pytest.raises(RejectedError) as info:
             mean.offer(device, message, out)
         return info.value.code
@@ -114,9 +118,16 @@ def test_reports_are_refused_with_their_codes(keys: Keys) -> None:
     assert code("d0", good.model_copy(update={"epoch": 2})) == ErrorCode.WRONG_EPOCH
     assert code("outsider", good) == ErrorCode.UNAUTHORISED
     assert code("d0", stats(other, "d0", 1.0, 0.0)) == ErrorCode.BAD_CIPHERTEXT
-    assert code("d0", good.model_copy(update={"stats": b"\0" * 8})) == (
+    assert code("d0", good.model_copy(update={"ciphertext": b"\0" * 8})) == (
         ErrorCode.BAD_CIPHERTEXT
     )
+    assert code("d0", good.model_copy(update={"purpose": "feddisk.made_loss"})) == (
+        ErrorCode.MALFORMED
+    )
+    assert code("d0", good.model_copy(update={"model_version": 6})) == (
+        "wrong_version"
+    )
+    assert code("d0", good.model_copy(update={"model": "made"})) == "wrong_version"
     mean.poll(60.0, out)
     assert mean.status is PhaseStatus.FALLBACK and len(out.sent) == 1
     assert code("d0", good) == ErrorCode.LATE

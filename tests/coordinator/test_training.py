@@ -155,7 +155,7 @@ def test_fedavg_rounds_equal_the_plaintext_running_sum(
     assert latest is not None and (latest.version, latest.round) == (3, 3)
     notices = [m for _, m in fed.messages("model_available")]
     assert [(m.round, m.model_version) for m in notices] == [(1, 0), (2, 1), (3, 2)]
-    assert fed.messages("dual_step_request") == []
+    assert fed.messages("mean_request") == []
     assert [r.before_training for r in plugin.history] == [{}] * 3
 
 
@@ -198,12 +198,13 @@ def test_climb_over_he_equals_the_plaintext_dual_path(
     for name, value in plugin.global_arrays.items():
         np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
     assert [r.before_training for r in plugin.history] == [{"climb": 6}] * 3
-    sums = [m for _, m in fed.messages("climb_sum")]
+    sums = [m for _, m in fed.messages("mean_sum")]
     assert [s.num_parties for s in sums] == [6, 6, 6]
     updates = [m for _, m in fed.messages("model_update")]
     assert updates and all(u.delta_scaled for u in updates)
-    for _, stats in fed.messages("climb_stats"):  # ciphertexts only
-        assert len(stats.stats) > 64 and b"loss" not in stats.stats
+    for _, stats in fed.messages("mean_report"):  # ciphertexts only
+        assert stats.purpose == "climb.dual"
+        assert len(stats.ciphertext) > 64 and b"loss" not in stats.ciphertext
 
 
 def drop_first_selected_update(fed: Any) -> Callable[[str, str, str, bytes], bool]:
@@ -403,12 +404,12 @@ def test_a_coordinator_restart_mid_dual_step_resumes_its_encrypted_sum(
     late = fed.device_ids[-1]
 
     def drop(sender: str, receiver: str, topic: str, payload: bytes) -> bool:
-        return sender == late and decode(payload).kind == "climb_stats"
+        return sender == late and decode(payload).kind == "mean_report"
 
     fed.bus.drop_filter = drop
     config = TrainingConfig()
     start_training(fed, tmp_path, config, climb=climb)
-    assert not fed.coordinator.is_done and fed.messages("climb_sum") == []
+    assert not fed.coordinator.is_done and fed.messages("mean_sum") == []
     assert fed.coordinator.store.phase_keys() == ["climb.dual/classifier/1"]
     plugin = restart_coordinator(fed, config, climb)
     fed.bus.drop_filter = None
@@ -416,7 +417,7 @@ def test_a_coordinator_restart_mid_dual_step_resumes_its_encrypted_sum(
 
     assert fed.coordinator.is_done and plugin.version == 1
     assert [r.before_training for r in plugin.history] == [{"climb": 6}]
-    assert [m.num_parties for _, m in fed.messages("climb_sum")] == [6]
+    assert [m.num_parties for _, m in fed.messages("mean_sum")] == [6]
     _, lambdas = climb_oracle(fed, 1, climb)
     got = np.array([fed.devices[d].method(Climb).lam for d in fed.device_ids])
     np.testing.assert_allclose(got, lambdas, atol=1e-6)

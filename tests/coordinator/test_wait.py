@@ -8,7 +8,7 @@ import pytest
 
 from ursa.coordinator.phase import PhaseRecordError, PhaseStatus
 from ursa.coordinator.wait import Wait
-from ursa.protocol.messages import ClimbStats, ErrorCode, MadeVerdict
+from ursa.protocol.messages import ErrorCode, MadeVerdict, MeanReport
 from ursa.protocol.router import RejectedError
 
 
@@ -71,4 +71,4 @@ def test_a_restored_wait_resumes_with_a_fresh_deadline_and_keeps_its_answer() ->
     again = reloaded(restored)
     assert again.status is PhaseStatus.DONE and again.answer == restored.answer
     with pytest.raises(PhaseRecordError):
-        Wait.from_record(restored.to_record(), ClimbStats)
+        Wait.from_record(restored.to_record(), MeanReport)

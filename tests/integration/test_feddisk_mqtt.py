@@ -141,7 +141,8 @@ def test_feddisk_trains_the_made_then_the_weighted_classifier_over_mosquitto(
     assert len(scores) == classifier_rounds and scores[-1] > 0.3, scores
 
     # the coordinator saw loss ciphertexts and sums, one signed verdict per sum
-    sums = fed.capture.messages("made_loss_sum")
+    sums = fed.capture.messages("mean_sum")
+    assert {m.purpose for _, m in sums} == {"feddisk.made_loss"}
     verdicts = fed.capture.messages("made_verdict")
     assert [m.model_version for _, m in sums] == list(range(1, made_rounds + 1))
     assert all(m.num_parties == N for _, m in sums)

@@ -108,7 +108,8 @@ def test_serve_and_device_run_train_two_climb_rounds(
         assert update.base_version == update.round - 1
         updates.setdefault(update.round, set()).add(update.sender)
     assert updates == selected  # every selected device trained and uploaded
-    assert fed.capture.messages("climb_stats"), "no CLIMB dual step ran"
+    reports = fed.capture.messages("mean_report")
+    assert {m.purpose for _, m in reports} == {"climb.dual"}, "no CLIMB dual step ran"
     hellos = {m.sender for _, m in fed.capture.messages("hello")}
     assert hellos == set(fed.device_ids(N))  # the `ursa device run` device too
 
@@ -137,13 +138,16 @@ def test_serve_and_device_run_feddisk_made_then_classifier(
     assert latest is not None and latest.version == ROUNDS
     (_, switch), *_again = fed.capture.messages("feddisk_switch")
     assert (switch.round, switch.made_version) == (2, 1)
-    sums = fed.capture.messages("made_loss_sum")
-    assert [(m.round, m.num_parties) for _, m in sums] == [(2, N)]
+    sums = fed.capture.messages("mean_sum")
+    assert [(m.purpose, m.round, m.num_parties) for _, m in sums] == [
+        ("feddisk.made_loss", 2, N)
+    ]
     for _, update in fed.capture.messages("model_update"):
         made_round = update.round == 1
         assert update.model == ("made" if made_round else "classifier")
         assert update.base_version == (0 if made_round else update.round - 2)
-    assert not fed.capture.messages("climb_stats")
+    reports = fed.capture.messages("mean_report")
+    assert {m.purpose for _, m in reports} == {"feddisk.made_loss"}  # no CLIMB
 
 
 def test_serve_and_device_run_random_selection_with_fedavg(
@@ -170,7 +174,7 @@ def test_serve_and_device_run_random_selection_with_fedavg(
         updates.setdefault(update.round, set()).add(update.sender)
     assert updates == {r.round: set(r.selected) for r in results}
     assert not fed.capture.messages("volunteer")  # nothing of Dubhe ran
-    assert not fed.capture.messages("climb_stats")
+    assert not fed.capture.messages("mean_report")  # no encrypted mean
 
 
 def _serve_and_run(

@@ -112,7 +112,8 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
     lambdas = [c.method(Climb).lam for c in clients]
     assert all(0 <= v <= climb.lambda_max for v in lambdas)
     assert max(lambdas) > 0, "the dual steps should move some lambda"
-    sums = fed.capture.messages("climb_sum")
+    sums = fed.capture.messages("mean_sum")
+    assert {m.purpose for _, m in sums} == {"climb.dual"}
     assert {m.round for _, m in sums} == set(range(1, ROUNDS + 1))
     trained = sum(c.training_stats.rounds_trained for c in clients)
     assert trained == K * ROUNDS

@@ -107,12 +107,17 @@ def _examples() -> list[m.BaseMessage]:
         m.ChunkRequest(**DEV, transfer_id="t1", indices=(0, 3)),
         m.ModelAvailable(**COORD, model="classifier", model_version=3, transfer_id="t"),
         m.ModelUpdate(**DEV, base_version=3, num_examples=120, weights=CT),
-        m.DualStepRequest(**COORD, epoch=1, model_version=3),
-        m.ClimbStats(**DEV, epoch=1, stats=CT),
-        m.ClimbSum(**COORD, epoch=1, stats_sum=CT, num_parties=20),
-        m.MadeLossRequest(**COORD, epoch=1, model="made", model_version=4),
-        m.MadeLoss(**DEV, epoch=1, model_version=4, loss=CT),
-        m.MadeLossSum(**COORD, epoch=1, model_version=4, loss_sum=CT, num_parties=9),
+        m.MeanRequest(
+            **COORD, purpose=m.CLIMB_DUAL, epoch=1, model="clf", model_version=3
+        ),
+        m.MeanReport(
+            **DEV, purpose=m.MADE_LOSS, epoch=1, model="made", model_version=4,
+            ciphertext=CT,
+        ),
+        m.MeanSum(
+            **COORD, purpose=m.CLIMB_DUAL, epoch=1, model="clf", model_version=3,
+            ciphertext=CT, num_parties=20,
+        ),
         m.MadeVerdict(
             **DEV, epoch=1, model_version=4, stop=True, best_version=3, signature=SIG
         ),
@@ -246,12 +251,12 @@ def test_missing_kind_raises_decode_error() -> None:
         decode(_envelope(m.Heartbeat(**DEV, seq=1), kind=_DROP))
 
 
-@pytest.mark.parametrize("version", [0, 1, 3, 99])
+@pytest.mark.parametrize("version", [0, 1, 2, 4, 99])
 def test_other_protocol_version_raises_version_error(version: int) -> None:
     with pytest.raises(VersionError) as info:
         decode(_envelope(m.Heartbeat(**DEV, seq=1), protocol_version=version))
     assert info.value.version == version
-    assert info.value.supported == m.PROTOCOL_VERSION == 2
+    assert info.value.supported == m.PROTOCOL_VERSION == 3
 
 
 @pytest.mark.parametrize("version", ["1", 1.0, True, None])

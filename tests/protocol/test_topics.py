@@ -161,7 +161,8 @@ def test_names_route_transfers_metrics_and_retained_notices() -> None:
     assert t.name_for("round_announce") in t.RETAINED_GLOBAL_NAMES
     assert t.name_for("key_epoch_start") != t.name_for("agent_public_key")
     assert t.name_for("feddisk_switch") == t.PHASE in t.RETAINED_GLOBAL_NAMES
-    assert t.name_for("made_loss_sum") == t.CONTROL  # per round: not retained
+    assert t.name_for("mean_sum") == t.CONTROL  # per round: not retained
+    assert t.name_for("mean_request") == t.name_for("mean_report") == t.CONTROL
 
 
 @settings(max_examples=200, deadline=None)

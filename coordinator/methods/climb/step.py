@@ -2,12 +2,12 @@
 
 `ClimbDualStep` is a `ursa.coordinator.before_training.BeforeTraining` step:
 in rounds 1, 1 + ``dual_period``, ... it runs CLIMB's dual step as a
-`ursa.coordinator.secure_mean` with `ClimbDualWire`'s messages::
+`ursa.coordinator.secure_mean` of purpose ``climb.dual`` (`dual_wire`)::
 
-    coordinator -> DualStepRequest(round, key epoch, model version) -> all
-    device      -> ClimbStats(Enc([f_i, lambda_i]))    (every registered device)
+    coordinator -> MeanRequest(climb.dual, round, key epoch, model, version) -> all
+    device      -> MeanReport(Enc([f_i, lambda_i]))    (every registered device)
     [every registered online device reported, or dual_timeout_s]
-    coordinator -> ClimbSum(Enc(sum), num_parties) -> all
+    coordinator -> MeanSum(Enc(sum), num_parties) -> all
 
 and then the round trains. Devices scale their deltas by their own weight
 ``w_i`` (`ursa.edge_sdk.methods.climb`), so the round averages them equally
@@ -36,11 +36,11 @@ from ursa.coordinator.before_training import (
 )
 from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather
-from ursa.coordinator.methods.climb.wire import ClimbDualWire, dual_step_key
+from ursa.coordinator.methods.climb.wire import dual_step_key, dual_wire
 from ursa.coordinator.methods_config import ClimbSpec
 from ursa.coordinator.phase import PhaseStatus
 from ursa.coordinator.secure_mean import MeanHead, secure_mean
-from ursa.protocol.messages import ClimbStats, ErrorCode, ModelUpdate
+from ursa.protocol.messages import ErrorCode, MeanReport, ModelUpdate
 from ursa.protocol.router import RejectedError, Router
 
 __all__ = ["ClimbDualStep"]
@@ -63,13 +63,13 @@ class ClimbDualStep(BeforeTraining):
         self.spec = spec or ClimbSpec()
         self._ctx: StepContext | None = None
         self._round: int | None = None
-        self._dual: Gather[ClimbStats, EncryptedSum] | None = None
+        self._dual: Gather[MeanReport, EncryptedSum] | None = None
 
     # --- BeforeTraining ----------------------------------------------------------
 
     def register(self, router: Router) -> None:
         """The devices' dual reports are CLIMB's."""
-        router.register(ClimbStats, self._on_stats, owner=self.name)
+        router.register(MeanReport, self._on_stats, owner=self.name)
 
     def attach(self, ctx: StepContext) -> None:
         """Keep the training plugin's context."""
@@ -92,7 +92,7 @@ class ClimbDualStep(BeforeTraining):
         key = dual_step_key(info.model, info.round)
         head = MeanHead(ctx.federation, info.round, epoch.epoch, info.version)
         self._dual = secure_mean(
-            ClimbDualWire(),
+            dual_wire(info.model),
             head,
             key=key,
             public_key=epoch.public_key,
@@ -143,7 +143,7 @@ class ClimbDualStep(BeforeTraining):
 
     # --- reports -------------------------------------------------------------------
 
-    def _on_stats(self, message: ClimbStats) -> None:
+    def _on_stats(self, message: MeanReport) -> None:
         dual = self._open_dual(message.round)
         if dual is None or self._ctx is None:
             raise RejectedError(
@@ -157,13 +157,13 @@ class ClimbDualStep(BeforeTraining):
             return
         self._changed(dual)
 
-    def _open_dual(self, round_index: int) -> Gather[ClimbStats, EncryptedSum] | None:
+    def _open_dual(self, round_index: int) -> Gather[MeanReport, EncryptedSum] | None:
         dual = self._dual
         if dual is None or self._round != round_index or not dual.is_open:
             return None
         return dual
 
-    def _changed(self, dual: Gather[ClimbStats, EncryptedSum]) -> None:
+    def _changed(self, dual: Gather[MeanReport, EncryptedSum]) -> None:
         """Save the step in the message's transaction; log once it closed."""
         assert self._ctx is not None and self._round is not None
         self._ctx.view.store.save_phase(dual.key, self._round, dual.to_record())

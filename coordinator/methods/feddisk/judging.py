@@ -23,9 +23,9 @@ from ursa.coordinator.gather import Gather
 from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.state import FeddiskState, Role
 from ursa.coordinator.methods.feddisk.steps import (
-    MadeLossWire,
     check_verdict,
     loss_step_key,
+    made_loss_wire,
     verdict_key,
 )
 from ursa.coordinator.phase import PhaseRecordError, PhaseStatus
@@ -34,7 +34,7 @@ from ursa.coordinator.secure_mean import MeanHead, secure_mean
 from ursa.coordinator.training import TrainingPlugin
 from ursa.coordinator.wait import Wait
 from ursa.protocol.errors import ProtocolError
-from ursa.protocol.messages import ErrorCode, MadeLoss, MadeVerdict
+from ursa.protocol.messages import ErrorCode, MadeVerdict, MeanReport
 from ursa.protocol.router import RejectedError
 
 __all__ = ["FeddiskJudging"]
@@ -58,7 +58,7 @@ class FeddiskJudging(RoundPlugin):
     """What the open judgement is about (round, epoch, MADE version)."""
     _agent: str
     """The key epoch's agent, whose verdict the judgement waits for."""
-    _loss: Gather[MadeLoss, EncryptedSum] | None
+    _loss: Gather[MeanReport, EncryptedSum] | None
     _verdict: Wait[MadeVerdict] | None
 
     @abstractmethod
@@ -93,7 +93,9 @@ class FeddiskJudging(RoundPlugin):
             self._decide(round_index, None, send)
         return True
 
-    def _open_loss_of(self, round_index: int) -> Gather[MadeLoss, EncryptedSum] | None:
+    def _open_loss_of(
+        self, round_index: int
+    ) -> Gather[MeanReport, EncryptedSum] | None:
         head = self._head
         if head is None or head.round != round_index:
             return None
@@ -128,7 +130,7 @@ class FeddiskJudging(RoundPlugin):
         model = self.config.made_model
         key = loss_step_key(model, round_index)
         self._loss = secure_mean(
-            MadeLossWire(model),
+            made_loss_wire(model),
             head,
             key=key,
             public_key=epoch.public_key,
@@ -151,7 +153,7 @@ class FeddiskJudging(RoundPlugin):
                 self._verdict.restarted(now)
         self._after_loss_event(self._loss, now, send)
 
-    def _on_loss(self, round_index: int, message: MadeLoss, send: Send) -> None:
+    def _on_loss(self, round_index: int, message: MeanReport, send: Send) -> None:
         loss = self._open_loss_of(round_index)
         if loss is None:
             raise RejectedError(
@@ -167,7 +169,7 @@ class FeddiskJudging(RoundPlugin):
         self._after_loss_event(loss, self._clock(), send)
 
     def _after_loss_event(
-        self, loss: Gather[MadeLoss, EncryptedSum], now: float, send: Send
+        self, loss: Gather[MeanReport, EncryptedSum], now: float, send: Send
     ) -> None:
         """Save the loss step; once closed, wait for the verdict (or train on)."""
         head = self._head

@@ -9,9 +9,10 @@ devices compute from the MADEs. Round r, after the signed selection::
         a MADE training round (`ursa.coordinator.training`), counted
     phase made, v > 0 not yet judged (the loss step, `steps`):
         1  TransferManifest("made.v<v>") + Chunks -> all
-        2  MadeLossRequest(r, epoch, made, v) -> all; MadeLoss(Enc([nll*n, n]))
-           from every registered online device -> encrypted running sum
-        3  [all reported, or loss_timeout_s] MadeLossSum -> all (nobody
+        2  MeanRequest(feddisk.made_loss, r, epoch, made, v) -> all;
+           MeanReport(Enc([nll*n, n])) from every registered online device
+           -> encrypted running sum
+        3  [all reported, or loss_timeout_s] MeanSum -> all (nobody
            reported: no sum, train on); devices decrypt the fleet's mean NLL
         4  the epoch's agent -> MadeVerdict(epoch, v, stop, best), signed
            [or verdict_timeout_s: train on]
@@ -53,8 +54,8 @@ from ursa.protocol.messages import (
     BaseMessage,
     ChunkRequest,
     FeddiskSwitch,
-    MadeLoss,
     MadeVerdict,
+    MeanReport,
 )
 from ursa.protocol.router import RejectedError
 
@@ -180,7 +181,7 @@ class FeddiskPlugin(FeddiskJudging):
 
     def on_message(self, round_index: int, message: BaseMessage, send: Send) -> None:
         """Take loss reports and verdicts; route the rest to the active model."""
-        if isinstance(message, MadeLoss):
+        if isinstance(message, MeanReport):
             self._on_loss(round_index, message, send)
         elif isinstance(message, MadeVerdict):
             self._on_verdict(round_index, message, send)

@@ -1,13 +1,14 @@
 """FedDisk phase 1 over the wire, coordinator side: the MADE loss step's messages.
 
 After a MADE round produced global version v, one loss step (SPEC §5
-FedDisk, paper §IV-B) is a `ursa.coordinator.secure_mean` with FedDisk's
-messages, then a `ursa.coordinator.wait.Wait` for the agent's verdict::
+FedDisk, paper §IV-B) is a `ursa.coordinator.secure_mean` of purpose
+``feddisk.made_loss`` (`made_loss_wire`), then a `ursa.coordinator.wait.Wait`
+for the agent's verdict::
 
-    coordinator -> MadeLossRequest(round, key epoch, model, v) -> all
-    device      -> MadeLoss(Enc([nll_i * n_i, n_i]))   (every registered device)
+    coordinator -> MeanRequest(feddisk.made_loss, round, key epoch, model, v) -> all
+    device      -> MeanReport(Enc([nll_i * n_i, n_i]))   (every registered device)
     [every registered online device reported, or the loss deadline]
-    coordinator -> MadeLossSum(Enc(sum), num_parties) -> all
+    coordinator -> MeanSum(Enc(sum), num_parties) -> all
     the agent   -> MadeVerdict(epoch, v, stop, best), signed
 
 The coordinator multiplies ciphertexts under the epoch's Paillier public key
@@ -28,25 +29,19 @@ from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import verify_signature
 from ursa.protocol.envelope import signing_bytes
 from ursa.protocol.messages import (
-    COORDINATOR,
+    MADE_LOSS,
+    MADE_LOSS_LENGTH,
     ErrorCode,
-    MadeLoss,
-    MadeLossRequest,
-    MadeLossSum,
     MadeVerdict,
 )
 from ursa.protocol.router import RejectedError
 
 __all__ = [
-    "MADE_LOSS_LENGTH",
-    "MadeLossWire",
     "check_verdict",
     "loss_step_key",
+    "made_loss_wire",
     "verdict_key",
 ]
-
-MADE_LOSS_LENGTH = 2
-"""``[nll_i * n_i, n_i]``; `ursa.edge_sdk.made_loss.MADE_LOSS_LENGTH` (tested)."""
 
 
 def loss_step_key(model: str, round_index: int) -> str:
@@ -59,48 +54,9 @@ def verdict_key(model: str, round_index: int) -> str:
     return f"feddisk.verdict/{model}/{round_index}"
 
 
-class MadeLossWire(MeanWire[MadeLoss]):
-    """The loss step as an encrypted mean of ``[nll_i * n_i, n_i]``."""
-
-    purpose = "feddisk.made_loss"
-    length = MADE_LOSS_LENGTH
-
-    def __init__(self, model: str) -> None:
-        """The loss step of the global MADE ``model``."""
-        self.model = model
-
-    def request(self, head: MeanHead) -> MadeLossRequest:
-        """The validation NLL of MADE version ``head.version``, please."""
-        return MadeLossRequest(
-            federation=head.federation,
-            round=head.round,
-            sender=COORDINATOR,
-            epoch=head.epoch,
-            model=self.model,
-            model_version=head.version,
-        )
-
-    def payload(self, report: MadeLoss, head: MeanHead) -> tuple[int, bytes]:
-        """The report's key epoch and ciphertext (``wrong_version`` if not v)."""
-        if report.model_version != head.version:
-            raise RejectedError(
-                WRONG_VERSION,
-                f"loss of {self.model} version {report.model_version}; round "
-                f"{head.round} judges version {head.version}",
-            )
-        return report.epoch, report.loss
-
-    def result(self, head: MeanHead, total: bytes, num_parties: int) -> MadeLossSum:
-        """The encrypted sum the devices turn into the fleet's mean NLL."""
-        return MadeLossSum(
-            federation=head.federation,
-            round=head.round,
-            sender=COORDINATOR,
-            epoch=head.epoch,
-            model_version=head.version,
-            loss_sum=total,
-            num_parties=num_parties,
-        )
+def made_loss_wire(model: str) -> MeanWire:
+    """The loss step of the global MADE ``model``: a mean of ``[nll_i * n_i, n_i]``."""
+    return MeanWire(MADE_LOSS, MADE_LOSS_LENGTH, model)
 
 
 def check_verdict(

@@ -1,19 +1,20 @@
-"""CLIMB's dual steps, device side (SPEC §5; coordinator: ``coordinator/climb_steps``).
+"""CLIMB's dual steps, device side (SPEC §5; coordinator: ``methods/climb``).
 
 A device running `Climb` keeps its own dual variable ``lambda_i`` (0 at
 first) and its current weight ``w_i`` (1 at first), both persisted as the
-method's state in the device's state directory. Per dual step:
+method's state in the device's state directory. A dual step is an encrypted
+mean of purpose ``climb.dual`` (`ursa.edge_sdk.secure_mean` encrypts,
+reports and decrypts; `Climb` is its `MeanParticipant`):
 
-1. `DualStepRequest(round, key epoch, version)`: the device fetches that
-   global version if needed, evaluates ``f_i`` there (`ModelTrainer.local_loss`,
-   nats per sample), and sends `ClimbStats` = ``Enc([f_i, lambda_i])``, one
-   packed fixed-point Paillier vector under the epoch key (pooled
-   obfuscators). Its message id derives from (device, epoch, round), and a
-   repeated request re-sends the same report.
-2. `ClimbSum(round, epoch, Enc(sum), num_parties)`: the device decrypts the
-   reporters' ``mean f`` and ``mean lambda`` with the epoch's secret key and
-   applies `ursa.edge_sdk.climb.apply_dual_means`: ``w_i = 1 + lambda_i -
-   mean lambda`` for this round's delta, then ``lambda_i <- clip(lambda_i +
+1. `MeanRequest(climb.dual, round, key epoch, version)`: the device fetches
+   that global version if needed, evaluates ``f_i`` there
+   (`ModelTrainer.local_loss`, nats per sample), and its values are
+   ``[f_i, lambda_i]`` (`ursa.edge_sdk.climb.report_values`), reported as
+   one packed fixed-point Paillier vector under the epoch key.
+2. The `MeanSum`: the runtime decrypts the totals; the device takes the
+   reporters' ``mean f`` and ``mean lambda`` and applies
+   `ursa.edge_sdk.climb.apply_dual_means`: ``w_i = 1 + lambda_i - mean
+   lambda`` for this round's delta, then ``lambda_i <- clip(lambda_i +
    eta_D (f_i - mean f - eps), 0, lambda_max)``.
 3. If the device is selected in that round, it trains only after step 2
    (or `DUAL_WAIT_S` after the round's `ModelAvailable`, if the sum never
@@ -21,38 +22,37 @@ method's state in the device's state directory. Per dual step:
 
 Neither ``f_i`` nor ``lambda_i`` leaves the device unencrypted, and the
 coordinator cannot decrypt (it never holds an epoch secret key). Limit: a
-`ClimbSum` does not list its reporters, so a device whose report arrived
-after the coordinator closed the step still applies the means (its own
-values were not in them); the coordinator refuses such a late report with
-an `ErrorReply`, and the device then keeps its weight.
+sum does not list its reporters, so a device whose report arrived after the
+coordinator closed the step still applies the means (its own values were
+not in them); the coordinator refuses such a late report with an
+`ErrorReply`, and the device then keeps its weight.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ursa.crypto.paillier import encrypted_vector_from
 from ursa.edge_sdk.climb import (
+    DUAL_REPORT_LENGTH,
     ClimbConfig,
+    DualMeans,
     apply_dual_means,
-    decrypt_dual_means,
-    encrypt_dual_report,
+    report_values,
 )
-from ursa.edge_sdk.device_core import derived_id
 from ursa.edge_sdk.method import DeviceMethod, TrainPlan, model_trainer
-from ursa.protocol.messages import ClimbStats, ClimbSum, DualStepRequest, ErrorReply
+from ursa.edge_sdk.secure_mean import FloatVector, MeanCodec, MeanParticipant
+from ursa.protocol.messages import CLIMB_DUAL, MeanRequest, MeanSum
 from ursa.protocol.methods import MethodRole
-from ursa.protocol.router import NotReadyError, Router
+from ursa.protocol.router import Router
 
 __all__ = ["DUAL_WAIT_S", "Climb"]
 
 logger = logging.getLogger("ursa.edge_sdk")
 
 DUAL_WAIT_S = 10.0
-"""How long a selected device waits for the round's ClimbSum after its notice."""
+"""How long a selected device waits for the round's dual sum after its notice."""
 
 
 @dataclass
@@ -61,15 +61,15 @@ class _Report:
     epoch: int
     loss: float
     lambda_: float
-    message: ClimbStats | None = None
     done: bool = False
 
 
-class Climb(DeviceMethod):
+class Climb(DeviceMethod, MeanParticipant):
     """CLIMB's device half: report ``Enc([f_i, lambda_i])``, apply the means."""
 
     name: ClassVar[str] = "climb"
     role: ClassVar[MethodRole | None] = MethodRole.TRAINING
+    purpose: ClassVar[str] = CLIMB_DUAL
 
     def __init__(self, config: ClimbConfig) -> None:
         self.config = config
@@ -77,13 +77,10 @@ class Climb(DeviceMethod):
         """``lambda_i``, this device's dual variable."""
         self.weight = 1.0
         """``w_i``, the scale of this device's next delta."""
-        self._request: DualStepRequest | None = None
         self._report: _Report | None = None
 
     def register(self, router: Router) -> None:
-        """Handle dual step requests and sums."""
-        router.register(DualStepRequest, self._on_dual_step_request, owner=self.name)
-        router.register(ClimbSum, self._on_climb_sum, owner=self.name)
+        """No kinds of its own: the dual step is the runtime's secure mean."""
 
     def start(self) -> None:
         """Reload lambda_i and w_i."""
@@ -117,83 +114,52 @@ class Climb(DeviceMethod):
         """Scale the delta by ``w_i``."""
         return TrainPlan(plan.round, delta_scale=self.weight, scaled=True)
 
-    def on_model_ready(self) -> None:
-        """A requested version may have arrived: report on it."""
-        self._continue()
+    # --- the dual step (a secure mean) -----------------------------------------
 
-    def on_error_reply(self, message: ErrorReply) -> None:
+    def mean_codec(self) -> MeanCodec:
+        """``[f_i, lambda_i]`` in the config's fixed point."""
+        config = self.config
+        return MeanCodec(config.codec(), config.max_parties, DUAL_REPORT_LENGTH)
+
+    def takes_part(self, request: MeanRequest) -> bool:
+        """Every device that evaluates models reports."""
+        return model_trainer(self.ctx) is not None
+
+    def mean_values(self, request: MeanRequest) -> FloatVector | None:
+        """``[f_i, lambda_i]`` at the requested version (None: downloading)."""
+        trainer = model_trainer(self.ctx)
+        if trainer is None:
+            return None
+        arrays = self.ctx.model_arrays_at(request.model_version)
+        if arrays is None:
+            return None  # the runtime asks again on `on_model_ready`
+        loss = trainer.local_loss(arrays)
+        values = report_values(loss, self.lam, self.config)
+        self._report = _Report(request.round, request.epoch, loss, self.lam)
+        return values
+
+    def on_refused(self, request: MeanRequest) -> None:
         """The coordinator refused our report: keep the weight, do not wait."""
         report = self._report
-        sent = None if report is None else report.message
-        if report is None or sent is None or message.in_reply_to != sent.message_id:
+        if report is None or (report.epoch, report.round) != (
+            request.epoch,
+            request.round,
+        ):
             return
         report.done = True
         self.ctx.retry_training()
 
-    # --- handlers -------------------------------------------------------------
-
-    def _on_dual_step_request(self, message: DualStepRequest) -> None:
-        ctx = self.ctx
-        if model_trainer(ctx) is None:
-            return
-        keys = ctx.keys(message.epoch)
-        if keys.secret_key is None:
-            raise NotReadyError
-        report = self._report
-        if report is not None and (report.epoch, report.round) == (
-            message.epoch,
-            message.round,
-        ):
-            if report.message is not None:
-                ctx.send(report.message)  # a re-published request
-            return
-        self._request = message
-        self._continue()
-
-    def _continue(self) -> None:
-        """Report ``Enc([f_i, lambda_i])`` once the requested version is here."""
-        ctx, request = self.ctx, self._request
-        trainer, keys = model_trainer(ctx), ctx.current_keys()
-        if request is None or trainer is None or keys is None:
-            return
-        arrays = ctx.model_arrays_at(request.model_version)
-        if arrays is None:
-            return  # downloading; `on_model_ready` calls back
-        self._request = None
-        loss = trainer.local_loss(arrays)
-        started = time.perf_counter()
-        vector = encrypt_dual_report(
-            keys.public_key, self.config, loss, self.lam, obfuscators=keys.pool
-        )
-        ctx.stats.crypto_s += time.perf_counter() - started
-        me = ctx.device_id
-        message = ClimbStats(
-            federation=ctx.federation,
-            round=request.round,
-            sender=me,
-            message_id=derived_id(me, "climb", request.epoch, request.round),
-            epoch=request.epoch,
-            stats=vector.to_bytes(keys.public_key),
-        )
-        self._report = _Report(request.round, request.epoch, loss, self.lam, message)
-        ctx.send(message)
-
-    def _on_climb_sum(self, message: ClimbSum) -> None:
+    def on_mean(self, result: MeanSum, totals: FloatVector) -> None:
+        """Apply the reporters' means: ``w_i`` now, ``lambda_i`` next."""
         ctx, report = self.ctx, self._report
         if report is None or report.done:
             return
-        if (report.epoch, report.round) != (message.epoch, message.round):
+        if (report.epoch, report.round) != (result.epoch, result.round):
             return
-        keys = ctx.current_keys()
-        secret_key = None if keys is None else keys.secret_key
-        if secret_key is None:
-            raise NotReadyError
-        started = time.perf_counter()
-        vector = encrypted_vector_from(message.stats_sum, secret_key.public_key)
-        if vector.num_parties != message.num_parties:
-            raise ValueError("climb sum: party count differs from its header")
-        means = decrypt_dual_means(secret_key, self.config, vector)
-        ctx.stats.crypto_s += time.perf_counter() - started
+        parties = result.num_parties
+        means = DualMeans(
+            float(totals[0] / parties), float(totals[1] / parties), parties
+        )
         step = apply_dual_means(report.lambda_, report.loss, means, self.config)
         self.weight, self.lam = step.weight, step.next_lambda
         report.done = True
@@ -202,8 +168,8 @@ class Climb(DeviceMethod):
         logger.info(
             "%s: dual step of round %d over %d devices: w=%.3f",
             ctx.device_id,
-            message.round,
-            means.num_parties,
+            result.round,
+            parties,
             step.weight,
         )
         ctx.retry_training()

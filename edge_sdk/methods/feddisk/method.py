@@ -3,13 +3,15 @@
 A device running `FedDisk` (its trainer a `PhasedTrainer`) trains the global MADE in
 ordinary rounds (model ``settings.made_model``) and, per MADE round:
 
-1. `MadeLossRequest(round, epoch, model, version)`: it fetches that version
-   if needed, measures the MADE's NLL on its validation split and sends
-   `MadeLoss` = ``Enc([nll * n_val, n_val])`` under the epoch key (pooled
-   obfuscators). The id derives from (device, epoch, round); a repeated
-   request re-sends the same report.
-2. `MadeLossSum(round, epoch, version)`: the device decrypts the fleet's
-   sample-weighted mean NLL and applies it to its own `MadeStopper` (persisted
+1. `MeanRequest(feddisk.made_loss, round, epoch, model, version)`: it
+   fetches that version if needed, measures the MADE's NLL on its
+   validation split, and its values are ``[nll * n_val, n_val]``
+   (`ursa.edge_sdk.made_loss.loss_report_values`). The runtime's secure mean
+   (`ursa.edge_sdk.secure_mean`; `FedDisk` is its `MeanParticipant`)
+   encrypts and reports them and re-sends the same report on a repeat.
+2. Its `MeanSum(round, epoch, version)`: the runtime decrypts the totals;
+   the device takes the fleet's sample-weighted mean NLL and applies it to
+   its own `MadeStopper` (persisted
    as the method's state; patience from the settings, no round cap: the
    coordinator owns it), keeping the best version's weights in
    ``feddisk_made.bin``. The epoch's agent then sends the signed
@@ -35,13 +37,12 @@ re-requested later. Losses are logged at DEBUG only.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ursa.crypto.paillier import encrypted_vector_from
 from ursa.edge_sdk.device_core import derived_id
-from ursa.edge_sdk.made_loss import decrypt_fleet_loss, encrypt_made_loss
+from ursa.edge_sdk.made_loss import MadeLossError
+from ursa.edge_sdk.made_loss import loss_report_values as made_loss_values
 from ursa.edge_sdk.made_stop import MadeStopper, apply_validation_loss
 from ursa.edge_sdk.method import DeviceMethod
 from ursa.edge_sdk.methods.feddisk.state import (
@@ -54,13 +55,20 @@ from ursa.edge_sdk.methods.feddisk.state import (
     write_weights,
 )
 from ursa.edge_sdk.phased_trainer import Phase, PhasedTrainer
+from ursa.edge_sdk.secure_mean import (
+    FloatVector,
+    MeanAbandonedError,
+    MeanCodec,
+    MeanParticipant,
+)
 from ursa.models.weights import Arrays
 from ursa.protocol.messages import (
+    MADE_LOSS,
+    MADE_LOSS_LENGTH,
     FeddiskSwitch,
-    MadeLoss,
-    MadeLossRequest,
-    MadeLossSum,
     MadeVerdict,
+    MeanRequest,
+    MeanSum,
     ModelAvailable,
 )
 from ursa.protocol.methods import MethodRole
@@ -82,14 +90,14 @@ class MadeReport:
     round: int
     version: int
     arrays: Arrays
-    message: MadeLoss
 
 
-class FedDisk(DeviceMethod):
+class FedDisk(DeviceMethod, MeanParticipant):
     """FedDisk's device half over a `PhasedTrainer` (see the module docstring)."""
 
     name: ClassVar[str] = "feddisk"
     role: ClassVar[MethodRole | None] = MethodRole.TRAINING
+    purpose: ClassVar[str] = MADE_LOSS
 
     def __init__(self, trainer: PhasedTrainer) -> None:
         self.trainer = trainer
@@ -103,7 +111,6 @@ class FedDisk(DeviceMethod):
         )
         self.best: tuple[int, Arrays] | None = None
         """The best global MADE judged so far: (version, weights)."""
-        self._request: MadeLossRequest | None = None
         self._report: MadeReport | None = None
         self._applied: tuple[int, int, int] | None = None
 
@@ -113,9 +120,7 @@ class FedDisk(DeviceMethod):
         return self.trainer.phase == "made"
 
     def register(self, router: Router) -> None:
-        """Handle loss requests, loss sums and the switch."""
-        router.register(MadeLossRequest, self._on_made_loss_request, owner=self.name)
-        router.register(MadeLossSum, self._on_made_loss_sum, owner=self.name)
+        """Handle the switch (the loss step is the runtime's secure mean)."""
         router.register(FeddiskSwitch, self._on_switch, owner=self.name)
 
     # --- hooks ----------------------------------------------------------------
@@ -125,32 +130,26 @@ class FedDisk(DeviceMethod):
         if self.in_made_phase and message.model != self.trainer.model:
             raise NotReadyError
 
-    def on_model_ready(self) -> None:
-        """A requested MADE version may have arrived: report on it."""
-        self._continue()
+    # --- loss reports and sums (steps 1 and 2, a secure mean) ------------------
 
-    # --- loss reports and sums (steps 1 and 2) --------------------------------
+    def mean_codec(self) -> MeanCodec:
+        """``[nll * n, n]`` in the loss codec's fixed point."""
+        loss = self.trainer.settings.loss
+        return MeanCodec(loss.codec(), loss.max_parties, MADE_LOSS_LENGTH)
 
-    def _on_made_loss_request(self, message: MadeLossRequest) -> None:
-        if not self.in_made_phase or message.model != self.trainer.model:
-            return
-        self.ctx.keys(message.epoch)  # NotReadyError until the epoch's key is here
-        report = self._report
-        if report is not None and (report.epoch, report.round) == (
-            message.epoch,
-            message.round,
-        ):
-            self.ctx.send(report.message)  # a re-published request
-            return
-        self._request = message
-        self._continue()
+    def takes_part(self, request: MeanRequest) -> bool:
+        """In phase 1, the loss of the MADE this device trains."""
+        return self.in_made_phase and request.model == self.trainer.model
 
-    def _continue(self) -> None:
-        """Report ``Enc([nll * n, n])`` once the requested version is here."""
-        ctx, request = self.ctx, self._request
-        keys = ctx.current_keys()
-        if request is None or not self.in_made_phase or keys is None:
-            return
+    def mean_values(self, request: MeanRequest) -> FloatVector | None:
+        """``[nll * n, n]`` at the requested MADE version (None: downloading).
+
+        Raises:
+            MeanAbandonedError: phase 1 is over, or a newer version is here.
+        """
+        ctx = self.ctx
+        if not self.in_made_phase:
+            raise MeanAbandonedError("FedDisk switched")
         version = request.model_version
         report = self._report
         if report is not None and report.version == version:
@@ -160,74 +159,49 @@ class FedDisk(DeviceMethod):
         if arrays is None:
             held = ctx.model_version
             if held is not None and held > version:
-                self._request = None
-                logger.warning(
-                    "%s: MADE version %d asked for, but %d is already here",
-                    ctx.device_id,
-                    version,
-                    held,
+                raise MeanAbandonedError(
+                    f"MADE version {version} asked for, but {held} is already here"
                 )
-            return  # downloading; `on_model_ready` calls back
-        self._request = None
+            return None  # downloading; the runtime asks again when it arrives
         loss, num_examples = self.trainer.validation_loss(arrays)
-        started = time.perf_counter()
-        vector = encrypt_made_loss(
-            keys.public_key,
-            self.trainer.settings.loss,
-            loss,
-            num_examples,
-            obfuscators=keys.pool,
-        )
-        ctx.stats.crypto_s += time.perf_counter() - started
-        me = ctx.device_id
-        message = MadeLoss(
-            federation=ctx.federation,
-            round=request.round,
-            sender=me,
-            message_id=derived_id(me, "made_loss", request.epoch, request.round),
-            epoch=request.epoch,
-            model_version=version,
-            loss=vector.to_bytes(keys.public_key),
-        )
-        self._report = MadeReport(
-            request.epoch, request.round, version, arrays, message
-        )
-        ctx.send(message)
-        logger.info("%s: MADE loss of version %d reported", me, version)
+        values = made_loss_values(loss, num_examples, self.trainer.settings.loss)
+        self._report = MadeReport(request.epoch, request.round, version, arrays)
+        logger.info("%s: MADE loss of version %d reported", ctx.device_id, version)
+        return values
 
-    def _on_made_loss_sum(self, message: MadeLossSum) -> None:
+    def on_sum_again(self, result: MeanSum) -> None:
+        """A re-published sum already applied: the agent sends its verdict again."""
+        key = (result.epoch, result.round, result.model_version)
+        if self.in_made_phase and self._applied == key:
+            self._send_verdict(*key)
+
+    def on_mean(self, result: MeanSum, totals: FloatVector) -> None:
+        """Apply the fleet's mean NLL to the stopper; the agent sends the verdict."""
         if not self.in_made_phase:
             return
         ctx = self.ctx
-        key = (message.epoch, message.round, message.model_version)
+        key = (result.epoch, result.round, result.model_version)
         if self._applied == key:
-            self._send_verdict(*key)  # a re-published sum
+            self._send_verdict(*key)
             return
         report = self._report
         if report is None or (report.epoch, report.round, report.version) != key:
             return
-        keys = ctx.keys(message.epoch)
-        if keys.secret_key is None:
-            raise NotReadyError
         if not self.stopper.stopped:
-            started = time.perf_counter()
-            vector = encrypted_vector_from(message.loss_sum, keys.public_key)
-            if vector.num_parties != message.num_parties:
-                raise ValueError("MADE loss sum: party count differs from its header")
-            fleet = decrypt_fleet_loss(
-                keys.secret_key, self.trainer.settings.loss, vector
-            )
-            ctx.stats.crypto_s += time.perf_counter() - started
-            self.stopper = apply_validation_loss(self.stopper, fleet.mean_nll)
+            examples = float(round(totals[1]))
+            if examples < 1:
+                raise MadeLossError(f"a loss sum over {examples} samples")
+            mean_nll = float(totals[0] / examples)
+            self.stopper = apply_validation_loss(self.stopper, mean_nll)
             if self.stopper.improved:
                 self.best = (report.version, report.arrays)
                 write_made(ctx.store.path, report.arrays)
-            logger.debug("%s: fleet MADE NLL %.4f", ctx.device_id, fleet.mean_nll)
+            logger.debug("%s: fleet MADE NLL %.4f", ctx.device_id, mean_nll)
             logger.info(
                 "%s: MADE round %d over %d devices: stop=%s",
                 ctx.device_id,
-                message.round,
-                fleet.num_parties,
+                result.round,
+                result.num_parties,
                 self.stopper.stopped,
             )
         self._applied = key
@@ -288,7 +262,7 @@ class FedDisk(DeviceMethod):
         self._save("classifier", made_version=message.made_version)
         self.summary = summary
         ctx.forget_downloads()  # the classifier's versions restart at 0
-        self._request = self._report = self.best = None
+        self._report = self.best = None
         logger.info(
             "%s: FedDisk phase 2 from MADE version %d",
             ctx.device_id,

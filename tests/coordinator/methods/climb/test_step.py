@@ -28,11 +28,12 @@ from ursa.edge_sdk import climb as device_climb
 from ursa.models.weights import arrays_to_bytes
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.messages import (
+    CLIMB_DUAL,
     BaseMessage,
-    ClimbStats,
-    ClimbSum,
-    DualStepRequest,
     ErrorCode,
+    MeanReport,
+    MeanRequest,
+    MeanSum,
     ModelUpdate,
 )
 from ursa.protocol.router import Dispatch, RejectedError, Router
@@ -109,12 +110,15 @@ class Harness:
 
     def report(self, device: str, f: float, lam: float, round_index: int = 1) -> None:
         payload = device_climb.encrypt_dual_report(self.public, CODEC, f, lam)
-        message = ClimbStats(
+        message = MeanReport(
             federation=FED,
             round=round_index,
             sender=device,
+            purpose=CLIMB_DUAL,
             epoch=2,
-            stats=payload.to_bytes(self.public),
+            model=ROUND.model,
+            model_version=ROUND.version,
+            ciphertext=payload.to_bytes(self.public),
         )
         assert self.router.dispatch(message) is Dispatch.HANDLED
 
@@ -133,8 +137,8 @@ def harness(tmp_path: Path, keys: Keys) -> Iterator[Harness]:
     made.close()
 
 
-def means(secret: PaillierSecretKey, summed: ClimbSum) -> tuple[float, float]:
-    vector = encrypted_vector_from(summed.stats_sum, secret.public_key)
+def means(secret: PaillierSecretKey, summed: MeanSum) -> tuple[float, float]:
+    vector = encrypted_vector_from(summed.ciphertext, secret.public_key)
     result = device_climb.decrypt_dual_means(secret, CODEC, vector)
     return result.mean_loss, result.mean_lambda
 
@@ -144,7 +148,7 @@ def test_a_due_round_asks_everyone_and_sums_blind(harness: Harness, keys: Keys) 
 
     assert phase is not None and phase.status is PhaseStatus.OPEN
     (request,) = harness.sent
-    assert isinstance(request, DualStepRequest)
+    assert isinstance(request, MeanRequest)
     assert (request.round, request.epoch, request.model_version) == (1, 2, 4)
     assert harness.view.store.phase_keys() == ["climb.dual/classifier/1"]
     values = {"d0": (0.5, 0.0), "d1": (1.0, 1.0), "d2": (3.0, 2.0)}
@@ -155,7 +159,7 @@ def test_a_due_round_asks_everyone_and_sums_blind(harness: Harness, keys: Keys) 
     assert harness.step.is_done(1) and phase.status is PhaseStatus.DONE
     assert set(phase.answered) == set(DEVICES)
     summed = harness.sent[-1]
-    assert isinstance(summed, ClimbSum) and summed.num_parties == 3
+    assert isinstance(summed, MeanSum) and summed.num_parties == 3
     assert means(keys[1], summed) == pytest.approx((1.5, 1.0), abs=1e-6)
     harness.step.close(1)
     assert harness.view.store.phase_keys() == []
@@ -195,13 +199,13 @@ def test_a_restart_mid_step_resumes_from_the_record_without_double_counting(
     phase = harness.step.open(ROUND, harness.clock())
 
     assert phase is not None and set(phase.answered) == {"d0", "d1"}
-    assert [type(m) for m in harness.sent] == [DualStepRequest]  # asked again
+    assert [type(m) for m in harness.sent] == [MeanRequest]  # asked again
     harness.tick(20.0)  # a fresh deadline: still open
     assert not harness.step.is_done(1)
     harness.report("d0", 9.0, 9.0)  # re-sent after the restart: ignored
     harness.report("d2", 3.0, 2.0)
     summed = harness.sent[-1]
-    assert isinstance(summed, ClimbSum) and summed.num_parties == 3
+    assert isinstance(summed, MeanSum) and summed.num_parties == 3
     assert means(keys[1], summed) == pytest.approx((1.5, 1.0), abs=1e-6)
 
 
@@ -209,7 +213,7 @@ def test_a_restart_after_the_sum_sends_the_sum_again(harness: Harness) -> None:
     harness.step.open(ROUND, harness.clock())
     for device in DEVICES:
         harness.report(device, 1.0, 0.0)
-    (summed,) = [m for m in harness.sent if isinstance(m, ClimbSum)]
+    (summed,) = [m for m in harness.sent if isinstance(m, MeanSum)]
 
     harness.restart()
     harness.sent.clear()
@@ -218,8 +222,8 @@ def test_a_restart_after_the_sum_sends_the_sum_again(harness: Harness) -> None:
     assert phase is not None and phase.status is PhaseStatus.DONE
     assert harness.step.is_done(1)
     (resent,) = harness.sent
-    assert isinstance(resent, ClimbSum)
-    assert (resent.stats_sum, resent.num_parties) == (summed.stats_sum, 3)
+    assert isinstance(resent, MeanSum)
+    assert (resent.ciphertext, resent.num_parties) == (summed.ciphertext, 3)
 
 
 def test_a_duplicate_report_is_ignored(
@@ -242,7 +246,7 @@ def test_a_late_report_is_refused_with_late(harness: Harness) -> None:
     harness.report("d0", 0.5, 0.0)
     harness.tick(31.0)  # the deadline: summed with what arrived
     assert harness.step.is_done(1)
-    assert [m.num_parties for m in harness.sent if isinstance(m, ClimbSum)] == [1]
+    assert [m.num_parties for m in harness.sent if isinstance(m, MeanSum)] == [1]
 
     for round_index in (1, 2):
         with pytest.raises(RejectedError) as refused:
@@ -259,7 +263,7 @@ def test_nobody_reporting_falls_back_without_a_sum(harness: Harness) -> None:
 
     assert harness.step.is_done(1)
     assert phase is not None and phase.status is PhaseStatus.FALLBACK
-    assert [type(m) for m in harness.sent] == [DualStepRequest]
+    assert [type(m) for m in harness.sent] == [MeanRequest]
     record = harness.view.store.phase("climb.dual/classifier/1")
     assert record is not None and record["status"] == "fallback"
 
@@ -273,7 +277,7 @@ def test_a_device_going_offline_is_not_waited_for(harness: Harness) -> None:
     harness.tick(1.0)
 
     assert harness.step.is_done(1)
-    assert [m.num_parties for m in harness.sent if isinstance(m, ClimbSum)] == [2]
+    assert [m.num_parties for m in harness.sent if isinstance(m, MeanSum)] == [2]
 
 
 def test_an_unscaled_delta_is_noted(
@@ -318,7 +322,7 @@ def test_the_step_names_the_signed_method_and_the_weighting(tmp_path: Path) -> N
 
 
 def test_two_owners_of_the_dual_report_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="ClimbStats is handled by 'climb'"):
+    with pytest.raises(ValueError, match="MeanReport is handled by 'climb'"):
         plugin(tmp_path, ClimbDualStep(), ClimbDualStep())
 
 

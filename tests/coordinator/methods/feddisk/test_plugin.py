@@ -28,11 +28,12 @@ from ursa.edge_sdk import made_loss
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.envelope import decode, encode, signing_bytes
 from ursa.protocol.messages import (
+    MADE_LOSS,
     BaseMessage,
     ChunkRequest,
-    MadeLoss,
-    MadeLossSum,
     MadeVerdict,
+    MeanReport,
+    MeanSum,
     ModelUpdate,
 )
 from ursa.protocol.router import RejectedError
@@ -173,18 +174,20 @@ class Harness:
 
     def loss(
         self, round_index: int, device: str, nll: float, n: int = 10, **fields: Any
-    ) -> MadeLoss:
+    ) -> MeanReport:
         payload = made_loss.encrypt_made_loss(self.public, CODEC, nll, n)
         values: dict[str, Any] = {
             "federation": FED,
             "round": round_index,
             "sender": device,
+            "purpose": MADE_LOSS,
             "epoch": 1,
+            "model": "made",
             "model_version": self.plugin.made.version,
-            "loss": payload.to_bytes(self.public),
+            "ciphertext": payload.to_bytes(self.public),
         }
         values.update(fields)
-        return MadeLoss(**values)
+        return MeanReport(**values)
 
     def verdict(
         self,
@@ -214,8 +217,8 @@ class Harness:
         for device in DEVICES:
             self.deliver(round_index, self.loss(round_index, device, nll))
 
-    def fleet_loss(self, message: MadeLossSum) -> made_loss.FleetLoss:
-        summed = encrypted_vector_from(message.loss_sum, self.public)
+    def fleet_loss(self, message: MeanSum) -> made_loss.FleetLoss:
+        summed = encrypted_vector_from(message.ciphertext, self.public)
         return made_loss.decrypt_fleet_loss(self.secret, CODEC, summed)
 
 
@@ -267,7 +270,7 @@ def test_a_made_round_then_a_blind_loss_step_and_another_made_round(
     h.sent.clear()
 
     h.select(2)
-    (request,) = h.of("made_loss_request")
+    (request,) = h.of("mean_request")
     assert (request.round, request.epoch, request.model, request.model_version) == (
         2,
         1,
@@ -278,9 +281,9 @@ def test_a_made_round_then_a_blind_loss_step_and_another_made_round(
     assert all(device is None for _, device in h.sent)
     nlls = {"d0": (2.0, 10), "d1": (-1.0, 30), "d2": (5.0, 20)}
     for device, (nll, n) in nlls.items():
-        assert not h.plugin.is_complete(2) and h.of("made_loss_sum") == []
+        assert not h.plugin.is_complete(2) and h.of("mean_sum") == []
         h.deliver(2, h.loss(2, device, nll, n))
-    (summed,) = h.of("made_loss_sum")
+    (summed,) = h.of("mean_sum")
     fleet = h.fleet_loss(summed)
     assert fleet.mean_nll == pytest.approx((20 - 30 + 100) / 60, abs=1e-5)
     assert summed.num_parties == 3 and not h.plugin.is_complete(2)
@@ -367,9 +370,9 @@ def test_loss_deadline_sums_who_reported_and_no_verdict_trains_on(
     h.deliver(2, h.loss(2, "d2", 1.0))
 
     h.tick(2, 9.0)
-    assert h.of("made_loss_sum") == []
+    assert h.of("mean_sum") == []
     h.tick(2, 2.0)
-    (summed,) = h.of("made_loss_sum")
+    (summed,) = h.of("mean_sum")
     assert summed.num_parties == 2
     assert h.fleet_loss(summed).mean_nll == pytest.approx(2.0, abs=1e-5)
     assert refused(h, 2, h.loss(2, "d1", 1.0)) == "late"
@@ -391,7 +394,7 @@ def test_an_offline_device_is_not_waited_for_and_nobody_means_no_sum(
     h.view.online = frozenset({"d1"})
     h.select(2)
     h.deliver(2, h.loss(2, "d1", 1.0))
-    assert h.of("made_loss_sum")[0].num_parties == 1
+    assert h.of("mean_sum")[0].num_parties == 1
     h.deliver(2, h.verdict(2, stop=False, best=1))
     h.train(2)
 
@@ -399,7 +402,7 @@ def test_an_offline_device_is_not_waited_for_and_nobody_means_no_sum(
     h.select(3)
 
     assert "no loss report on made version 2; training on" in caplog.text
-    assert len(h.of("made_loss_sum")) == 1 and h.plugin.made_rounds == 3
+    assert len(h.of("mean_sum")) == 1 and h.plugin.made_rounds == 3
     assert h.of("model_available")[-1].round == 3
 
 
@@ -412,12 +415,12 @@ def test_a_last_will_mid_loss_step_closes_it_with_who_reported(
     h.select(2)
     h.deliver(2, h.loss(2, "d0", 3.0))
     h.deliver(2, h.loss(2, "d1", 1.0))
-    assert h.of("made_loss_sum") == []
+    assert h.of("mean_sum") == []
 
     h.view.online = frozenset({"d0", "d1"})  # d2's last will
     h.tick(2, 0.0)
 
-    (summed,) = h.of("made_loss_sum")
+    (summed,) = h.of("mean_sum")
     assert summed.num_parties == 2
     assert h.fleet_loss(summed).mean_nll == pytest.approx(2.0, abs=1e-5)
 
@@ -435,14 +438,14 @@ def test_bad_loss_reports_and_verdicts_are_refused(
     assert refused(h, 2, h.loss(2, "d0", 1.0, epoch=2)) == "wrong_epoch"
     assert refused(h, 2, h.loss(2, "d0", 1.0, model_version=0)) == "wrong_version"
     assert refused(h, 2, h.loss(2, "outsider", 1.0)) == "unauthorised"
-    garbage = good.model_copy(update={"loss": b"\x00" * 40})
+    garbage = good.model_copy(update={"ciphertext": b"\x00" * 40})
     assert refused(h, 2, garbage) == "bad_ciphertext"
     assert refused(h, 2, h.verdict(2, stop=True, best=1)) == "late"  # no sum yet
     h.deliver(2, good)
     h.deliver(2, h.loss(2, "d0", 7.0))  # a duplicate: ignored
     h.deliver(2, h.loss(2, "d1", 1.0))
     h.deliver(2, h.loss(2, "d2", 1.0))
-    assert h.fleet_loss(h.of("made_loss_sum")[0]).mean_nll == pytest.approx(1.0)
+    assert h.fleet_loss(h.of("mean_sum")[0]).mean_nll == pytest.approx(1.0)
 
     other = DeviceIdentity.generate("d1")
     impostor = h.verdict(2, stop=True, best=1, sender="d1", signer=other)
@@ -497,7 +500,7 @@ def test_without_a_key_epoch_the_loss_step_is_skipped(
     h.select(2)
 
     assert "no key epoch; made version 1 is not judged" in caplog.text
-    assert h.of("made_loss_request") == [] and h.plugin.made_rounds == 2
+    assert h.of("mean_request") == [] and h.plugin.made_rounds == 2
     h.train(2)
 
 
@@ -515,18 +518,18 @@ def test_a_restart_mid_loss_step_resumes_the_encrypted_sum(
     h.select(2)
     h.select(2)  # idempotent
 
-    assert [m.model_version for m in h.of("made_loss_request")] == [1, 1]
+    assert [m.model_version for m in h.of("mean_request")] == [1, 1]
     h.deliver(2, h.loss(2, "d0", 99.0, 10))  # the re-sent report: a duplicate
     h.deliver(2, h.loss(2, "d1", 2.0, 10))
     h.deliver(2, h.loss(2, "d2", 0.0, 20))
-    (summed,) = h.of("made_loss_sum")
+    (summed,) = h.of("mean_sum")
     assert summed.num_parties == 3
     assert h.fleet_loss(summed).mean_nll == pytest.approx(1.5, abs=1e-5)
 
     h.restart()  # waiting for the verdict
     h.sent.clear()
     h.select(2)
-    assert h.kinds()[-1] == "made_loss_sum" and not h.plugin.is_complete(2)
+    assert h.kinds()[-1] == "mean_sum" and not h.plugin.is_complete(2)
     assert h.view.store.phase_keys() == [
         "feddisk.made_loss/made/2",
         "feddisk.verdict/made/2",
@@ -537,7 +540,7 @@ def test_a_restart_mid_loss_step_resumes_the_encrypted_sum(
     h.restart()  # mid MADE round: no second loss step, no double count
     h.sent.clear()
     h.select(2)
-    assert h.of("made_loss_request") == [] and h.plugin.made_rounds == 2
+    assert h.of("mean_request") == [] and h.plugin.made_rounds == 2
     h.train(2)
 
 
@@ -612,5 +615,5 @@ def test_a_judged_version_is_not_judged_again(
 
     h.select(3)
 
-    assert h.of("made_loss_request") == [] and h.plugin.made_rounds == 3
+    assert h.of("mean_request") == [] and h.plugin.made_rounds == 3
     assert h.of("model_available")[-1].round == 3

@@ -10,11 +10,7 @@ import pytest
 from ursa.coordinator.aggregation import UpdateOutcome
 from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather
-from ursa.coordinator.methods.feddisk.steps import (
-    MADE_LOSS_LENGTH,
-    MadeLossWire,
-    check_verdict,
-)
+from ursa.coordinator.methods.feddisk.steps import check_verdict, made_loss_wire
 from ursa.coordinator.phase import PhaseStatus
 from ursa.coordinator.plugin import EpochView
 from ursa.coordinator.secure_mean import MeanHead, secure_mean
@@ -30,11 +26,13 @@ from ursa.crypto.paillier import (
 from ursa.edge_sdk import made_loss
 from ursa.protocol.envelope import decode, encode, signing_bytes
 from ursa.protocol.messages import (
+    MADE_LOSS,
+    MADE_LOSS_LENGTH,
     BaseMessage,
-    MadeLoss,
-    MadeLossRequest,
-    MadeLossSum,
     MadeVerdict,
+    MeanReport,
+    MeanRequest,
+    MeanSum,
 )
 from ursa.protocol.router import RejectedError
 
@@ -64,15 +62,17 @@ def report(
     *,
     epoch: int = 3,
     version: int = 4,
-) -> MadeLoss:
+) -> MeanReport:
     loss = made_loss.encrypt_made_loss(public, CODEC, nll, n).to_bytes(public)
-    return MadeLoss(
+    return MeanReport(
         federation=FED,
         round=7,
         sender=device,
+        purpose=MADE_LOSS,
         epoch=epoch,
+        model="made",
         model_version=version,
-        loss=loss,
+        ciphertext=loss,
     )
 
 
@@ -91,9 +91,9 @@ def new_step(
     head: MeanHead = HEAD,
     online: frozenset[str] = REGISTERED,
     saved: dict[str, object] | None = None,
-) -> Gather[MadeLoss, EncryptedSum]:
+) -> Gather[MeanReport, EncryptedSum]:
     return secure_mean(
-        MadeLossWire("made"),
+        made_loss_wire("made"),
         head,
         key="feddisk.made_loss/made/7",
         public_key=public,
@@ -145,16 +145,16 @@ def test_sum_decrypts_to_the_weighted_mean_after_a_wire_round_trip(
         assert outcome is UpdateOutcome.ACCEPTED
 
     request, result = out.sent
-    assert isinstance(request, MadeLossRequest)
+    assert isinstance(request, MeanRequest)
     assert (request.round, request.epoch, request.model, request.model_version) == (
         7,
         3,
         "made",
         4,
     )
-    assert isinstance(result, MadeLossSum) and result.model_version == 4
+    assert isinstance(result, MeanSum) and result.model_version == 4
     assert result.num_parties == 3
-    summed = encrypted_vector_from(result.loss_sum, public)
+    summed = encrypted_vector_from(result.ciphertext, public)
     fleet = made_loss.decrypt_fleet_loss(secret, CODEC, summed)
     expected = sum(nll * n for nll, n in values.values()) / 45
     assert fleet.mean_nll == pytest.approx(expected, abs=1e-5)
@@ -170,7 +170,7 @@ def test_bad_reports_are_refused_with_their_code(keys: Keys) -> None:
     two_parties = add_encrypted(public, one, one).to_bytes(public)
     good = report(public, "d1", 1.0, 3)
 
-    def code(device: str, message: MadeLoss) -> str:
+    def code(device: str, message: MeanReport) -> str:
         with pytest.raises(RejectedError) as info:
             step.offer(device, message, out)
         return info.value.code
@@ -179,12 +179,12 @@ def test_bad_reports_are_refused_with_their_code(keys: Keys) -> None:
         "wrong_version": report(public, "d1", 1.0, 3, version=5),
         "wrong_epoch": report(public, "d1", 1.0, 3, epoch=2),
         "unauthorised": report(public, "outsider", 1.0, 3),
-        "bad_ciphertext": good.model_copy(update={"loss": good.loss[:-3]}),
+        "bad_ciphertext": good.model_copy(update={"ciphertext": good.ciphertext[:-3]}),
     }
     for expected, message in cases.items():
         assert code(message.sender, message) == expected
-    for payload in (two_parties, report(other_public, "d1", 1.0, 3).loss):
-        assert code("d1", good.model_copy(update={"loss": payload})) == (
+    for payload in (two_parties, report(other_public, "d1", 1.0, 3).ciphertext):
+        assert code("d1", good.model_copy(update={"ciphertext": payload})) == (
             "bad_ciphertext"
         )
     assert step.answered == set()
@@ -208,7 +208,7 @@ def test_completion_counts_registered_online_devices_only(keys: Keys) -> None:
     assert step.status is PhaseStatus.DONE
     nobody = new_step(public, out, online=frozenset({"other"}))
     assert nobody.status is PhaseStatus.FALLBACK
-    assert [type(m) for m in out.sent[-2:]] == [MadeLossSum, MadeLossRequest]
+    assert [type(m) for m in out.sent[-2:]] == [MeanSum, MeanRequest]
 
 
 def test_a_step_survives_a_json_round_trip(keys: Keys) -> None:
@@ -224,9 +224,9 @@ def test_a_step_survives_a_json_round_trip(keys: Keys) -> None:
 
     assert resumed.answered == {"d0", "d1"}
     result = out.sent[-1]
-    assert isinstance(result, MadeLossSum)
+    assert isinstance(result, MeanSum)
     fleet = made_loss.decrypt_fleet_loss(
-        secret, CODEC, encrypted_vector_from(result.loss_sum, public)
+        secret, CODEC, encrypted_vector_from(result.ciphertext, public)
     )
     assert fleet.mean_nll == pytest.approx(3.5, abs=1e-5)
     for other in [

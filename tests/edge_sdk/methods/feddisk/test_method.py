@@ -27,14 +27,15 @@ from ursa.protocol.envelope import decode, encode, message_kind, signing_bytes
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import (
     COORDINATOR,
+    MADE_LOSS,
     BaseMessage,
     DeviceKeys,
     EnrolResult,
     FeddiskSwitch,
     IdentityKeys,
     KeyEpochStart,
-    MadeLossRequest,
-    MadeLossSum,
+    MeanRequest,
+    MeanSum,
     ModelAvailable,
     SealRequest,
 )
@@ -197,37 +198,40 @@ class Fleet:
 
     def request_loss(self, round_index: int, version: int) -> None:
         self.send(
-            MadeLossRequest(
+            MeanRequest(
                 federation=FED,
                 round=round_index,
                 sender=COORDINATOR,
+                purpose=MADE_LOSS,
                 epoch=1,
                 model="made",
                 model_version=version,
             )
         )
 
-    def sum_losses(self, round_index: int) -> MadeLossSum:
+    def sum_losses(self, round_index: int) -> MeanSum:
         """Sum this round's reports blind, as the coordinator does."""
         public_key = self.clients["d0"]._public_key
         assert public_key is not None
-        reports = [m for m in self.sent("made_loss") if m.round == round_index]
+        reports = [m for m in self.sent("mean_report") if m.round == round_index]
         latest = {m.sender: m for m in reports}
         total = sum_encrypted(
             public_key,
-            (encrypted_vector_from(m.loss, public_key) for m in latest.values()),
+            (encrypted_vector_from(m.ciphertext, public_key) for m in latest.values()),
         )
-        return MadeLossSum(
+        return MeanSum(
             federation=FED,
             round=round_index,
             sender=COORDINATOR,
+            purpose=MADE_LOSS,
             epoch=1,
+            model="made",
             model_version=reports[0].model_version,
-            loss_sum=total.to_bytes(public_key),
+            ciphertext=total.to_bytes(public_key),
             num_parties=len(latest),
         )
 
-    def made_round(self, version: int, arrays: Arrays) -> MadeLossSum:
+    def made_round(self, version: int, arrays: Arrays) -> MeanSum:
         """Publish MADE ``version``, collect the reports, send their sum."""
         round_index = version + 1
         self.publish_model("made", version, arrays)
@@ -283,24 +287,24 @@ def test_a_request_waits_for_the_version_and_the_report_decrypts_to_the_nll(
 ) -> None:
     arrays = _made()
     fleet.request_loss(1, 0)
-    assert fleet.sent("made_loss") == []  # version 0 not here yet
+    assert fleet.sent("mean_report") == []  # version 0 not here yet
 
     fleet.publish_model("made", 0, arrays)
 
-    reports = {m.sender: m for m in fleet.sent("made_loss")}
+    reports = {m.sender: m for m in fleet.sent("mean_report")}
     assert set(reports) == {"d0", "d1"}
     secret_key = fleet.clients["d1"]._secret_key
     assert secret_key is not None
     for device_id, report in reports.items():
-        vector = encrypted_vector_from(report.loss, secret_key.public_key)
+        vector = encrypted_vector_from(report.ciphertext, secret_key.public_key)
         plain = decrypt_fleet_loss(secret_key, SETTINGS.loss, vector)
         loss, n_val = fleet.trainers[device_id].validation_loss(arrays)
         assert plain.mean_nll == pytest.approx(loss, abs=1e-5)
         assert (plain.num_examples, report.model_version) == (n_val, 0)
 
     fleet.request_loss(1, 0)  # re-published: the same report again
-    again = [m for m in fleet.sent("made_loss", "d0")]
-    assert len(again) == 2 and again[0].loss == again[1].loss
+    again = [m for m in fleet.sent("mean_report", "d0")]
+    assert len(again) == 2 and again[0].ciphertext == again[1].ciphertext
     assert again[0].message_id == again[1].message_id
 
 

@@ -1,0 +1,271 @@
+"""The device's half of the encrypted mean: one owner of its kinds, methods by purpose.
+
+A method that needs a mean over the fleet (CLIMB's dual step, FedDisk's MADE
+loss) is a `MeanParticipant`: it names its ``purpose``, gives its codec,
+computes its plaintext values for a request and receives the decrypted
+totals. `SecureMeans` does the rest, the same for every purpose::
+
+    MeanRequest(purpose, round, epoch, model, version)
+        -> participant.mean_values(request)       (None: not yet; asked again
+                                                   when a model version arrives)
+        -> MeanReport(Enc(values))                (epoch key, pooled obfuscators,
+                                                   id derived from device,
+                                                   purpose, epoch, round)
+    MeanSum(purpose, ..., Enc(sum), num_parties)
+        -> decrypt with the epoch's secret key
+        -> participant.on_mean(sum, totals)       (once per report)
+
+A repeated request re-sends the same report (same message id); a sum that
+does not answer this device's open report goes to `MeanParticipant.on_sum_again`
+(e.g. a re-published sum after the participant applied it); an `ErrorReply`
+to a report (``late``, ``wrong_epoch``, ...) goes to `MeanParticipant.on_refused`.
+No value leaves the device unencrypted; the coordinator never holds a secret key.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ursa.crypto.encoding import FixedPoint
+from ursa.crypto.paillier import (
+    decrypt_real_sum,
+    encrypt_reals,
+    encrypted_vector_from,
+)
+from ursa.edge_sdk.device_core import derived_id
+from ursa.edge_sdk.method import DeviceMethod
+from ursa.protocol.messages import ErrorReply, MeanReport, MeanRequest, MeanSum
+from ursa.protocol.router import NotReadyError, Router
+
+__all__ = [
+    "MeanAbandonedError",
+    "MeanCodec",
+    "MeanParticipant",
+    "SecureMeans",
+    "with_secure_means",
+]
+
+logger = logging.getLogger("ursa.edge_sdk")
+
+FloatVector = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class MeanCodec:
+    """How one purpose's values are encoded: fixed point, party bound, length."""
+
+    fixed_point: FixedPoint
+    max_parties: int
+    """Largest number of reports in one sum (the packing's headroom)."""
+    length: int
+    """Values per report."""
+
+
+class MeanAbandonedError(Exception):
+    """A participant gives up on a request (e.g. the version it asks is gone)."""
+
+
+class MeanParticipant(ABC):
+    """A method's side of an encrypted mean, dispatched by its ``purpose``."""
+
+    purpose: ClassVar[str]
+    """The ``purpose`` of its requests, reports and sums (``climb.dual``)."""
+
+    @abstractmethod
+    def mean_codec(self) -> MeanCodec:
+        """The codec of this purpose's values."""
+
+    @abstractmethod
+    def takes_part(self, request: MeanRequest) -> bool:
+        """Whether this device answers ``request`` at all."""
+
+    @abstractmethod
+    def mean_values(self, request: MeanRequest) -> FloatVector | None:
+        """The plaintext values to report; None while the model is not here.
+
+        Raises:
+            MeanAbandonedError: this request will never be answered.
+        """
+
+    @abstractmethod
+    def on_mean(self, result: MeanSum, totals: FloatVector) -> None:
+        """The decrypted sum of the reports (divide by ``result.num_parties``)."""
+
+    def on_sum_again(self, result: MeanSum) -> None:  # noqa: B027 - optional hook
+        """A sum that answers no open report of this device (re-published, late)."""
+
+    def on_refused(self, request: MeanRequest) -> None:  # noqa: B027 - optional hook
+        """The coordinator refused this device's report to ``request``."""
+
+
+@dataclass
+class _Report:
+    request: MeanRequest
+    message: MeanReport
+    done: bool = False
+
+
+class SecureMeans(DeviceMethod):
+    """The runtime's encrypted mean: owns the three kinds, serves its participants.
+
+    Args:
+        participants: The methods taking part, at most one per purpose.
+
+    Raises:
+        ValueError: two participants name the same purpose.
+    """
+
+    name: ClassVar[str] = "secure_mean"
+
+    def __init__(self, participants: Sequence[MeanParticipant]) -> None:
+        self._participants: dict[str, MeanParticipant] = {}
+        for participant in participants:
+            purpose = participant.purpose
+            if purpose in self._participants:
+                raise ValueError(f"two methods take part in mean {purpose!r}")
+            self._participants[purpose] = participant
+        self._pending: dict[str, MeanRequest] = {}
+        self._reports: dict[str, _Report] = {}
+
+    @property
+    def purposes(self) -> tuple[str, ...]:
+        """The purposes this device answers."""
+        return tuple(self._participants)
+
+    def register(self, router: Router) -> None:
+        """Own the mean's three kinds."""
+        router.register(MeanRequest, self._on_request, owner=self.name)
+        router.register(MeanReport, self._on_report, owner=self.name)
+        router.register(MeanSum, self._on_sum, owner=self.name)
+
+    # --- hooks ----------------------------------------------------------------
+
+    def on_model_ready(self) -> None:
+        """A requested version may have arrived: report on it."""
+        for purpose in tuple(self._pending):
+            self._continue(purpose)
+
+    def on_error_reply(self, message: ErrorReply) -> None:
+        """A refused report: its participant stops waiting for the sum."""
+        for purpose, report in self._reports.items():
+            if report.done or report.message.message_id != message.in_reply_to:
+                continue
+            report.done = True
+            self._participants[purpose].on_refused(report.request)
+
+    # --- handlers -------------------------------------------------------------
+
+    def _on_request(self, message: MeanRequest) -> None:
+        participant = self._participants.get(message.purpose)
+        if participant is None or not participant.takes_part(message):
+            return
+        keys = self.ctx.keys(message.epoch)
+        if keys.secret_key is None:
+            raise NotReadyError  # it could not decrypt the sum
+        report = self._reports.get(message.purpose)
+        if report is not None and (report.request.epoch, report.request.round) == (
+            message.epoch,
+            message.round,
+        ):
+            self.ctx.send(report.message)  # a re-published request
+            return
+        self._pending[message.purpose] = message
+        self._continue(message.purpose)
+
+    def _on_report(self, message: MeanReport) -> None:
+        raise ValueError("a device does not sum reports")
+
+    def _continue(self, purpose: str) -> None:
+        """Report ``Enc(values)`` once the participant has them."""
+        ctx, request = self.ctx, self._pending.get(purpose)
+        keys = ctx.current_keys()
+        if request is None or keys is None:
+            return
+        participant = self._participants[purpose]
+        try:
+            values = participant.mean_values(request)
+        except MeanAbandonedError as exc:
+            del self._pending[purpose]
+            logger.warning("%s: %s not reported: %s", ctx.device_id, purpose, exc)
+            return
+        if values is None:
+            return  # downloading; `on_model_ready` calls back
+        del self._pending[purpose]
+        codec = participant.mean_codec()
+        if len(values) != codec.length:
+            raise ValueError(f"{purpose}: {len(values)} values, codec {codec.length}")
+        started = time.perf_counter()
+        vector = encrypt_reals(
+            keys.public_key,
+            codec.fixed_point,
+            codec.max_parties,
+            values,
+            obfuscators=keys.pool,
+        )
+        ctx.stats.crypto_s += time.perf_counter() - started
+        me = ctx.device_id
+        message = MeanReport(
+            federation=ctx.federation,
+            round=request.round,
+            sender=me,
+            message_id=derived_id(me, purpose, request.epoch, request.round),
+            purpose=purpose,
+            epoch=request.epoch,
+            model=request.model,
+            model_version=request.model_version,
+            ciphertext=vector.to_bytes(keys.public_key),
+        )
+        self._reports[purpose] = _Report(request, message)
+        ctx.send(message)
+
+    def _on_sum(self, message: MeanSum) -> None:
+        participant = self._participants.get(message.purpose)
+        if participant is None:
+            return
+        report = self._reports.get(message.purpose)
+        head = (message.epoch, message.round, message.model_version)
+        if (
+            report is None
+            or report.done
+            or head
+            != (
+                report.request.epoch,
+                report.request.round,
+                report.request.model_version,
+            )
+        ):
+            participant.on_sum_again(message)
+            return
+        keys = self.ctx.keys(message.epoch)
+        secret_key = keys.secret_key
+        if secret_key is None:
+            raise NotReadyError
+        codec = participant.mean_codec()
+        started = time.perf_counter()
+        vector = encrypted_vector_from(message.ciphertext, keys.public_key)
+        if vector.num_parties != message.num_parties:
+            raise ValueError(f"{message.purpose} sum: party count differs from header")
+        if vector.length != codec.length:
+            raise ValueError(f"{message.purpose} sum: {vector.length} values")
+        totals = decrypt_real_sum(
+            secret_key, codec.fixed_point, codec.max_parties, vector
+        )
+        self.ctx.stats.crypto_s += time.perf_counter() - started
+        report.done = True
+        participant.on_mean(message, totals)
+
+
+def with_secure_means(methods: Sequence[DeviceMethod]) -> list[DeviceMethod]:
+    """``methods`` and, if any takes part in a mean, the `SecureMeans` serving them."""
+    participants = [m for m in methods if isinstance(m, MeanParticipant)]
+    if not participants:
+        return list(methods)
+    return [*methods, SecureMeans(participants)]
