@@ -177,6 +177,7 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._rng = rng if rng is not None else np.random.default_rng()
         self._transport = transport
         self._lifecycle = ClientState.NEW
+        self._was_connected = False
         self._lock = threading.RLock()
         self._outbox = Outbox(self._config.device_id)
         self._limiter = AdmissionLimiter(
@@ -265,6 +266,7 @@ class EdgeClient(EpochSteps, ModelSteps):
         with self._lock:
             self._send_hello()  # first: the status would ask an unenrolled device to
             self._publish_status(online=True)  # say hello (see the coordinator)
+            self._was_connected = True
         self._flush()
 
     def _send_hello(self) -> None:
@@ -309,13 +311,29 @@ class EdgeClient(EpochSteps, ModelSteps):
             self.stop()
 
     def poll(self) -> None:
-        """Periodic work: re-request missing model chunks, retry waiting rounds."""
+        """Periodic work: say online after a reconnect, fetch chunks, retry rounds."""
         try:
             with self._lock:
+                self._announce_after_reconnect()
                 self._poll_training(time.monotonic())
         except Exception:
             logger.exception("%s: internal error in poll", self.device_id)
         self._flush()
+
+    def _announce_after_reconnect(self) -> None:
+        """Publish ``online`` again once the connection is back after a loss.
+
+        A broker that stops publishes every client's will, so the retained
+        status says ``offline`` until the device says otherwise; without this
+        the coordinator counts the device as gone for good (issue 14).
+        """
+        transport = self._transport
+        connected = transport is not None and transport.is_connected
+        running = self._lifecycle is ClientState.RUNNING
+        if connected and not self._was_connected and running:
+            logger.info("%s: reconnected; publishing online", self.device_id)
+            self._publish_status(online=True)
+        self._was_connected = connected
 
     def _make_transport(self) -> Transport:
         from ursa.protocol.mqtt import MqttTransport

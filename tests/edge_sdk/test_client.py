@@ -570,3 +570,41 @@ def test_a_device_drops_messages_over_its_admission_limits_before_decoding(
     )
     lines = [r for r in caplog.records if "over the admission limits" in r.message]
     assert len(lines) == 1 and "d0: dropping messages on d0 topics" in lines[0].message
+
+
+class _FlakyTransport(InMemoryTransport):
+    """An in-memory transport whose connection the test can drop and restore."""
+
+    down = False
+
+    @property
+    def is_connected(self) -> bool:
+        return not self.down and super().is_connected
+
+
+def test_a_device_says_online_again_after_a_lost_connection(tmp_path: Path) -> None:
+    bus = InMemoryBus()
+    cfg = DeviceConfig(
+        device_id="d0", federation=FED, state_dir=tmp_path, obfuscator_pool_size=0
+    )
+    transport = _FlakyTransport(bus, "d0")
+    client = EdgeClient(cfg, np.arange(10), transport=transport)
+    client.start()
+    status = f"ursa/v1/{FED}/dev/d0/status"
+    bus.flush()
+    assert decode(bus.retained[status]).online
+    broker = InMemoryTransport(bus, "broker")
+    broker.connect()
+    broker.publish(status, device_will(cfg)[1], retain=True)  # a stopping broker
+    bus.flush()
+
+    client.poll()  # connected all along: nothing new
+    assert not decode(bus.retained[status]).online
+    transport.down = True
+    client.poll()
+    transport.down = False
+    client.poll()  # back: online again
+    bus.flush()
+
+    assert decode(bus.retained[status]).online
+    client.stop()

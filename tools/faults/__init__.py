@@ -1,0 +1,12 @@
+"""Fault injection: real `coordinator serve` / `device run` processes on a Mosquitto.
+
+`FaultFleet` writes the configs, starts and SIGKILLs the processes, stops and
+starts the broker, and judges a run from outside (logs, the coordinator's
+store read-only, the final checkpoint's accuracy on held-out digits).
+`python -m ursa.tools.faults.soak` runs random churn and broker restarts for
+a bounded time and prints a summary.
+"""
+
+from ursa.tools.faults.fleet import FaultFleet, FleetSettings, RunOutcome
+
+__all__ = ["FaultFleet", "FleetSettings", "RunOutcome"]
