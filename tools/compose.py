@@ -24,7 +24,7 @@ Setup problems (missing weights, data or torch, a bad setting) raise
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ursa.coordinator.training import Evaluator, RoundRecord
     from ursa.edge_sdk.client import EdgeClient
     from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig
+    from ursa.edge_sdk.method import DeviceMethod
     from ursa.edge_sdk.methods.flicker.method import Flicker
     from ursa.edge_sdk.methods_config import DeviceMethodSpec
     from ursa.edge_sdk.trainer import Trainer
@@ -289,11 +290,14 @@ def build_device(
     labels: NDArray[np.int64] | None = None,
     transport: Transport | None = None,
     rng: np.random.Generator | None = None,
+    methods: Sequence[DeviceMethod] = (),
 ) -> EdgeClient:
     """The `EdgeClient` of ``config``: a trainer from ``[training]`` if set.
 
     A selection-only device takes its labels from ``labels`` (an app or a
     benchmark that holds them), else ``labels_path`` or ``labels_file``.
+    ``methods`` are method objects the app built itself (e.g. a `Flicker`
+    with its own feature extractor); each replaces the one its table builds.
 
     Raises:
         ServiceSetupError: no labels, or labels given to a training device, or
@@ -315,21 +319,27 @@ def build_device(
             raise ServiceSetupError("give --labels or labels_file (or [training])")
         if labels is None:
             labels = load_labels(Path(str(path)))
-        flicker = device_flicker(config, labels)
-        methods = [] if flicker is None else [flicker]
-        return EdgeClient(config, labels, transport=transport, methods=methods, rng=rng)
+        own = _with_flicker(methods, lambda: device_flicker(config, labels))
+        return EdgeClient(config, labels, transport=transport, methods=own, rng=rng)
     if labels_path is not None or labels is not None:
         raise ServiceSetupError("a training device takes its labels from data_file")
     x, y = load_training_data(config.training.data_file)
     trainer = torch_trainer(
         config.device_id, config.training, config.method_list(), x, y
     )
-    flicker = device_flicker(config, y, x)
+    own = _with_flicker(methods, lambda: device_flicker(config, y, x))
     return EdgeClient(
-        config,
-        y,
-        trainer=trainer,
-        transport=transport,
-        methods=[] if flicker is None else [flicker],
-        rng=rng,
+        config, y, trainer=trainer, transport=transport, methods=own, rng=rng
     )
+
+
+def _with_flicker(
+    own: Sequence[DeviceMethod], build: Callable[[], Flicker | None]
+) -> list[DeviceMethod]:
+    """The app's methods, plus FLICKER from its table unless the app gave one."""
+    methods = list(own)
+    if "flicker" not in {m.name for m in methods}:
+        flicker = build()
+        if flicker is not None:
+            methods.append(flicker)
+    return methods

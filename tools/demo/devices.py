@@ -71,50 +71,44 @@ def run_device_process(
 
 
 def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> EdgeClient:
-    """A started EdgeClient for ``device`` (a failed connect is retried)."""
-    from ursa.edge_sdk.client import EdgeClient
-    from ursa.edge_sdk.climb import ClimbConfig
-    from ursa.edge_sdk.config import BrokerConfig, DeviceConfig
-    from ursa.edge_sdk.torch_trainer import TorchTrainer
-    from ursa.edge_sdk.trainer import ModelTrainer
-    from ursa.edge_sdk.training import TrainConfig
+    """A started EdgeClient for ``device``, built as `ursa device run` builds one.
+
+    The device's data is written to its state dir and read back by
+    `ursa.tools.compose.build_device` from the ``[training]`` section, so the
+    demo's devices are configured exactly as an operator's would be; only
+    FLICKER's image resampling (the shared feature extractor) is built here.
+    A failed connect is retried.
+    """
+    from ursa.edge_sdk.config import BrokerConfig, DeviceConfig, DeviceTrainingConfig
     from ursa.protocol.transport import TransportError
+    from ursa.tools.compose import build_device
     from ursa.tools.demo.flicker import device_flicker
 
-    climb = None if spec.climb is None else ClimbConfig(**spec.climb)
-    classifier = TorchTrainer(
-        device.x,
-        device.y,
-        architecture=spec.architecture,
-        model_config=spec.model_config,
-        train=TrainConfig(**spec.train),
-        climb=climb,
-        wire_dtype=spec.wire_dtype,
-        seed=device.seed,
-    )
-    trainer: ModelTrainer = classifier
-    if spec.feddisk is not None:
-        from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
-
-        settings = FeddiskSettings.model_validate(spec.feddisk)
-        trainer = FeddiskTrainer(classifier, settings=settings, seed=device.seed)
+    state_dir = spec.state_root / device.device_id
+    state_dir.mkdir(parents=True, exist_ok=True)
+    data_file = state_dir / "data.npz"
+    np.savez(data_file, x=device.x, y=device.y)
     config = DeviceConfig(
         device_id=device.device_id,
         federation=spec.federation,
-        state_dir=spec.state_root / device.device_id,
+        state_dir=state_dir,
         broker=BrokerConfig(url=spec.broker_url),
         obfuscator_pool_size=spec.obfuscator_pool_size,
         methods=_methods(spec),
+        training=DeviceTrainingConfig(
+            data_file=str(data_file),
+            architecture=spec.architecture,
+            model_options=dict(spec.model_config),
+            train=dict(spec.train),
+            wire_dtype=spec.wire_dtype,
+            seed=device.seed,
+        ),
     )
     extra = spec.extra.get("flicker")
     for attempt in range(CONNECT_ATTEMPTS):
-        flicker = None if extra is None else device_flicker(extra, device)
-        client = EdgeClient(
-            config,
-            device.y,
-            trainer=trainer,
-            rng=np.random.default_rng(device.seed),
-            methods=None if flicker is None else [flicker],
+        own = [] if extra is None else [device_flicker(extra, device)]
+        client = build_device(
+            config, rng=np.random.default_rng(device.seed), methods=own
         )
         try:
             if connect_lock is None:

@@ -31,7 +31,7 @@ class FleetSpec:
     broker_url: str
     state_root: Path
     devices: tuple[DeviceSpec, ...]
-    architecture: str
+    architecture: Literal["mlp", "cnn"]
     model_config: dict[str, Any]
     train: dict[str, Any]
     climb: dict[str, Any] | None = None
