@@ -169,14 +169,36 @@ class DeviceCore:
             epoch,
             "; ".join(str(p) for p in problems),
         )
+        self._tell_coordinator(
+            ErrorCode.DATA_MISMATCH,
+            reason_of(problems),
+            round_index=round_index,
+            message_id=derived_id(self.device_id, "data_mismatch", epoch),
+            in_reply_to=in_reply_to,
+        )
+
+    def _tell_coordinator(
+        self,
+        code: ErrorCode,
+        reason: str,
+        *,
+        round_index: int,
+        message_id: str,
+        in_reply_to: str | None,
+    ) -> None:
+        """Why this device refuses what the coordinator sent (an `ErrorReply`).
+
+        ``message_id`` is derived from what is refused, so a repeated answer
+        is recognised by the coordinator's dedup.
+        """
         self._send(
             ErrorReply(
                 federation=self._config.federation,
                 round=round_index,
                 sender=self.device_id,
-                message_id=derived_id(self.device_id, "data_mismatch", epoch),
-                code=ErrorCode.DATA_MISMATCH,
-                reason=reason_of(problems),
+                message_id=message_id,
+                code=code,
+                reason=reason[:256],
                 in_reply_to=in_reply_to,
             )
         )

@@ -105,16 +105,12 @@ class EpochSteps(DeviceCore):
         if fingerprint not in self._refused_coordinators:  # one ERROR, every reply
             self._refused_coordinators.add(fingerprint)
             self._log_refusal(reason)
-        self._send(
-            ErrorReply(
-                federation=self._config.federation,
-                round=message.round,
-                sender=self.device_id,
-                message_id=derived_id(self.device_id, "identity", message.message_id),
-                code=ErrorCode.COORDINATOR_IDENTITY_MISMATCH,
-                reason=reason[:256],
-                in_reply_to=message.message_id,
-            )
+        self._tell_coordinator(
+            ErrorCode.COORDINATOR_IDENTITY_MISMATCH,
+            reason,
+            round_index=message.round,
+            message_id=derived_id(self.device_id, "identity", message.message_id),
+            in_reply_to=message.message_id,
         )
 
     def _log_refusal(self, reason: str) -> None:
@@ -161,16 +157,12 @@ class EpochSteps(DeviceCore):
         logger.error(
             "%s: refusing key epoch %d: %s", self.device_id, notice.epoch, reason
         )
-        self._send(
-            ErrorReply(
-                federation=self._config.federation,
-                round=notice.round,
-                sender=self.device_id,
-                message_id=derived_id(self.device_id, "method_mismatch", notice.epoch),
-                code=ErrorCode.METHOD_MISMATCH,
-                reason=reason[:256],
-                in_reply_to=notice.message_id,
-            )
+        self._tell_coordinator(
+            ErrorCode.METHOD_MISMATCH,
+            reason,
+            round_index=notice.round,
+            message_id=derived_id(self.device_id, "method_mismatch", notice.epoch),
+            in_reply_to=notice.message_id,
         )
 
     def _adopt_epoch(
