@@ -161,6 +161,16 @@ class DeadlinesConfig(_Frozen):
     reconnects (`ursa.coordinator.presence`)."""
 
 
+class EvaluationConfig(_Frozen):
+    """``[evaluation]``: federated evaluation (`ursa.coordinator.fleet_eval`)."""
+
+    every: int = Field(default=0, ge=0)
+    """Federated evaluation before every ``every``-th round (0: never); round
+    ``1 + every`` evaluates the model after round ``every``, and so on."""
+    timeout_s: float = Field(default=30.0, gt=0)
+    """How long the round waits for the devices' evaluation reports."""
+
+
 class RegistryConfig(_Frozen):
     """Dubhe registry parameters, sent to devices in the signed key-epoch notice."""
 
@@ -276,6 +286,8 @@ class CoordinatorConfig(_Frozen):
     """The ``[[methods]]`` list (`ursa.coordinator.methods_config`)."""
     training: TrainingSection | None = None
     """The training method's shared settings (model, initial weights, timeouts)."""
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    """Federated evaluation of the global model on the devices' own data."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -97,6 +97,9 @@ class DeviceTrainingConfig(_Frozen):
     wire_dtype: Literal["float32", "float16"] = "float32"
     seed: int | None = Field(default=None, ge=0)
     """The device's training seed; None derives one from the device id."""
+    eval_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Samples held out for federated evaluation (0: none; the device then
+    reports zeros when the coordinator evaluates)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -132,6 +135,9 @@ class DeviceConfig(_Frozen):
     admission: AdmissionLimits = Field(default_factory=AdmissionLimits)
     """Rate limit on incoming messages per topic scope (global, own),
     checked before decoding (`ursa.protocol.admission_limits`)."""
+    eval_min_parties: int = Field(default=2, ge=1)
+    """As the key epoch's agent, disclose a federated evaluation sum to the
+    coordinator only if it has at least this many reports."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:

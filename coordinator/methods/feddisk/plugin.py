@@ -51,6 +51,7 @@ from ursa.coordinator.plugin import CoordinatorView, Send
 from ursa.coordinator.training import TrainingPlugin
 from ursa.protocol.messages import (
     COORDINATOR,
+    MADE_LOSS,
     BaseMessage,
     ChunkRequest,
     FeddiskSwitch,
@@ -181,7 +182,7 @@ class FeddiskPlugin(FeddiskJudging):
 
     def on_message(self, round_index: int, message: BaseMessage, send: Send) -> None:
         """Take loss reports and verdicts; route the rest to the active model."""
-        if isinstance(message, MeanReport):
+        if isinstance(message, MeanReport) and message.purpose == MADE_LOSS:
             self._on_loss(round_index, message, send)
         elif isinstance(message, MadeVerdict):
             self._on_verdict(round_index, message, send)
