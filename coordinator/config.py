@@ -49,6 +49,10 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     model = "classifier"              # the wire name devices train (their `model`)
     update_timeout_s = 300.0          # any other `TrainingConfig` field too
 
+    [evaluation]                      # federated evaluation (off by default)
+    every = 5                         # before rounds 6, 11, ...: the fleet's accuracy
+    timeout_s = 30.0                  # on the devices' own held-out data, encrypted
+
 ``[[methods]]`` is `ursa.coordinator.methods_config`'s discriminated union:
 exactly one selection method, at most one training method (without one,
 rounds end at the selection) and at most one balancing method (``kind =

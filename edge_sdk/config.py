@@ -22,6 +22,7 @@ files and the environment; `EdgeClient` receives a `DeviceConfig`::
     model_options = { input_dim = 64, num_classes = 10, hidden_sizes = [32] }
     wire_dtype = "float16"                # upload precision (float32 default)
     train = { epochs = 1, batch_size = 16, lr = 0.05 }   # `TrainConfig` fields
+    eval_fraction = 0.2                   # held out for federated evaluation
 
     [[methods]]                           # the federation's methods (see below)
     kind = "dubhe"
