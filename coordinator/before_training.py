@@ -134,6 +134,9 @@ class BeforeTraining(ABC):
         """
         return {}
 
+    def extend_deadlines(self, seconds: float) -> None:  # noqa: B027 - optional hook
+        """The broker was away ``seconds``: give open windows that time back."""
+
     def on_update(  # noqa: B027 - optional hook
         self, round_index: int, device: str, message: ModelUpdate
     ) -> None:

@@ -270,6 +270,11 @@ class CoordinatorConfig(_Frozen):
     Short of it the coordinator waits for the fleet: a broker restart's first
     returning device must not start an epoch alone. Lower it to go on after
     devices leave for good."""
+    rekey_on_churn: float = Field(default=0.5, ge=0.0, le=1.0)
+    """A new key epoch before a round when the online fleet differs from the
+    one online when the epoch started (devices left, or joined) by more than
+    this fraction of it, and a quorum is online (0: never; late joiners then
+    wait for the next epoch)."""
     k: int = Field(default=10, ge=1)
     tries: int = Field(default=1, ge=1, le=256)
     rounds: int = Field(default=10, ge=0)

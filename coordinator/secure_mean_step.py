@@ -145,6 +145,11 @@ class SecureMeanStep(BeforeTraining):
         if mean is not None and self._ctx is not None and self._round == round_index:
             mean.republish(self._ctx.send)
 
+    def extend_deadlines(self, seconds: float) -> None:
+        """The open mean waits ``seconds`` longer (the broker was away)."""
+        if self._mean is not None:
+            self._mean.extend(seconds)
+
     def close(self, round_index: int) -> None:
         """Drop the round's mean record."""
         if self._round != round_index or self._mean is None:

@@ -298,6 +298,15 @@ class TrainingPlugin(RoundPlugin):
         ):
             self._emit(request, device)
 
+    def extend_deadlines(self, seconds: float) -> None:
+        """The open round's step and update deadline wait ``seconds`` longer."""
+        work = self._open
+        if work is None or work.phase is Phase.DONE or seconds <= 0:
+            return
+        if work.phase is Phase.BEFORE:
+            self._steps[work.step].extend_deadlines(seconds)
+        work.deadline_at += seconds
+
     def methods(self) -> tuple[str, ...]:
         """The training method devices must run: the steps' methods, else fedavg."""
         signed = (s.name for s in self._steps if s.signed)

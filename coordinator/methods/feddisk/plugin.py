@@ -196,6 +196,14 @@ class FeddiskPlugin(FeddiskJudging):
         if not self._tick_loss(round_index, now, send):
             self._active().on_tick(round_index, now, send)
 
+    def extend_deadlines(self, seconds: float) -> None:
+        """The loss step, the verdict wait and the active model's round wait longer."""
+        if self._loss is not None:
+            self._loss.extend(seconds)
+        if self._verdict is not None:
+            self._verdict.extend(seconds)
+        self._active().extend_deadlines(seconds)
+
     def methods(self) -> tuple[str, ...]:
         """FedDisk: devices judge the MADE rounds and weight their samples."""
         return ("feddisk",)
