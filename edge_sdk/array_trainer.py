@@ -103,6 +103,14 @@ class ArrayTrainer(ABC):
     def evaluate(self, weights: Weights) -> Mapping[str, float]:
         """Figures of ``weights`` on the local data; ``"loss"`` for CLIMB."""
 
+    def use_data(self, x: npt.NDArray[Any], y: npt.NDArray[np.int64]) -> None:
+        """Train on these samples from now on (FLICKER's resampled data).
+
+        Raises:
+            NotImplementedError: the app keeps its own data (the default).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot change its data")
+
     def initial_weights(self) -> Sequence[npt.NDArray[Any]] | None:
         """The app's model as arrays (shapes and dtypes checked); None: unchecked."""
         return None
@@ -228,6 +236,10 @@ class ArrayModelTrainer(ModelTrainer):
             {n: np.asarray(a) for n, a in zip(names, own, strict=True)},
             _native(global_arrays),
         )
+
+    def use_data(self, x: npt.NDArray[Any], y: npt.NDArray[np.int64]) -> None:
+        """Hand FLICKER's resampled data to the app (`ArrayTrainer.use_data`)."""
+        self.app.use_data(x, y)
 
     @property
     def features(self) -> int | None:

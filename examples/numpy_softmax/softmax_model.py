@@ -59,6 +59,10 @@ class SoftmaxTrainer(ArrayTrainer):
         self.features, self.classes = features, classes
         self.lr, self.batch_size = lr, batch_size
 
+    def use_data(self, x: NDArray[Any], y: NDArray[np.int64]) -> None:
+        """Train on FLICKER's resampled data from now on."""
+        self.x, self.y = x.reshape(len(x), -1).astype(np.float32), y.astype(np.int64)
+
     def initial_weights(self) -> Sequence[NDArray[Any]]:
         """This device's model: the federation's must have the same shapes."""
         return initial_weights(self.features, self.classes)
