@@ -2,7 +2,8 @@
 
 ``python softmax_data.py data --devices 3`` writes ``data/device-<i>.csv``
 (one sample per row: 64 pixel values in [0, 1], then the label) with a
-skewed split, and ``data/test.csv``. Nothing is downloaded.
+skewed split (mostly a few classes, and some of all), and ``data/test.csv``.
+Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -20,13 +21,32 @@ def write(out: Path, devices: int = 3, *, per_device: int = 300, seed: int = 0) 
 
     digits = load_digits()
     x, y = digits.data / 16.0, digits.target.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(y))
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(y))
     test, train = order[:300], order[300 : 300 + devices * per_device]
-    by_label = train[np.argsort(y[train], kind="stable")]
     out.mkdir(parents=True, exist_ok=True)
-    for index, part in enumerate(np.array_split(by_label, devices)):
+    for index, part in enumerate(_skewed_split(train, y, devices, rng)):
         _save(out / f"device-{index}.csv", x[part], y[part])
     _save(out / "test.csv", x[test], y[test])
+
+
+def _skewed_split(
+    train: NDArray[np.int64],
+    y: NDArray[np.int64],
+    devices: int,
+    rng: np.random.Generator,
+) -> list[NDArray[np.int64]]:
+    """Per device: a run of classes (60% of its samples) plus a uniform share."""
+    uniform = rng.random(len(train)) < 0.4
+    skewed = train[~uniform][np.argsort(y[train[~uniform]], kind="stable")]
+    return [
+        np.concatenate([s, u])
+        for s, u in zip(
+            np.array_split(skewed, devices),
+            np.array_split(train[uniform], devices),
+            strict=True,
+        )
+    ]
 
 
 def _save(path: Path, x: NDArray[np.float64], y: NDArray[np.int64]) -> None:

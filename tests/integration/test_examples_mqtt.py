@@ -37,9 +37,21 @@ def run_example(
     app: Any,
     data_files: list[Path],
     accuracy: Callable[[Arrays], float],
+    *,
+    training: str = "fedavg",
+    rounds: int = ROUNDS,
 ) -> tuple[list[Any], list[float], Arrays]:
-    """Run the example's coordinator and N app devices for ROUNDS rounds."""
-    base = load_coordinator_config(folder / "coordinator.toml", environ={})
+    """Run the example's coordinator and N app devices for ROUNDS rounds.
+
+    ``training`` replaces the TOMLs' training method (both sides).
+    """
+    configs = data_files[0].parent / f"configs-{training}"
+    configs.mkdir(exist_ok=True)
+    for name in ("coordinator.toml", "device.toml"):
+        text = (folder / name).read_text()
+        text = text.replace('kind = "fedavg"', f'kind = "{training}"')
+        (configs / name).write_text(text)
+    base = load_coordinator_config(configs / "coordinator.toml", environ={})
     fed = fed_factory(base.federation)
     records: list[Any] = []
     scores: list[float] = []
@@ -49,7 +61,7 @@ def run_example(
         return {"accuracy": scores[-1]}
 
     config = fed.coordinator_config(
-        N, k=K, tries=3, rounds=ROUNDS, methods=base.methods, training=base.training
+        N, k=K, tries=3, rounds=rounds, methods=base.methods, training=base.training
     )
     config = config.model_copy(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 60})}
@@ -64,7 +76,7 @@ def run_example(
     service.start()
     loop = threading.Thread(target=service.run, daemon=True)
     loop.start()
-    device_toml = load_device_config(folder / "device.toml", environ={})
+    device_toml = load_device_config(configs / "device.toml", environ={})
     stop = threading.Event()
     threads = []
     for index, device_id in enumerate(fed.device_ids(N)):
@@ -141,8 +153,12 @@ def test_the_torch_cnn_example_trains_its_batchnorm_model(
     )  # the coordinator's counter is kept
 
 
+@pytest.mark.parametrize("training", ["fedavg", "climb"])
 def test_the_numpy_example_trains_without_torch(
-    mqtt_federation: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mqtt_federation: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    training: str,
 ) -> None:
     folder = EXAMPLES / "numpy_softmax"
     monkeypatch.syspath_prepend(str(folder))
@@ -157,11 +173,31 @@ def test_the_numpy_example_trains_without_torch(
         return float(judge.evaluate([arrays["0"], arrays["1"]])["accuracy"])
 
     files = [tmp_path / "data" / f"device-{i}.csv" for i in range(N)]
-    records, scores, _ = run_example(mqtt_federation, folder, app, files, accuracy)
+    plans: list[Any] = []
+    fit = model.SoftmaxTrainer.fit
 
-    assert [r.round for r in records] == list(range(1, ROUNDS + 1))
+    def recording_fit(self: Any, weights: Any, plan: Any) -> Any:
+        plans.append(plan)
+        return fit(self, weights, plan)
+
+    monkeypatch.setattr(model.SoftmaxTrainer, "fit", recording_fit)
+    # CLIMB's w_i differ from 1 from round 3 on: round 1's losses at the
+    # all-zero model are equal, and w_i of round r uses the lambdas of r - 1
+    rounds = 3 if training == "climb" else ROUNDS
+    records, scores, _ = run_example(
+        mqtt_federation, folder, app, files, accuracy, training=training, rounds=rounds
+    )
+
+    assert [r.round for r in records] == list(range(1, rounds + 1))
     assert all(len(r.contributed) == K for r in records)
     assert scores[-1] > scores[0] + 0.15, scores
+    assert len(plans) == K * rounds and {p.epochs for p in plans} == {2}
+    weights = {round(p.client_weight, 6) for p in plans}
+    if training == "climb":  # the dual step's w_i reached the app's plan
+        assert weights != {1.0}, weights
+        assert all(r.before_training == {"climb": N} for r in records)
+    else:
+        assert weights == {1.0}
 
 
 def test_the_numpy_example_app_and_its_coordinator_model_load_no_torch(
