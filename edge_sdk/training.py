@@ -31,8 +31,9 @@ Conventions (they matter for the algorithms on top):
   without per-sample weights) and an optional optimiser factory
   ``optimizer(parameters)``. Its whole ``state_dict`` is the model: float
   buffers move and are averaged like weights, integer ones (BatchNorm's
-  ``num_batches_tracked``) keep the global value in the delta (0). Targets
-  are integers (classes: accuracy is reported) or floats (any loss).
+  ``num_batches_tracked``) travel as the batches counted (never scaled) and
+  the coordinator keeps its own value. Targets are integers (classes:
+  accuracy is reported) or floats (any loss).
 * **Binary classifier** (`fit_binary_classifier`): inputs standardised with
   the training rows' mean and std, one ReLU hidden layer (``hidden_size=0``
   gives logistic regression) and a sigmoid output, trained with the weighted
