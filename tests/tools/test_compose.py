@@ -304,3 +304,31 @@ def test_an_import_path_architecture_on_both_sides(tmp_path: Path) -> None:
     assert isinstance(client._trainer, ModuleTrainer)
     with pytest.raises(ValidationError, match="neither built in"):
         _device(tmp_path, training={**training, "architecture": "pkg/mod:f"})
+
+
+def test_feddisk_wraps_a_module_trainer_and_its_phase_two_trains_it(
+    tmp_path: Path,
+) -> None:
+    from ursa.edge_sdk.feddisk_trainer import FeddiskTrainer
+    from ursa.edge_sdk.module_trainer import ModuleTrainer
+    from ursa.models.registry import state_dict_to_arrays
+
+    training = {
+        **_training(tmp_path),
+        "architecture": "tests.tools.compose_factories:tiny",
+    }
+    training["model_options"] = {"features": 4}
+    methods = [DUBHE, {"kind": "feddisk", "made_hidden_sizes": [8]}]
+    client = compose.build_device(_device(tmp_path, training=training, methods=methods))
+    trainer = client._trainer
+    assert isinstance(trainer, FeddiskTrainer)
+    assert isinstance(trainer.classifier, ModuleTrainer)
+
+    weights = np.linspace(0.5, 1.5, 12)
+    trainer.restore_weights(weights)
+    global_arrays = state_dict_to_arrays(trainer.classifier.module)
+    delta = trainer.train_delta(1, global_arrays, delta_scale=1.0).delta
+
+    assert trainer.model == "classifier"
+    np.testing.assert_array_equal(trainer.classifier.sample_weights, weights)
+    assert list(delta) == list(global_arrays)
