@@ -121,6 +121,7 @@ class Evaluation:
     mean_loss: float
     per_class_accuracy: tuple[float, ...]
     per_class_count: tuple[int, ...]
+    per_class_correct: tuple[int, ...] = ()
 
 
 def train_local(
@@ -281,6 +282,7 @@ def _classification(
         mean_loss=loss,
         per_class_accuracy=tuple(float(a) for a in per_class),
         per_class_count=tuple(int(c) for c in counts),
+        per_class_correct=tuple(int(h) for h in hits),
     )
 
 

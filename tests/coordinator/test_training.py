@@ -512,3 +512,28 @@ def test_a_device_with_another_model_answers_model_mismatch_naming_the_tensor(
     assert not [m for _, m in fed.messages("error") if m.code == "data_mismatch"]
     assert bad not in selections(fed)[2]
     assert f"{bad} sits out: model_mismatch: " in caplog.text
+
+
+def test_device_metrics_are_averaged_and_samples_summed() -> None:
+    from ursa.coordinator.training_round import summarise_device_metrics
+
+    summary = summarise_device_metrics(
+        {
+            "d0": {"loss": 0.5, "samples": 10.0, "train_s": 1.0},
+            "d1": {"loss": 1.5, "samples": 30.0},
+        }
+    )
+    assert summary == {"reporting": 2.0, "loss": 1.0, "samples": 40.0, "train_s": 1.0}
+
+
+def test_an_outage_gives_the_round_its_time_back(
+    federation: Any, tmp_path: Path
+) -> None:
+    fed = federation(num_devices=6, k=3, tries=1, rounds=1)
+    fed.bus.drop_filter = drop_first_selected_update(fed)
+    plugin = start_training(fed, tmp_path, TrainingConfig(update_timeout_s=5.0))
+    plugin.extend_deadlines(30.0)  # what the service does when the broker is back
+    fed.tick(6.0)
+    assert not fed.coordinator.is_done  # the update may still be queued
+    fed.tick(30.0)
+    assert fed.coordinator.is_done and len(plugin.history[0].contributed) == 2
