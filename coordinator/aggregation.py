@@ -21,6 +21,15 @@ global + server_lr * sum_i(a_i * delta_i) / sum_i(a_i)`` with ``a_i``:
   that a round records which rule it used, and because the coordinator must
   *not* rescale: it never learns ``w_i``.
 
+Integer arrays (a model's counters, e.g. BatchNorm's ``num_batches_tracked``)
+are not averaged: a mean of counters is no counter, and the sum of the
+devices' batches would count each round K times. The global model keeps the
+coordinator's value (its initial model's), whatever the devices send; the
+devices' float buffers (running means and variances) are averaged like
+weights. ``num_batches_tracked`` only matters to a BatchNorm built with
+``momentum=None`` (a cumulative average), which a federated model should
+not use (docs/sdk.md).
+
 Rules: a device's second update in a round is ignored (first wins; `apply_update`
 reports it), an update whose array names or shapes differ from the global
 model's, or that holds NaN/inf, raises `UpdateMismatchError`, and a bad weight
@@ -161,6 +170,8 @@ def finalize_aggregation(
 ) -> Arrays:
     """Return ``global + server_lr * weighted mean delta`` in the global dtypes.
 
+    Integer arrays keep their global value (see the module docstring).
+
     Raises:
         EmptyRoundError: no update was accepted.
         UpdateMismatchError: ``global_arrays`` is not the model the round began with.
@@ -176,6 +187,9 @@ def finalize_aggregation(
     out: Arrays = {}
     for name, base in global_arrays.items():
         arr = np.asarray(base)
+        if arr.dtype.kind in "iu":
+            out[name] = arr.copy()
+            continue
         new = arr.astype(np.float64) + scale * state.weighted_sum[name]
         out[name] = new.astype(arr.dtype if arr.dtype.kind == "f" else np.float32)
     return out

@@ -46,6 +46,8 @@ everything else receives a `CoordinatorConfig`. A file looks like::
 
     [training]                        # the training method's shared settings
     initial_weights = "weights.ursw"  # `ursa model init ... --out weights.ursw`
+    architecture = "mlp"              # optional: mlp | cnn | "package.module:factory"
+    model_options = { input_dim = 64, num_classes = 10 }   # its keyword arguments
     model = "classifier"              # the wire name devices train (their `model`)
     update_timeout_s = 300.0          # any other `TrainingConfig` field too
 
@@ -59,8 +61,14 @@ rounds end at the selection) and at most one balancing method (``kind =
 "flicker"``: FLICKER between enrolment and the first key epoch). The ``[training]``
 section holds
 `TrainingConfig`'s fields plus ``initial_weights``, adopted as version 0 when
-no checkpoint exists yet; the architecture and its shape are the devices'
-business (their ``[training]``), so the coordinator needs no torch. Under
+no checkpoint exists yet, and optionally the model's ``architecture`` and
+``model_options`` as the devices name it (`ursa.models.spec`). With an
+architecture the coordinator checks at start-up that the initial weights
+(and its latest checkpoint) fit it, tensor by tensor, and builds version 0
+from it when no ``initial_weights`` are given; a factory returning a torch
+module (or a built-in) needs torch there, one returning NumPy arrays does
+not. Without one the coordinator needs no model code at all: it averages
+the arrays by name and shape. Under
 ``kind = "feddisk"`` the classifier rounds are FedAvg and a `FeddiskPlugin`
 runs the MADE rounds first (the same deadlines and chunking; the MADE's
 initial weights are the method's ``made_initial_weights``).
@@ -79,7 +87,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import Self
 
 from ursa._compat import tomllib
@@ -97,6 +105,7 @@ from ursa.coordinator.methods_config import (
     selection_spec,
     training_spec,
 )
+from ursa.models.spec import check_architecture
 from ursa.protocol.admission_limits import AdmissionLimits
 from ursa.protocol.broker_config import BrokerConfig
 from ursa.protocol.codebook import Codebook, CodebookError
@@ -222,6 +231,15 @@ class TrainingSection(BaseModel):
 
     initial_weights: Path | None = None
     """A `ursa.models.weights` file adopted as version 0 if no checkpoint exists."""
+    architecture: str | None = None
+    """The model as the devices name it (``mlp``, ``cnn``, ``pkg.mod:factory``)."""
+    model_options: dict[str, Any] = Field(default_factory=dict)
+    """The architecture's keyword arguments."""
+
+    @field_validator("architecture")
+    @classmethod
+    def _architecture(cls, value: str | None) -> str | None:
+        return None if value is None else check_architecture(value)
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -112,7 +112,9 @@ TRANSIENT_CODES = frozenset(
 """Refusals that depend on when a message came, not on what it says: such a
 message is not marked seen, so the device's retransmission is judged afresh."""
 
-_SITS_OUT = frozenset({ErrorCode.METHOD_MISMATCH, ErrorCode.DATA_MISMATCH})
+_SITS_OUT = frozenset(
+    {ErrorCode.METHOD_MISMATCH, ErrorCode.DATA_MISMATCH, ErrorCode.MODEL_MISMATCH}
+)
 """A device answering these does not fit the federation: not selected this epoch."""
 
 IDENTITY_PUBLIC_FILENAME = "coordinator.pub"

@@ -1,8 +1,10 @@
 """Device side: EdgeClient, registration, self-selection, local training.
 
-`import ursa.edge_sdk` never imports torch, so a selection-only device runs
-without it: the torch trainers import torch on first use, and the names of
-`ursa.edge_sdk.training` (which imports torch) load on first access.
+`import ursa.edge_sdk` never imports torch, so a selection-only device (or
+one training with an `ArrayTrainer`) runs without it: the torch trainers
+(`TorchTrainer`, `ModuleTrainer`) import torch on first use, and the names of
+`ursa.edge_sdk.training` (which imports torch) load on first access. The
+device developer's guide is ``docs/sdk.md``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ursa.edge_sdk.array_trainer import (
+    ArrayModelTrainer,
+    ArrayTrainer,
+    FitPlan,
+    FitResult,
+)
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.climb import ClimbConfig
 from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig, load_device_config
@@ -19,6 +27,7 @@ from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.methods.dubhe import Dubhe
 from ursa.edge_sdk.methods.feddisk import FedDisk
 from ursa.edge_sdk.methods.flicker.method import Flicker
+from ursa.edge_sdk.module_trainer import ModuleTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.trainer import (
     LocalDelta,
@@ -27,11 +36,19 @@ from ursa.edge_sdk.trainer import (
     Trainer,
     TrainingReport,
 )
+from ursa.models.spec import ModelMismatchError
 
 if TYPE_CHECKING:
-    from ursa.edge_sdk.training import TrainConfig, TrainingError
+    from ursa.edge_sdk.training import (
+        TrainConfig,
+        TrainingError,
+        evaluate_module,
+        train_module,
+    )
 
 __all__ = [
+    "ArrayModelTrainer",
+    "ArrayTrainer",
     "Climb",
     "ClimbConfig",
     "DeviceConfig",
@@ -43,9 +60,13 @@ __all__ = [
     "FedDisk",
     "FeddiskSettings",
     "FeddiskTrainer",
+    "FitPlan",
+    "FitResult",
     "Flicker",
     "LocalDelta",
+    "ModelMismatchError",
     "ModelTrainer",
+    "ModuleTrainer",
     "NoOpTrainer",
     "TorchTrainer",
     "TrainConfig",
@@ -53,12 +74,16 @@ __all__ = [
     "Trainer",
     "TrainingError",
     "TrainingReport",
+    "evaluate_module",
     "load_device_config",
+    "train_module",
 ]
 
 _LAZY = {
     "TrainConfig": "ursa.edge_sdk.training",
     "TrainingError": "ursa.edge_sdk.training",
+    "evaluate_module": "ursa.edge_sdk.training",
+    "train_module": "ursa.edge_sdk.training",
 }
 """Names whose module imports torch: loaded on first access only."""
 

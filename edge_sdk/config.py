@@ -18,7 +18,7 @@ files and the environment; `EdgeClient` receives a `DeviceConfig`::
 
     [training]                            # optional: a device that trains (torch)
     data_file = "data.npz"                # x and y arrays; or a data-set spec
-    architecture = "mlp"                  # mlp | cnn, as `ursa model init`
+    architecture = "mlp"                  # mlp | cnn | "package.module:factory"
     model_options = { input_dim = 64, num_classes = 10, hidden_sizes = [32] }
     wire_dtype = "float16"                # upload precision (float32 default)
     train = { epochs = 1, batch_size = 16, lr = 0.05 }   # `TrainConfig` fields
@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import Self
 
 from ursa._compat import tomllib
@@ -61,6 +61,7 @@ from ursa.edge_sdk.methods_config import (
     check_device_methods,
     default_methods,
 )
+from ursa.models.spec import check_architecture
 from ursa.protocol.admission_limits import AdmissionLimits
 from ursa.protocol.broker_config import BrokerConfig
 from ursa.protocol.envelope import DEFAULT_MAX_MESSAGE_BYTES
@@ -88,9 +89,12 @@ class DeviceTrainingConfig(_Frozen):
 
     data_file: str = Field(min_length=1)
     """A ``.npz`` (arrays ``x``, ``y``) or a `load_dataset` spec (``csv:PATH``)."""
-    architecture: Literal["mlp", "cnn"] = "mlp"
-    model_options: dict[str, Any]
-    """The architecture's config; must match the coordinator's initial weights."""
+    architecture: str = "mlp"
+    """A built-in (``mlp``, ``cnn``) or an import path ``package.module:factory``
+    whose factory returns a ``torch.nn.Module`` (`ursa.models.spec`)."""
+    model_options: dict[str, Any] = Field(default_factory=dict)
+    """The architecture's config (a factory's keyword arguments); must match
+    the coordinator's model."""
     model: str = Field(default="classifier", pattern=NAME_PATTERN, max_length=24)
     """The wire name of the model (the coordinator's ``[training] model``)."""
     train: dict[str, Any] = Field(default_factory=dict)
@@ -101,6 +105,11 @@ class DeviceTrainingConfig(_Frozen):
     eval_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Samples held out for federated evaluation (0: none; the device then
     reports zeros when the coordinator evaluates)."""
+
+    @field_validator("architecture")
+    @classmethod
+    def _architecture(cls, value: str) -> str:
+        return check_architecture(value)
 
     @model_validator(mode="before")
     @classmethod

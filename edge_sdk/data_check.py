@@ -12,8 +12,10 @@ The client (``edge_sdk/keys.py``, ``edge_sdk/model_steps.py``) runs
   whether the model fits the trainer's own model at all.
 
 A device with a problem logs one ERROR naming it and its remedy, answers the
-coordinator with ``ErrorReply(code="data_mismatch")`` and sits the key epoch
-out (it does not register or volunteer); see ``docs/protocol.md``.
+coordinator with ``ErrorReply(code="data_mismatch")`` (``"model_mismatch"``
+when only its model differs from the federation's: the tensor is named) and
+sits the key epoch out (it does not register or volunteer); see
+``docs/protocol.md``.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ class DataProblem:
 
     what: str
     remedy: str
+    model: bool = False
+    """The device's model (not its data) differs: answered ``model_mismatch``."""
 
     def __str__(self) -> str:
         return f"{self.what} (remedy: {self.remedy})"

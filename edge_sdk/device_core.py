@@ -156,6 +156,8 @@ class DeviceCore:
     ) -> None:
         """Sit key epoch `epoch` out: one ERROR, one `data_mismatch` answer.
 
+        ``model_mismatch`` instead when every problem is the device's model.
+
         The device neither registers nor volunteers nor trains in the epoch
         (`_index` is cleared); the coordinator excludes it from selection.
         """
@@ -163,14 +165,17 @@ class DeviceCore:
         if self._sat_out_epoch == epoch:
             return
         self._sat_out_epoch = epoch
+        model = bool(problems) and all(p.model for p in problems)
+        code = ErrorCode.MODEL_MISMATCH if model else ErrorCode.DATA_MISMATCH
         logger.error(
-            "%s: sitting out key epoch %d: data_mismatch: %s",
+            "%s: sitting out key epoch %d: %s: %s",
             self.device_id,
             epoch,
+            code,
             "; ".join(str(p) for p in problems),
         )
         self._tell_coordinator(
-            ErrorCode.DATA_MISMATCH,
+            code,
             reason_of(problems),
             round_index=round_index,
             message_id=derived_id(self.device_id, "data_mismatch", epoch),

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.edge_sdk.feddisk_settings import FeddiskSettings
+from ursa.edge_sdk.module_trainer import ModuleTrainer
 from ursa.edge_sdk.phased_trainer import PhasedTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
 from ursa.edge_sdk.trainer import ClassCounts, LocalDelta
@@ -47,7 +48,7 @@ class FeddiskTrainer(PhasedTrainer):
 
     def __init__(
         self,
-        classifier: TorchTrainer,
+        classifier: TorchTrainer | ModuleTrainer,
         *,
         settings: FeddiskSettings | None = None,
         seed: int = 0,

@@ -456,8 +456,9 @@ def _model_problems(
         return (
             DataProblem(
                 f"the federation's {model} does not fit this device's model: {exc}",
-                "set [training] architecture and model_options to the "
-                "federation's model",
+                "give the device the federation's model ([training] "
+                "architecture and model_options, or the app's module)",
+                model=True,
             ),
         )
     return ()

@@ -24,7 +24,8 @@ import numpy.typing as npt
 
 from ursa.edge_sdk.climb import ClimbConfig
 from ursa.edge_sdk.trainer import ClassCounts, LocalDelta, ModelTrainer
-from ursa.models.weights import Arrays, spec_of
+from ursa.models.spec import ModelMismatchError, check_fits
+from ursa.models.weights import Arrays
 
 if TYPE_CHECKING:
     from ursa.edge_sdk.training import TrainConfig
@@ -99,7 +100,7 @@ class TorchTrainer(ModelTrainer):
                 raise ValueError(
                     "need the same number of evaluation samples and labels"
                 )
-        self._spec: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+        self._own: Arrays | None = None
 
     def use_data(self, x: npt.NDArray[Any], y: npt.NDArray[np.int64]) -> None:
         """Train on ``x``, ``y`` from now on (FLICKER's resampled data)."""
@@ -197,13 +198,19 @@ class TorchTrainer(ModelTrainer):
         return int(np.prod(shape, dtype=np.int64))
 
     def check_arrays(self, global_arrays: Arrays) -> None:
-        """Raise ValueError unless the arrays have the model's names and shapes."""
-        if self._spec is None:
+        """Raise `ModelMismatchError` (naming the tensor) unless the arrays fit.
+
+        Names, shapes and dtypes (float or integer) must equal the model's.
+        """
+        if self._own is None:
             from ursa.models.registry import initial_arrays
 
-            model_arrays = initial_arrays(self.architecture, self.model_config, seed=0)
-            self._spec = spec_of(model_arrays)
-        if spec_of(global_arrays) != self._spec:
-            raise ValueError(
-                f"global weights do not fit {self.architecture} {self.model_config}"
-            )
+            self._own = initial_arrays(self.architecture, self.model_config, seed=0)
+        try:
+            check_fits(self._own, global_arrays)
+        except ModelMismatchError as exc:
+            raise ModelMismatchError(
+                exc.tensor,
+                f"{exc.detail} (global weights do not fit "
+                f"{self.architecture} {self.model_config})",
+            ) from None

@@ -25,6 +25,15 @@ Conventions (they matter for the algorithms on top):
   ``config.seed`` inside ``torch.random.fork_rng`` (the caller's global RNG is
   left untouched). Give every device and round its own seed. Training calls
   ``torch.set_num_threads(config.num_threads)`` (process-wide; 1 by default).
+* **Your own module** (`train_module`, `evaluate_module`): any
+  ``nn.Module`` with an optional loss ``loss(outputs, targets)`` returning
+  per-sample losses (``reduction="none"``; a scalar loss is accepted only
+  without per-sample weights) and an optional optimiser factory
+  ``optimizer(parameters)``. Its whole ``state_dict`` is the model: float
+  buffers move and are averaged like weights, integer ones (BatchNorm's
+  ``num_batches_tracked``) travel as the batches counted (never scaled) and
+  the coordinator keeps its own value. Targets are integers (classes:
+  accuracy is reported) or floats (any loss).
 * **Binary classifier** (`fit_binary_classifier`): inputs standardised with
   the training rows' mean and std, one ReLU hidden layer (``hidden_size=0``
   gives logistic regression) and a sigmoid output, trained with the weighted
@@ -33,7 +42,7 @@ Conventions (they matter for the algorithms on top):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,11 +58,15 @@ from ursa.models.made import Made, MadeConfig
 from ursa.models.mlp import MlpConfig
 from ursa.models.registry import build_model, load_arrays, parse_config
 from ursa.models.registry import state_dict_to_arrays as _to_arrays
-from ursa.models.weights import Arrays, FloatArray, subtract
+from ursa.models.weights import Arrays, FloatArray, WeightsMismatchError, subtract
 
 _EVAL_BATCH = 1024
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+OutputLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``loss(outputs, targets)``: per-sample losses, shape ``(n,)`` (or a mean)."""
+OptimizerFactory = Callable[[Iterator[nn.Parameter]], torch.optim.Optimizer]
+"""``optimizer(model.parameters())``: a fresh optimiser for one round."""
 
 
 class TrainingError(ValueError):
@@ -140,10 +153,84 @@ def train_local(
     xt, yt = _dataset(_classifier_config(model_name, model_config), x, y)
     weights = _normalised_weights(sample_weights, len(xt))
     loss_fn = _focal_loss(config.focal_gamma) if config.loss == "focal" else _ce_loss
+    model = _model_at(model_name, model_config, global_arrays)
     return _train_delta(
-        model_name, model_config, global_arrays, xt, yt, weights, loss_fn,
+        model, global_arrays, xt, yt, weights, loss_fn,
         config=config, delta_scale=delta_scale,
     )  # fmt: skip
+
+
+def train_module(
+    model: nn.Module,
+    global_arrays: Mapping[str, FloatArray],
+    x: npt.ArrayLike,
+    y: npt.ArrayLike,
+    *,
+    config: TrainConfig,
+    loss: OutputLoss | None = None,
+    optimizer: OptimizerFactory | None = None,
+    sample_weights: npt.ArrayLike | None = None,
+    delta_scale: float = 1.0,
+) -> LocalResult:
+    """Train the app's own ``model`` from the global weights; return its delta.
+
+    Args:
+        model: any ``nn.Module``; the global weights are loaded into it first
+            (its ``state_dict`` names and shapes must match them).
+        global_arrays: the global weights the round starts from.
+        x: samples in the shape the model takes (batch first).
+        y: targets: class indices (integers) or float targets.
+        config: epochs, batch size, FedVC, seed (and lr, optimiser when no
+            ``optimizer`` is given).
+        loss: ``loss(outputs, targets)`` per sample; default cross-entropy
+            (``config.loss = "focal"``: the focal loss).
+        optimizer: builds the round's optimiser from the parameters.
+        sample_weights: optional non-negative per-sample weights (FedDisk).
+        delta_scale: multiplies the delta (CLIMB's ``w_i``).
+
+    Raises:
+        TrainingError: inconsistent shapes or weights, or weights that do not
+            fit the model.
+    """
+    xt, yt = _module_dataset(x, y)
+    weights = _normalised_weights(sample_weights, len(xt))
+    if loss is None:
+        loss_fn = (
+            _focal_loss(config.focal_gamma) if config.loss == "focal" else _ce_loss
+        )
+    else:
+        loss_fn = _output_loss(loss, weighted=sample_weights is not None)
+    _load(model, global_arrays)
+    return _train_delta(
+        model, global_arrays, xt, yt, weights, loss_fn,
+        config=config, delta_scale=delta_scale, optimizer=optimizer,
+    )  # fmt: skip
+
+
+def evaluate_module(
+    model: nn.Module,
+    arrays: Mapping[str, FloatArray],
+    x: npt.ArrayLike,
+    y: npt.ArrayLike,
+    *,
+    loss: OutputLoss | None = None,
+) -> Evaluation:
+    """Mean loss (and, for integer targets, accuracy) of ``model`` at ``arrays``.
+
+    Accuracy and the per-class figures are NaN/empty for float targets.
+    """
+    xt, yt = _module_dataset(x, y)
+    if len(yt) == 0:
+        raise TrainingError("cannot evaluate on an empty set")
+    _load(model, arrays)
+    outputs = _batched(model, xt, lambda m, xb: m(xb))
+    if loss is None:
+        mean_loss = float(F.cross_entropy(outputs, yt).item())
+    else:
+        mean_loss = float(loss(outputs, yt).mean().item())
+    if yt.dtype != torch.int64 or outputs.ndim != 2:
+        return Evaluation(float("nan"), mean_loss, (), ())
+    return _classification(outputs, yt, outputs.shape[1], mean_loss)
 
 
 def evaluate_loss(
@@ -176,6 +263,12 @@ def evaluate(
     model = _model_at(model_name, model_config, arrays)
     logits = _batched(model, xt, lambda m, xb: m(xb))
     loss = float(F.cross_entropy(logits, yt).item())
+    return _classification(logits, yt, num_classes, loss)
+
+
+def _classification(
+    logits: torch.Tensor, yt: torch.Tensor, num_classes: int, loss: float
+) -> Evaluation:
     correct = (logits.argmax(dim=1) == yt).numpy()
     labels = yt.numpy()
     counts = np.bincount(labels, minlength=num_classes)
@@ -209,8 +302,9 @@ def train_made_local(
     """
     xt = _features(x, _made_config(model_config).input_shape)
     weights = torch.ones(len(xt))
+    model = _model_at("made", model_config, global_arrays)
     return _train_delta(
-        "made", model_config, global_arrays, xt, torch.zeros(len(xt)), weights,
+        model, global_arrays, xt, torch.zeros(len(xt)), weights,
         _made_loss, config=config, delta_scale=delta_scale,
     )  # fmt: skip
 
@@ -290,8 +384,7 @@ def fit_binary_classifier(
 
 
 def _train_delta(
-    model_name: str,
-    model_config: Mapping[str, Any],
+    model: nn.Module,
     global_arrays: Mapping[str, FloatArray],
     xt: torch.Tensor,
     yt: torch.Tensor,
@@ -300,20 +393,27 @@ def _train_delta(
     *,
     config: TrainConfig,
     delta_scale: float,
+    optimizer: OptimizerFactory | None = None,
 ) -> LocalResult:
+    """Train ``model`` (the global weights loaded) and return the scaled delta.
+
+    Integer buffers are not scaled: their delta is the batches counted.
+    """
     if not np.isfinite(delta_scale):
         raise TrainingError(f"delta_scale must be finite, got {delta_scale}")
     if len(xt) == 0:
         raise TrainingError("cannot train on an empty data set")
     torch.set_num_threads(config.num_threads)
-    model = _model_at(model_name, model_config, global_arrays)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        loss, seen, steps = _fit(model, xt, yt, weights, loss_fn, config)
-    start = {k: np.asarray(v, dtype=np.float32) for k, v in global_arrays.items()}
+        loss, seen, steps = _fit(model, xt, yt, weights, loss_fn, config, optimizer)
+    start = {k: _native(v) for k, v in global_arrays.items()}
     delta = subtract(_to_arrays(model), start)
     if delta_scale != 1.0:
-        delta = {k: v * np.float32(delta_scale) for k, v in delta.items()}
+        delta = {
+            k: v if v.dtype.kind in "iu" else v * np.float32(delta_scale)
+            for k, v in delta.items()
+        }
     num_examples = config.fedvc_samples or len(xt)
     return LocalResult(delta, num_examples, loss, seen, steps)
 
@@ -325,6 +425,7 @@ def _fit(
     weights: torch.Tensor,
     loss_fn: LossFn,
     config: TrainConfig,
+    optimizer: OptimizerFactory | None = None,
 ) -> tuple[float, int, int]:
     """Run the epochs; return (mean weighted loss, samples seen, steps)."""
     rng = np.random.default_rng(config.seed)
@@ -334,7 +435,10 @@ def _fit(
     else:
         k = config.fedvc_samples
         chosen = rng.choice(n, size=k, replace=n < k)
-    optimiser = _optimiser(model, config)
+    if optimizer is None:
+        optimiser = _optimiser(model, config)
+    else:
+        optimiser = optimizer(model.parameters())
     model.train()
     total, seen, steps = 0.0, 0, 0
     for _ in range(config.epochs):
@@ -396,6 +500,50 @@ def _model_at(
     model = build_model(name, config, seed=0)
     load_arrays(model, arrays)
     return model
+
+
+def _load(model: nn.Module, arrays: Mapping[str, FloatArray]) -> None:
+    try:
+        load_arrays(model, arrays)
+    except WeightsMismatchError as exc:
+        raise TrainingError(f"the weights do not fit the model: {exc}") from None
+
+
+def _native(value: FloatArray) -> FloatArray:
+    arr = np.asarray(value)
+    return arr.astype(np.int64 if arr.dtype.kind in "iu" else np.float32)
+
+
+def _output_loss(loss: OutputLoss, *, weighted: bool) -> LossFn:
+    """The app's ``loss(outputs, targets)`` as a per-sample `LossFn`."""
+
+    def per_sample(
+        model: nn.Module, xb: torch.Tensor, yb: torch.Tensor
+    ) -> torch.Tensor:
+        out = loss(model(xb), yb)
+        if out.ndim == 0 and not weighted:
+            return out.expand(len(yb))
+        if out.shape != (len(yb),):
+            raise TrainingError(
+                f"the loss returned shape {tuple(out.shape)}: per-sample weights "
+                f"need one loss per sample, ({len(yb)},) (reduction='none')"
+            )
+        return out
+
+    return per_sample
+
+
+def _module_dataset(
+    x: npt.ArrayLike, y: npt.ArrayLike
+) -> tuple[torch.Tensor, torch.Tensor]:
+    xt, targets = _features(x), np.asarray(y)
+    if len(xt) != len(targets):
+        raise TrainingError(f"x has {len(xt)} samples but y has {len(targets)}")
+    if np.issubdtype(targets.dtype, np.integer):
+        return xt, torch.from_numpy(targets.astype(np.int64))
+    if not np.issubdtype(targets.dtype, np.floating):
+        raise TrainingError(f"y must be integers or floats, got {targets.dtype}")
+    return xt, torch.from_numpy(np.ascontiguousarray(targets, dtype=np.float32))
 
 
 def _batched(

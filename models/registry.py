@@ -1,8 +1,14 @@
 """Build models by name and move their weights between torch and numpy.
 
-A model is named by a string (``"mlp"``, ``"cnn"``, ``"made"``) plus a plain
-JSON-able config mapping, so the coordinator can describe the model on the wire
-without torch; the device builds it here.
+A model is named by a string (``"mlp"``, ``"cnn"``, ``"made"``, or an import
+path ``"package.module:factory"``, `ursa.models.spec`) plus a plain JSON-able
+config mapping (a factory's keyword arguments), so the coordinator can
+describe the model on the wire without torch; the device builds it here.
+
+A model's weights are its whole ``state_dict``: parameters and buffers.
+Float buffers (BatchNorm's running mean and variance) travel and are
+averaged like weights; integer buffers (``num_batches_tracked``) travel as
+int64 and the coordinator keeps its own value (`ursa.coordinator.aggregation`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from torch import nn
 from ursa.models.cnn import Cnn, CnnConfig
 from ursa.models.made import Made, MadeConfig
 from ursa.models.mlp import Mlp, MlpConfig
+from ursa.models.spec import ModelSpecError, is_import_path, load_factory
 from ursa.models.weights import Arrays, FloatArray, WeightsMismatchError
 
 ModelConfig = MlpConfig | CnnConfig | MadeConfig
@@ -54,15 +61,20 @@ def build_model(
     """Build the model ``name`` from its config (a mapping or config object).
 
     Args:
-        name: ``"mlp"``, ``"cnn"`` or ``"made"``.
+        name: ``"mlp"``, ``"cnn"``, ``"made"`` or ``"package.module:factory"``.
         config: the model's config fields, e.g. ``{"input_dim": 64,
-            "num_classes": 10}``.
+            "num_classes": 10}`` (a factory's keyword arguments).
         seed: seeds the initial weights (without touching torch's global RNG);
             ``None`` uses torch's current global RNG.
 
     Raises:
-        ModelConfigError: unknown name or invalid config.
+        ModelConfigError: unknown name or invalid config, or a factory that
+            fails or builds no ``nn.Module``.
     """
+    if is_import_path(name) and not isinstance(
+        config, MlpConfig | CnnConfig | MadeConfig
+    ):
+        return _from_factory(name, config, seed)
     if isinstance(config, MlpConfig | CnnConfig | MadeConfig):
         if _CONFIGS.get(name) is not type(config):
             raise ModelConfigError(f"{type(config).__name__} is not a {name!r} config")
@@ -74,6 +86,25 @@ def build_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return _construct(parsed)
+
+
+def _from_factory(path: str, config: Mapping[str, Any], seed: int | None) -> nn.Module:
+    try:
+        factory = load_factory(path)
+    except ModelSpecError as exc:
+        raise ModelConfigError(str(exc)) from None
+    try:
+        if seed is None:
+            built = factory(**dict(config))
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                built = factory(**dict(config))
+    except Exception as exc:  # the app's code: any failure is a config error
+        raise ModelConfigError(f"{path}(**{dict(config)}) failed: {exc}") from None
+    if not isinstance(built, nn.Module):
+        raise ModelConfigError(f"{path} built a {type(built).__name__}, no nn.Module")
+    return built
 
 
 def _construct(config: ModelConfig) -> nn.Module:
@@ -95,12 +126,22 @@ def initial_arrays(name: str, config: Mapping[str, Any], *, seed: int) -> Arrays
 
 
 def state_dict_to_arrays(model: nn.Module) -> Arrays:
-    """Copy a model's ``state_dict`` into ordered float32 numpy arrays."""
+    """Copy a model's ``state_dict`` into ordered numpy arrays.
+
+    Float tensors become float32, integer ones (``num_batches_tracked``) int64.
+
+    Raises:
+        WeightsMismatchError: a tensor that is neither (bool, complex).
+    """
     out: Arrays = {}
     for key, tensor in model.state_dict().items():
-        if not torch.is_floating_point(tensor):
-            raise WeightsMismatchError(f"state entry {key!r} is not floating point")
-        out[key] = tensor.detach().cpu().numpy().astype(np.float32, copy=True)
+        value = tensor.detach().cpu()
+        if torch.is_floating_point(value):
+            out[key] = value.numpy().astype(np.float32, copy=True)
+        elif not value.is_complex() and value.dtype != torch.bool:
+            out[key] = value.numpy().astype(np.int64, copy=True)
+        else:
+            raise WeightsMismatchError(f"state entry {key!r} has dtype {value.dtype}")
     return out
 
 
@@ -121,5 +162,10 @@ def load_arrays(model: nn.Module, arrays: Mapping[str, FloatArray]) -> None:
             raise WeightsMismatchError(
                 f"{key!r}: shape {tuple(arr.shape)}, model has {tuple(current.shape)}"
             )
-        new_state[key] = torch.from_numpy(np.array(arr, dtype=np.float32))
+        if torch.is_floating_point(current):
+            new_state[key] = torch.from_numpy(np.array(arr, dtype=np.float32))
+        else:
+            new_state[key] = torch.from_numpy(np.array(arr, dtype=np.int64)).to(
+                current.dtype
+            )
     model.load_state_dict(new_state)

@@ -5,15 +5,23 @@ in ``state_dict`` order). This module needs numpy only: the
 coordinator aggregates with it and an inference-only device decodes with it,
 neither of which has torch.
 
-Wire format (version 1, all integers little-endian)::
+Wire format (all integers little-endian)::
 
     header   b"URSW" | version u8 | dtype u8 (1 = float32, 2 = float16)
              | reserved u16 (0) | array count u32
-    entries  per array: name length u16 | UTF-8 name | ndim u8 | ndim x u32 dims
+    entries  per array: name length u16 | UTF-8 name | [v2: kind u8]
+             | ndim u8 | ndim x u32 dims
     data     per array, in entry order: the values, little-endian, C order
 
-``float16`` halves the bytes on the wire; decoding always returns ``float32``.
-Encoding to float16 raises if a finite value would overflow (|x| > 65504).
+Version 1 holds float arrays only, all in the header's dtype. Version 2 adds
+a kind byte per entry (1 = float, in the header's dtype; 3 = int64) so a
+model's integer buffers (BatchNorm's ``num_batches_tracked``) travel with
+its weights; it is written only when an array is an integer one, so
+float-only payloads stay version 1, byte for byte.
+
+``float16`` halves the bytes on the wire (float arrays only); decoding always
+returns ``float32`` for float arrays and ``int64`` for integer ones. Encoding
+to float16 raises if a finite value would overflow (|x| > 65504).
 
 Errors::
 
@@ -31,13 +39,19 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.floating[Any]]
+FloatArray = npt.NDArray[Any]
+"""A weight array: floating point, or integer for a counter buffer."""
 Arrays = dict[str, FloatArray]
 ArraySpec = tuple[tuple[str, tuple[int, ...]], ...]
 WireDtype = Literal["float32", "float16"]
 
 MAGIC = b"URSW"
 FORMAT_VERSION = 1
+"""The version written for float-only payloads (`MIXED_FORMAT_VERSION` else)."""
+MIXED_FORMAT_VERSION = 2
+_KIND_FLOAT = 1
+_KIND_INT64 = 3
+_INT64 = np.dtype("<i8")
 _WIRE_DTYPES: dict[str, np.dtype[Any]] = {
     "float32": np.dtype("<f4"),
     "float16": np.dtype("<f2"),
@@ -63,44 +77,56 @@ class WeightsMismatchError(WeightsError):
 def arrays_to_bytes(
     arrays: Mapping[str, FloatArray], *, dtype: WireDtype = "float32"
 ) -> bytes:
-    """Encode named float arrays as self-describing bytes.
+    """Encode named arrays (float, or integer counters) as self-describing bytes.
 
     Args:
-        arrays: ordered name -> floating-point array.
-        dtype: wire precision; ``"float16"`` halves the size.
+        arrays: ordered name -> floating-point or integer array.
+        dtype: wire precision of the float arrays; ``"float16"`` halves the size.
 
     Raises:
-        WeightsError: unknown dtype, non-float array, bad name or shape, or a
-            float16 overflow.
+        WeightsError: unknown dtype, a bool/complex/object array, bad name or
+            shape, or a float16 overflow.
     """
     if dtype not in _WIRE_DTYPES:
         raise WeightsError(f"unknown wire dtype {dtype!r}; use float32 or float16")
     wire = _WIRE_DTYPES[dtype]
-    entries = [_HEADER.pack(MAGIC, FORMAT_VERSION, _DTYPE_CODES[dtype], 0, len(arrays))]
-    data: list[bytes] = []
-    for name, array in arrays.items():
-        arr = np.asarray(array)
-        if not np.issubdtype(arr.dtype, np.floating):
+    items = [(str(name), np.asarray(array)) for name, array in arrays.items()]
+    for name, arr in items:
+        if arr.dtype.kind not in "fiu":
             raise WeightsError(f"array {name!r} has dtype {arr.dtype}, not float")
-        encoded_name = str(name).encode("utf-8")
+    mixed = any(arr.dtype.kind in "iu" for _, arr in items)
+    version = MIXED_FORMAT_VERSION if mixed else FORMAT_VERSION
+    entries = [_HEADER.pack(MAGIC, version, _DTYPE_CODES[dtype], 0, len(items))]
+    data: list[bytes] = []
+    for name, arr in items:
+        encoded_name = name.encode("utf-8")
         if len(encoded_name) > 0xFFFF or arr.ndim > _MAX_NDIM:
             raise WeightsError(f"array {name!r}: name too long or too many dimensions")
         if any(d > 0xFFFFFFFF for d in arr.shape):
             raise WeightsError(f"array {name!r}: dimension too large {arr.shape}")
+        is_int = arr.dtype.kind in "iu"
+        if is_int and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+            raise WeightsError(f"array {name!r} overflows int64")
         with np.errstate(over="ignore"):
-            encoded = np.ascontiguousarray(arr, dtype=wire)
-        if dtype == "float16" and not np.array_equal(
-            np.isfinite(encoded), np.isfinite(arr)
+            encoded = np.ascontiguousarray(
+                arr, dtype=_INT64 if is_int else wire
+            ).reshape(arr.shape)  # (ascontiguousarray makes a 0-d array 1-d)
+        if (
+            not is_int
+            and dtype == "float16"
+            and not np.array_equal(np.isfinite(encoded), np.isfinite(arr))
         ):
             raise WeightsError(f"array {name!r} overflows float16 (|x| > 65504)")
         entries.append(struct.pack("<H", len(encoded_name)) + encoded_name)
+        if mixed:
+            entries.append(struct.pack("<B", _KIND_INT64 if is_int else _KIND_FLOAT))
         entries.append(struct.pack(f"<B{arr.ndim}I", arr.ndim, *arr.shape))
         data.append(encoded.tobytes())
     return b"".join(entries + data)
 
 
 def arrays_from_bytes(data: bytes) -> Arrays:
-    """Decode bytes from `arrays_to_bytes` into ordered float32 arrays.
+    """Decode bytes from `arrays_to_bytes`: ordered float32 (and int64) arrays.
 
     Raises:
         WeightsFormatError: the bytes are truncated, garbage or inconsistent.
@@ -112,13 +138,13 @@ def arrays_from_bytes(data: bytes) -> Arrays:
         raise WeightsFormatError("weights bytes shorter than the header") from exc
     if magic != MAGIC:
         raise WeightsFormatError("not a weights payload (bad magic)")
-    if version != FORMAT_VERSION:
+    if version not in (FORMAT_VERSION, MIXED_FORMAT_VERSION):
         raise WeightsFormatError(f"unsupported weights format version {version}")
     if code not in _CODE_DTYPES:
         raise WeightsFormatError(f"unknown wire dtype code {code}")
     wire = _WIRE_DTYPES[_CODE_DTYPES[code]]
     offset = _HEADER.size
-    entries: list[tuple[str, tuple[int, ...]]] = []
+    entries: list[tuple[str, np.dtype[Any], tuple[int, ...]]] = []
     try:
         for _ in range(count):
             (name_len,) = struct.unpack_from("<H", view, offset)
@@ -126,24 +152,32 @@ def arrays_from_bytes(data: bytes) -> Arrays:
             if len(raw_name) != name_len:
                 raise WeightsFormatError("weights bytes truncated inside a name")
             offset += 2 + name_len
+            kind = _KIND_FLOAT
+            if version == MIXED_FORMAT_VERSION:
+                (kind,) = struct.unpack_from("<B", view, offset)
+                offset += 1
+            if kind not in (_KIND_FLOAT, _KIND_INT64):
+                raise WeightsFormatError(f"unknown array kind {kind}")
             (ndim,) = struct.unpack_from("<B", view, offset)
             shape = struct.unpack_from(f"<{ndim}I", view, offset + 1)
             offset += 1 + 4 * ndim
-            entries.append((raw_name.decode("utf-8"), tuple(shape)))
+            array_dtype = _INT64 if kind == _KIND_INT64 else wire
+            entries.append((raw_name.decode("utf-8"), array_dtype, tuple(shape)))
     except struct.error as exc:
         raise WeightsFormatError("weights bytes truncated in the entry table") from exc
     except UnicodeDecodeError as exc:
         raise WeightsFormatError("array name is not valid UTF-8") from exc
     out: Arrays = {}
-    for name, shape in entries:
+    for name, array_dtype, shape in entries:
         if name in out:
             raise WeightsFormatError(f"duplicate array name {name!r}")
-        size = int(np.prod(shape, dtype=np.int64)) * wire.itemsize
+        size = int(np.prod(shape, dtype=np.int64)) * array_dtype.itemsize
         if offset + size > len(view):
             raise WeightsFormatError(f"weights bytes truncated in array {name!r}")
-        count_values = size // wire.itemsize
-        flat = np.frombuffer(view, dtype=wire, count=count_values, offset=offset)
-        out[name] = flat.astype(np.float32).reshape(shape)
+        count_values = size // array_dtype.itemsize
+        flat = np.frombuffer(view, dtype=array_dtype, count=count_values, offset=offset)
+        native = np.int64 if array_dtype.kind == "i" else np.float32
+        out[name] = flat.astype(native).reshape(shape)
         offset += size
     if offset != len(view):
         raise WeightsFormatError(f"{len(view) - offset} unexpected trailing bytes")

@@ -53,6 +53,7 @@ __all__ = [
     "TrainingHooks",
     "build_coordinator",
     "build_device",
+    "coordinator_initial_weights",
     "device_flicker",
     "device_seed",
     "load_labels",
@@ -120,11 +121,13 @@ def training_plugin(
             )
         )
     try:
+        training = section.training_config(method)
+        initial = coordinator_initial_weights(config, training.model)
         classifier = TrainingPlugin(
             federation=config.federation,
             state_dir=config.state_dir,
-            config=section.training_config(method),
-            initial_weights=section.initial_weights,
+            config=training,
+            initial_weights=initial,
             evaluate=hooks.classifier.evaluate,
             on_round=hooks.classifier.on_round,
             before_training=steps,
@@ -150,6 +153,57 @@ def training_plugin(
         )
     except (ModelStoreError, OSError, ValueError) as exc:
         raise ServiceSetupError(f"[training]: {exc}") from None
+
+
+def coordinator_initial_weights(config: CoordinatorConfig, model: str) -> Path | None:
+    """The classifier's initial weights, checked against ``[training] architecture``.
+
+    Without an architecture: ``initial_weights`` as given. With one: its
+    reference weights (seeded by ``seed``) must fit ``initial_weights`` and
+    the latest checkpoint tensor by tensor; without ``initial_weights`` they
+    are written to ``<state_dir>/initial-<model>.ursw`` and adopted.
+
+    Raises:
+        ServiceSetupError: an unknown architecture, missing torch, or weights
+            that do not fit it (the tensor is named).
+    """
+    from ursa.coordinator.models import ModelStore, ModelStoreError, write_atomic
+    from ursa.models.reference import reference_arrays
+    from ursa.models.spec import ModelSpecError, check_fits
+    from ursa.models.weights import WeightsError, arrays_from_bytes, arrays_to_bytes
+
+    section = config.training_section()
+    if section.architecture is None:
+        return section.initial_weights
+    name = f"[training] architecture {section.architecture}"
+    try:
+        reference = reference_arrays(
+            section.architecture, section.model_options, seed=config.seed or 0
+        )
+    except ImportError as exc:
+        raise ServiceSetupError(f"{name}: {exc} ({TRAIN_EXTRA_HINT})") from None
+    except (ModelSpecError, ValueError) as exc:
+        raise ServiceSetupError(f"{name}: {exc}") from None
+    try:
+        if section.initial_weights is not None:
+            given = arrays_from_bytes(Path(section.initial_weights).read_bytes())
+            check_fits(reference, given, ours_name=name, theirs_name="initial_weights")
+        latest = ModelStore(config.state_dir, model).latest()
+        if latest is not None:
+            stored = ModelStore(config.state_dir, model).load_arrays(latest)
+            check_fits(
+                reference,
+                stored,
+                ours_name=name,
+                theirs_name=f"the checkpoint v{latest.version}",
+            )
+    except (OSError, WeightsError, ModelStoreError) as exc:
+        raise ServiceSetupError(f"[training]: {exc}") from None
+    if section.initial_weights is not None:
+        return section.initial_weights
+    path = Path(config.state_dir) / f"initial-{model}.ursw"
+    write_atomic(path, arrays_to_bytes(reference))
+    return path
 
 
 def build_coordinator(
@@ -237,32 +291,49 @@ def torch_trainer(
     from ursa.edge_sdk.methods_config import ClimbSpec, FeddiskSpec, training_spec
 
     try:
+        from ursa.edge_sdk.module_trainer import ModuleTrainer
         from ursa.edge_sdk.torch_trainer import TorchTrainer
         from ursa.edge_sdk.training import TrainConfig
-        from ursa.models.registry import ModelConfigError, parse_config
+        from ursa.models.registry import ModelConfigError, build_model, parse_config
+        from ursa.models.spec import is_import_path
     except ImportError:
         raise ServiceSetupError(f"[training] {TRAIN_EXTRA_HINT}") from None
-    try:
-        parse_config(training.architecture, training.model_options)
-        train = TrainConfig.model_validate(training.train)
-    except (ModelConfigError, ValueError) as exc:
-        raise ServiceSetupError(f"[training]: {exc}") from None
     method = training_spec(methods)
     seed = device_seed(device_id) if training.seed is None else training.seed
+    climb = method.climb_config() if isinstance(method, ClimbSpec) else None
     eval_x, eval_y = evaluation if evaluation is not None else (None, None)
-    trainer = TorchTrainer(
-        x,
-        y,
-        eval_x=eval_x,
-        eval_y=eval_y,
-        architecture=training.architecture,
-        model_config=training.model_options,
-        train=train,
-        model=training.model,
-        climb=method.climb_config() if isinstance(method, ClimbSpec) else None,
-        wire_dtype=training.wire_dtype,
-        seed=seed,
-    )
+    trainer: TorchTrainer | ModuleTrainer
+    try:
+        train = TrainConfig.model_validate(training.train)
+        if is_import_path(training.architecture):
+            module = build_model(training.architecture, training.model_options, seed=0)
+            trainer = ModuleTrainer(
+                module,
+                x,
+                y,
+                train=train,
+                model=training.model,
+                climb=climb,
+                wire_dtype=training.wire_dtype,
+                seed=seed,
+            )
+        else:
+            parse_config(training.architecture, training.model_options)
+            trainer = TorchTrainer(
+                x,
+                y,
+                eval_x=eval_x,
+                eval_y=eval_y,
+                architecture=training.architecture,
+                model_config=training.model_options,
+                train=train,
+                model=training.model,
+                climb=climb,
+                wire_dtype=training.wire_dtype,
+                seed=seed,
+            )
+    except (ModelConfigError, ValueError) as exc:
+        raise ServiceSetupError(f"[training]: {exc}") from None
     if not isinstance(method, FeddiskSpec):
         return trainer
     from ursa.edge_sdk.feddisk_trainer import FeddiskTrainer

@@ -85,6 +85,9 @@ class ErrorCode(StrEnum):
     COORDINATOR_IDENTITY_MISMATCH = "coordinator_identity_mismatch"
     """The device pinned another coordinator identity (a replaced coordinator)."""
     DATA_MISMATCH = "data_mismatch"
+    MODEL_MISMATCH = "model_mismatch"
+    """The federation's model differs from the device's (a tensor's name,
+    shape or dtype): the device sits the key epoch out, as for data_mismatch."""
     INTERNAL = "internal"
 
 

@@ -130,3 +130,16 @@ def test_equal_weights_accept_zero_examples() -> None:
     g = _global()
     new = aggregate(g, [ModelUpdate("a", _delta(2.0), 0)], Weighting.EQUAL)
     np.testing.assert_allclose(new["w"], g["w"] + 2.0)
+
+
+def test_integer_counters_keep_the_coordinators_value() -> None:
+    base = {"w": np.zeros(2, np.float32), "n": np.array(4, np.int64)}
+    updates = [
+        ModelUpdate("a", {"w": np.ones(2, np.float32), "n": np.array(10)}, 1),
+        ModelUpdate("b", {"w": np.full(2, 3.0, np.float32), "n": np.array(30)}, 1),
+    ]
+
+    new = aggregate(base, updates, Weighting.EQUAL)
+
+    np.testing.assert_allclose(new["w"], 2.0)
+    assert new["n"].dtype == np.int64 and int(new["n"]) == 4

@@ -21,6 +21,7 @@ from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.climb import ClimbConfig, apply_dual_means_all, plain_dual_means
 from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
+from ursa.models.spec import check_fits
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.envelope import decode
 from ursa.protocol.inmemory import InMemoryTransport
@@ -469,6 +470,48 @@ def test_a_selected_device_whose_features_do_not_fit_sits_out_without_a_wait(
     assert fed.devices[bad].sits_out and fed.devices[bad].model_version is None
     assert f"{bad} sits out: data_mismatch: {reason}" in caplog.text
     assert f"{bad}: sitting out key epoch 1: data_mismatch: {reason}" in caplog.text
+
+
+class OtherModelTrainer(LinearTrainer):
+    """A `LinearTrainer` whose own model has a 4-wide ``w`` on one device."""
+
+    def __init__(self, index: int, device_id: str, misfit: Callable[[], str]) -> None:
+        super().__init__(index)
+        self.device_id = device_id
+        self.misfit = misfit
+
+    def check_arrays(self, global_arrays: Arrays) -> None:
+        width = 4 if self.device_id == self.misfit() else 3
+        own = {"w": np.zeros(width, np.float32), "b": np.zeros(2, np.float32)}
+        check_fits(own, global_arrays)
+
+
+def test_a_device_with_another_model_answers_model_mismatch_naming_the_tensor(
+    federation: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=5, k=2, tries=1, rounds=2)
+    caplog.set_level(logging.INFO)
+
+    def misfit() -> str:  # the first device selected in round 1 has another model
+        return selections(fed)[1][0]
+
+    def other(client: EdgeClient) -> None:
+        index = fed.device_ids.index(client.device_id)
+        client._trainer = OtherModelTrainer(index, client.device_id, misfit)
+
+    plugin = start_training(fed, tmp_path, TrainingConfig(), prepare=other)
+
+    assert fed.coordinator.is_done and plugin.version == 2
+    bad = misfit()
+    refusals = [m for _, m in fed.messages("error") if m.code == "model_mismatch"]
+    assert [m.sender for m in refusals] == [bad]
+    assert (
+        "tensor 'w': shape (4,) in this device's model, (3,) in the federation's"
+        in (refusals[0].reason)
+    )
+    assert not [m for _, m in fed.messages("error") if m.code == "data_mismatch"]
+    assert bad not in selections(fed)[2]
+    assert f"{bad} sits out: model_mismatch: " in caplog.text
 
 
 def test_device_metrics_are_averaged_and_samples_summed() -> None:

@@ -65,9 +65,11 @@ def test_float16_overflow_raises() -> None:
         arrays_to_bytes({"w": np.array([1e6], dtype=np.float32)}, dtype="float16")
 
 
-def test_non_float_array_and_unknown_dtype_raise() -> None:
+def test_non_numeric_array_and_unknown_dtype_raise() -> None:
     with pytest.raises(WeightsError, match="not float"):
-        arrays_to_bytes({"n": np.arange(3)})
+        arrays_to_bytes({"n": np.array([True, False])})
+    with pytest.raises(WeightsError, match="not float"):
+        arrays_to_bytes({"n": np.array([1j])})
     with pytest.raises(WeightsError, match="unknown wire dtype"):
         arrays_to_bytes(_arrays(), dtype="int8")  # type: ignore[arg-type]
 
@@ -185,3 +187,36 @@ def test_weights_and_inference_import_without_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_integer_buffers_round_trip_as_int64_in_format_two() -> None:
+    arrays = {
+        **_arrays(),
+        "bn.num_batches_tracked": np.array(17, dtype=np.int64),
+        "counts": np.array([[0, -3], [2**40, 5]], dtype=np.int64),
+    }
+
+    for dtype in ("float32", "float16"):
+        data = arrays_to_bytes(arrays, dtype=dtype)
+        decoded = arrays_from_bytes(data)
+
+        assert data[4] == 2  # format version 2: a kind byte per entry
+        assert list(decoded) == list(arrays)
+        assert decoded["bn.num_batches_tracked"].dtype == np.int64
+        assert int(decoded["bn.num_batches_tracked"]) == 17
+        np.testing.assert_array_equal(decoded["counts"], arrays["counts"])
+        assert decoded["net.1.weight"].dtype == np.float32
+
+
+def test_float_only_payloads_stay_format_one() -> None:
+    assert arrays_to_bytes(_arrays())[4] == 1
+
+
+def test_format_two_truncations_and_bad_kinds_raise() -> None:
+    data = arrays_to_bytes({"n": np.array([3], dtype=np.int64)})
+    for cut in range(len(data)):
+        with pytest.raises(WeightsFormatError):
+            arrays_from_bytes(data[:cut])
+    kind_at = 12 + 2 + 1  # header, name length, name "n"
+    with pytest.raises(WeightsFormatError, match="kind"):
+        arrays_from_bytes(data[:kind_at] + b"\x09" + data[kind_at + 1 :])

@@ -257,3 +257,78 @@ def test_flicker_on_both_sides_builds_each_half(tmp_path: Path) -> None:
     methods = [DUBHE, {"kind": "fedavg"}, {"kind": "flicker", "features_file": "f.npz"}]
     with pytest.raises(compose.ServiceSetupError, match="flicker"):
         compose.build_device(_device(tmp_path, training=training, methods=methods))
+
+
+def test_a_coordinator_architecture_builds_version_0_and_checks_weights(
+    tmp_path: Path,
+) -> None:
+    from ursa.models.registry import initial_arrays
+    from ursa.models.weights import arrays_from_bytes
+
+    fedavg = [DUBHE, {"kind": "fedavg"}]
+    arch = {"architecture": "mlp", "model_options": {"input_dim": 8, "num_classes": 10}}
+    plugin = compose.training_plugin(_coordinator(tmp_path, fedavg, arch))
+    assert plugin is not None and plugin.version == 0
+    built = arrays_from_bytes((tmp_path / "c" / "initial-classifier.ursw").read_bytes())
+    expected = initial_arrays("mlp", arch["model_options"], seed=0)
+    assert list(built) == list(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(built[name], value)
+
+    other = tmp_path / "other"
+    given = {"initial_weights": str(_weights(tmp_path, "--input-dim", "9"))}
+    with pytest.raises(compose.ServiceSetupError, match=r"tensor '.*weight'.*\(.*8\)"):
+        compose.training_plugin(_coordinator(other, fedavg, {**arch, **given}))
+    # a checkpoint of another model is refused too, before any round
+    wider = {**arch, "model_options": {"input_dim": 9, "num_classes": 10}}
+    with pytest.raises(compose.ServiceSetupError, match="the checkpoint v0"):
+        compose.training_plugin(_coordinator(tmp_path, fedavg, wider))
+
+
+def test_an_import_path_architecture_on_both_sides(tmp_path: Path) -> None:
+    from ursa.edge_sdk.module_trainer import ModuleTrainer
+
+    factory = "tests.models.spec_factories:softmax"
+    section = {"architecture": factory, "model_options": {"features": 4, "classes": 3}}
+    plugin = compose.training_plugin(
+        _coordinator(tmp_path, [DUBHE, {"kind": "fedavg"}], section)
+    )
+    assert plugin is not None and plugin.version == 0
+    with pytest.raises(ValidationError, match="neither built in"):
+        _coordinator(tmp_path, [DUBHE, {"kind": "fedavg"}], {"architecture": "resnet"})
+
+    torch_factory = "tests.tools.compose_factories:tiny"
+    training = {**_training(tmp_path), "architecture": torch_factory}
+    training["model_options"] = {"features": 4}
+    client = compose.build_device(_device(tmp_path, training=training))
+    assert isinstance(client._trainer, ModuleTrainer)
+    with pytest.raises(ValidationError, match="neither built in"):
+        _device(tmp_path, training={**training, "architecture": "pkg/mod:f"})
+
+
+def test_feddisk_wraps_a_module_trainer_and_its_phase_two_trains_it(
+    tmp_path: Path,
+) -> None:
+    from ursa.edge_sdk.feddisk_trainer import FeddiskTrainer
+    from ursa.edge_sdk.module_trainer import ModuleTrainer
+    from ursa.models.registry import state_dict_to_arrays
+
+    training = {
+        **_training(tmp_path),
+        "architecture": "tests.tools.compose_factories:tiny",
+    }
+    training["model_options"] = {"features": 4}
+    methods = [DUBHE, {"kind": "feddisk", "made_hidden_sizes": [8]}]
+    client = compose.build_device(_device(tmp_path, training=training, methods=methods))
+    trainer = client._trainer
+    assert isinstance(trainer, FeddiskTrainer)
+    assert isinstance(trainer.classifier, ModuleTrainer)
+
+    weights = np.linspace(0.5, 1.5, 12)
+    trainer.restore_weights(weights)
+    global_arrays = state_dict_to_arrays(trainer.classifier.module)
+    delta = trainer.train_delta(1, global_arrays, delta_scale=1.0).delta
+
+    assert trainer.model == "classifier"
+    np.testing.assert_array_equal(trainer.classifier.sample_weights, weights)
+    assert list(delta) == list(global_arrays)

@@ -5,9 +5,13 @@ made here, with the ``train`` extra, in `ursa.models.weights`' format::
 
     ursa model init --model mlp --input-dim 64 --classes 10 --out weights.ursw
     ursa model init --model made --input-dim 64 --hidden-sizes 64 --out made.ursw
+    ursa model init --model digits_cnn:build --options '{"num_classes": 10}' \
+        --out weights.ursw
 
 (the second is FedDisk's global MADE: ``--hidden-sizes`` must equal the
-devices' ``feddisk.made_hidden_sizes``).
+devices' ``feddisk.made_hidden_sizes``; the third is a model named by import
+path, `ursa.models.spec`, with its factory's keyword arguments as JSON: torch
+only when the factory builds a torch module).
 
 It prints the model options the devices' ``[training]`` sections must use.
 """
@@ -36,7 +40,17 @@ def register(sub: Subparsers) -> None:
     init = commands.add_parser(
         "init", help="write initial weights for the coordinator (train extra)"
     )
-    init.add_argument("--model", choices=("mlp", "cnn", "made"), default="mlp")
+    init.add_argument(
+        "--model",
+        type=_architecture,
+        default="mlp",
+        help="mlp, cnn, made or an import path package.module:factory",
+    )
+    init.add_argument(
+        "--options",
+        type=json.loads,
+        help="an import path's keyword arguments, as a JSON object",
+    )
     init.add_argument("--classes", type=int, help="number of classes (mlp, cnn)")
     init.add_argument("--input-dim", type=int, help="mlp, made: features per sample")
     init.add_argument(
@@ -56,6 +70,13 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
     Raises:
         ValueError: an option the architecture needs is missing.
     """
+    from ursa.models.spec import is_import_path
+
+    if is_import_path(args.model):
+        given = args.options if args.options is not None else {}
+        if not isinstance(given, dict):
+            raise ValueError("--options must be a JSON object")
+        return dict(given)
     options: dict[str, Any] = {}
     if args.model != "made":
         if args.classes is None:
@@ -86,11 +107,22 @@ def write_initial_weights(
         ImportError: torch is not installed (message: the ``train`` extra).
         ursa.models.registry.ModelConfigError: invalid ``options``.
     """
+    from ursa.models.spec import is_import_path
+    from ursa.models.weights import arrays_to_bytes
+
+    if is_import_path(architecture):
+        from ursa.models.reference import reference_arrays
+
+        try:
+            arrays = reference_arrays(architecture, options, seed=seed)
+        except ImportError as exc:
+            raise ImportError(f"ursa model init {TRAIN_EXTRA_HINT}") from exc
+        path.write_bytes(arrays_to_bytes(arrays))
+        return
     try:
         from ursa.models.registry import initial_arrays
     except ImportError as exc:
         raise ImportError(f"ursa model init {TRAIN_EXTRA_HINT}") from exc
-    from ursa.models.weights import arrays_to_bytes
 
     arrays = initial_arrays(architecture, options, seed=seed)
     path.write_bytes(arrays_to_bytes(arrays))
@@ -116,6 +148,17 @@ def _init(args: argparse.Namespace) -> int:
     print(f'architecture = "{args.model}"')
     print(f"model_options = {_toml_inline(options)}")
     return 0
+
+
+def _architecture(value: str) -> str:
+    """``--model``: a built-in or an import path (argparse type)."""
+    from ursa.models.spec import is_import_path
+
+    if value in ("mlp", "cnn", "made") or is_import_path(value):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"{value!r}: use mlp, cnn, made or an import path package.module:factory"
+    )
 
 
 def _toml_inline(options: Mapping[str, Any]) -> str:

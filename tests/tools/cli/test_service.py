@@ -115,3 +115,23 @@ def test_device_repin_forgets_the_coordinator_and_its_run_but_keeps_the_identity
     assert again.public() == identity.public()
     assert cli_service.main(["device", "repin", "--config", str(config)]) == 0
     assert "no coordinator was pinned" in capsys.readouterr().out
+
+
+def test_model_init_builds_a_model_named_by_import_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ursa.models.weights import arrays_from_bytes
+
+    out_file = tmp_path / "np.ursw"
+    argv = ["model", "init", "--model", "tests.models.spec_factories:softmax"]
+    options = ["--options", '{"features": 4, "classes": 3}']
+    assert cli_service.main([*argv, *options, "--out", str(out_file)]) == 0
+    arrays = arrays_from_bytes(out_file.read_bytes())
+    assert [(k, v.shape) for k, v in arrays.items()] == [("0", (4, 3)), ("1", (3,))]
+    printed = capsys.readouterr().out
+    assert 'architecture = "tests.models.spec_factories:softmax"' in printed
+    assert "model_options = { features = 4, classes = 3 }" in printed
+    assert cli_service.main([*argv, "--out", str(out_file)]) == 2  # no options
+    assert "failed" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_service.main(["model", "init", "--model", "resnet", "--out", "x"])
