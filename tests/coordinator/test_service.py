@@ -11,6 +11,7 @@ import pytest
 from ursa.coordinator.config import EnrolmentConfig
 from ursa.coordinator.methods.dubhe import DubheSelection, DubheStep
 from ursa.coordinator.rounds import Stage
+from ursa.coordinator.service import MAX_HELD
 from ursa.crypto.identity import (
     DeviceIdentity,
     DevicePublicIdentity,
@@ -25,6 +26,7 @@ from ursa.protocol.messages import (
     RoundAnnounce,
     Volunteer,
 )
+from ursa.protocol.topics import up_topic
 
 FED = "fed"
 
@@ -610,3 +612,21 @@ def test_a_device_message_of_another_run_is_refused_and_not_remembered(
     assert fed.coordinator.run_drops() == {late: 1}
     stored = fed.coordinator.store.round(1)
     assert stored is not None and late not in stored.volunteers
+
+
+def test_messages_held_before_the_stage_is_restored_are_capped(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=3, k=2, tries=1, rounds=1)
+    topic = up_topic(FED, "d00", "control")
+    caplog.set_level(logging.WARNING, logger="ursa.coordinator")
+
+    for _ in range(MAX_HELD + 3):  # a flood before start() restored anything
+        fed.coordinator.handle(topic, b"")
+
+    assert fed.coordinator.held_dropped == 3
+    assert f"1 messages dropped while starting up (more than {MAX_HELD} held)" in (
+        caplog.text
+    )
+    fed.start()  # the held ones are judged then (empty: ignored)
+    assert fed.coordinator.is_done
