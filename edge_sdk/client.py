@@ -108,6 +108,7 @@ __all__ = [
 logger = logging.getLogger("ursa.edge_sdk")
 
 _REFUSALS = (CryptoError, RegistrationError, RejectedError, ValueError)
+"""What a handler raises for a message it refuses: logged, never fatal."""
 
 HELLO_ON_NEW_RUN_S = 5.0
 """At most one Hello this often for messages of a run the device never joined."""
@@ -115,7 +116,6 @@ HELLO_ON_NEW_RUN_S = 5.0
 _ANY_RUN = (EnrolResult, ErrorReply)
 """Kinds a device takes from any run: a signed acceptance is how it joins a
 run, and an error (`unknown_device`, `wrong_run`) only makes it say Hello."""
-"""What a handler raises for a message it refuses: logged, never fatal."""
 
 
 class ClientState(StrEnum):
@@ -503,6 +503,7 @@ class EdgeClient(EpochSteps, ModelSteps):
             return dict(self._run_drops)
 
     def _forget_run_state(self) -> None:
+        """The old run's epoch, keys, model, transfers and waiting messages go."""
         if self._pool is not None:
             self._pool.close()
         self._epoch, self._epoch_payload, self._agent = None, b"", None
