@@ -25,9 +25,9 @@ list, `weighting` says how the round averages its updates.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Set
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from ursa.coordinator.aggregation import Weighting
 from ursa.coordinator.clock import Clock
@@ -90,6 +90,9 @@ class BeforeTraining(ABC):
     weighting: ClassVar[Weighting | None] = None
     """How the round averages updates when this step is composed (None: the
     training configuration's); CLIMB: deltas the devices already scaled."""
+    signed: ClassVar[bool] = True
+    """Whether `name` goes into the signed method list (False for a runtime
+    step every device runs, such as federated evaluation)."""
 
     @abstractmethod
     def register(self, router: Router) -> None:
@@ -123,6 +126,16 @@ class BeforeTraining(ABC):
     @abstractmethod
     def close(self, round_index: int) -> None:
         """The round is over: forget its phase and drop its record."""
+
+    def metrics(self, round_index: int) -> Mapping[str, Any]:
+        """What the step learned in the round, for its record (default: nothing).
+
+        Called once the round has aggregated, before `close`.
+        """
+        return {}
+
+    def extend_deadlines(self, seconds: float) -> None:  # noqa: B027 - optional hook
+        """The broker was away ``seconds``: give open windows that time back."""
 
     def on_update(  # noqa: B027 - optional hook
         self, round_index: int, device: str, message: ModelUpdate

@@ -50,6 +50,10 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     model = "classifier"              # the wire name devices train (their `model`)
     update_timeout_s = 300.0          # any other `TrainingConfig` field too
 
+    [evaluation]                      # federated evaluation (off by default)
+    every = 5                         # before rounds 6, 11, ...: the fleet's accuracy
+    timeout_s = 30.0                  # on the devices' own held-out data, encrypted
+
 ``[[methods]]`` is `ursa.coordinator.methods_config`'s discriminated union:
 exactly one selection method, at most one training method (without one,
 rounds end at the selection) and at most one balancing method (``kind =
@@ -163,6 +167,16 @@ class DeadlinesConfig(_Frozen):
     reconnects (`ursa.coordinator.presence`)."""
 
 
+class EvaluationConfig(_Frozen):
+    """``[evaluation]``: federated evaluation (`ursa.coordinator.fleet_eval`)."""
+
+    every: int = Field(default=0, ge=0)
+    """Federated evaluation before every ``every``-th round (0: never); round
+    ``1 + every`` evaluates the model after round ``every``, and so on."""
+    timeout_s: float = Field(default=30.0, gt=0)
+    """How long the round waits for the devices' evaluation reports."""
+
+
 class RegistryConfig(_Frozen):
     """Dubhe registry parameters, sent to devices in the signed key-epoch notice."""
 
@@ -263,6 +277,11 @@ class CoordinatorConfig(_Frozen):
     Short of it the coordinator waits for the fleet: a broker restart's first
     returning device must not start an epoch alone. Lower it to go on after
     devices leave for good."""
+    rekey_on_churn: float = Field(default=0.5, ge=0.0, le=1.0)
+    """A new key epoch before a round when the online fleet differs from the
+    one online when the epoch started (devices left, or joined) by more than
+    this fraction of it, and a quorum is online (0: never; late joiners then
+    wait for the next epoch)."""
     k: int = Field(default=10, ge=1)
     tries: int = Field(default=1, ge=1, le=256)
     rounds: int = Field(default=10, ge=0)
@@ -283,6 +302,8 @@ class CoordinatorConfig(_Frozen):
     """The ``[[methods]]`` list (`ursa.coordinator.methods_config`)."""
     training: TrainingSection | None = None
     """The training method's shared settings (model, initial weights, timeouts)."""
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    """Federated evaluation of the global model on the devices' own data."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:

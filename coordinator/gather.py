@@ -106,6 +106,11 @@ class Gather(Generic[ReplyT, StateT]):
         self._pending = set(self.expected) - self.answered - self.absent
         self._expected_ids = sorted(self.expected)  # for every record, sorted once
 
+    def extend(self, seconds: float) -> None:
+        """Wait ``seconds`` longer if still open (a broker outage ate them)."""
+        if self.is_open and seconds > 0:
+            self.deadline_at += seconds
+
     @classmethod
     def open(
         cls,

@@ -91,6 +91,9 @@ class RoundPlugin(ABC):
         """Methods this plugin needs devices to run (signed into each key epoch)."""
         return ()
 
+    def extend_deadlines(self, seconds: float) -> None:  # noqa: B027 - optional hook
+        """The broker was away ``seconds``: give open windows that time back."""
+
 
 class NoTraining(RoundPlugin):
     """Selection only: every round completes as soon as it is selected."""

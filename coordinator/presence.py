@@ -24,7 +24,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable
 
-__all__ = ["Presence"]
+__all__ = ["Presence", "fleet_change"]
 
 logger = logging.getLogger("ursa.coordinator")
 
@@ -132,3 +132,18 @@ class Presence:
         if gone:
             logger.info("grace over: %d devices still offline", len(gone))
         return gone
+
+
+def fleet_change(
+    registered: Iterable[str], online: Iterable[str], *, joiners: bool = True
+) -> float:
+    """How far the online fleet moved from the one a key epoch started with.
+
+    The devices that left plus those that joined, over the ones it started
+    with (1.0 when it started with none and someone is online). Without
+    ``joiners`` only departures count (an epoch whose key went to as many
+    devices as it can seal to).
+    """
+    before, now = set(registered), set(online)
+    moved = len(before ^ now) if joiners else len(before - now)
+    return moved / len(before) if before else float(moved > 0)

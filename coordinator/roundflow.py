@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 
 from ursa.coordinator.core import RoundWork, ServiceCore
+from ursa.coordinator.presence import fleet_change
 from ursa.coordinator.rounds import Stage, advance
 from ursa.coordinator.selection import SelectionError
 from ursa.coordinator.selection_method import Selection, SelectionRequest
@@ -44,7 +45,10 @@ class RoundStages(ServiceCore):
         assert work is not None, "a round needs a key epoch"
         view = self._epoch_view()
         assert view is not None
-        unusable = self._selection.epoch_unusable(view, frozenset(self._online))
+        online = frozenset(self._online)
+        unusable = self._selection.epoch_unusable(view, online) or self._churned(
+            frozenset(work.recipients), online
+        )
         epoch_full = (
             cfg.rounds_per_epoch > 0
             and self._store.rounds_in_epoch(work.epoch) >= cfg.rounds_per_epoch
@@ -68,6 +72,24 @@ class RoundStages(ServiceCore):
         request = self._selection_request(now)
         if request is not None:
             self._selection.open_round(request)
+
+    def _churned(self, at_start: frozenset[str], online: frozenset[str]) -> str | None:
+        """Why the fleet's churn needs a new key epoch (None: it does not).
+
+        ``at_start``: the devices online when the key epoch started (its
+        recipients), so a device that sits out does not count as churn.
+
+        Only with a quorum online: short of one, the current epoch goes on
+        rather than wait in enrolment for devices that may never come back.
+        """
+        cfg = self._config
+        full = len(at_start) >= cfg.registry.max_parties  # joiners could not join
+        change = fleet_change(at_start, online, joiners=not full)
+        if cfg.rekey_on_churn <= 0 or change <= cfg.rekey_on_churn:
+            return None
+        if len(online) < cfg.epoch_quorum():
+            return None
+        return f"the online fleet changed by {change:.0%} since the key epoch"
 
     def _announce(self, index: int, epoch: int) -> bytes:
         cfg = self._config

@@ -135,6 +135,9 @@ class SelectionMethod(ABC):
         """Why the next round needs a new key epoch first (None: it does not)."""
         return None
 
+    def extend_deadlines(self, seconds: float) -> None:  # noqa: B027 - optional hook
+        """The broker was away ``seconds``: give open windows that time back."""
+
     @abstractmethod
     def select(self, request: SelectionRequest) -> Selection | None:
         """The round's participants, or None to be asked again at the next step."""

@@ -700,6 +700,9 @@ class CoordinatorService(Recovery):
             self._set_state(
                 dataclasses.replace(self._state, deadline_at=deadline + outage_s)
             )
+        if outage_s > 0:  # and the methods' own windows
+            self._selection.extend_deadlines(outage_s)
+            self._plugin.extend_deadlines(outage_s)
 
     def _watch_connection(self, now: float) -> None:
         """Tell the presence about our own connection; apply ended holds."""

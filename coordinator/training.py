@@ -65,6 +65,7 @@ from ursa.coordinator.training_round import (
     OpenRound,
     Phase,
     TrainingConfig,
+    summarise_device_metrics,
 )
 from ursa.models.weights import Arrays
 from ursa.protocol.envelope import message_kind
@@ -297,9 +298,19 @@ class TrainingPlugin(RoundPlugin):
         ):
             self._emit(request, device)
 
+    def extend_deadlines(self, seconds: float) -> None:
+        """The open round's step and update deadline wait ``seconds`` longer."""
+        work = self._open
+        if work is None or work.phase is Phase.DONE or seconds <= 0:
+            return
+        if work.phase is Phase.BEFORE:
+            self._steps[work.step].extend_deadlines(seconds)
+        work.deadline_at += seconds
+
     def methods(self) -> tuple[str, ...]:
         """The training method devices must run: the steps' methods, else fedavg."""
-        return tuple(dict.fromkeys(s.name for s in self._steps)) or ("fedavg",)
+        signed = (s.name for s in self._steps if s.signed)
+        return tuple(dict.fromkeys(signed)) or ("fedavg",)
 
     def is_complete(self, round_index: int) -> bool:
         """Whether the round has been aggregated (or ended without updates)."""
@@ -383,6 +394,8 @@ class TrainingPlugin(RoundPlugin):
     # --- updates ------------------------------------------------------------------
 
     def _accepted(self, work: OpenRound, device: str, message: UpdateMessage) -> None:
+        if message.metrics:
+            work.device_metrics[device] = dict(message.metrics)
         for step in self._steps:
             step.on_update(work.index, device, message)
         self._store.save_partial(work.index, work.base_version, work.aggregation)
@@ -426,12 +439,15 @@ class TrainingPlugin(RoundPlugin):
             logger.warning("round %d: dropped silent devices %s", work.index, dropped)
         work.close()
         self._store.clear_round(work.index)
+        metrics: dict[str, Any] = {}
         for step in self._steps:
+            metrics.update(step.metrics(work.index))
             step.close(work.index)
-        metrics: Mapping[str, Any] = {}
+        if work.device_metrics:
+            metrics["devices"] = summarise_device_metrics(work.device_metrics)
         if self._evaluate is not None:
             try:
-                metrics = dict(self._evaluate(work.index, version, self._arrays))
+                metrics.update(self._evaluate(work.index, version, self._arrays))
             except Exception:
                 logger.exception("round %d: evaluation failed", work.index)
         record = RoundRecord(

@@ -10,6 +10,7 @@ service) when it must be refused; `ursa.coordinator.training` drives it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -100,6 +101,8 @@ class OpenRound:
     phases: dict[str, StepPhase] = field(default_factory=dict)
     """The phases the round's before-training steps opened, by method name."""
     pending: dict[str, tuple[UpdateMessage, float]] = field(default_factory=dict)
+    device_metrics: dict[str, Mapping[str, float]] = field(default_factory=dict)
+    """What each counted device said of its training (`ModelUpdate.metrics`)."""
 
     def check_participant(self, device: str) -> None:
         """Refuse a device that may not send updates (or upload) now."""
@@ -208,3 +211,19 @@ class OpenRound:
         self.pending.clear()
         for tid in self.uploads.transfer_ids():
             self.uploads.forget(tid)
+
+
+def summarise_device_metrics(
+    reported: Mapping[str, Mapping[str, float]],
+) -> dict[str, float]:
+    """One round's device metrics, averaged over the devices that reported them.
+
+    ``samples`` is summed (a fleet total); ``reporting`` counts the devices.
+    """
+    summary: dict[str, float] = {"reporting": float(len(reported))}
+    names = sorted({name for metrics in reported.values() for name in metrics})
+    for name in names:
+        values = [m[name] for m in reported.values() if name in m]
+        total = float(sum(values))
+        summary[name] = total if name == "samples" else total / len(values)
+    return summary

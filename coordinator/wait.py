@@ -38,6 +38,11 @@ class Wait(Generic[ReplyT]):
     status: PhaseStatus = PhaseStatus.OPEN
     answer: ReplyT | None = None
 
+    def extend(self, seconds: float) -> None:
+        """Wait ``seconds`` longer if still open (a broker outage ate them)."""
+        if self.is_open and seconds > 0:
+            self.deadline_at += seconds
+
     @classmethod
     def open(
         cls, key: str, device: str, *, now: float, timeout_s: float

@@ -58,6 +58,7 @@ from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
 from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.device_core import DeviceStats, TrainingStats
+from ursa.edge_sdk.fleet_eval import FleetEvaluator
 from ursa.edge_sdk.keys import EpochSteps
 from ursa.edge_sdk.method import DeviceMethod, EpochKeys, LocalData, Roster
 from ursa.edge_sdk.methods.registry import compose_methods
@@ -174,10 +175,15 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._labels = array.astype(np.int64)
         self._trainer = trainer or NoOpTrainer(int(array.size))
         self._selection = selection_kind(config.method_list())
+        self.evaluation = FleetEvaluator(config.eval_min_parties)
+        """Federated evaluation: the fleet's accuracy as this device learns it."""
         self._methods = with_secure_means(
-            compose_methods(
-                self._trainer, config.method_list(), self._labels, methods or ()
-            )
+            [
+                *compose_methods(
+                    self._trainer, config.method_list(), self._labels, methods or ()
+                ),
+                self.evaluation,
+            ]
         )
         self._data_settled = False
         if config.methods is not None:

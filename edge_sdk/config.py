@@ -22,6 +22,7 @@ files and the environment; `EdgeClient` receives a `DeviceConfig`::
     model_options = { input_dim = 64, num_classes = 10, hidden_sizes = [32] }
     wire_dtype = "float16"                # upload precision (float32 default)
     train = { epochs = 1, batch_size = 16, lr = 0.05 }   # `TrainConfig` fields
+    eval_fraction = 0.2                   # held out for federated evaluation
 
     [[methods]]                           # the federation's methods (see below)
     kind = "dubhe"
@@ -97,6 +98,9 @@ class DeviceTrainingConfig(_Frozen):
     wire_dtype: Literal["float32", "float16"] = "float32"
     seed: int | None = Field(default=None, ge=0)
     """The device's training seed; None derives one from the device id."""
+    eval_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Samples held out for federated evaluation (0: none; the device then
+    reports zeros when the coordinator evaluates)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -132,6 +136,9 @@ class DeviceConfig(_Frozen):
     admission: AdmissionLimits = Field(default_factory=AdmissionLimits)
     """Rate limit on incoming messages per topic scope (global, own),
     checked before decoding (`ursa.protocol.admission_limits`)."""
+    eval_min_parties: int = Field(default=2, ge=1)
+    """As the key epoch's agent, disclose a federated evaluation sum to the
+    coordinator only if it has at least this many reports."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -27,13 +27,14 @@ import numpy.typing as npt
 from ursa.edge_sdk.feddisk_settings import FeddiskSettings
 from ursa.edge_sdk.phased_trainer import PhasedTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
-from ursa.edge_sdk.trainer import LocalDelta
+from ursa.edge_sdk.trainer import ClassCounts, LocalDelta
 from ursa.models.weights import Arrays, spec_of
 
 if TYPE_CHECKING:
     from ursa.edge_sdk.training import TrainConfig
 
 __all__ = ["FeddiskSettings", "FeddiskTrainer"]
+
 
 class FeddiskTrainer(PhasedTrainer):
     """FedDisk on one device: the global MADE's rounds, then the weighted classifier.
@@ -99,6 +100,17 @@ class FeddiskTrainer(PhasedTrainer):
         from ursa.edge_sdk.training import made_nll
 
         return made_nll(self.made_config, global_arrays, self.x_train)
+
+    @property
+    def evaluates(self) -> bool:
+        """The classifier's evaluation split, in phase 2 (the MADE is not scored)."""
+        return self.phase == "classifier" and self.classifier.evaluates
+
+    def class_counts(self, global_arrays: Arrays) -> ClassCounts | None:
+        """The classifier's per-class counts in phase 2; None in phase 1."""
+        if self.phase != "classifier":
+            return None
+        return self.classifier.class_counts(global_arrays)
 
     def check_arrays(self, global_arrays: Arrays) -> None:
         """Raise ValueError unless the arrays fit the current phase's model."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 import time
 from collections import OrderedDict
@@ -49,12 +50,14 @@ from ursa.edge_sdk.data_check import (
 from ursa.edge_sdk.device_core import TrainingStats, derived_id
 from ursa.edge_sdk.method import DeviceMethod, TrainPlan
 from ursa.edge_sdk.round_steps import RoundSteps
-from ursa.edge_sdk.trainer import ModelTrainer
+from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
 from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes, arrays_to_bytes
 from ursa.protocol.chunking import Reassembler, split
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import (
     DEFAULT_CHUNK_SIZE,
+    MAX_UPDATE_METRICS,
+    NAME_PATTERN,
     BaseMessage,
     Chunk,
     ChunkRequest,
@@ -71,6 +74,7 @@ UPDATE_PURPOSE = "model_update"
 DEFAULT_MAX_MODEL_BYTES = 64 * 1024 * 1024
 DEFAULT_RETRY_S = 2.0
 KEPT_UPLOADS = 4
+_METRIC_NAME = re.compile(NAME_PATTERN)
 _PURPOSE_RE = re.compile(r"^(?P<model>[a-z][a-z0-9_.-]*)\.v(?P<version>\d+)$")
 
 
@@ -211,7 +215,8 @@ class ModelSteps(RoundSteps):
         scale = plan.delta_scale
         started = time.perf_counter()
         result = trainer.train_delta(notice.round, arrays, delta_scale=scale)
-        self.training_stats.train_s += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.training_stats.train_s += elapsed
         payload = arrays_to_bytes(result.delta, dtype=trainer.wire_dtype)
         fed, me = self._config.federation, self.device_id
         messages: list[BaseMessage] = []
@@ -244,6 +249,7 @@ class ModelSteps(RoundSteps):
                 delta_scaled=plan.scaled,
                 transfer_id=transfer_id,
                 weights=payload if inline else None,
+                metrics=update_metrics(result, elapsed),
             )
         )
         self._sent_updates[notice.round] = messages
@@ -455,3 +461,20 @@ def _model_problems(
             ),
         )
     return ()
+
+
+def update_metrics(result: LocalDelta, train_s: float) -> tuple[tuple[str, float], ...]:
+    """What a `ModelUpdate` says of the training, at most 16 metrics.
+
+    ``samples``, ``train_s`` and the trainer's finite metrics (its
+    ``mean_train_loss`` as ``loss``).
+    """
+    said: dict[str, float] = {
+        "samples": float(result.num_examples),
+        "train_s": float(train_s),
+    }
+    for name, value in result.metrics.items():
+        key = "loss" if name == "mean_train_loss" else name
+        if key not in said and _METRIC_NAME.fullmatch(key) and math.isfinite(value):
+            said[key] = float(value)
+    return tuple(said.items())[:MAX_UPDATE_METRICS]

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.edge_sdk.climb import ClimbConfig
-from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
+from ursa.edge_sdk.trainer import ClassCounts, LocalDelta, ModelTrainer
 from ursa.models.weights import Arrays, spec_of
 
 if TYPE_CHECKING:
@@ -53,6 +53,9 @@ class TorchTrainer(ModelTrainer):
         sample_weights: Per-sample weights (FedDisk), or None.
         wire_dtype: Upload precision.
         seed: The device's seed; round seeds derive from it.
+        eval_x: The local evaluation split's samples (federated evaluation;
+            `ursa.edge_sdk.fleet_eval.split_for_evaluation`), or None.
+        eval_y: Its labels.
     """
 
     def __init__(
@@ -68,6 +71,8 @@ class TorchTrainer(ModelTrainer):
         sample_weights: npt.ArrayLike | None = None,
         wire_dtype: Literal["float32", "float16"] = "float32",
         seed: int = 0,
+        eval_x: npt.ArrayLike | None = None,
+        eval_y: npt.ArrayLike | None = None,
     ) -> None:
         self.x = np.asarray(x, dtype=np.float32)
         self.y = np.asarray(y, dtype=np.int64)
@@ -83,6 +88,17 @@ class TorchTrainer(ModelTrainer):
         )
         self.wire_dtype = wire_dtype
         self.seed = seed
+        self.eval_x: npt.NDArray[np.float32] | None = None
+        self.eval_y: npt.NDArray[np.int64] | None = None
+        if (eval_x is None) != (eval_y is None):
+            raise ValueError("give eval_x and eval_y together")
+        if eval_x is not None and eval_y is not None:
+            self.eval_x = np.asarray(eval_x, dtype=np.float32)
+            self.eval_y = np.asarray(eval_y, dtype=np.int64)
+            if self.eval_y.ndim != 1 or len(self.eval_x) != len(self.eval_y):
+                raise ValueError(
+                    "need the same number of evaluation samples and labels"
+                )
         self._spec: tuple[tuple[str, tuple[int, ...]], ...] | None = None
 
     def use_data(self, x: npt.NDArray[Any], y: npt.NDArray[np.int64]) -> None:
@@ -131,6 +147,29 @@ class TorchTrainer(ModelTrainer):
 
         return evaluate_loss(
             self.architecture, self.model_config, global_arrays, self.x, self.y
+        )
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether the device holds out an evaluation split."""
+        return self.eval_y is not None and len(self.eval_y) > 0
+
+    def class_counts(self, global_arrays: Arrays) -> ClassCounts | None:
+        """Per-class correct and total counts on the evaluation split."""
+        if self.eval_x is None or self.eval_y is None or not len(self.eval_y):
+            return None
+        from ursa.edge_sdk.training import evaluate
+
+        result = evaluate(
+            self.architecture,
+            self.model_config,
+            global_arrays,
+            self.eval_x,
+            self.eval_y,
+        )
+        return ClassCounts(
+            np.asarray(result.per_class_correct, np.int64),
+            np.asarray(result.per_class_count, np.int64),
         )
 
     @property

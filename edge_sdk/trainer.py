@@ -22,7 +22,14 @@ import numpy.typing as npt
 from ursa.edge_sdk.climb import ClimbConfig
 from ursa.models.weights import Arrays
 
-__all__ = ["LocalDelta", "ModelTrainer", "NoOpTrainer", "Trainer", "TrainingReport"]
+__all__ = [
+    "ClassCounts",
+    "LocalDelta",
+    "ModelTrainer",
+    "NoOpTrainer",
+    "Trainer",
+    "TrainingReport",
+]
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,14 @@ class NoOpTrainer(Trainer):
 
 
 @dataclass(frozen=True)
+class ClassCounts:
+    """Per-class correct predictions and samples on a local evaluation split."""
+
+    correct: npt.NDArray[np.int64]
+    total: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
 class LocalDelta:
     """One round's local training result: the (scaled) delta and its weight."""
 
@@ -98,6 +113,18 @@ class ModelTrainer(Trainer):
     @abstractmethod
     def local_loss(self, global_arrays: Arrays) -> float:
         """CLIMB's ``f_i``: the mean per-sample loss at ``global_arrays`` (nats)."""
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether `class_counts` has a local evaluation split (default: no)."""
+        return False
+
+    def class_counts(self, global_arrays: Arrays) -> ClassCounts | None:
+        """Per-class counts of the model at ``global_arrays`` on the eval split.
+
+        Federated evaluation (`ursa.edge_sdk.fleet_eval`); None: no split.
+        """
+        return None
 
     def check_arrays(self, global_arrays: Arrays) -> None:
         """Raise ValueError if the arrays do not fit the model (default: accept)."""

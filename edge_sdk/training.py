@@ -108,6 +108,7 @@ class Evaluation:
     mean_loss: float
     per_class_accuracy: tuple[float, ...]
     per_class_count: tuple[int, ...]
+    per_class_correct: tuple[int, ...] = ()
 
 
 def train_local(
@@ -188,6 +189,7 @@ def evaluate(
         mean_loss=loss,
         per_class_accuracy=tuple(float(a) for a in per_class),
         per_class_count=tuple(int(c) for c in counts),
+        per_class_correct=tuple(int(h) for h in hits),
     )
 
 

@@ -5,6 +5,9 @@ handler for the wrong type is a mypy error and dispatch needs no casts. Each
 kind has one owner (the runtime, or the method that defines the kind); a
 second registration names both owners, which is how two methods claiming the
 same kind are caught at start-up instead of one silently shadowing the other.
+A kind that several methods share, told apart by its ``purpose`` field (the
+secure mean's `MeanReport`), is routed by purpose instead: each purpose has
+one owner, and a message of a purpose nobody registered is unhandled.
 
 Handlers signal two outcomes besides success:
 
@@ -74,8 +77,11 @@ def _bind(
     return call
 
 
+_Key = tuple[type[BaseMessage], str | None]
+
+
 class Router:
-    """Message class -> handler, with parking of messages that came too early.
+    """Message class (and purpose) -> handler, with parking of early messages.
 
     Args:
         name: Who dispatches (a device id or "coordinator"), for log lines.
@@ -83,8 +89,9 @@ class Router:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._routes: dict[type[BaseMessage], _Route] = {}
-        self._parked: dict[type[BaseMessage], BaseMessage] = {}
+        self._routes: dict[_Key, _Route] = {}
+        self._by_purpose: set[type[BaseMessage]] = set()
+        self._parked: dict[_Key, BaseMessage] = {}
 
     def register(
         self,
@@ -92,47 +99,74 @@ class Router:
         handler: Callable[[M], None],
         *,
         owner: str,
+        purpose: str | None = None,
     ) -> None:
-        """Route `message_type` to `handler`; a kind has exactly one owner.
+        """Route `message_type` (of one ``purpose``) to `handler`; one owner each.
 
         Raises:
-            ValueError: the kind is already registered (the error names both).
+            ValueError: the kind (or the kind's purpose) is already registered,
+                or the kind is routed both whole and by purpose (the error
+                names both owners).
         """
-        existing = self._routes.get(message_type)
+        key: _Key = (message_type, purpose)
+        existing = self._routes.get(key) or self._routes.get(
+            (message_type, None) if purpose is not None else key
+        )
+        if existing is None and purpose is None and message_type in self._by_purpose:
+            existing = next(
+                route
+                for (kind, _), route in self._routes.items()
+                if kind is message_type
+            )
         if existing is not None:
+            what = message_type.__name__
+            if purpose is not None:
+                what += f" of purpose {purpose!r}"
             raise ValueError(
-                f"{message_type.__name__} is handled by {existing.owner!r}; "
+                f"{what} is handled by {existing.owner!r}; "
                 f"{owner!r} cannot register it too"
             )
-        self._routes[message_type] = _Route(owner, _bind(message_type, handler))
+        if purpose is not None:
+            self._by_purpose.add(message_type)
+        self._routes[key] = _Route(owner, _bind(message_type, handler))
 
     def handles(self, message_type: type[BaseMessage]) -> bool:
-        """Whether a handler is registered for `message_type`."""
-        return message_type in self._routes
+        """Whether a handler is registered for `message_type` (of any purpose)."""
+        return any(kind is message_type for kind, _ in self._routes)
 
-    def owner(self, message_type: type[BaseMessage]) -> str | None:
-        """Who registered `message_type`, if anyone."""
-        route = self._routes.get(message_type)
+    def owner(
+        self, message_type: type[BaseMessage], purpose: str | None = None
+    ) -> str | None:
+        """Who registered `message_type` (of ``purpose``), if anyone."""
+        route = self._routes.get((message_type, purpose))
         return None if route is None else route.owner
 
     def is_parked(self, message_type: type[BaseMessage]) -> bool:
         """Whether a message of `message_type` waits for a state change."""
-        return message_type in self._parked
+        return any(kind is message_type for kind, _ in self._parked)
+
+    def _key(self, message: BaseMessage) -> _Key:
+        kind = type(message)
+        if kind not in self._by_purpose:
+            return (kind, None)
+        purpose = getattr(message, "purpose", None)
+        return (kind, purpose if isinstance(purpose, str) else None)
 
     def dispatch(self, message: BaseMessage) -> Dispatch:
         """Run the handler of `message`'s class.
 
         Returns HANDLED, PARKED (the handler raised `NotReadyError`; a newer message
-        of the same kind replaces a parked one) or UNHANDLED (no handler).
+        of the same kind and purpose replaces a parked one) or UNHANDLED (no handler).
         `RejectedError` and any other exception propagate to the runtime.
         """
-        route = self._routes.get(type(message))
+        key = self._key(message)
+        route = self._routes.get(key)
         if route is None:
             return Dispatch.UNHANDLED
         try:
             route.call(message)
         except NotReadyError:
-            self._parked[type(message)] = message
+            self._parked[key] = message
             return Dispatch.PARKED
         return Dispatch.HANDLED
 
@@ -145,8 +179,8 @@ class Router:
         handled = 0
         for _ in range(MAX_RETRY_PASSES):
             progress = False
-            for message_type, message in list(self._parked.items()):
-                del self._parked[message_type]
+            for key, message in list(self._parked.items()):
+                del self._parked[key]
                 try:
                     outcome = self.dispatch(message)
                 except Exception as exc:  # reported to the runtime, which logs it

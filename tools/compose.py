@@ -97,6 +97,8 @@ def training_plugin(
     method = config.training_method()
     if method is None:
         return None
+    from ursa.coordinator.before_training import BeforeTraining
+    from ursa.coordinator.fleet_eval import FleetEvaluation
     from ursa.coordinator.methods.climb.step import ClimbDualStep
     from ursa.coordinator.methods.feddisk.config import FeddiskConfig
     from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
@@ -106,7 +108,17 @@ def training_plugin(
 
     hooks = hooks or TrainingHooks()
     section = config.training_section()
-    steps = [ClimbDualStep(method)] if isinstance(method, ClimbSpec) else []
+    steps: list[BeforeTraining] = (
+        [ClimbDualStep(method)] if isinstance(method, ClimbSpec) else []
+    )
+    if config.evaluation.every:
+        steps.append(
+            FleetEvaluation(
+                config.evaluation,
+                num_classes=config.registry.num_classes,
+                max_parties=config.registry.max_parties,
+            )
+        )
     try:
         classifier = TrainingPlugin(
             federation=config.federation,
@@ -212,8 +224,12 @@ def torch_trainer(
     methods: tuple[DeviceMethodSpec, ...],
     x: NDArray[np.float32],
     y: NDArray[np.int64],
+    *,
+    evaluation: tuple[NDArray[np.float32], NDArray[np.int64]] | None = None,
 ) -> Trainer:
     """The device's trainer for its training method (imports torch).
+
+    ``evaluation`` is the held-out split federated evaluation scores on.
 
     Raises:
         ServiceSetupError: torch is missing or a setting is invalid.
@@ -233,9 +249,12 @@ def torch_trainer(
         raise ServiceSetupError(f"[training]: {exc}") from None
     method = training_spec(methods)
     seed = device_seed(device_id) if training.seed is None else training.seed
+    eval_x, eval_y = evaluation if evaluation is not None else (None, None)
     trainer = TorchTrainer(
         x,
         y,
+        eval_x=eval_x,
+        eval_y=eval_y,
         architecture=training.architecture,
         model_config=training.model_options,
         train=train,
@@ -323,9 +342,19 @@ def build_device(
         return EdgeClient(config, labels, transport=transport, methods=own, rng=rng)
     if labels_path is not None or labels is not None:
         raise ServiceSetupError("a training device takes its labels from data_file")
-    x, y = load_training_data(config.training.data_file)
+    from ursa.edge_sdk.fleet_eval import split_for_evaluation
+
+    training = config.training
+    x, y = load_training_data(training.data_file)
+    seed = device_seed(config.device_id) if training.seed is None else training.seed
+    x, y, eval_x, eval_y = split_for_evaluation(x, y, training.eval_fraction, seed=seed)
     trainer = torch_trainer(
-        config.device_id, config.training, config.method_list(), x, y
+        config.device_id,
+        training,
+        config.method_list(),
+        x,
+        y,
+        evaluation=(eval_x, eval_y) if len(eval_y) else None,
     )
     own = _with_flicker(methods, lambda: device_flicker(config, y, x))
     return EdgeClient(

@@ -262,8 +262,10 @@ def check_torch_build(host: HostFacts) -> Finding | None:
     torch = host.modules.get("torch")
     if torch is None or not torch.is_installed:
         return None
-    cuda_build = torch.cuda is not None or bool(torch.cuda_requirements) or any(
-        tag in (torch.version or "") for tag in ("+cu", ".nv")
+    cuda_build = (
+        torch.cuda is not None
+        or bool(torch.cuda_requirements)
+        or any(tag in (torch.version or "") for tag in ("+cu", ".nv"))
     )
     if not cuda_build:
         return Finding("torch build", Status.OK, f"torch {torch.version}: CPU build")
@@ -614,4 +616,3 @@ def _tls_error(exc: BaseException) -> str:
     if isinstance(exc, FileNotFoundError):
         return f"CA file not found: {exc.filename}"
     return _os_error(exc)
-

@@ -73,6 +73,12 @@ from ursa.protocol.messages.dubhe import (
     TrySums,
     Volunteer,
 )
+from ursa.protocol.messages.evaluation import (
+    FLEET_EVAL,
+    MAX_EVAL_COUNT,
+    MeanResult,
+    fleet_eval_length,
+)
 from ursa.protocol.messages.feddisk import (
     MADE_LOSS,
     MADE_LOSS_LENGTH,
@@ -111,6 +117,7 @@ from ursa.protocol.messages.session import (
     Status,
 )
 from ursa.protocol.messages.training import (
+    MAX_UPDATE_METRICS,
     ModelAvailable,
     ModelUpdate,
     RoundAnnounce,
@@ -130,16 +137,19 @@ __all__ = [
     "COORDINATOR",
     "DEFAULT_CHUNK_SIZE",
     "EPOCH",
+    "FLEET_EVAL",
     "ID_PATTERN",
     "MADE_LOSS",
     "MADE_LOSS_LENGTH",
     "MAX_CHUNK_COUNT",
     "MAX_CHUNK_SIZE",
     "MAX_DEVICES",
+    "MAX_EVAL_COUNT",
     "MAX_REDUNDANCY_CIPHERTEXTS",
     "MAX_SIGNATURE_BYTES",
     "MAX_TRANSFER_BYTES",
     "MAX_TRIES",
+    "MAX_UPDATE_METRICS",
     "MESSAGE_ADAPTER",
     "MESSAGE_TYPES",
     "METRICS",
@@ -183,6 +193,7 @@ __all__ = [
     "MadeVerdict",
     "MeanReport",
     "MeanRequest",
+    "MeanResult",
     "MeanSum",
     "Message",
     "ModelAvailable",
@@ -214,6 +225,7 @@ __all__ = [
     "TryIndices",
     "TrySums",
     "Volunteer",
+    "fleet_eval_length",
 ]
 
 Message = Annotated[
@@ -243,6 +255,7 @@ Message = Annotated[
     | MeanRequest
     | MeanReport
     | MeanSum
+    | MeanResult
     | MadeVerdict
     | FeddiskSwitch
     | CkksContextAnnounce

@@ -24,7 +24,6 @@ MADE_LOSS_LENGTH = 2
 """Values per loss report: ``[nll_i * n_i, n_i]``."""
 
 
-
 class MadeVerdict(BaseMessage):
     """Agent to coordinator: whether the MADE phase stops, and its best version."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 from pydantic import model_validator as _model_validator
 from typing_extensions import Self
 
@@ -21,6 +21,17 @@ from ursa.protocol.messages.base import (
     Positive,
     Signature,
 )
+
+MAX_UPDATE_METRICS = 16
+"""Most metrics one `ModelUpdate` carries."""
+
+
+def _unique_names(
+    pairs: tuple[tuple[str, float], ...],
+) -> tuple[tuple[str, float], ...]:
+    if len({name for name, _ in pairs}) != len(pairs):
+        raise ValueError("metric names must be unique")
+    return pairs
 
 
 class RoundAnnounce(BaseMessage):
@@ -69,6 +80,13 @@ class ModelUpdate(BaseMessage):
     delta_scaled: bool = False
     transfer_id: Id | None = None
     weights: Blob | None = None
+    metrics: Annotated[
+        tuple[tuple[Name, float], ...],
+        Field(max_length=MAX_UPDATE_METRICS),
+        AfterValidator(_unique_names),
+    ] = ()
+    """What the device says of its training, as (name, value) pairs (``loss``,
+    ``samples``, ``train_s``, ...); the coordinator averages them per round."""
 
     @_model_validator(mode="after")
     def _one_source(self) -> Self:

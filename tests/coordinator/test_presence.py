@@ -51,3 +51,15 @@ def test_arrivals_report_a_change_once() -> None:
     presence = Presence()
     assert presence.arrived("a") and not presence.arrived("a")
     assert not presence.left("b", 0.0)  # never online
+
+
+def test_fleet_change_counts_departures_and_joiners_over_the_starting_fleet() -> None:
+    from ursa.coordinator.presence import fleet_change
+
+    start = {"a", "b", "c", "d"}
+    assert fleet_change(start, start) == 0.0
+    assert fleet_change(start, {"a", "b", "c"}) == 0.25
+    assert fleet_change(start, {"a", "b", "c", "d", "e", "f"}) == 0.5
+    assert fleet_change(start, {"a", "e"}) == 1.0
+    assert fleet_change(start, {"a", "b", "c", "d", "e"}, joiners=False) == 0.0
+    assert fleet_change(set(), {"a"}) == 1.0 and fleet_change(set(), set()) == 0.0

@@ -124,9 +124,7 @@ def test_reports_are_refused_with_their_codes(keys: Keys) -> None:
     assert code("d0", good.model_copy(update={"purpose": "feddisk.made_loss"})) == (
         ErrorCode.MALFORMED
     )
-    assert code("d0", good.model_copy(update={"model_version": 6})) == (
-        "wrong_version"
-    )
+    assert code("d0", good.model_copy(update={"model_version": 6})) == ("wrong_version")
     assert code("d0", good.model_copy(update={"model": "made"})) == "wrong_version"
     mean.poll(60.0, out)
     assert mean.status is PhaseStatus.FALLBACK and len(out.sent) == 1

@@ -630,3 +630,49 @@ def test_messages_held_before_the_stage_is_restored_are_capped(
     )
     fed.start()  # the held ones are judged then (empty: ignored)
     assert fed.coordinator.is_done
+
+
+def test_a_fleet_that_doubled_since_the_key_epoch_is_rekeyed_before_the_next_round(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(
+        num_devices=8, min_devices=4, k=2, tries=1, rounds=2, rekey_on_churn=0.5
+    )
+    first, joiners = fed.device_ids[:4], fed.device_ids[4:]
+    fed.device_ids = first
+    fed.bus.drop_filter = _drop(None, "volunteer")  # hold round 1 open
+    fed.start()
+    assert len(fed.messages("key_epoch_start")) == 1
+    for device_id in joiners:  # four more join in the middle of the epoch
+        fed.new_device(device_id).start()
+    fed.bus.drop_filter = None
+    caplog.set_level(logging.INFO, logger="ursa.coordinator")
+    for _ in range(6):
+        fed.tick(11)
+
+    assert fed.coordinator.is_done
+    notices = [m for _, m in fed.messages("key_epoch_start")]
+    assert len(notices) == 2, "the doubled fleet needs a new key epoch"
+    assert "the online fleet changed by 100% since the key epoch" in caplog.text
+    registered = {m.sender for _, m in fed.messages("registration") if m.epoch == 2}
+    assert set(joiners) <= registered
+    _assert_rounds_exactly_k(fed, 2)
+
+
+def test_churn_below_the_fraction_or_without_a_quorum_keeps_the_epoch(
+    federation: Any,
+) -> None:
+    fed = federation(
+        num_devices=6, k=2, tries=1, rounds=2, quorum=5, rekey_on_churn=0.5
+    )
+    fed.bus.drop_filter = _drop(None, "volunteer")  # hold round 1 open
+    fed.start()
+    agent = fed.messages("key_epoch_start")[0][1].agent
+    gone = [d for d in fed.device_ids if d != agent][:2]
+    for device_id in gone:  # 2 of 6 left for good: 33% < 50%
+        fed.transports[device_id].kill()
+    fed.bus.drop_filter = None
+    for _ in range(6):
+        fed.tick(11)
+    assert fed.coordinator.is_done
+    assert len(fed.messages("key_epoch_start")) == 1

@@ -469,3 +469,28 @@ def test_a_selected_device_whose_features_do_not_fit_sits_out_without_a_wait(
     assert fed.devices[bad].sits_out and fed.devices[bad].model_version is None
     assert f"{bad} sits out: data_mismatch: {reason}" in caplog.text
     assert f"{bad}: sitting out key epoch 1: data_mismatch: {reason}" in caplog.text
+
+
+def test_device_metrics_are_averaged_and_samples_summed() -> None:
+    from ursa.coordinator.training_round import summarise_device_metrics
+
+    summary = summarise_device_metrics(
+        {
+            "d0": {"loss": 0.5, "samples": 10.0, "train_s": 1.0},
+            "d1": {"loss": 1.5, "samples": 30.0},
+        }
+    )
+    assert summary == {"reporting": 2.0, "loss": 1.0, "samples": 40.0, "train_s": 1.0}
+
+
+def test_an_outage_gives_the_round_its_time_back(
+    federation: Any, tmp_path: Path
+) -> None:
+    fed = federation(num_devices=6, k=3, tries=1, rounds=1)
+    fed.bus.drop_filter = drop_first_selected_update(fed)
+    plugin = start_training(fed, tmp_path, TrainingConfig(update_timeout_s=5.0))
+    plugin.extend_deadlines(30.0)  # what the service does when the broker is back
+    fed.tick(6.0)
+    assert not fed.coordinator.is_done  # the update may still be queued
+    fed.tick(30.0)
+    assert fed.coordinator.is_done and len(plugin.history[0].contributed) == 2

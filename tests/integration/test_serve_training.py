@@ -30,8 +30,7 @@ DUBHE = '[[methods]]\nkind = "dubhe"\n'
 RANDOM_FEDAVG = '[[methods]]\nkind = "random"\n[[methods]]\nkind = "fedavg"\n'
 CLIMB_DEVICE = DUBHE + '[[methods]]\nkind = "climb"\neta_d = 0.1\n'
 FEDDISK_DEVICE = DUBHE + (
-    '[[methods]]\nkind = "feddisk"\nlocal_made_max_epochs = 10\n'
-    "classifier_epochs = 3\n"
+    '[[methods]]\nkind = "feddisk"\nlocal_made_max_epochs = 10\nclassifier_epochs = 3\n'
 )
 
 

@@ -106,17 +106,42 @@ def _examples() -> list[m.BaseMessage]:
         m.Chunk(**COORD, transfer_id="t1", index=1, data=CT),
         m.ChunkRequest(**DEV, transfer_id="t1", indices=(0, 3)),
         m.ModelAvailable(**COORD, model="classifier", model_version=3, transfer_id="t"),
-        m.ModelUpdate(**DEV, base_version=3, num_examples=120, weights=CT),
+        m.ModelUpdate(
+            **DEV,
+            base_version=3,
+            num_examples=120,
+            weights=CT,
+            metrics=(("loss", 0.5), ("samples", 120.0)),
+        ),
         m.MeanRequest(
             **COORD, purpose=m.CLIMB_DUAL, epoch=1, model="clf", model_version=3
         ),
         m.MeanReport(
-            **DEV, purpose=m.MADE_LOSS, epoch=1, model="made", model_version=4,
+            **DEV,
+            purpose=m.MADE_LOSS,
+            epoch=1,
+            model="made",
+            model_version=4,
             ciphertext=CT,
         ),
         m.MeanSum(
-            **COORD, purpose=m.CLIMB_DUAL, epoch=1, model="clf", model_version=3,
-            ciphertext=CT, num_parties=20,
+            **COORD,
+            purpose=m.CLIMB_DUAL,
+            epoch=1,
+            model="clf",
+            model_version=3,
+            ciphertext=CT,
+            num_parties=20,
+        ),
+        m.MeanResult(
+            **DEV,
+            purpose=m.FLEET_EVAL,
+            epoch=1,
+            model="clf",
+            model_version=3,
+            values=(8.0, 9.0, 10.0, 12.0),
+            num_parties=3,
+            signature=SIG,
         ),
         m.MadeVerdict(
             **DEV, epoch=1, model_version=4, stop=True, best_version=3, signature=SIG

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ursa.protocol.messages import Heartbeat, RoundAnnounce, Volunteer
+from ursa.protocol.messages import Heartbeat, MeanReport, RoundAnnounce, Volunteer
 from ursa.protocol.router import Dispatch, NotReadyError, RejectedError, Router
 
 
@@ -109,3 +109,65 @@ def test_retry_resolves_chains_across_kinds() -> None:
     assert router.dispatch(announce) is Dispatch.HANDLED
     assert router.retry_parked(lambda m, e: None) == 1
     assert order == ["announce", "volunteer"]
+
+
+def _report(purpose: str) -> MeanReport:
+    return MeanReport(
+        federation="f",
+        round=1,
+        sender="d1",
+        purpose=purpose,
+        epoch=1,
+        model="m",
+        model_version=0,
+        ciphertext=b"c",
+    )
+
+
+def test_a_shared_kind_is_routed_by_purpose_one_owner_each() -> None:
+    router = Router("test")
+    climb: list[MeanReport] = []
+    evaluation: list[MeanReport] = []
+    router.register(MeanReport, climb.append, owner="climb", purpose="climb.dual")
+    router.register(MeanReport, evaluation.append, owner="eval", purpose="eval.classes")
+    assert router.dispatch(_report("climb.dual")) is Dispatch.HANDLED
+    assert router.dispatch(_report("eval.classes")) is Dispatch.HANDLED
+    assert router.dispatch(_report("made.loss")) is Dispatch.UNHANDLED
+    assert [m.purpose for m in climb] == ["climb.dual"]
+    assert [m.purpose for m in evaluation] == ["eval.classes"]
+    assert router.handles(MeanReport)
+    assert router.owner(MeanReport, "eval.classes") == "eval"
+    assert router.owner(MeanReport) is None
+
+
+def test_a_purpose_has_one_owner_and_a_kind_is_not_routed_both_ways() -> None:
+    router = Router("test")
+    router.register(MeanReport, lambda m: None, owner="climb", purpose="climb.dual")
+    with pytest.raises(ValueError, match=r"purpose 'climb\.dual'.*'climb'.*'other'"):
+        router.register(MeanReport, lambda m: None, owner="other", purpose="climb.dual")
+    with pytest.raises(ValueError, match=r"'climb'.*'whole'"):
+        router.register(MeanReport, lambda m: None, owner="whole")
+    whole = Router("test")
+    whole.register(MeanReport, lambda m: None, owner="whole")
+    with pytest.raises(ValueError, match=r"'whole'.*'eval'"):
+        whole.register(MeanReport, lambda m: None, owner="eval", purpose="eval.classes")
+
+
+def test_parked_messages_of_two_purposes_do_not_replace_each_other() -> None:
+    router = Router("test")
+    ready = False
+    seen: list[str] = []
+
+    def handle(message: MeanReport) -> None:
+        if not ready:
+            raise NotReadyError
+        seen.append(message.purpose)
+
+    router.register(MeanReport, handle, owner="a", purpose="a.x")
+    router.register(MeanReport, handle, owner="b", purpose="b.x")
+    assert router.dispatch(_report("a.x")) is Dispatch.PARKED
+    assert router.dispatch(_report("b.x")) is Dispatch.PARKED
+    assert router.is_parked(MeanReport)
+    ready = True
+    assert router.retry_parked(lambda m, e: None) == 2
+    assert sorted(seen) == ["a.x", "b.x"]

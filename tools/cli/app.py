@@ -51,4 +51,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     handler: Handler = args.handler
     return handler(args)
-

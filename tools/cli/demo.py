@@ -81,6 +81,18 @@ def register(sub: Subparsers) -> None:
         "--dual-period", type=int, default=1, help="CLIMB: rounds per dual step"
     )
     demo.add_argument(
+        "--eval-every",
+        type=int,
+        default=5,
+        help="federated evaluation every N rounds on the devices' own data (0: off)",
+    )
+    demo.add_argument(
+        "--eval-fraction",
+        type=float,
+        default=0.2,
+        help="each device's samples held out for federated evaluation",
+    )
+    demo.add_argument(
         "--float16", action="store_true", help="send model deltas as float16"
     )
     demo.add_argument(
@@ -141,6 +153,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         lr=args.lr,
         dual_period=args.dual_period,
+        eval_every=args.eval_every,
+        eval_fraction=args.eval_fraction,
         made_rounds=args.made_rounds,
         wire_dtype="float16" if args.float16 else "float32",
         seed=args.seed,

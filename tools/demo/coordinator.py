@@ -76,6 +76,7 @@ def coordinator_config(
         CoordinatorConfig,
         DeadlinesConfig,
         EnrolmentConfig,
+        EvaluationConfig,
         TrainingSection,
     )
 
@@ -108,10 +109,11 @@ def coordinator_config(
             volunteer_s=60,
             distributions_s=60,
             agent_s=60,
-            training_s=UPDATE_TIMEOUT_S + 2 * DUAL_TIMEOUT_S + 60,
+            training_s=UPDATE_TIMEOUT_S + 3 * DUAL_TIMEOUT_S + 60,
         ),
         methods=tuple(methods),
         training=training,
+        evaluation=EvaluationConfig(every=s.eval_every, timeout_s=DUAL_TIMEOUT_S),
     )
 
 

@@ -102,6 +102,7 @@ def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> Edg
             train=dict(spec.train),
             wire_dtype=spec.wire_dtype,
             seed=device.seed,
+            eval_fraction=spec.eval_fraction,
         ),
     )
     extra = spec.extra.get("flicker")

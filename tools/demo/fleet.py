@@ -41,6 +41,8 @@ class FleetSpec:
     selection: str = "dubhe"
     """The selection method's ``[[methods]]`` kind (``dubhe`` or ``random``)."""
     obfuscator_pool_size: int = 4
+    eval_fraction: float = 0.0
+    """Samples each device holds out for federated evaluation."""
     log_level: int = logging.WARNING
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -388,6 +388,7 @@ class DemoRun:
         report["per_class_accuracy"] = (
             None if last is None else last["per_class_accuracy"]
         )
+        report["federated_eval"] = federated_eval_section(rounds)
         report["worst_class"] = None if last is None else last["worst_class"]
         report["worst_class_accuracy"] = (
             None if last is None else last["worst_class_accuracy"]
@@ -421,8 +422,40 @@ def _round_entry(record: RoundRecord, l1: float) -> dict[str, Any]:
         "contributed": len(record.contributed),
         "dropped": list(record.dropped),
         "dual_reporters": record.before_training.get("climb", 0),
+        "federated_eval": metrics.get("federated_eval"),
+        "device_metrics": metrics.get("devices"),
         "elapsed_s": record.elapsed_s,
     }
+
+
+def federated_eval_section(rounds: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """``report.json``'s ``federated_eval``: the fleet's accuracy on its own data.
+
+    ``round`` is the round whose model was evaluated (the eval ran before the
+    next round trained); ``server_accuracy`` is the coordinator's held-out
+    accuracy of that same model, side by side.
+    """
+    server = {int(r["version"]): r["accuracy"] for r in rounds}
+    section: dict[str, list[Any]] = {
+        "round": [],
+        "version": [],
+        "accuracy": [],
+        "per_class": [],
+        "parties": [],
+        "server_accuracy": [],
+    }
+    for entry in rounds:
+        found = entry.get("federated_eval")
+        if not found:
+            continue
+        version = int(found["version"])
+        section["round"].append(int(entry["round"]) - 1)
+        section["version"].append(version)
+        section["accuracy"].append(found["accuracy"])
+        section["per_class"].append(list(found["per_class"]))
+        section["parties"].append(found["parties"])
+        section["server_accuracy"].append(server.get(version))
+    return section
 
 
 def _fleet(
@@ -440,6 +473,7 @@ def _fleet(
         "feddisk": {} if s.weighting == "feddisk" else None,
         "wire_dtype": s.wire_dtype,
         "selection": s.selection,
+        "eval_fraction": s.eval_fraction,
     }
 
 

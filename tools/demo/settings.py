@@ -71,6 +71,10 @@ class TrainingDemoSettings:
     eta_d: float = 0.1
     epsilon: float = 0.002
     dual_period: int = 1
+    eval_every: int = 5
+    """Federated evaluation before every ``eval_every``-th round (0: never)."""
+    eval_fraction: float = 0.2
+    """Each device's samples held out for federated evaluation."""
     made_rounds: int = 50
     """FedDisk: the cap on MADE rounds (the phase stops earlier when the
     fleet's validation loss rises)."""

@@ -88,12 +88,27 @@ def _print_summary(out: TextIO, report: dict[str, Any]) -> None:
         f"{_fmt(devices.get('bytes_received_mean', 0) / 1024, 1)} KiB",
         f"ONNX vs torch on the test split: identical={onnx.get('identical')} "
         f"(max |logit diff| {_fmt(onnx.get('max_abs_logit_diff'), 6)})",
+        *_federated_eval_lines(report.get("federated_eval")),
         *_flicker_lines(report.get("flicker")),
         *_feddisk_lines(report.get("feddisk")),
         f"report: {report['report_dir']} ({', '.join(report.get('files', []))})",
         f"wall time {report['wall_s']:.1f} s",
     ]
     out.write("\n".join(lines) + "\n")
+
+
+def _federated_eval_lines(section: dict[str, Any] | None) -> list[str]:
+    if not section or not section.get("round"):
+        return []
+    pairs = zip(
+        section["round"], section["accuracy"], section["server_accuracy"], strict=True
+    )
+    return [
+        "federated evaluation (devices' own data, encrypted) vs server test split: "
+        + ", ".join(
+            f"round {r}: {_fmt(fed)} vs {_fmt(server)}" for r, fed, server in pairs
+        )
+    ]
 
 
 def _flicker_lines(section: dict[str, Any] | None) -> list[str]:

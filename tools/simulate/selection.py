@@ -286,4 +286,3 @@ def simulate_selection(
     }
     report["elapsed_s"] = time.perf_counter() - start
     return report
-

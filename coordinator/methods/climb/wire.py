@@ -14,12 +14,7 @@ from __future__ import annotations
 from ursa.coordinator.secure_mean import MeanWire
 from ursa.protocol.messages import CLIMB_DUAL, CLIMB_DUAL_LENGTH
 
-__all__ = ["dual_step_key", "dual_wire"]
-
-
-def dual_step_key(model: str, round_index: int) -> str:
-    """The phase key of a round's dual step (one per trained model and round)."""
-    return f"climb.dual/{model}/{round_index}"
+__all__ = ["dual_wire"]
 
 
 def dual_wire(model: str) -> MeanWire:

@@ -153,6 +153,11 @@ class DubheSelection(SelectionMethod):
         router.register(EncryptedDistribution, self._on_distribution, owner=self.name)
         router.register(AgentAnswer, self._on_agent_answer, owner=self.name)
 
+    def extend_deadlines(self, seconds: float) -> None:
+        """The open step's window waits ``seconds`` longer (the broker was away)."""
+        if self._round is not None and seconds > 0:
+            self._round.deadline_at += seconds
+
     def epoch_unusable(self, epoch: EpochView, online: frozenset[str]) -> str | None:
         """With H > 1 every round needs the agent: a new epoch when it is gone."""
         if self._tries > 1 and epoch.agent not in online:

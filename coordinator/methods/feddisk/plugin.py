@@ -51,6 +51,7 @@ from ursa.coordinator.plugin import CoordinatorView, Send
 from ursa.coordinator.training import TrainingPlugin
 from ursa.protocol.messages import (
     COORDINATOR,
+    MADE_LOSS,
     BaseMessage,
     ChunkRequest,
     FeddiskSwitch,
@@ -181,7 +182,7 @@ class FeddiskPlugin(FeddiskJudging):
 
     def on_message(self, round_index: int, message: BaseMessage, send: Send) -> None:
         """Take loss reports and verdicts; route the rest to the active model."""
-        if isinstance(message, MeanReport):
+        if isinstance(message, MeanReport) and message.purpose == MADE_LOSS:
             self._on_loss(round_index, message, send)
         elif isinstance(message, MadeVerdict):
             self._on_verdict(round_index, message, send)
@@ -194,6 +195,14 @@ class FeddiskPlugin(FeddiskJudging):
         """Close the loss step or the verdict wait at their deadlines, else delegate."""
         if not self._tick_loss(round_index, now, send):
             self._active().on_tick(round_index, now, send)
+
+    def extend_deadlines(self, seconds: float) -> None:
+        """The loss step, the verdict wait and the active model's round wait longer."""
+        if self._loss is not None:
+            self._loss.extend(seconds)
+        if self._verdict is not None:
+            self._verdict.extend(seconds)
+        self._active().extend_deadlines(seconds)
 
     def methods(self) -> tuple[str, ...]:
         """FedDisk: devices judge the MADE rounds and weight their samples."""

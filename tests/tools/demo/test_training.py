@@ -40,6 +40,7 @@ def test_tiny_demo_reports_held_out_accuracy_and_identical_onnx(
     settings = TrainingDemoSettings(
         devices=6, k=2, tries=2, rounds=2, key_bits=512, processes=2,
         local_epochs=1, report_dir=tmp_path / "report", timeout_s=120,
+        eval_every=1,
     )  # fmt: skip
     out, err = io.StringIO(), io.StringIO()
 
@@ -67,6 +68,14 @@ def test_tiny_demo_reports_held_out_accuracy_and_identical_onnx(
     assert {"report.json", "model.onnx", "accuracy.png"} <= files
     assert all((tmp_path / "report" / f).stat().st_size > 0 for f in files)
     assert "2/2 round 2: acc" in err.getvalue()
+    # federated evaluation (next to CLIMB's dual step): the model after round 1
+    # on the devices' own held-out data, beside the server's test accuracy
+    section = printed["federated_eval"]
+    assert section["round"] == [1] and section["parties"] == [6]
+    assert 0.0 <= section["accuracy"][0] <= 1.0 and len(section["per_class"][0]) == 10
+    assert section["server_accuracy"] == [printed["rounds"][0]["accuracy"]]
+    said = printed["rounds"][0]["device_metrics"]
+    assert said["reporting"] == 2 and said["samples"] > 0 and said["train_s"] > 0
 
 
 def test_settings_the_demo_cannot_run_are_refused_with_a_reason(

@@ -238,7 +238,7 @@ def test_a_duplicate_report_is_ignored(
 
     assert phase is not None and set(phase.answered) == {"d0"}
     assert harness.view.store.phase("climb.dual/classifier/1") == record
-    assert "second dual report of d0 ignored" in caplog.text
+    assert "second climb.dual report of d0 ignored" in caplog.text
 
 
 def test_a_late_report_is_refused_with_late(harness: Harness) -> None:
@@ -252,7 +252,7 @@ def test_a_late_report_is_refused_with_late(harness: Harness) -> None:
         with pytest.raises(RejectedError) as refused:
             harness.report("d1", 1.0, 0.0, round_index)
         assert refused.value.code == ErrorCode.LATE
-        assert f"round {round_index} has no open dual step" in refused.value.reason
+        assert f"round {round_index} has no open climb.dual" in refused.value.reason
 
 
 def test_nobody_reporting_falls_back_without_a_sum(harness: Harness) -> None:
@@ -322,7 +322,9 @@ def test_the_step_names_the_signed_method_and_the_weighting(tmp_path: Path) -> N
 
 
 def test_two_owners_of_the_dual_report_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="MeanReport is handled by 'climb'"):
+    with pytest.raises(
+        ValueError, match=r"MeanReport of purpose 'climb\.dual' is handled by 'climb'"
+    ):
         plugin(tmp_path, ClimbDualStep(), ClimbDualStep())
 
 

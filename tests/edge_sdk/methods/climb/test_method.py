@@ -131,9 +131,7 @@ def test_a_silent_dual_step_holds_training_for_dual_wait_s_only(
     assert climb.plan(TrainPlan(2)).delta_scale == 1.0  # the previous weight
 
 
-def test_a_refused_report_stops_the_wait(
-    new_context: Any, keys: Any
-) -> None:
+def test_a_refused_report_stops_the_wait(new_context: Any, keys: Any) -> None:
     climb, ctx, router, means = attached(new_context)
     ctx.arrays[1] = VERSION
     router.dispatch(request())
@@ -148,9 +146,7 @@ def test_a_refused_report_stops_the_wait(
     assert climb.ready_to_train(2) and ctx.retries == 1
 
 
-def test_without_the_epoch_key_a_request_waits(
-    new_context: Any, keys: Any
-) -> None:
+def test_without_the_epoch_key_a_request_waits(new_context: Any, keys: Any) -> None:
     _, ctx, router, _ = attached(new_context)
     ctx.epoch_keys = None
     assert router.dispatch(request()) is Dispatch.PARKED

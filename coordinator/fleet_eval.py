@@ -1,0 +1,194 @@
+"""Federated evaluation: the fleet's per-class accuracy, never a device's counts.
+
+Every ``[evaluation] every`` rounds, before the round trains, the coordinator
+asks a secure mean of purpose ``eval.classes`` (`SecureMeanStep`): each
+registered online device reports ``Enc([correct_0 .. correct_{C-1}, total_0
+.. total_{C-1}])`` over its local evaluation split at the round's model
+version (the global model after the previous round). The coordinator sums
+the reports blind and sends the sum; every device decrypts it, and the key
+epoch's agent answers the decrypted totals in a signed `MeanResult`::
+
+    coordinator -> MeanRequest(eval.classes, round r, epoch, version v) -> all
+    device      -> MeanReport(Enc([correct.., total..]))
+    coordinator -> MeanSum(Enc(sum), num_parties) -> all
+    agent       -> MeanResult(eval.classes, r, epoch, v, totals, num_parties)
+
+The result lands in round r's record as ``federated_eval`` (version,
+accuracy, per-class accuracy, parties, samples). The agent answers only a
+sum of at least its configured number of parties (`ursa.edge_sdk.fleet_eval`);
+the coordinator takes only the agent's, signed, for the sum it sent (same
+head and party count). Evaluation is a runtime step every device runs, not
+a method: it is not in the signed method list.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from ursa.coordinator.before_training import RoundInfo
+from ursa.coordinator.config import EvaluationConfig
+from ursa.coordinator.encrypted_sum import EncryptedSum
+from ursa.coordinator.gather import Gather
+from ursa.coordinator.phase import PhaseStatus
+from ursa.coordinator.secure_mean import MeanHead, MeanWire
+from ursa.coordinator.secure_mean_step import SecureMeanStep
+from ursa.crypto.errors import CryptoError
+from ursa.crypto.identity import verify_signature
+from ursa.protocol.envelope import signing_bytes
+from ursa.protocol.messages import (
+    FLEET_EVAL,
+    ErrorCode,
+    MeanReport,
+    MeanResult,
+    fleet_eval_length,
+)
+from ursa.protocol.router import RejectedError, Router
+
+__all__ = ["FleetEvaluation", "fleet_accuracy"]
+
+logger = logging.getLogger("ursa.coordinator.evaluation")
+
+
+def fleet_accuracy(totals: tuple[float, ...]) -> dict[str, Any]:
+    """Accuracy and per-class accuracy from summed ``[correct.., total..]``.
+
+    A class no device evaluated has accuracy None.
+    """
+    classes = len(totals) // 2
+    correct, total = totals[:classes], totals[classes:]
+    samples = sum(total)
+    return {
+        "accuracy": None if samples <= 0 else sum(correct) / samples,
+        "per_class": [
+            None if t <= 0 else c / t for c, t in zip(correct, total, strict=True)
+        ],
+        "samples": round(samples),
+    }
+
+
+class FleetEvaluation(SecureMeanStep):
+    """The encrypted federated evaluation before every ``every``-th round.
+
+    Args:
+        config: The ``[evaluation]`` section.
+        num_classes: The classifier's classes (two counts each per report).
+        max_parties: The key epoch's ``max_parties`` (the devices' codec bound).
+    """
+
+    name: ClassVar[str] = "eval"
+    signed: ClassVar[bool] = False
+
+    def __init__(
+        self, config: EvaluationConfig, *, num_classes: int, max_parties: int
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.num_classes = num_classes
+        self._max_parties = max_parties
+        self._summed: dict[int, tuple[MeanHead, int]] = {}
+        self._results: dict[int, dict[str, Any]] = {}
+
+    @property
+    def purpose(self) -> str:
+        """``eval.classes``."""
+        return FLEET_EVAL
+
+    def is_due(self, round_index: int) -> bool:
+        """Rounds ``1 + every``, ``1 + 2 every``, ... (never with ``every = 0``)."""
+        every = self.config.every
+        return every > 0 and round_index > 1 and (round_index - 1) % every == 0
+
+    def wire(self, info: RoundInfo) -> MeanWire:
+        """``Enc([correct.., total..])`` at the round's model version."""
+        return MeanWire(FLEET_EVAL, fleet_eval_length(self.num_classes), info.model)
+
+    def timeout_s(self) -> float:
+        """The section's ``timeout_s``."""
+        return self.config.timeout_s
+
+    def max_parties(self) -> int:
+        """The key epoch's party bound."""
+        return self._max_parties
+
+    def register(self, router: Router) -> None:
+        """The reports, and the agent's decrypted result."""
+        super().register(router)
+        router.register(MeanResult, self._on_result, owner=self.name)
+
+    def closed(self, head: MeanHead, mean: Gather[MeanReport, EncryptedSum]) -> None:
+        """Wait for the agent's result of a sum that went out."""
+        if mean.status is PhaseStatus.FALLBACK:
+            logger.warning("round %d: no evaluation report", head.round)
+            return
+        self._summed[head.round] = (head, len(mean.answered))
+        logger.info(
+            "round %d: evaluation of version %d summed %d reports",
+            head.round,
+            head.version,
+            len(mean.answered),
+        )
+
+    def metrics(self, round_index: int) -> Mapping[str, Any]:
+        """``federated_eval`` once the agent answered this round's sum."""
+        result = self._results.get(round_index)
+        return {} if result is None else {"federated_eval": result}
+
+    def close(self, round_index: int) -> None:
+        """Forget the round's sum and result."""
+        super().close(round_index)
+        self._summed.pop(round_index, None)
+        self._results.pop(round_index, None)
+
+    def _on_result(self, message: MeanResult) -> None:
+        summed = self._summed.get(message.round)
+        if message.purpose != FLEET_EVAL or summed is None:
+            raise RejectedError(
+                ErrorCode.LATE, f"round {message.round} awaits no evaluation result"
+            )
+        head, parties = summed
+        ctx = self.context
+        epoch = None if ctx is None else ctx.view.epoch_view()
+        if (
+            epoch is None
+            or message.sender != epoch.agent
+            or epoch.agent_identity is None
+        ):
+            raise RejectedError(
+                ErrorCode.UNAUTHORISED, "only the epoch's agent answers"
+            )
+        try:
+            verify_signature(
+                epoch.agent_identity, signing_bytes(message), message.signature
+            )
+        except CryptoError as exc:
+            raise RejectedError(ErrorCode.BAD_SIGNATURE, str(exc)) from None
+        said = (message.epoch, message.model_version, message.num_parties)
+        if said != (head.epoch, head.version, parties):
+            raise RejectedError(
+                ErrorCode.MALFORMED,
+                f"a result for (epoch, version, parties) {said}; the sum sent was "
+                f"{(head.epoch, head.version, parties)}",
+            )
+        if len(message.values) != fleet_eval_length(self.num_classes):
+            raise RejectedError(
+                ErrorCode.MALFORMED,
+                f"{len(message.values)} values for {self.num_classes} classes",
+            )
+        if message.round in self._results:
+            return  # a re-sent answer
+        result = {
+            "version": head.version,
+            "parties": parties,
+            **fleet_accuracy(message.values),
+        }
+        self._results[message.round] = result
+        accuracy = result["accuracy"]
+        logger.info(
+            "round %d: federated evaluation of version %d over %d devices: accuracy %s",
+            message.round,
+            head.version,
+            parties,
+            "-" if accuracy is None else f"{accuracy:.4f}",
+        )

@@ -1,0 +1,133 @@
+"""Federated evaluation on the device: the held-out split, the counts, disclosure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+from ursa.edge_sdk.fleet_eval import FleetEvaluator, split_for_evaluation
+from ursa.edge_sdk.method import DeviceContext
+from ursa.edge_sdk.model_steps import update_metrics
+from ursa.edge_sdk.trainer import LocalDelta
+from ursa.protocol.messages import (
+    FLEET_EVAL,
+    BaseMessage,
+    MeanRequest,
+    MeanResult,
+    MeanSum,
+)
+from ursa.protocol.router import Router
+
+
+def test_the_split_is_seeded_disjoint_and_keeps_a_training_sample() -> None:
+    x = np.arange(20, dtype=np.float32).reshape(10, 2)
+    y = np.arange(10, dtype=np.int64)
+    xt, yt, xe, ye = split_for_evaluation(x, y, 0.3, seed=7)
+    assert (len(yt), len(ye)) == (7, 3)
+    assert set(yt.tolist()).isdisjoint(ye.tolist())
+    assert np.array_equal(xt[:, 0] // 2, yt) and np.array_equal(xe[:, 0] // 2, ye)
+    again = split_for_evaluation(x, y, 0.3, seed=7)
+    assert np.array_equal(again[3], ye)
+    assert len(split_for_evaluation(x, y, 0.0, seed=7)[3]) == 0
+    assert len(split_for_evaluation(x[:1], y[:1], 0.9, seed=7)[1]) == 1
+    with pytest.raises(ValueError, match="eval_fraction"):
+        split_for_evaluation(x, y, 1.0, seed=7)
+
+
+def test_update_metrics_name_the_loss_and_drop_what_is_not_finite() -> None:
+    result = LocalDelta(
+        {},
+        40,
+        {
+            "mean_train_loss": 0.25,
+            "num_steps": 5.0,
+            "bad": float("nan"),
+            "Bad Name": 1.0,
+        },
+    )
+    said = dict(update_metrics(result, 1.5))
+    assert said == {"samples": 40.0, "train_s": 1.5, "loss": 0.25, "num_steps": 5.0}
+    many = LocalDelta({}, 1, {f"m{i}": float(i) for i in range(30)})
+    assert len(update_metrics(many, 0.1)) == 16
+
+
+@dataclass
+class _Epoch:
+    agent: str
+    num_classes: int = 2
+    max_parties: int = 8
+
+
+@dataclass
+class _Ctx:
+    device_id: str
+    epoch: _Epoch
+    federation: str = "fed"
+    trainer: Any = None
+    sent: list[BaseMessage] = field(default_factory=list)
+
+    def send(self, message: BaseMessage) -> None:
+        self.sent.append(message)
+
+    def signed(self, message: BaseMessage) -> BaseMessage:
+        return message.model_copy(update={"signature": b"s" * 64})
+
+
+def _evaluator(
+    device: str, agent: str, min_parties: int = 2
+) -> tuple[FleetEvaluator, _Ctx]:
+    ctx = _Ctx(device, _Epoch(agent))
+    evaluator = FleetEvaluator(min_parties)
+    evaluator.attach(cast(DeviceContext, ctx), Router(device))
+    return evaluator, ctx
+
+
+def _sum(parties: int, round_index: int = 3) -> MeanSum:
+    return MeanSum(
+        federation="fed",
+        round=round_index,
+        sender="coordinator",
+        purpose=FLEET_EVAL,
+        epoch=1,
+        model="classifier",
+        model_version=2,
+        ciphertext=b"c",
+        num_parties=parties,
+    )
+
+
+def test_a_device_without_a_split_reports_zeros_without_downloading() -> None:
+    evaluator, _ = _evaluator("d0", "d1")
+    request = MeanRequest(
+        federation="fed",
+        round=3,
+        sender="coordinator",
+        purpose=FLEET_EVAL,
+        epoch=1,
+        model="classifier",
+        model_version=2,
+    )
+    values = evaluator.mean_values(request)
+    assert values is not None and values.tolist() == [0.0] * 4
+    codec = evaluator.mean_codec()
+    assert codec.length == 4 and codec.max_parties == 8
+
+
+def test_only_the_agent_discloses_and_only_a_sum_of_enough_parties_once() -> None:
+    totals = np.array([3.0, 1.0, 4.0, 2.0])
+    other, other_ctx = _evaluator("d0", "d1")
+    other.on_mean(_sum(3), totals)
+    assert other_ctx.sent == [] and other.last is not None
+    assert other.last.accuracy == pytest.approx(4 / 6)
+    agent, ctx = _evaluator("d1", "d1", min_parties=3)
+    agent.on_mean(_sum(2), totals)
+    assert ctx.sent == []  # too few parties: one device's counts stay hidden
+    agent.on_mean(_sum(3), totals)
+    agent.on_mean(_sum(3), totals)  # a re-sent sum: answered once
+    (answer,) = ctx.sent
+    assert isinstance(answer, MeanResult)
+    assert answer.values == (3.0, 1.0, 4.0, 2.0) and answer.num_parties == 3
+    assert answer.signature
