@@ -5,6 +5,7 @@ everything else receives a `CoordinatorConfig`. A file looks like::
 
     federation = "trial1"
     state_dir = "/var/lib/ursa/coordinator"
+    identity_key = "/etc/ursa/identity.key"   # default: <state_dir>/identity.key
     min_devices = 30
     k = 10
     tries = 5
@@ -105,6 +106,7 @@ from ursa.coordinator.methods_config import (
     selection_spec,
     training_spec,
 )
+from ursa.crypto.identity import IDENTITY_FILENAME
 from ursa.models.spec import check_architecture
 from ursa.protocol.admission_limits import AdmissionLimits
 from ursa.protocol.broker_config import BrokerConfig
@@ -277,6 +279,11 @@ class CoordinatorConfig(_Frozen):
 
     federation: str = Field(pattern=ID_PATTERN)
     state_dir: Path
+    identity_key: Path | None = None
+    """The coordinator's identity key file (None: ``<state_dir>/identity.key``).
+    Devices pin this identity: keep the file backed up, apart from the store.
+    A coordinator started on an empty store with it starts a new run that the
+    devices join by themselves; without it every device must be re-pinned."""
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     enrolment: EnrolmentConfig = Field(default_factory=EnrolmentConfig)
     deadlines: DeadlinesConfig = Field(default_factory=DeadlinesConfig)
@@ -337,6 +344,12 @@ class CoordinatorConfig(_Frozen):
         if isinstance(method, FeddiskSpec):
             self.training_section().made_training_config(method)
         return self
+
+    def identity_key_path(self) -> Path:
+        """Where the coordinator's identity key lives."""
+        if self.identity_key is not None:
+            return self.identity_key
+        return self.state_dir / IDENTITY_FILENAME
 
     def epoch_quorum(self) -> int:
         """Online devices a key epoch after the first needs."""

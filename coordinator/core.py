@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -47,6 +48,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("ursa.coordinator")
+
+_M = TypeVar("_M", bound=BaseMessage)
 
 STATE_KEY = "state"
 REFUSING_KEY = "refusing"
@@ -112,6 +115,8 @@ class ServiceCore:
     _announced_at: float = float("-inf")
     """When the open round was last re-announced (rate limit)."""
     _outbox: Outbox
+    _run: str
+    """This run's id (`CoordinatorStore.run_id`), on every message sent."""
 
     # --- state --------------------------------------------------------------
 
@@ -169,13 +174,25 @@ class ServiceCore:
 
     # --- sending ------------------------------------------------------------
 
-    def _sign(self, message: BaseMessage) -> BaseMessage:
-        signature = self._identity.sign(signing_bytes(message))
-        return message.model_copy(update={"signature": signature})
+    def _in_run(self, message: _M) -> _M:
+        """`message` stamped with this run (a no-op if it carries it already)."""
+        if message.run == self._run:
+            return message
+        return message.model_copy(update={"run": self._run})
+
+    def _sign(self, message: _M) -> _M:
+        """Stamp the run, then sign: the signature covers the run."""
+        stamped = self._in_run(message)
+        signature = self._identity.sign(signing_bytes(stamped))
+        return stamped.model_copy(update={"signature": signature})
+
+    def _encode(self, message: BaseMessage) -> bytes:
+        """The wire bytes of a message of this run."""
+        return encode(self._in_run(message))
 
     def _send(self, message: BaseMessage, device: str | None = None) -> None:
         """Queue `message` for one device's down topic, or the global topic."""
-        self._send_raw(encode(message), message_kind(message), device)
+        self._send_raw(self._encode(message), message_kind(message), device)
 
     def _send_raw(self, payload: bytes, kind: str, device: str | None) -> None:
         fed = self._config.federation

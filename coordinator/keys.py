@@ -95,7 +95,7 @@ class EpochStages(ServiceCore):
                 methods=cfg.method_names(),
             )
         )
-        payload = encode(notice)
+        payload = self._encode(notice)
         self._store.add_epoch(epoch, agent, recipients, payload)
         self._epoch = EpochWork(epoch, agent, recipients, payload)
         self._round = None
@@ -168,7 +168,7 @@ class EpochStages(ServiceCore):
             registry_sum=work.running_sum.to_bytes(work.public_key),
             num_parties=len(work.registered),
         )
-        payload = encode(message)
+        payload = self._encode(message)
         work.registry_sum_msg = payload
         self._store.set_registry_sum(work.epoch, payload)
         missing = sorted(set(work.recipients) - work.registered)

@@ -21,7 +21,6 @@ from ursa.coordinator.presence import fleet_change
 from ursa.coordinator.rounds import Stage, advance
 from ursa.coordinator.selection import SelectionError
 from ursa.coordinator.selection_method import Selection, SelectionRequest
-from ursa.protocol.envelope import encode
 from ursa.protocol.messages import COORDINATOR, RoundAnnounce, SelectionResult
 
 __all__ = ["MIN_ANNOUNCE_INTERVAL_S", "RoundStages"]
@@ -94,7 +93,7 @@ class RoundStages(ServiceCore):
 
     def _announce(self, index: int, epoch: int) -> bytes:
         cfg = self._config
-        return encode(
+        return self._encode(
             RoundAnnounce(
                 federation=cfg.federation,
                 round=index,
@@ -159,7 +158,7 @@ class RoundStages(ServiceCore):
                 try_index=selection.try_index,
             )
         )
-        payload = encode(result)
+        payload = self._encode(result)
         work.selected = selected
         work.result = payload
         self._store.set_selection(work.round, selected, selection.try_index, payload)

@@ -76,7 +76,7 @@ from ursa.protocol.admission_limits import (
     DropReason,
 )
 from ursa.protocol.connect import connect_patiently
-from ursa.protocol.envelope import decode, encode, message_kind
+from ursa.protocol.envelope import decode, message_kind
 from ursa.protocol.errors import DecodeError, OversizeError, TopicError, VersionError
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -102,7 +102,7 @@ from ursa.protocol.topics import (
 )
 from ursa.protocol.transport import Transport, TransportError
 
-__all__ = ["IDENTITY_PUBLIC_FILENAME", "CoordinatorService"]
+__all__ = ["IDENTITY_PUBLIC_FILENAME", "MAX_HELD", "CoordinatorService"]
 
 logger = logging.getLogger("ursa.coordinator")
 
@@ -116,6 +116,9 @@ _SITS_OUT = frozenset(
     {ErrorCode.METHOD_MISMATCH, ErrorCode.DATA_MISMATCH, ErrorCode.MODEL_MISMATCH}
 )
 """A device answering these does not fit the federation: not selected this epoch."""
+
+MAX_HELD = 10_000
+"""Messages held while the coordinator restores its stage (as `admission.burst`)."""
 
 IDENTITY_PUBLIC_FILENAME = "coordinator.pub"
 """Hex of the coordinator's public identity, for devices that pin it by config."""
@@ -178,6 +181,9 @@ class CoordinatorService(Recovery):
         self._resumed = False
         self._refusing: set[str] = set()
         self._held: list[tuple[str, bytes]] = []
+        self._held_dropped = 0
+        self._run_drops: dict[str, int] = {}
+        self._run = ""
         self._router = self._routes()
         self._selection.register(self._router)
         spec = config.flicker_method()
@@ -205,6 +211,11 @@ class CoordinatorService(Recovery):
     def identity(self) -> DevicePublicIdentity:
         """The coordinator's public signing identity."""
         return self._identity.public()
+
+    @property
+    def run_id(self) -> str:
+        """This run's id, once started (`CoordinatorStore.run_id`)."""
+        return self._run
 
     @property
     def store(self) -> CoordinatorStore:
@@ -256,7 +267,9 @@ class CoordinatorService(Recovery):
         self._started = True
         cfg = self._config
         cfg.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._identity = DeviceIdentity.load_or_create(cfg.state_dir, COORDINATOR)
+        self._identity = DeviceIdentity.load_or_create(
+            cfg.state_dir, COORDINATOR, key_path=cfg.identity_key_path()
+        )
         public = self._identity.public()
         (cfg.state_dir / IDENTITY_PUBLIC_FILENAME).write_text(
             f"{public.to_bytes().hex()}\nfingerprint {public.fingerprint()}\n"
@@ -264,6 +277,8 @@ class CoordinatorService(Recovery):
         self._store = CoordinatorStore(cfg.state_dir / DB_FILENAME)
         now = self._clock()
         fresh = self._store.get_meta(STATE_KEY) is None
+        self._run = self._store.run_id()
+        logger.info("run %s%s", self._run, " (new)" if fresh else "")
         with self._lock:
             self._restore(now)
         self._plugin.attach(self)
@@ -271,6 +286,7 @@ class CoordinatorService(Recovery):
         if self._flicker is not None:
             self._flicker.attach(
                 federation=cfg.federation,
+                run=self._run,
                 num_classes=cfg.registry.num_classes,
                 state_dir=cfg.state_dir,
                 devices=self._enrolled,
@@ -328,7 +344,7 @@ class CoordinatorService(Recovery):
 
         will = (
             global_topic(self._config.federation, STATUS),
-            encode(self._status(online=False)),
+            self._encode(self._status(online=False)),
         )
         transport = MqttTransport(
             self._config.broker.mqtt_config(COORDINATOR, will=will)
@@ -346,7 +362,7 @@ class CoordinatorService(Recovery):
         )
 
     def _publish_status(self, *, online: bool) -> None:
-        self._send_raw(encode(self._status(online=online)), "status", None)
+        self._send_raw(self._encode(self._status(online=online)), "status", None)
 
     def tick(self) -> None:
         """Check deadlines and phase conditions now (the run loop calls it)."""
@@ -409,10 +425,34 @@ class CoordinatorService(Recovery):
         """
         with self._lock:
             if not self._resumed:
-                self._held.append((topic, payload))
+                self._hold(topic, payload)
                 return
             self._admit_safely(topic, payload)
         self._flush()
+
+    def _hold(self, topic: str, payload: bytes) -> None:
+        """Keep a message until the stage is restored, up to `MAX_HELD` of them.
+
+        The broker's backlog after a restart is bounded by its per-session
+        queue, but a flood during start-up must not grow memory without end:
+        beyond the cap, messages are dropped (counted, logged now and then)
+        like ones the network lost; QoS 1 senders retransmit what matters.
+        """
+        if len(self._held) < MAX_HELD:
+            self._held.append((topic, payload))
+            return
+        self._held_dropped += 1
+        if self._held_dropped == 1 or self._held_dropped % 1000 == 0:
+            logger.warning(
+                "%d messages dropped while starting up (more than %d held)",
+                self._held_dropped,
+                MAX_HELD,
+            )
+
+    @property
+    def held_dropped(self) -> int:
+        """Messages dropped because too many arrived before the stage was restored."""
+        return self._held_dropped
 
     def _admit_safely(self, topic: str, payload: bytes) -> None:
         try:
@@ -469,6 +509,9 @@ class CoordinatorService(Recovery):
         if parsed.direction is None:
             self._on_status(device, message, now)
             return
+        if kind != "hello" and message.run != self._run:
+            self._wrong_run(device, kind, message)
+            return
         if kind != "hello" and device not in self._enrolled:
             reason = "device is not enrolled (send hello)"
             self._reject(
@@ -492,6 +535,23 @@ class CoordinatorService(Recovery):
             else:
                 self._store.mark_seen(message.message_id, now)
             self._step(now)
+
+    def _wrong_run(self, device: str, kind: str, message: BaseMessage) -> None:
+        """A message of another run: counted, answered `wrong_run`, not marked seen.
+
+        The device is on an older run (this coordinator was reset) or on none;
+        the answer makes it say Hello, and the signed `EnrolResult` takes it
+        into this run.
+        """
+        self._run_drops[device] = self._run_drops.get(device, 0) + 1
+        theirs = message.run or "(none)"
+        reason = f"run {theirs} is not this coordinator's run {self._run}"
+        self._reject(device, kind, ErrorCode.WRONG_RUN, reason, message.message_id)
+
+    def run_drops(self) -> dict[str, int]:
+        """Messages dropped per device because they belong to another run."""
+        with self._lock:
+            return dict(self._run_drops)
 
     def admission_stats(self) -> AdmissionStats:
         """Messages admitted and dropped by the per-device limits, so far."""
@@ -691,7 +751,7 @@ class CoordinatorService(Recovery):
             device_id=device,
             epoch=self._state.epoch or None,
         )
-        self._send(reply, device)
+        self._send(self._sign(reply) if reply.accepted else reply, device)
 
     # --- the stage loop -------------------------------------------------------
 

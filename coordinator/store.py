@@ -24,6 +24,7 @@ distribution, category, registry or secret key: the coordinator has none.
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -32,9 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DB_FILENAME", "CoordinatorStore", "EpochRecord", "RoundRecord"]
+__all__ = ["DB_FILENAME", "RUN_KEY", "CoordinatorStore", "EpochRecord", "RoundRecord"]
 
 DB_FILENAME = "coordinator.sqlite3"
+RUN_KEY = "run"
+"""Meta key of this store's run id (made once, with the store)."""
 DEFAULT_MAX_SEEN = 200_000
 """Message ids kept for de-duplication. An older id may be forgotten safely: a
 message that old is for a finished round or epoch and is refused as late."""
@@ -161,6 +164,19 @@ class CoordinatorStore:
     def set_meta(self, key: str, value: str) -> None:
         """Set a value in the key/value table."""
         self._exec("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def run_id(self) -> str:
+        """This store's run id, made (random, 32 hex digits) the first time it is asked.
+
+        A store is one run of the federation: the id is stable across
+        restarts with the same state dir, and an empty store starts a new run.
+        """
+        with self._lock:
+            run = self.get_meta(RUN_KEY)
+            if run is None:
+                run = secrets.token_hex(16)
+                self.set_meta(RUN_KEY, run)
+            return run
 
     def is_seen(self, message_id: str) -> bool:
         """Whether a message with this id was handled before."""

@@ -160,19 +160,23 @@ class DeviceIdentity:
         return cls(device_id, X25519PrivateKey.generate(), Ed25519PrivateKey.generate())
 
     @classmethod
-    def load_or_create(cls, state_dir: Path, device_id: str) -> DeviceIdentity:
+    def load_or_create(
+        cls, state_dir: Path, device_id: str, *, key_path: Path | None = None
+    ) -> DeviceIdentity:
         """Load ``state_dir/identity.key``, or create it (mode 0600) on first start.
+
+        ``key_path`` puts the file elsewhere (a coordinator's identity kept
+        apart from its store, so it can be backed up and outlive a reset).
 
         Raises:
             CryptoError: the file is group/world accessible, a symlink, corrupt,
                 or belongs to another device id.
         """
         validate_device_id(device_id)
-        state_dir = Path(state_dir)
-        path = state_dir / IDENTITY_FILENAME
+        path = Path(state_dir) / IDENTITY_FILENAME if key_path is None else key_path
         if path.exists() or path.is_symlink():
             return cls._load(path, device_id)
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         identity = cls.generate(device_id)
         if not identity._write_new(path):
             return cls._load(path, device_id)  # another process won the race

@@ -98,12 +98,25 @@ from ursa.protocol.router import Dispatch, NotReadyError, RejectedError, Router
 from ursa.protocol.topics import device_subscriptions, parse_topic, status_topic
 from ursa.protocol.transport import Transport, TransportError
 
-__all__ = ["ClientState", "DeviceStats", "EdgeClient", "device_will"]
+__all__ = [
+    "HELLO_ON_NEW_RUN_S",
+    "ClientState",
+    "DeviceStats",
+    "EdgeClient",
+    "device_will",
+]
 
 logger = logging.getLogger("ursa.edge_sdk")
 
 _REFUSALS = (CryptoError, RegistrationError, RejectedError, ValueError)
 """What a handler raises for a message it refuses: logged, never fatal."""
+
+HELLO_ON_NEW_RUN_S = 5.0
+"""At most one Hello this often for messages of a run the device never joined."""
+
+_ANY_RUN = (EnrolResult, ErrorReply)
+"""Kinds a device takes from any run: a signed acceptance is how it joins a
+run, and an error (`unknown_device`, `wrong_run`) only makes it say Hello."""
 
 
 class ClientState(StrEnum):
@@ -184,6 +197,8 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._transport = transport
         self._lifecycle = ClientState.NEW
         self._was_connected = False
+        self._connections = 0
+        """`Transport.connections` when the device last said it is online."""
         self._lock = threading.RLock()
         self._outbox = Outbox(self._config.device_id)
         self._limiter = AdmissionLimiter(
@@ -203,6 +218,8 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._registry: NDArray[np.int64] | None = None
         self._trained: set[int] = set()
         self._registered_epoch: int | None = None
+        self._run_drops: dict[str, int] = {}
+        self._hello_for_run_at = float("-inf")
         self._init_model_steps()
         self._router = self._routes()
 
@@ -273,6 +290,7 @@ class EdgeClient(EpochSteps, ModelSteps):
             self._send_hello()  # first: the status would ask an unenrolled device to
             self._publish_status(online=True)  # say hello (see the coordinator)
             self._was_connected = True
+            self._connections = self._transport.connections
         self._flush()
 
     def _send_hello(self) -> None:
@@ -331,15 +349,21 @@ class EdgeClient(EpochSteps, ModelSteps):
 
         A broker that stops publishes every client's will, so the retained
         status says ``offline`` until the device says otherwise; without this
-        the coordinator counts the device as gone for good (issue 14).
+        the coordinator counts the device as gone for good (issue 14). The
+        transport's connection count catches a reconnect shorter than a poll.
         """
         transport = self._transport
-        connected = transport is not None and transport.is_connected
-        running = self._lifecycle is ClientState.RUNNING
-        if connected and not self._was_connected and running:
+        if transport is None:
+            return
+        connected = transport.is_connected
+        count = transport.connections  # also a reconnect between two polls
+        back = not self._was_connected or count != self._connections
+        if connected and back and self._lifecycle is ClientState.RUNNING:
             logger.info("%s: reconnected; publishing online", self.device_id)
             self._publish_status(online=True)
         self._was_connected = connected
+        if connected:
+            self._connections = count
 
     def _make_transport(self) -> Transport:
         from ursa.protocol.mqtt import MqttTransport
@@ -358,6 +382,10 @@ class EdgeClient(EpochSteps, ModelSteps):
     def _restore(self) -> None:
         """Reload the pinned coordinator and the last key epoch from the state dir."""
         self._coordinator = self._store.load_coordinator()
+        try:
+            self._run = self._store.load_run()
+        except ValueError as exc:
+            logger.warning("ignoring the stored run (%s); the next one is joined", exc)
         stored = self._store.load_epoch()
         if stored is None:
             return
@@ -394,7 +422,8 @@ class EdgeClient(EpochSteps, ModelSteps):
 
     def _publish_status(self, *, online: bool) -> None:
         topic = status_topic(self._config.federation, self.device_id)
-        self._outbox.put(topic, encode(self._status(online=online)), 1, retain=True)
+        status = self._in_run(self._status(online=online))
+        self._outbox.put(topic, encode(status), 1, retain=True)
 
     def _flush(self) -> None:
         self._outbox.flush(self._transport)
@@ -445,7 +474,55 @@ class EdgeClient(EpochSteps, ModelSteps):
                 message.sender,
             )
             return None
+        if message.run != self._run.run and not isinstance(message, _ANY_RUN):
+            self._drop_other_run(kind, message.run)
+            return None
         return message
+
+    def _drop_other_run(self, kind: str, run: str) -> None:
+        """Count a message of a run this device has not joined; log each run once.
+
+        An older run's messages (retained, or queued in the broker while the
+        coordinator was reset) must not act on the new run's state, and a
+        newer run is joined only through a signed `EnrolResult`.
+        """
+        count = self._run_drops.get(run, 0)
+        self._run_drops[run] = count + 1
+        now = time.monotonic()
+        fresh = run and run not in self._run.left
+        if fresh and now - self._hello_for_run_at >= HELLO_ON_NEW_RUN_S:
+            # perhaps our coordinator was reset: its signed EnrolResult says
+            self._hello_for_run_at = now
+            self._send_hello()
+        if count == 0:
+            logger.warning(
+                "%s: dropping messages of run %s (%s first); this device is in run %s",
+                self.device_id,
+                run or "(none)",
+                kind,
+                self._run.run or "(none yet)",
+            )
+
+    def run_drops(self) -> dict[str, int]:
+        """Messages dropped per foreign run id, so far."""
+        with self._lock:
+            return dict(self._run_drops)
+
+    def _forget_run_state(self) -> None:
+        """The old run's epoch, keys, model, transfers and waiting messages go."""
+        if self._pool is not None:
+            self._pool.close()
+        self._epoch, self._epoch_payload, self._agent = None, b"", None
+        self._public_key = self._secret_key = self._pool = None
+        self._index = self._registry = self._registered_epoch = None
+        self._sat_out_epoch = None
+        self._trained = set()
+        stats = self.training_stats
+        self._init_model_steps()
+        self.training_stats = stats
+        self._router.clear_parked()
+        for method in self._methods:
+            method.new_run()
 
     def admission_stats(self) -> AdmissionStats:
         """Incoming messages admitted and dropped by the limits, so far."""

@@ -15,6 +15,7 @@ import hashlib
 import logging
 import threading
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,7 +32,7 @@ from ursa.edge_sdk.data_check import (
     data_problems,
     reason_of,
 )
-from ursa.edge_sdk.state import DeviceStateDir, StoredEpoch
+from ursa.edge_sdk.state import DeviceStateDir, StoredEpoch, StoredRun
 from ursa.edge_sdk.trainer import Trainer
 from ursa.protocol.envelope import encode, message_kind, signing_bytes
 from ursa.protocol.messages import BaseMessage, ErrorCode, ErrorReply, KeyEpochStart
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("ursa.edge_sdk")
+
+_M = TypeVar("_M", bound=BaseMessage)
 
 DISTRIBUTION_CODEC = FixedPoint(bound=1.0)
 """Label distributions in [0, 1], 24 fraction bits (the protocol-wide scale)."""
@@ -113,20 +116,30 @@ class DeviceCore:
     """The key epoch this device sits out because it does not fit (data_mismatch)."""
     _model_problems: tuple[DataProblem, ...] = ()
     """How the latest global model did not fit (kept until one fits)."""
+    _run: StoredRun = StoredRun()
+    """The coordinator's run this device joined (from a signed `EnrolResult`)."""
 
     @property
     def device_id(self) -> str:
         """This device's id."""
         return self._config.device_id
 
+    def _in_run(self, message: _M) -> _M:
+        """`message` stamped with the joined run (unless it names one already)."""
+        if message.run:
+            return message
+        return message.model_copy(update={"run": self._run.run})
+
     def _send(self, message: BaseMessage) -> None:
         name = name_for(message_kind(message))
         topic = up_topic(self._config.federation, self.device_id, name)
-        self._outbox.put(topic, encode(message), qos_for(name))
+        self._outbox.put(topic, encode(self._in_run(message)), qos_for(name))
 
-    def _signed(self, message: BaseMessage) -> BaseMessage:
-        signature = self._identity.sign(signing_bytes(message))
-        return message.model_copy(update={"signature": signature})
+    def _signed(self, message: _M) -> _M:
+        """Stamp the run, then sign: the signature covers the run."""
+        stamped = self._in_run(message)
+        signature = self._identity.sign(signing_bytes(stamped))
+        return stamped.model_copy(update={"signature": signature})
 
     def _verify(self, signer: DevicePublicIdentity, message: BaseMessage) -> None:
         signature: bytes = getattr(message, "signature", b"")
@@ -190,15 +203,18 @@ class DeviceCore:
         round_index: int,
         message_id: str,
         in_reply_to: str | None,
+        run: str = "",
     ) -> None:
         """Why this device refuses what the coordinator sent (an `ErrorReply`).
 
         ``message_id`` is derived from what is refused, so a repeated answer
-        is recognised by the coordinator's dedup.
+        is recognised by the coordinator's dedup. ``run``: the refused
+        message's run, when the device has not joined it (else the joined one).
         """
         self._send(
             ErrorReply(
                 federation=self._config.federation,
+                run=run,
                 round=round_index,
                 sender=self.device_id,
                 message_id=message_id,
@@ -240,6 +256,10 @@ class DeviceCore:
         )
 
     def _maybe_register(self, *, resend: bool) -> None:
+        raise NotImplementedError
+
+    def _forget_run_state(self) -> None:
+        """Drop the in-memory state of the old run (the client's, every method's)."""
         raise NotImplementedError
 
     def methods(self) -> tuple[str, ...]:

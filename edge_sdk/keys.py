@@ -29,6 +29,7 @@ from ursa.edge_sdk.device_core import (
     seal_context,
 )
 from ursa.edge_sdk.registration import registry_indices
+from ursa.edge_sdk.state import StoredRun
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.envelope import encode
 from ursa.protocol.messages import (
@@ -81,11 +82,41 @@ class EpochSteps(DeviceCore):
         if known is not None and known != identity:
             self._refuse_coordinator(message, identity, known.fingerprint(), "pinned")
             return
+        self._verify(identity, message)  # the anchor of the run: signed by the pin
         if self._coordinator is None:
             self._store.save_coordinator(identity)
             self._coordinator = identity
+        self._enter_run(message.run)
         self.enrolled.set()
-        logger.info("%s: enrolled", self.device_id)
+        logger.info("%s: enrolled (run %s)", self.device_id, message.run)
+
+    def _enter_run(self, run: str) -> None:
+        """Join the run a signed `EnrolResult` names.
+
+        The first run a device learns is adopted as is (a new device, or one
+        upgraded from a version without runs). A different run of the same
+        pinned coordinator means it was reset: the old run's key epoch, draws,
+        model and method progress go; the identity, the pin and the data stay.
+        A run the device left before is refused (a replayed acceptance).
+        """
+        current = self._run
+        if run == current.run:
+            return
+        if not run or run in current.left:
+            raise ValueError(f"run {run or '(none)'} is over; not joining it again")
+        if current.run:
+            removed = self._store.leave_run()
+            self._forget_run_state()
+            logger.warning(
+                "%s: the coordinator started a new run %s (was %s); joining it "
+                "and dropping the old run's state (%s)",
+                self.device_id,
+                run,
+                current.run,
+                ", ".join(removed) or "nothing stored",
+            )
+        self._run = StoredRun(run, (*current.left, current.run) if current.run else ())
+        self._store.save_run(self._run)
 
     def _refuse_coordinator(
         self,
@@ -111,6 +142,7 @@ class EpochSteps(DeviceCore):
             round_index=message.round,
             message_id=derived_id(self.device_id, "identity", message.message_id),
             in_reply_to=message.message_id,
+            run=message.run,
         )
 
     def _log_refusal(self, reason: str) -> None:
@@ -130,7 +162,9 @@ class EpochSteps(DeviceCore):
             message.code,
             message.reason,
         )
-        if message.code == "unknown_device":  # e.g. our hello preceded the coordinator
+        if message.code in (ErrorCode.UNKNOWN_DEVICE, ErrorCode.WRONG_RUN):
+            # our hello preceded the coordinator, or it was reset (a new run):
+            # a hello gets the signed EnrolResult that names its run
             self.enrolled.clear()
             self._send_hello()
 

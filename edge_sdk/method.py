@@ -276,6 +276,13 @@ class DeviceMethod(ABC):
     def start(self) -> None:  # noqa: B027 - optional hook
         """Reload persisted progress (the client starts; default: nothing)."""
 
+    def new_run(self) -> None:  # noqa: B027 - optional hook
+        """The coordinator started a new run: forget this run's progress.
+
+        The state directory's method progress is already gone; a method
+        resets what it keeps in memory (as a device that never ran).
+        """
+
     def take_transfer(self, message: TransferManifest | Chunk) -> bool:
         """Take a transfer message that is not a model's (default: not mine).
 

@@ -2,6 +2,8 @@
 
     identity.key        Ed25519 + X25519 identity (ursa.crypto.identity, 0600)
     coordinator.pub     the pinned coordinator identity (hex)
+    run.json            the coordinator's run this device joined, and the runs
+                        it left (never joined again)
     epoch.json          current key epoch: signed notice, agent identity, public key
     epoch-<n>.key       that epoch's Paillier secret key (0600, written atomically)
     draws.json          this epoch's per-round volunteer draws (so a re-announce
@@ -29,10 +31,15 @@ from typing import Any
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierSecretKey
 
-__all__ = ["METHODS_FILE", "DeviceStateDir", "StoredEpoch"]
+__all__ = ["METHODS_FILE", "DeviceStateDir", "StoredEpoch", "StoredRun"]
 
 MAX_STORED_ROUNDS = 256
+MAX_LEFT_RUNS = 64
+"""Runs a device remembers having left (a replay of one is refused)."""
 METHODS_FILE = "methods.json"
+RUN_FILE = "run.json"
+_RUN_FILES = ("epoch.json", "epoch-*.key", "draws.json", METHODS_FILE)
+"""What belongs to one run of the coordinator (dropped when a new run starts)."""
 _SECRET_MODE = 0o600
 
 
@@ -43,6 +50,14 @@ class StoredEpoch:
     notice: bytes
     agent: bytes | None = None
     public_key: bytes | None = None
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """The run a device joined ("" for none yet) and the runs it left."""
+
+    run: str = ""
+    left: tuple[str, ...] = ()
 
 
 class DeviceStateDir:
@@ -74,9 +89,42 @@ class DeviceStateDir:
         answers, pinning it. Key epochs, draws and method progress belong to
         the old run.
         """
+        return self._remove(("coordinator.pub", RUN_FILE, *_RUN_FILES))
+
+    # --- run ------------------------------------------------------------------
+
+    def load_run(self) -> StoredRun:
+        """The run this device joined and the runs it left.
+
+        Raises:
+            ValueError: the file is not what `save_run` writes.
+        """
+        path = self.path / RUN_FILE
+        if not path.exists():
+            return StoredRun()
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} does not hold a JSON object")
+        run, left = data.get("run", ""), data.get("left", [])
+        if not isinstance(run, str) or not isinstance(left, list):
+            raise ValueError(f"{path} is malformed")
+        return StoredRun(run, tuple(str(r) for r in left))
+
+    def save_run(self, run: StoredRun) -> None:
+        """Record the joined run (the newest `MAX_LEFT_RUNS` left runs are kept)."""
+        data = {"run": run.run, "left": list(run.left[-MAX_LEFT_RUNS:])}
+        _write_atomic(self.path / RUN_FILE, json.dumps(data).encode())
+
+    def leave_run(self) -> list[str]:
+        """Drop the old run's state (key epoch, draws, methods' progress); the names.
+
+        The identity and the pin stay: the same coordinator started a new run.
+        """
+        return self._remove(_RUN_FILES)
+
+    def _remove(self, patterns: tuple[str, ...]) -> list[str]:
         removed = []
-        run = ("coordinator.pub", "epoch.json", "epoch-*.key", "draws.json")
-        for pattern in (*run, METHODS_FILE):
+        for pattern in patterns:
             for path in sorted(self.path.glob(pattern)):
                 path.unlink()
                 removed.append(path.name)

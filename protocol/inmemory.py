@@ -132,6 +132,7 @@ class InMemoryBus:
                 session = self._sessions[transport.client_id] = _Session()
             session.transport = transport
             transport._state = TransportState.CONNECTED
+            transport._connections += 1
             for topic, payload in session.offline:
                 self._queue.append((transport, topic, payload, 1))
             session.offline.clear()
@@ -281,6 +282,7 @@ class InMemoryTransport:
         self._patterns: dict[str, int] = {}
         self._counter = TrafficCounter()
         self._state = TransportState.NEW
+        self._connections = 0
 
     @property
     def client_id(self) -> str:
@@ -296,6 +298,11 @@ class InMemoryTransport:
     def state(self) -> TransportState:
         """The lifecycle state."""
         return self._state
+
+    @property
+    def connections(self) -> int:
+        """1 once connected (an in-memory transport never reconnects)."""
+        return self._connections
 
     @property
     def stats(self) -> TransportStats:

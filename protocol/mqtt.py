@@ -80,6 +80,7 @@ class MqttTransport:
     def __init__(self, config: MqttConfig) -> None:
         self._config = config
         self._state = TransportState.NEW
+        self._connections = 0
         self._lock = threading.Condition()
         self._handler: MessageHandler | None = None
         self._patterns: dict[str, int] = {}
@@ -116,6 +117,11 @@ class MqttTransport:
     def is_connected(self) -> bool:
         """True while the broker link is up (CONNACK accepted, not lost)."""
         return self._state is TransportState.CONNECTED
+
+    @property
+    def connections(self) -> int:
+        """Connections the broker accepted so far (each reconnect adds one)."""
+        return self._connections
 
     @property
     def stats(self) -> TransportStats:
@@ -364,6 +370,7 @@ class MqttTransport:
         try:
             if not reason_code.is_failure and self._state is not TransportState.CLOSED:
                 self._state = TransportState.CONNECTED
+                self._connections += 1
                 patterns = list(self._patterns.items())
                 if patterns:
                     _, mid = client.subscribe(patterns)

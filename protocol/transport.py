@@ -162,6 +162,15 @@ class Transport(Protocol):
         ...
 
     @property
+    def connections(self) -> int:
+        """How often the broker accepted a connection (+1 on every reconnect).
+
+        A reconnect shorter than a caller's poll interval is seen as a changed
+        count where `is_connected` would look unchanged.
+        """
+        ...
+
+    @property
     def stats(self) -> TransportStats:
         """Messages and payload bytes sent and received so far."""
         ...

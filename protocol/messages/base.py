@@ -1,6 +1,7 @@
 """What every wire message shares: fields, id and size rules, topic names, errors.
 
 Each message carries `kind` (the union tag), `protocol_version`, `federation`,
+`run` (the coordinator's run it belongs to, "" while the sender knows none),
 `round` (the sender's view of the current round, 0 before the first), `sender`
 (a device id or `"coordinator"`), a `message_id` (handlers are idempotent by
 it) and `sent_at` (unix seconds). A message class declares the last level of
@@ -21,13 +22,17 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ursa._compat import StrEnum
 
-PROTOCOL_VERSION = 3
-"""2: `KeyEpochStart` carries the federation's signed method list."""
+PROTOCOL_VERSION = 4
+"""2: `KeyEpochStart` carries the federation's signed method list. 3: one
+`secure_mean` family. 4: every message carries `run`; `EnrolResult` is signed."""
 
 COORDINATOR = "coordinator"
 """The `sender` of coordinator messages; reserved, never a device id."""
 
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+RUN_PATTERN = r"^[A-Za-z0-9_-]{0,64}$"
+"""A run id, or "" (a sender that has joined no run yet)."""
 
 NAME_PATTERN = r"^[a-z][a-z0-9_.-]{0,31}$"
 
@@ -88,6 +93,8 @@ class ErrorCode(StrEnum):
     MODEL_MISMATCH = "model_mismatch"
     """The federation's model differs from the device's (a tensor's name,
     shape or dtype): the device sits the key epoch out, as for data_mismatch."""
+    WRONG_RUN = "wrong_run"
+    """The message belongs to another run of the federation (a reset coordinator)."""
     INTERNAL = "internal"
 
 
@@ -111,6 +118,9 @@ def unique_entries(items: tuple[_T, ...]) -> tuple[_T, ...]:
 
 
 Id = Annotated[str, Field(pattern=ID_PATTERN)]
+
+
+RunId = Annotated[str, Field(pattern=RUN_PATTERN)]
 
 
 DeviceId = Annotated[str, Field(pattern=ID_PATTERN), AfterValidator(_not_reserved)]
@@ -188,6 +198,7 @@ class BaseMessage(_Frozen):
 
     protocol_version: Positive = PROTOCOL_VERSION
     federation: Id
+    run: RunId = ""
     round: Count
     sender: Id
     message_id: Id = Field(default_factory=_new_message_id)

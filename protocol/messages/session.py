@@ -18,6 +18,7 @@ from ursa.protocol.messages.base import (
     Id,
     Key32,
     Name,
+    Signature,
     Text,
     _Frozen,
 )
@@ -62,7 +63,8 @@ class EnrolResult(BaseMessage):
 
     An acceptance carries the coordinator's public identity, which the device
     pins (or checks against its configured fingerprint) and then verifies the
-    coordinator's signatures with.
+    coordinator's signatures with. An acceptance is signed by that identity:
+    it is how a device learns the coordinator's `run` (version 4).
     """
 
     kind: Literal["enrol_result"] = "enrol_result"
@@ -71,6 +73,7 @@ class EnrolResult(BaseMessage):
     reason: Text = ""
     epoch: Count | None = None
     coordinator_keys: IdentityKeys | None = None
+    signature: Signature = b""
 
     @_model_validator(mode="after")
     def _coordinator_keys(self) -> Self:

@@ -105,7 +105,13 @@ class Federation:
         return [m for t, m in self.messages("error") if f"/dev/{device_id}/down/" in t]
 
     def send_as(self, device_id: str, message: Any, *, on: str | None = None) -> None:
-        """Publish `message` on the up topic of `on` (default: `device_id`)."""
+        """Publish `message` on the up topic of `on` (default: `device_id`).
+
+        A message that names no run is sent in the coordinator's, as a device
+        that joined it would.
+        """
+        if not message.run:
+            message = message.model_copy(update={"run": self.coordinator.run_id})
         topic = up_topic(FEDERATION, on or device_id, name_for(message.kind))
         self.raw.publish(topic, encode(message))
 

@@ -245,3 +245,16 @@ def test_invalid_device_training_sections(
         device_config.DeviceConfig.model_validate(
             {"device_id": "dev001", "federation": "f", "state_dir": tmp_path, **bad}
         )
+
+
+def test_the_identity_key_lives_in_the_state_dir_unless_the_config_says(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(f'federation = "f"\nstate_dir = "{tmp_path / "state"}"\n')
+    assert load_coordinator_config(path, {}).identity_key_path() == (
+        tmp_path / "state" / "identity.key"
+    )
+    apart = tmp_path / "backup" / "identity.key"
+    config = load_coordinator_config(path, {"URSA_IDENTITY_KEY": str(apart)})
+    assert config.identity_key_path() == apart

@@ -11,6 +11,7 @@ import pytest
 from ursa.coordinator.config import EnrolmentConfig
 from ursa.coordinator.methods.dubhe import DubheSelection, DubheStep
 from ursa.coordinator.rounds import Stage
+from ursa.coordinator.service import MAX_HELD
 from ursa.crypto.identity import (
     DeviceIdentity,
     DevicePublicIdentity,
@@ -25,6 +26,7 @@ from ursa.protocol.messages import (
     RoundAnnounce,
     Volunteer,
 )
+from ursa.protocol.topics import up_topic
 
 FED = "fed"
 
@@ -525,6 +527,108 @@ def test_a_replaced_coordinator_is_refused_loudly_and_repinned_devices_rejoin(
         DeviceStateDir(fed.tmp_path / device).forget_coordinator()
         fed.new_device(device).start()
     fed.tick(1)
+    assert fed.coordinator.is_done
+
+
+def _reset_keeping_identity(fed: Any) -> str:
+    """Kill the coordinator; start one on an empty store with the old identity key."""
+    old_state = fed.config.state_dir
+    fed.coordinator_transport.kill()  # kill -9
+    fed.coordinator.store.close()
+    fed.config = fed.config.model_copy(
+        update={
+            "state_dir": fed.tmp_path / "new",
+            "identity_key": old_state / "identity.key",
+        }
+    )
+    fed.coordinator = fed.new_coordinator()
+    fed.coordinator.start()
+    run: str = fed.coordinator.run_id
+    return run
+
+
+def test_a_reset_coordinator_with_its_identity_key_starts_a_run_devices_join(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=3, k=2, tries=1, rounds=2)
+    fed.start()
+    assert fed.coordinator.is_done
+    old_run = fed.coordinator.run_id
+    identity = fed.coordinator.identity
+    caplog.set_level(logging.INFO)
+
+    new_run = _reset_keeping_identity(fed)  # the devices keep running
+
+    assert new_run != old_run
+    assert fed.coordinator.identity == identity
+    fed.tick(1)
+    assert fed.coordinator.is_done  # the new run's rounds, with everyone
+    notices = [m for _, m in fed.messages("key_epoch_start") if m.run == new_run]
+    assert [m.epoch for m in notices] == [1]
+    assert not [e for _, e in fed.messages("error") if e.sender != "coordinator"]
+    for device, client in fed.devices.items():
+        assert client.epoch == 1
+        assert DeviceStateDir(fed.tmp_path / device).load_run().run == new_run
+        assert DeviceStateDir(fed.tmp_path / device).load_run().left == (old_run,)
+    assert "the coordinator started a new run" in caplog.text
+
+
+def test_devices_drop_messages_of_an_older_run(federation: Any) -> None:
+    fed = federation(num_devices=3, k=2, tries=1, rounds=1)
+    fed.start()
+    old_run = fed.coordinator.run_id
+    topic, old_notice = next(
+        (t, p) for t, p in fed.captured if _kind_of(p) == "key_epoch_start"
+    )
+    new_run = _reset_keeping_identity(fed)
+    fed.tick(1)
+    assert fed.coordinator.is_done
+    enrols = len(fed.messages("enrol_result"))
+
+    fed.raw.publish(topic, old_notice)  # the old run's notice, signed and all
+
+    for client in fed.devices.values():
+        assert client.run_drops()[old_run] >= 1
+        assert client.epoch == 1  # the new run's epoch 1, not the old one
+    assert len(fed.messages("enrol_result")) == enrols  # a left run: no hello
+    assert decode(old_notice).run == old_run != new_run
+
+
+def test_a_device_message_of_another_run_is_refused_and_not_remembered(
+    federation: Any,
+) -> None:
+    fed = federation(num_devices=5, k=2, tries=2, rounds=1)
+    late = fed.device_ids[-1]
+    fed.bus.drop_filter = _drop(late, "volunteer")
+    fed.start()
+    stale = Volunteer(federation=FED, run="old", round=1, sender=late, draws=(1, 1))
+
+    fed.send_as(late, stale)
+
+    errors = fed.errors_to(late)
+    assert [e.code for e in errors] == ["wrong_run"]
+    assert errors[-1].in_reply_to == stale.message_id
+    assert not fed.coordinator.store.is_seen(stale.message_id)
+    assert fed.coordinator.run_drops() == {late: 1}
+    stored = fed.coordinator.store.round(1)
+    assert stored is not None and late not in stored.volunteers
+
+
+def test_messages_held_before_the_stage_is_restored_are_capped(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=3, k=2, tries=1, rounds=1)
+    topic = up_topic(FED, "d00", "control")
+    caplog.set_level(logging.WARNING, logger="ursa.coordinator")
+
+    for _ in range(MAX_HELD + 3):  # a flood before start() restored anything
+        fed.coordinator.handle(topic, b"")
+
+    assert fed.coordinator.held_dropped == 3
+    assert f"1 messages dropped while starting up (more than {MAX_HELD} held)" in (
+        caplog.text
+    )
+    fed.start()  # the held ones are judged then (empty: ignored)
     assert fed.coordinator.is_done
 
 

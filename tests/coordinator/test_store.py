@@ -124,3 +124,18 @@ def test_a_phase_record_rolls_back_with_its_message(tmp_path: Path) -> None:
     assert not store.is_seen("m1") and store.phase("p") is None
     assert store.method_state("feddisk", "progress") is None
     store.close()
+
+
+def test_a_store_is_one_run_kept_across_reopens(tmp_path: Path) -> None:
+    store = CoordinatorStore(tmp_path / "a" / "db")
+    run = store.run_id()
+    assert run == store.run_id()
+    store.close()
+    again = CoordinatorStore(tmp_path / "a" / "db")
+    other = CoordinatorStore(tmp_path / "b" / "db")  # an empty store: a new run
+    try:
+        assert again.run_id() == run
+        assert other.run_id() != run
+    finally:
+        again.close()
+        other.close()

@@ -24,7 +24,7 @@ from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer, NoOpTrainer
 from ursa.models.weights import Arrays
 from ursa.protocol.admission_limits import AdmissionLimits, DropReason
-from ursa.protocol.envelope import decode, encode
+from ursa.protocol.envelope import decode, encode, signing_bytes
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import (
@@ -228,6 +228,7 @@ def test_a_registry_sum_that_does_not_add_up_is_refused(
 
     forged = Registration(
         federation=FED,
+        run=h.coordinator.run_id,  # the run is no secret
         round=0,
         sender=cheat,
         epoch=1,
@@ -289,11 +290,21 @@ def test_forged_notices_are_dropped(
     caplog.set_level(logging.INFO)
     forger = DeviceIdentity.generate("coordinator")
     fake = SelectionResult(
-        federation=FED, round=9, sender="coordinator", selected=("d1",)
+        federation=FED,
+        run=h.coordinator.run_id,  # the run is no secret: the signature counts
+        round=9,
+        sender="coordinator",
+        selected=("d1",),
     )
     fake = fake.model_copy(update={"signature": forger.sign(b"anything")})
     by_device = RoundAnnounce(
-        federation=FED, round=9, sender="d2", epoch=1, k=1, deadline_s=1
+        federation=FED,
+        run=h.coordinator.run_id,
+        round=9,
+        sender="d2",
+        epoch=1,
+        k=1,
+        deadline_s=1,
     )
 
     h.raw.publish(global_topic(FED, name_for("selection_result")), encode(fake))
@@ -332,39 +343,72 @@ def test_the_agent_keys_come_signed_in_the_epoch_notice(
     assert all(c._agent == agent for c in h.clients.values())
 
 
+def _enrol_result(
+    identity: DeviceIdentity, *, run: str = "", signer: Any = None
+) -> bytes:
+    """An acceptance for d0 carrying `identity`, signed by `signer` (default: it)."""
+    public = identity.public()
+    keys = IdentityKeys(
+        device_id=COORDINATOR,
+        x25519_public=public.x25519_public,
+        ed25519_public=public.ed25519_public,
+    )
+    result = EnrolResult(
+        federation=FED,
+        run=run,
+        round=0,
+        sender=COORDINATOR,
+        device_id="d0",
+        accepted=True,
+        coordinator_keys=keys,
+    )
+    signature = (signer or identity).sign(signing_bytes(result))
+    return encode(result.model_copy(update={"signature": signature}))
+
+
 def test_enrolment_pins_the_coordinator_keys_of_the_result(
     harness: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     h = harness(2)  # the coordinator is not started: the test plays it
     client = h.client("d0")
     client.start()
-    coordinator = DeviceIdentity.generate(COORDINATOR).public()
+    coordinator = DeviceIdentity.generate(COORDINATOR)
     topic = down_topic(FED, "d0", name_for("enrol_result"))
 
-    def result(identity: Any) -> bytes:
-        keys = IdentityKeys(
-            device_id=COORDINATOR,
-            x25519_public=identity.x25519_public,
-            ed25519_public=identity.ed25519_public,
-        )
-        return encode(
-            EnrolResult(
-                federation=FED,
-                round=0,
-                sender=COORDINATOR,
-                device_id="d0",
-                accepted=True,
-                coordinator_keys=keys,
-            )
-        )
-
-    h.raw.publish(topic, result(coordinator))
+    h.raw.publish(topic, _enrol_result(coordinator))
     assert client.enrolled.is_set()
-    assert client._store.load_coordinator() == coordinator
+    assert client._store.load_coordinator() == coordinator.public()
     caplog.set_level(logging.INFO)
-    h.raw.publish(topic, result(DeviceIdentity.generate(COORDINATOR).public()))
+    h.raw.publish(topic, _enrol_result(DeviceIdentity.generate(COORDINATOR)))
     assert "is not the pinned" in caplog.text
-    assert client._store.load_coordinator() == coordinator
+    assert client._store.load_coordinator() == coordinator.public()
+
+
+def test_only_a_signed_acceptance_of_the_pinned_coordinator_moves_a_device_to_a_run(
+    harness: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = harness(2)
+    client = h.client("d0")
+    client.start()
+    coordinator = DeviceIdentity.generate(COORDINATOR)
+    topic = down_topic(FED, "d0", name_for("enrol_result"))
+    h.raw.publish(topic, _enrol_result(coordinator, run="run1"))
+    assert client._store.load_run().run == "run1"
+    caplog.set_level(logging.WARNING)
+
+    forger = DeviceIdentity.generate(COORDINATOR)
+    h.raw.publish(topic, _enrol_result(coordinator, run="run2", signer=forger))
+    assert client._store.load_run().run == "run1"  # the signature does not verify
+    assert "refused enrol_result" in caplog.text
+
+    h.raw.publish(topic, _enrol_result(coordinator, run="run2"))  # a reset
+    assert client._store.load_run().run == "run2"
+    assert client._store.load_run().left == ("run1",)
+    assert "the coordinator started a new run run2" in caplog.text
+
+    h.raw.publish(topic, _enrol_result(coordinator, run="run1"))  # a replay
+    assert client._store.load_run().run == "run2"
+    assert "run run1 is over" in caplog.text
 
 
 def test_selected_devices_train_once_per_round() -> None:
@@ -604,6 +648,42 @@ def test_a_device_says_online_again_after_a_lost_connection(tmp_path: Path) -> N
     client.poll()
     transport.down = False
     client.poll()  # back: online again
+    bus.flush()
+
+    assert decode(bus.retained[status]).online
+    client.stop()
+
+
+class _BouncingTransport(InMemoryTransport):
+    """An in-memory transport that reconnects between two polls, unseen."""
+
+    bounces = 0
+
+    @property
+    def connections(self) -> int:
+        return super().connections + self.bounces
+
+
+def test_a_reconnect_shorter_than_a_poll_still_says_online_again(
+    tmp_path: Path,
+) -> None:
+    bus = InMemoryBus()
+    cfg = DeviceConfig(
+        device_id="d0", federation=FED, state_dir=tmp_path, obfuscator_pool_size=0
+    )
+    transport = _BouncingTransport(bus, "d0")
+    client = EdgeClient(cfg, np.arange(10), transport=transport)
+    client.start()
+    status = f"ursa/v1/{FED}/dev/d0/status"
+    broker = InMemoryTransport(bus, "broker")
+    broker.connect()
+    broker.publish(status, device_will(cfg)[1], retain=True)  # a stopping broker
+    bus.flush()
+    client.poll()
+    assert not decode(bus.retained[status]).online  # no reconnect: nothing said
+
+    transport.bounces += 1  # down and up again between two polls
+    client.poll()
     bus.flush()
 
     assert decode(bus.retained[status]).online

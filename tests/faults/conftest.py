@@ -21,9 +21,10 @@ RUN_TIMEOUT_S = 240.0
 MakeFleet = Callable[..., FaultFleet]
 
 
-def run_to_end(fleet: FaultFleet) -> RunOutcome:
+def run_to_end(fleet: FaultFleet, *, since: int = 0) -> RunOutcome:
     """Wait for the coordinator, SIGTERM the devices, judge the run.
 
+    ``since``: judge the coordinator's log from this offset (a later run).
     Asserts that nothing crashed: the coordinator exits 0, every device
     still running exits 0 on SIGTERM, and no log shows a traceback.
     """
@@ -33,7 +34,7 @@ def run_to_end(fleet: FaultFleet) -> RunOutcome:
     assert all(c == 0 for c in device_codes.values()), device_codes
     tracebacks = fleet.tracebacks()
     assert not tracebacks, tracebacks
-    return fleet.outcome(code)
+    return fleet.outcome(code, since=since)
 
 
 @pytest.fixture

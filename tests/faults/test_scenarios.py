@@ -105,6 +105,26 @@ def test_coordinator_sigkill_during_training_resumes_the_round(
     _assert_recovered(outcome, baseline)
 
 
+def test_coordinator_reset_with_its_identity_key_starts_a_run_devices_join(
+    fleet: MakeFleet, baseline: RunOutcome
+) -> None:
+    run = fleet(identity_key_apart=True)
+    _start(run)
+    run.wait_for_log(r"round 2: selected")
+    run.kill_coordinator()
+    run.reset_coordinator()  # an empty store; the identity key kept apart
+    since = len(run.log())
+    run.start_coordinator()
+
+    outcome = run_to_end(run, since=since)
+
+    assert re.search(r"run \S+ \(new\)", run.log()[since:])
+    for device in run.device_ids:  # each joined by itself, identity kept
+        assert "the coordinator started a new run" in run.log(device), device
+        assert "refusing the coordinator" not in run.log(device), device
+    _assert_recovered(outcome, baseline)
+
+
 @extended
 def test_a_third_of_the_devices_killed_for_good_the_rest_finish(
     fleet: MakeFleet, baseline: RunOutcome

@@ -46,7 +46,7 @@ def test_common_fields_have_defaults_for_id_time_and_version() -> None:
     first = m.Heartbeat(**DEV, seq=1)
     second = m.Heartbeat(**DEV, seq=1)
 
-    assert first.protocol_version == m.PROTOCOL_VERSION == 3
+    assert first.protocol_version == m.PROTOCOL_VERSION == 4
     assert first.message_id != second.message_id
     assert len(first.message_id) == 32
     assert first.sent_at > 0
@@ -360,3 +360,15 @@ def test_redundancy_result_names_one_peer_of_its_list_or_none() -> None:
     ):
         with pytest.raises(ValidationError):
             m.RedundancyResult.model_validate({**common, **bad})
+
+
+def test_the_run_is_a_common_field_covered_by_the_signature() -> None:
+    beat = m.Heartbeat(**DEV, seq=1)
+    assert beat.run == ""  # a sender that joined no run yet
+    in_run = beat.model_copy(update={"run": "0123abcd"})
+    assert decode(encode(in_run)).run == "0123abcd"
+    assert signing_bytes(in_run) != signing_bytes(beat)
+    with pytest.raises(ValidationError):
+        m.Heartbeat(**DEV, run="not a run!", seq=1)
+    with pytest.raises(ValidationError):
+        m.Heartbeat(**DEV, run="x" * 65, seq=1)

@@ -76,13 +76,15 @@ def _stop_on_signals() -> threading.Event:
 def _serve(args: argparse.Namespace) -> int:
     from ursa.coordinator.config import load_coordinator_config
 
+    stop = _stop_on_signals()  # first: a SIGTERM during start-up exits 0
     config = load_coordinator_config(args.config, os.environ)
     try:
         service = build_coordinator(config)
     except ServiceSetupError as exc:
         print(f"ursa coordinator serve: {exc}", file=sys.stderr)
         return 2
-    stop = _stop_on_signals()
+    if stop.is_set():
+        return 0
     try:
         service.run(stop, until_done=not args.keep_running)
     except ConnectAbortedError:
@@ -96,14 +98,17 @@ def _serve(args: argparse.Namespace) -> int:
 def _device_run(args: argparse.Namespace) -> int:
     from ursa.edge_sdk.config import load_device_config
 
+    stop = _stop_on_signals()  # first: a SIGTERM while torch loads exits 0
     config = load_device_config(args.config, os.environ)
     try:
         client = build_device(config, args.labels)
     except ValueError as exc:
         print(f"ursa device run: {exc}", file=sys.stderr)
         return 2
+    if stop.is_set():
+        return 0
     try:
-        client.run(_stop_on_signals())
+        client.run(stop)
     except ConnectAbortedError:
         return 0  # stopped while waiting for the broker
     except TransportError as exc:  # a refusal: credentials, ACL

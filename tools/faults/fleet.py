@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -67,6 +68,9 @@ class FleetSettings:
     key_epoch_s: float = 20.0
     outage_grace_s: float = 10.0
     reconnect_max_delay_s: int = 2
+    identity_key_apart: bool = False
+    """Keep the coordinator's identity key outside its state directory (so
+    `reset_coordinator` wipes the store and keeps the identity)."""
 
 
 @dataclass
@@ -139,6 +143,15 @@ class FaultFleet:
         """SIGKILL the coordinator and reap it."""
         assert self.coordinator is not None
         _kill(self.coordinator)
+
+    def reset_coordinator(self) -> None:
+        """Wipe the (killed) coordinator's state directory: an empty store.
+
+        With ``identity_key_apart`` the identity key outlives it, as an
+        operator's backup would.
+        """
+        assert self.coordinator is None or self.coordinator.poll() is not None
+        shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def start_device(self, device_id: str) -> None:
         """Start ``device run`` for one device (again, after a kill: a reboot)."""
@@ -225,9 +238,9 @@ class FaultFleet:
 
     # --- judging ------------------------------------------------------------------
 
-    def outcome(self, exit_code: int) -> RunOutcome:
-        """Judge the run after the coordinator exited."""
-        text = self.log()
+    def outcome(self, exit_code: int, *, since: int = 0) -> RunOutcome:
+        """Judge the run after the coordinator exited (its log from ``since`` on)."""
+        text = self.log()[since:]
         updates: dict[int, int] = {}
         for match in _ROUND_RE.finditer(text):
             updates[int(match[1])] = int(match[2])
@@ -348,10 +361,16 @@ class FaultFleet:
         s = self.settings
         quorum = "" if s.quorum is None else f"quorum = {s.quorum}\n"
         min_devices = s.devices if s.min_devices is None else s.min_devices
+        identity = (
+            f'identity_key = "{self.work_dir / "coordinator-identity.key"}"\n'
+            if s.identity_key_apart
+            else ""
+        )
         return (
             f'federation = "{self.name}"\nstate_dir = "{self.state_dir}"\n'
-            f"min_devices = {min_devices}\nk = {s.k}\ntries = 3\nrounds = {s.rounds}\n"
-            f"rounds_per_epoch = {s.rounds_per_epoch}\n"
+            + identity
+            + f"min_devices = {min_devices}\nk = {s.k}\ntries = 3\n"
+            f"rounds = {s.rounds}\nrounds_per_epoch = {s.rounds_per_epoch}\n"
             f"key_bits = {s.key_bits}\nseed = {s.seed}\n"
             + quorum
             + self._broker_toml("coordinator")

@@ -112,6 +112,7 @@ class FlickerMethod:
         self,
         *,
         federation: str,
+        run: str = "",
         num_classes: int,
         state_dir: Path,
         devices: Mapping[str, DevicePublicIdentity],
@@ -133,6 +134,7 @@ class FlickerMethod:
         """
         config = FlickerServiceConfig(
             federation=federation,
+            run=run,
             num_classes=num_classes,
             **self.spec.model_dump(exclude={"kind"}),
         )

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ursa._compat import StrEnum
 from ursa.coordinator.methods.flicker import algorithm as fl
 from ursa.coordinator.methods.flicker.redundancy import DEFAULT_MAX_PRODUCT_CIPHERTEXTS
-from ursa.protocol.messages import DEFAULT_CHUNK_SIZE, ID_PATTERN
+from ursa.protocol.messages import DEFAULT_CHUNK_SIZE, ID_PATTERN, RUN_PATTERN
 
 __all__ = [
     "DEFAULT_HOP_DEADLINE_S",
@@ -52,6 +52,8 @@ class FlickerServiceConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     federation: str = Field(pattern=ID_PATTERN)
+    run: str = Field(default="", pattern=RUN_PATTERN)
+    """The coordinator's run (`CoordinatorStore.run_id`), stamped on every message."""
     num_classes: int = Field(ge=2, le=4096)
     nabla: float = Field(default=fl.DEFAULT_NABLA, gt=0.0, lt=1.0)
     nabla_client: float = Field(default=DEFAULT_NABLA_CLIENT, gt=0.0, le=1.0)

@@ -210,6 +210,9 @@ class FlickerWire:
             topic, retain = global_topic(fed, name), name in RETAINED_GLOBAL_NAMES
         else:
             topic, retain = down_topic(fed, device, name), False
+        run = self.config.run
+        if message.run != run:  # every message carries the service's run
+            message = message.model_copy(update={"run": run})
         self._outbox.put(topic, encode(message), qos_for(name), retain)
 
     def _relay(self, payload: bytes, device: str) -> None:

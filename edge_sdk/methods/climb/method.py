@@ -96,6 +96,10 @@ class Climb(DeviceMethod, MeanParticipant):
                 "%s: CLIMB state unreadable (%s); lambda reset", ctx.device_id, exc
             )
 
+    def new_run(self) -> None:
+        """A new run starts from lambda_i = 0 and w_i = 1."""
+        self.lam, self.weight, self._report = 0.0, 1.0, None
+
     def _save(self) -> None:
         self.ctx.store.save_method_state(
             self.name, {"lambda": self.lam, "weight": self.weight}

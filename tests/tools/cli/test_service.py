@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -98,7 +99,7 @@ def test_device_repin_forgets_the_coordinator_and_its_run_but_keeps_the_identity
     state = DeviceStateDir(state_dir)
     old = DeviceIdentity.generate("coordinator").public()
     state.save_coordinator(old)
-    for name in ("epoch.json", "epoch-3.key", "draws.json", "methods.json"):
+    for name in ("epoch.json", "epoch-3.key", "draws.json", "methods.json", "run.json"):
         (state_dir / name).write_text("{}")
     config = tmp_path / "d1.toml"
     config.write_text(
@@ -135,3 +136,21 @@ def test_model_init_builds_a_model_named_by_import_path(
     assert "failed" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli_service.main(["model", "init", "--model", "resnet", "--out", "x"])
+
+
+def test_device_run_takes_sigterm_before_its_start_up(tmp_path: Path) -> None:
+    labels = tmp_path / "labels.txt"
+    labels.write_text("-1")
+    config = tmp_path / "d1.toml"
+    config.write_text(
+        f'device_id = "d1"\nfederation = "f"\nstate_dir = "{tmp_path / "d1"}"\n'
+        f'labels_file = "{labels}"\n'
+    )
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        # start-up fails here (no labels), after the handler is in place: a
+        # SIGTERM while a device loads torch and its data stops it cleanly
+        assert cli_service.main(["device", "run", "--config", str(config)]) == 2
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, before)
+    finally:
+        signal.signal(signal.SIGTERM, before)

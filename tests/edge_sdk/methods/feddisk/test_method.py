@@ -148,7 +148,8 @@ class Fleet:
             enrol = EnrolResult(
                 **head, device_id=device_id, accepted=True, coordinator_keys=keys
             )
-            self.send(enrol, device_id)
+            signed = self.identity.sign(signing_bytes(enrol))
+            self.send(enrol.model_copy(update={"signature": signed}), device_id)
         notice = KeyEpochStart(
             **head,
             epoch=1,
