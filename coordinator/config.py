@@ -48,6 +48,8 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     initial_weights = "weights.ursw"  # `ursa model init ... --out weights.ursw`
     model = "classifier"              # the wire name devices train (their `model`)
     update_timeout_s = 300.0          # any other `TrainingConfig` field too
+    architecture = "mlp"              # optional: the final model's card and ONNX
+    model_options = {input_dim = 64, num_classes = 10}
 
 ``[[methods]]`` is `ursa.coordinator.methods_config`'s discriminated union:
 exactly one selection method, at most one training method (without one,
@@ -208,6 +210,11 @@ class TrainingSection(BaseModel):
 
     initial_weights: Path | None = None
     """A `ursa.models.weights` file adopted as version 0 if no checkpoint exists."""
+    architecture: str | None = None
+    """The model's registry name (``mlp``, ``cnn``), for the final model's card
+    and ONNX export only (they need torch); the rounds never build the model."""
+    model_options: dict[str, Any] = Field(default_factory=dict)
+    """The architecture's options (as the devices' ``[training] model_options``)."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -276,6 +283,10 @@ class CoordinatorConfig(_Frozen):
     """The ``[[methods]]`` list (`ursa.coordinator.methods_config`)."""
     training: TrainingSection | None = None
     """The training method's shared settings (model, initial weights, timeouts)."""
+    final_model_dir: Path | None = None
+    """Where the final model is written when the rounds are done
+    (``model.ursw``, ``model_card.json``, ``model.onnx``); None: the state
+    directory's ``final``."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:

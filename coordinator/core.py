@@ -20,6 +20,7 @@ import numpy as np
 
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
+from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.rounds import RoundState, Stage, advance
@@ -112,6 +113,8 @@ class ServiceCore:
     _announced_at: float = float("-inf")
     """When the open round was last re-announced (rate limit)."""
     _outbox: Outbox
+    _final_output: FinalOutput | None = None
+    """The architecture and ONNX exporter for the final model's files, if known."""
 
     # --- state --------------------------------------------------------------
 

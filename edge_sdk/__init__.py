@@ -3,6 +3,8 @@
 `import ursa.edge_sdk` never imports torch, so a selection-only device runs
 without it: the torch trainers import torch on first use, and the names of
 `ursa.edge_sdk.training` (which imports torch) load on first access.
+`ursa.edge_sdk.inference` serves the final model on onnxruntime, without torch;
+`DeviceCallbacks` lets an app follow the device's progress.
 """
 
 from __future__ import annotations
@@ -10,6 +12,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ursa.edge_sdk import inference
+from ursa.edge_sdk.callbacks import (
+    DeviceCallbacks,
+    DeviceError,
+    Finished,
+    ModelReceived,
+    RoundTrained,
+    Selected,
+)
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.climb import ClimbConfig
 from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig, load_device_config
@@ -34,8 +45,10 @@ if TYPE_CHECKING:
 __all__ = [
     "Climb",
     "ClimbConfig",
+    "DeviceCallbacks",
     "DeviceConfig",
     "DeviceContext",
+    "DeviceError",
     "DeviceMethod",
     "DeviceTrainingConfig",
     "Dubhe",
@@ -43,16 +56,21 @@ __all__ = [
     "FedDisk",
     "FeddiskSettings",
     "FeddiskTrainer",
+    "Finished",
     "Flicker",
     "LocalDelta",
+    "ModelReceived",
     "ModelTrainer",
     "NoOpTrainer",
+    "RoundTrained",
+    "Selected",
     "TorchTrainer",
     "TrainConfig",
     "TrainPlan",
     "Trainer",
     "TrainingError",
     "TrainingReport",
+    "inference",
     "load_device_config",
 ]
 

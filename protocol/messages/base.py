@@ -85,6 +85,10 @@ class ErrorCode(StrEnum):
     COORDINATOR_IDENTITY_MISMATCH = "coordinator_identity_mismatch"
     """The device pinned another coordinator identity (a replaced coordinator)."""
     DATA_MISMATCH = "data_mismatch"
+    TRAINING_FAILED = "training_failed"
+    """The device's trainer raised in this round: the coordinator stops waiting."""
+    EVALUATION_FAILED = "evaluation_failed"
+    """The device's evaluation raised in this round (same handling)."""
     INTERNAL = "internal"
 
 

@@ -469,3 +469,50 @@ def test_a_selected_device_whose_features_do_not_fit_sits_out_without_a_wait(
     assert fed.devices[bad].sits_out and fed.devices[bad].model_version is None
     assert f"{bad} sits out: data_mismatch: {reason}" in caplog.text
     assert f"{bad}: sitting out key epoch 1: data_mismatch: {reason}" in caplog.text
+
+
+class FailingTrainer(LinearTrainer):
+    """A LinearTrainer that raises in every round."""
+
+    def train_delta(
+        self, round_index: int, global_arrays: Arrays, *, delta_scale: float
+    ) -> LocalDelta:
+        raise RuntimeError("private detail 12345")
+
+
+def test_a_failed_device_is_not_waited_for_and_the_end_names_the_final_model(
+    federation: Any, tmp_path: Path
+) -> None:
+    fed = federation(num_devices=4, k=4, tries=1, rounds=2)
+    failing: list[str] = []
+
+    def fail_first(client: EdgeClient) -> None:
+        if not failing:
+            failing.append(client.device_id)
+            client._trainer = FailingTrainer(0)
+
+    plugin = start_training(fed, tmp_path, TrainingConfig(), prepare=fail_first)
+
+    assert fed.coordinator.is_done and plugin.version == 2
+    (bad,) = failing
+    chosen = selections(fed)
+    assert len(plugin.history) == 2
+    for record in plugin.history:
+        assert record.failed == (bad,)
+        assert record.dropped == ()
+        assert set(record.contributed) == set(chosen[record.round]) - {bad}
+    errors = [m for _, m in fed.messages("error") if m.sender == bad]
+    assert [(m.code, m.round) for m in errors] == [
+        ("training_failed", 1),
+        ("training_failed", 2),
+    ]
+    assert all("12345" not in m.reason for m in errors)
+    (end,) = [m for _, m in fed.messages("federation_end")]
+    assert (end.rounds, end.model, end.model_version) == (2, "classifier", 2)
+    assert end.signature and end.weights is not None
+    for device_id, client in fed.devices.items():
+        assert client.finished.is_set(), device_id
+        saved = (client.final_dir / "model.ursw").read_bytes()
+        assert saved == arrays_to_bytes(plugin.global_arrays)
+    card = fed.config.state_dir / "final" / "model_card.json"
+    assert '"version": 2' in card.read_text()

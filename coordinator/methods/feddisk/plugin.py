@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from ursa.coordinator.clock import Clock
+from ursa.coordinator.federation_end import FinalModel
 from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.judging import FeddiskJudging
 from ursa.coordinator.methods.feddisk.state import FeddiskState, Role
@@ -194,6 +195,16 @@ class FeddiskPlugin(FeddiskJudging):
         """Close the loss step or the verdict wait at their deadlines, else delegate."""
         if not self._tick_loss(round_index, now, send):
             self._active().on_tick(round_index, now, send)
+
+    def final_model(self, send: Send) -> FinalModel | None:
+        """The classifier's final model (None if the MADE phase never ended)."""
+        if self.phase != "classifier":
+            return None
+        return self._classifier.final_model(send)
+
+    def on_device_failed(self, round_index: int, device: str, code: str) -> None:
+        """The active model's round stops waiting for a device whose training failed."""
+        self._active().on_device_failed(round_index, device, code)
 
     def methods(self) -> tuple[str, ...]:
         """FedDisk: devices judge the MADE rounds and weight their samples."""

@@ -1,0 +1,173 @@
+"""Device steps at the end of the federation: take the final model, save it, stop.
+
+On the coordinator's signed, retained `FederationEnd` (a device that was
+offline gets it when it reconnects) a device that trains the final model
+takes its weights (inline, else the version's chunked transfer, downloaded
+as every version is) and saves them in ``<state_dir>/final``:
+
+    model.ursw      the weights file (`ursa.models.weights`)
+    model.onnx      when the trainer knows its architecture and torch and
+                    onnx can export it (the ``train`` + ``infer`` extras)
+    final.json      version, rounds, the coordinator's evaluation figures
+
+then calls the app's ``on_finished`` and sets `finished` (`EdgeClient.run`
+returns, ``ursa device run`` exits 0). A device that trains no model (a
+selection-only one) finishes at once without files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from ursa.edge_sdk.callbacks import Finished
+from ursa.edge_sdk.model_steps import ModelSteps
+from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes, arrays_to_bytes
+from ursa.protocol.messages import FederationEnd
+from ursa.protocol.router import NotReadyError
+
+__all__ = [
+    "FINAL_DIRNAME",
+    "FINAL_INFO_FILENAME",
+    "ONNX_FILENAME",
+    "WEIGHTS_FILENAME",
+    "EndSteps",
+    "onnx_of",
+]
+
+logger = logging.getLogger("ursa.edge_sdk")
+
+FINAL_DIRNAME = "final"
+WEIGHTS_FILENAME = "model.ursw"
+ONNX_FILENAME = "model.onnx"
+FINAL_INFO_FILENAME = "final.json"
+
+
+def onnx_of(trainer: object, arrays: Arrays) -> bytes | None:
+    """The final model as ONNX, if the trainer names a registry architecture.
+
+    Needs torch and onnx (imported here only); None when either is missing
+    or the trainer's model is not a built-in architecture.
+    """
+    architecture = getattr(trainer, "architecture", None)
+    options = getattr(trainer, "model_config", None)
+    if not isinstance(architecture, str) or not isinstance(options, dict):
+        return None
+    try:
+        from ursa.models.onnx_export import export_arrays_to_onnx
+    except ImportError:
+        return None
+    try:
+        return export_arrays_to_onnx(architecture, options, arrays)
+    except (ImportError, RuntimeError, ValueError) as exc:
+        logger.warning("the final model was not exported to ONNX: %s", exc)
+        return None
+
+
+class EndSteps(ModelSteps):
+    """`FederationEnd`: the final model saved, ``on_finished``, `finished` set."""
+
+    finished: threading.Event
+    _end: FederationEnd | None
+
+    def _init_end_steps(self) -> None:
+        self.finished = threading.Event()
+        self._end = None
+
+    @property
+    def final_dir(self) -> Path:
+        """Where the final model is saved."""
+        return self._config.state_dir / FINAL_DIRNAME
+
+    def _on_federation_end(self, message: FederationEnd) -> None:
+        if self._coordinator is None:
+            raise NotReadyError
+        self._verify(self._coordinator, message)
+        if self.finished.is_set() or self._end is not None:
+            return
+        self._end = message
+        logger.info(
+            "%s: the federation is over after %d rounds (final version %s)",
+            self.device_id,
+            message.rounds,
+            message.model_version,
+        )
+        trainer = self._model_trainer()
+        if message.model is None or trainer is None or message.model != trainer.model:
+            self._finish(message, None)
+            return
+        version = message.model_version
+        assert version is not None and message.transfer_id is not None
+        if message.weights is not None:
+            try:
+                arrays = arrays_from_bytes(message.weights)
+            except WeightsError as exc:
+                logger.warning(
+                    "%s: inline final model refused: %s", self.device_id, exc
+                )
+            else:
+                self._finish(message, arrays)
+                return
+        if self._model_version == version and self._model_arrays is not None:
+            self._finish(message, self._model_arrays)
+            return
+        self._want(version, message.transfer_id)  # `_on_model_ready` finishes
+
+    def _on_model_ready(self) -> None:
+        super()._on_model_ready()
+        end = self._end
+        if end is None or self.finished.is_set() or self._model_arrays is None:
+            return
+        if self._model_version == end.model_version:
+            self._finish(end, self._model_arrays)
+
+    def _finish(self, message: FederationEnd, arrays: Arrays | None) -> None:
+        """Save the final model (if any), tell the app, set `finished`."""
+        model_path = onnx_path = None
+        if arrays is not None:
+            model_path, onnx_path = self._save_final(message, arrays)
+        event = Finished(
+            message.rounds,
+            message.model_version,
+            model_path,
+            onnx_path,
+            dict(message.metrics),
+        )
+        self.finished.set()
+        self._notify_finished(event)
+
+    def _save_final(
+        self, message: FederationEnd, arrays: Arrays
+    ) -> tuple[Path | None, Path | None]:
+        folder = self.final_dir
+        info: dict[str, Any] = {
+            "model": message.model,
+            "version": message.model_version,
+            "rounds": message.rounds,
+            "metrics": dict(message.metrics),
+        }
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            weights = folder / WEIGHTS_FILENAME
+            weights.write_bytes(arrays_to_bytes(arrays))
+            onnx = onnx_of(self._trainer, arrays)
+            onnx_path = None
+            if onnx is not None:
+                onnx_path = folder / ONNX_FILENAME
+                onnx_path.write_bytes(onnx)
+            info["files"] = [p.name for p in (weights, onnx_path) if p is not None]
+            (folder / FINAL_INFO_FILENAME).write_text(json.dumps(info, indent=2))
+        except OSError as exc:
+            logger.error("%s: could not save the final model: %s", self.device_id, exc)
+            return None, None
+        logger.info(
+            "%s: final model version %s saved in %s (%s)",
+            self.device_id,
+            message.model_version,
+            folder,
+            ", ".join(info["files"]),
+        )
+        return weights, onnx_path
