@@ -49,9 +49,11 @@ FINAL_INFO_FILENAME = "final.json"
 def onnx_of(trainer: object, arrays: Arrays) -> bytes | None:
     """The final model as ONNX, if the trainer names a registry architecture.
 
-    Needs torch and onnx (imported here only); None when either is missing
-    or the trainer's model is not a built-in architecture.
+    A trainer that wraps the classifier's (FedDisk's, as ``classifier``) is
+    looked through. Needs torch and onnx (imported here only); None when
+    either is missing or the model is not a built-in architecture.
     """
+    trainer = getattr(trainer, "classifier", trainer)
     architecture = getattr(trainer, "architecture", None)
     options = getattr(trainer, "model_config", None)
     if not isinstance(architecture, str) or not isinstance(options, dict):

@@ -8,7 +8,6 @@ EdgeClients built in-process by the same `build_device` the command uses.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -221,8 +220,11 @@ def _serve_and_run(
             fed.clients[device_id] = client  # stopped by the fixture
             client.start()
         assert coordinator.wait(timeout=120) == 0, log_path.read_text()[-3000:]
-        device.send_signal(signal.SIGTERM)
+        # the end of the federation stops `ursa device run` with exit code 0
         assert device.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+        final = tmp_path / last_id / "final"
+        assert (final / "model.ursw").is_file()
+        assert (final / "model.onnx").is_file()  # the [train] and [infer] extras
     finally:
         for process in processes:
             if process.poll() is None:
