@@ -267,6 +267,9 @@ class CoordinatorConfig(_Frozen):
     tries: int = Field(default=1, ge=1, le=256)
     rounds: int = Field(default=10, ge=0)
     """Rounds to run, then the service idles (0: none, only enrolment and epoch)."""
+    target_accuracy: float | None = Field(default=None, gt=0.0, le=1.0)
+    """End the federation early once a round's evaluation (the training
+    plugin's ``evaluate`` hook) reports ``accuracy`` at least this high."""
     rounds_per_epoch: int = Field(default=0, ge=0)
     """Start a new key epoch every this many rounds (0: only when the agent is lost)."""
     key_bits: int = Field(default=DEFAULT_KEY_BITS, ge=512, le=4096, multiple_of=8)

@@ -23,9 +23,9 @@ device `chunk_request`s reach `on_message` in any stage (model downloads).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ursa.coordinator.federation_end import FinalModel
 from ursa.coordinator.store import CoordinatorStore
@@ -99,6 +99,10 @@ class RoundPlugin(ABC):
         self, round_index: int, device: str, code: str
     ) -> None:
         """A selected device's training failed (its `ErrorReply`): stop waiting."""
+
+    def last_metrics(self) -> Mapping[str, Any]:
+        """The last completed round's evaluation (for ``target_accuracy``)."""
+        return {}
 
     def final_model(self, send: Send) -> FinalModel | None:
         """The federation is over: the final model, its chunks sent (None: no model)."""

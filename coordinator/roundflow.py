@@ -44,6 +44,10 @@ class RoundStages(ServiceCore):
             logger.info("all %d rounds complete", cfg.rounds)
             self._end_federation()
             return
+        if self._target_reached():
+            self._advance(Stage.DONE, now, None)
+            self._end_federation()
+            return
         assert work is not None, "a round needs a key epoch"
         view = self._epoch_view()
         assert view is not None
@@ -71,6 +75,22 @@ class RoundStages(ServiceCore):
         request = self._selection_request(now)
         if request is not None:
             self._selection.open_round(request)
+
+    def _target_reached(self) -> bool:
+        """Whether the last round's accuracy reached ``target_accuracy``."""
+        target = self._config.target_accuracy
+        if target is None:
+            return False
+        accuracy = self._plugin.last_metrics().get("accuracy")
+        if not isinstance(accuracy, int | float) or not accuracy >= target:
+            return False
+        logger.info(
+            "round %d reached accuracy %.4f >= target %.4f; ending the federation",
+            self._state.round,
+            accuracy,
+            target,
+        )
+        return True
 
     def _end_federation(self) -> None:
         """Publish the signed, retained `FederationEnd`; write the final model."""

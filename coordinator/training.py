@@ -314,6 +314,10 @@ class TrainingPlugin(RoundPlugin):
         )
         self._maybe_finish(work)
 
+    def last_metrics(self) -> Mapping[str, Any]:
+        """The last round's evaluation (empty before the first or without one)."""
+        return self.history[-1].metrics if self.history else {}
+
     def final_model(self, send: Send) -> FinalModel:
         """The latest version, its chunks sent to all (if not yet), with its figures."""
         self._send = send

@@ -70,6 +70,7 @@ def start_training(
     *,
     climb: ClimbConfig | None = None,
     prepare: Callable[[EdgeClient], None] | None = None,
+    evaluate: Any = None,
 ) -> TrainingPlugin:
     """Swap in a coordinator with the training plugin, start it and the devices.
 
@@ -84,6 +85,7 @@ def start_training(
         initial_weights=initial,
         clock=fed.clock,
         before_training=climb_steps(climb),
+        evaluate=evaluate,
     )
     transport = InMemoryTransport(fed.bus, "coordinator")
     method = ClimbSpec() if climb is not None else FedAvgSpec()
@@ -516,3 +518,20 @@ def test_a_failed_device_is_not_waited_for_and_the_end_names_the_final_model(
         assert saved == arrays_to_bytes(plugin.global_arrays)
     card = fed.config.state_dir / "final" / "model_card.json"
     assert '"version": 2' in card.read_text()
+
+
+def test_the_federation_ends_once_the_target_accuracy_is_reached(
+    federation: Any, tmp_path: Path
+) -> None:
+    fed = federation(num_devices=6, k=3, tries=1, rounds=5)
+    fed.config = fed.config.model_copy(update={"target_accuracy": 0.5})
+
+    def evaluate(round_index: int, version: int, arrays: Arrays) -> dict[str, float]:
+        return {"accuracy": 0.2 * round_index}
+
+    plugin = start_training(fed, tmp_path, TrainingConfig(), evaluate=evaluate)
+
+    assert fed.coordinator.is_done
+    assert [r.round for r in plugin.history] == [1, 2, 3]
+    (end,) = [m for _, m in fed.messages("federation_end")]
+    assert end.rounds == 3 and end.metrics == {"accuracy": pytest.approx(0.6)}

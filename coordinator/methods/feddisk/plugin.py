@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.federation_end import FinalModel
@@ -195,6 +195,10 @@ class FeddiskPlugin(FeddiskJudging):
         """Close the loss step or the verdict wait at their deadlines, else delegate."""
         if not self._tick_loss(round_index, now, send):
             self._active().on_tick(round_index, now, send)
+
+    def last_metrics(self) -> Mapping[str, Any]:
+        """The classifier's last evaluation (the MADE's is no accuracy)."""
+        return self._classifier.last_metrics() if self.phase == "classifier" else {}
 
     def final_model(self, send: Send) -> FinalModel | None:
         """The classifier's final model (None if the MADE phase never ended)."""
