@@ -7,6 +7,7 @@ EdgeClients built in-process by the same `build_device` the command uses.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,6 +56,8 @@ def _coordinator_toml(
         "[deadlines]\nvolunteer_s = 5\ndistributions_s = 5\nagent_s = 5\n"
         "training_s = 60\n"
         f'[training]\ninitial_weights = "{weights}"\nupdate_timeout_s = 30\n'
+        'architecture = "mlp"\n'
+        "model_options = { input_dim = 64, num_classes = 10, hidden_sizes = [16] }\n"
         + selection
         + training
     )
@@ -111,6 +114,12 @@ def test_serve_and_device_run_train_two_climb_rounds(
     assert {m.purpose for _, m in reports} == {"climb.dual"}, "no CLIMB dual step ran"
     hellos = {m.sender for _, m in fed.capture.messages("hello")}
     assert hellos == set(fed.device_ids(N))  # the `ursa device run` device too
+    final = state_dir / "final"  # the coordinator's final model, checked ONNX
+    card = json.loads((final / "model_card.json").read_text())
+    assert card["version"] == ROUNDS and card["rounds"] == ROUNDS
+    assert card["architecture"]["input_shape"] == [64]
+    assert card["onnx_check"]["identical"] is True
+    assert (final / "model.onnx").is_file() and (final / "model.ursw").is_file()
 
 
 def test_serve_and_device_run_feddisk_made_then_classifier(
