@@ -115,16 +115,29 @@ def _device_run(args: argparse.Namespace) -> int:
         print(f"ursa device run: {exc}", file=sys.stderr)
         return 2
     stop = _stop_on_signals()
-    if args.infer:
-        return _run_and_infer(client, stop)
     try:
+        if args.infer:
+            return _run_and_infer(client, stop)
         client.run(stop)  # returns at the end of the federation, too
     except ConnectAbortedError:
         return 0  # stopped while waiting for the broker
     except TransportError as exc:  # a refusal: credentials, ACL
         print(f"ursa device run: {exc}", file=sys.stderr)
         return 1
+    finally:
+        _ignore_signals()
     return 0
+
+
+def _ignore_signals() -> None:
+    """Already on the way out: a late SIGTERM must not turn exit 0 into -15.
+
+    The interpreter restores the default handlers while it finalises (slow
+    after torch was imported for the ONNX export); a stop asked for then
+    has nothing left to stop.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _run_and_infer(client: EdgeClient, stop: threading.Event) -> int:
