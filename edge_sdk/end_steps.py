@@ -11,14 +11,17 @@ as every version is) and saves them in ``<state_dir>/final``:
     final.json      version, rounds, the coordinator's evaluation figures
 
 then calls the app's ``on_finished`` and sets `finished` (`EdgeClient.run`
-returns, ``ursa device run`` exits 0). A device that trains no model (a
-selection-only one) finishes at once without files.
+returns, ``ursa device run`` exits 0). The ONNX export runs in a thread of
+its own: a device stopped meanwhile exits at once, with the weights only.
+A device that trains no model (a selection-only one) finishes at once
+without files.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -74,10 +77,13 @@ class EndSteps(ModelSteps):
 
     finished: threading.Event
     _end: FederationEnd | None
+    _finishing: bool
+    _lock: threading.RLock
 
     def _init_end_steps(self) -> None:
         self.finished = threading.Event()
         self._end = None
+        self._finishing = False
 
     @property
     def final_dir(self) -> Path:
@@ -88,7 +94,7 @@ class EndSteps(ModelSteps):
         if self._coordinator is None:
             raise NotReadyError
         self._verify(self._coordinator, message)
-        if self.finished.is_set() or self._end is not None:
+        if self._finishing or self._end is not None:
             return
         self._end = message
         logger.info(
@@ -121,29 +127,72 @@ class EndSteps(ModelSteps):
     def _on_model_ready(self) -> None:
         super()._on_model_ready()
         end = self._end
-        if end is None or self.finished.is_set() or self._model_arrays is None:
+        if end is None or self._finishing or self._model_arrays is None:
             return
         if self._model_version == end.model_version:
             self._finish(end, self._model_arrays)
 
     def _finish(self, message: FederationEnd, arrays: Arrays | None) -> None:
-        """Save the final model (if any), tell the app, set `finished`."""
-        model_path = onnx_path = None
-        if arrays is not None:
-            model_path, onnx_path = self._save_final(message, arrays)
-        event = Finished(
-            message.rounds,
-            message.model_version,
-            model_path,
-            onnx_path,
-            dict(message.metrics),
-        )
-        self.finished.set()
-        self._notify_finished(event)
+        """Save the final model (if any), tell the app, set `finished`.
 
-    def _save_final(
-        self, message: FederationEnd, arrays: Arrays
-    ) -> tuple[Path | None, Path | None]:
+        The weights are saved at once; the ONNX export (torch's exporter:
+        seconds, more on a busy device) runs in a daemon thread outside the
+        client's lock, so a stop meanwhile is not held up by it (the device
+        then keeps the weights and no ONNX file). ``on_finished`` and
+        `finished` follow the export.
+        """
+        if self._finishing:
+            return
+        self._finishing = True
+        if arrays is None:
+            self._finished(message, None, None)
+            return
+        weights = self._save_weights(message, arrays)
+        if weights is None:
+            self._finished(message, None, None)
+            return
+        threading.Thread(
+            target=self._export_then_finish,
+            args=(message, arrays, weights),
+            name=f"ursa-final-{self.device_id}",
+            daemon=True,
+        ).start()
+
+    def _export_then_finish(
+        self, message: FederationEnd, arrays: Arrays, weights: Path
+    ) -> None:
+        onnx_path: Path | None = None
+        try:
+            onnx = onnx_of(self._trainer, arrays)
+            if onnx is not None:
+                onnx_path = weights.parent / ONNX_FILENAME
+                partial = onnx_path.with_suffix(".onnx.part")
+                partial.write_bytes(onnx)
+                os.replace(partial, onnx_path)  # a reader never sees half a file
+        except Exception:  # the exporter's many errors, a full disk
+            logger.exception("%s: final model not exported to ONNX", self.device_id)
+            onnx_path = None
+        logger.info(
+            "%s: final model version %s saved in %s%s",
+            self.device_id,
+            message.model_version,
+            weights.parent,
+            "" if onnx_path is None else " (with ONNX)",
+        )
+        with self._lock:
+            self._finished(message, weights, onnx_path)
+
+    def _finished(
+        self, message: FederationEnd, weights: Path | None, onnx: Path | None
+    ) -> None:
+        event = Finished(
+            message.rounds, message.model_version, weights, onnx, dict(message.metrics)
+        )
+        self._notify_finished(event)
+        self.finished.set()
+
+    def _save_weights(self, message: FederationEnd, arrays: Arrays) -> Path | None:
+        """``model.ursw`` and ``final.json``; None if they could not be written."""
         folder = self.final_dir
         info: dict[str, Any] = {
             "model": message.model,
@@ -155,21 +204,8 @@ class EndSteps(ModelSteps):
             folder.mkdir(parents=True, exist_ok=True)
             weights = folder / WEIGHTS_FILENAME
             weights.write_bytes(arrays_to_bytes(arrays))
-            onnx = onnx_of(self._trainer, arrays)
-            onnx_path = None
-            if onnx is not None:
-                onnx_path = folder / ONNX_FILENAME
-                onnx_path.write_bytes(onnx)
-            info["files"] = [p.name for p in (weights, onnx_path) if p is not None]
             (folder / FINAL_INFO_FILENAME).write_text(json.dumps(info, indent=2))
         except OSError as exc:
             logger.error("%s: could not save the final model: %s", self.device_id, exc)
-            return None, None
-        logger.info(
-            "%s: final model version %s saved in %s (%s)",
-            self.device_id,
-            message.model_version,
-            folder,
-            ", ".join(info["files"]),
-        )
-        return weights, onnx_path
+            return None
+        return weights
