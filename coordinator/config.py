@@ -51,6 +51,8 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     model_options = { input_dim = 64, num_classes = 10 }   # its keyword arguments
     model = "classifier"              # the wire name devices train (their `model`)
     update_timeout_s = 300.0          # any other `TrainingConfig` field too
+    architecture = "mlp"              # optional: the final model's card and ONNX
+    model_options = {input_dim = 64, num_classes = 10}
 
     [evaluation]                      # federated evaluation (off by default)
     every = 5                         # before rounds 6, 11, ...: the fleet's accuracy
@@ -304,6 +306,9 @@ class CoordinatorConfig(_Frozen):
     tries: int = Field(default=1, ge=1, le=256)
     rounds: int = Field(default=10, ge=0)
     """Rounds to run, then the service idles (0: none, only enrolment and epoch)."""
+    target_accuracy: float | None = Field(default=None, gt=0.0, le=1.0)
+    """End the federation early once a round's evaluation (the training
+    plugin's ``evaluate`` hook) reports ``accuracy`` at least this high."""
     rounds_per_epoch: int = Field(default=0, ge=0)
     """Start a new key epoch every this many rounds (0: only when the agent is lost)."""
     key_bits: int = Field(default=DEFAULT_KEY_BITS, ge=512, le=4096, multiple_of=8)
@@ -322,6 +327,10 @@ class CoordinatorConfig(_Frozen):
     """The training method's shared settings (model, initial weights, timeouts)."""
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     """Federated evaluation of the global model on the devices' own data."""
+    final_model_dir: Path | None = None
+    """Where the final model is written when the rounds are done
+    (``model.ursw``, ``model_card.json``, ``model.onnx``); None: the state
+    directory's ``final``."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:

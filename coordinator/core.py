@@ -21,6 +21,7 @@ import numpy as np
 
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
+from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.rounds import RoundState, Stage, advance
@@ -117,6 +118,8 @@ class ServiceCore:
     _outbox: Outbox
     _run: str
     """This run's id (`CoordinatorStore.run_id`), on every message sent."""
+    _final_output: FinalOutput | None = None
+    """The architecture and ONNX exporter for the final model's files, if known."""
 
     # --- state --------------------------------------------------------------
 

@@ -13,17 +13,21 @@ passes, whichever comes first. Optional hooks: `attach(view)` once at start
 (read-only access to the key epoch and who is online, and the coordinator's
 store for the plugin's progress and phase records: `on_message` runs inside
 the transaction that marks the message seen), `on_tick(round, now,
-send)` at every tick of the training stage (sub-phase deadlines, re-requests);
+send)` at every tick of the training stage (sub-phase deadlines, re-requests),
+`on_device_failed(round, device, code)` when a selected device reports that
+its training failed (``training_failed``: the round stops waiting for it),
+`final_model(send)` once the rounds are done (the `FederationEnd` names it);
 device `chunk_request`s reach `on_message` in any stage (model downloads).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+from ursa.coordinator.federation_end import FinalModel
 from ursa.coordinator.store import CoordinatorStore
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierPublicKey
@@ -93,6 +97,19 @@ class RoundPlugin(ABC):
 
     def extend_deadlines(self, seconds: float) -> None:  # noqa: B027 - optional hook
         """The broker was away ``seconds``: give open windows that time back."""
+
+    def on_device_failed(  # noqa: B027 - optional hook
+        self, round_index: int, device: str, code: str
+    ) -> None:
+        """A selected device's training failed (its `ErrorReply`): stop waiting."""
+
+    def last_metrics(self) -> Mapping[str, Any]:
+        """The last completed round's evaluation (for ``target_accuracy``)."""
+        return {}
+
+    def final_model(self, send: Send) -> FinalModel | None:
+        """The federation is over: the final model, its chunks sent (None: no model)."""
+        return None
 
 
 class NoTraining(RoundPlugin):

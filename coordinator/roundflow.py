@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 
 from ursa.coordinator.core import RoundWork, ServiceCore
+from ursa.coordinator.federation_end import end_message, write_final_model
 from ursa.coordinator.presence import fleet_change
 from ursa.coordinator.rounds import Stage, advance
 from ursa.coordinator.selection import SelectionError
@@ -41,6 +42,11 @@ class RoundStages(ServiceCore):
         if self._store.completed_rounds() >= cfg.rounds:
             self._advance(Stage.DONE, now, None)
             logger.info("all %d rounds complete", cfg.rounds)
+            self._end_federation()
+            return
+        if self._target_reached():
+            self._advance(Stage.DONE, now, None)
+            self._end_federation()
             return
         assert work is not None, "a round needs a key epoch"
         view = self._epoch_view()
@@ -90,6 +96,54 @@ class RoundStages(ServiceCore):
         if len(online) < cfg.epoch_quorum():
             return None
         return f"the online fleet changed by {change:.0%} since the key epoch"
+
+    def _target_reached(self) -> bool:
+        """Whether the last round's accuracy reached ``target_accuracy``."""
+        target = self._config.target_accuracy
+        if target is None:
+            return False
+        accuracy = self._plugin.last_metrics().get("accuracy")
+        if not isinstance(accuracy, int | float) or not accuracy >= target:
+            return False
+        logger.info(
+            "round %d reached accuracy %.4f >= target %.4f; ending the federation",
+            self._state.round,
+            accuracy,
+            target,
+        )
+        return True
+
+    def _end_federation(self) -> None:
+        """Publish the signed, retained `FederationEnd`; write the final model."""
+        rounds = self._store.completed_rounds()
+        final = self._plugin.final_model(self._send)
+        message = end_message(self._config.federation, rounds, final)
+        self._send(self._sign(message), None)
+        if final is None:
+            logger.info("federation over after %d rounds (no model)", rounds)
+            return
+        logger.info(
+            "federation over after %d rounds: final %s version %d %s",
+            rounds,
+            final.model,
+            final.version,
+            dict(message.metrics),
+        )
+        folder = self._config.final_model_dir or self._config.state_dir / "final"
+        output = self._final_output
+        try:
+            written = write_final_model(
+                folder,
+                final,
+                rounds=rounds,
+                methods=self._config.method_names(),
+                architecture=None if output is None else output.card,
+                export=None if output is None else output.export,
+            )
+        except OSError as exc:
+            logger.error("could not write the final model to %s: %s", folder, exc)
+            return
+        logger.info("final model written to %s: %s", folder, ", ".join(written))
 
     def _announce(self, index: int, epoch: int) -> bytes:
         cfg = self._config

@@ -61,6 +61,7 @@ from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.core import REFUSING_KEY, STATE_KEY
 from ursa.coordinator.enrolment import decide_enrolment, enrol_result
+from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.registry import selection_method
 from ursa.coordinator.plugin import EpochView, NoTraining, RoundPlugin
@@ -119,6 +120,8 @@ _SITS_OUT = frozenset(
 
 MAX_HELD = 10_000
 """Messages held while the coordinator restores its stage (as `admission.burst`)."""
+_FAILED = frozenset({ErrorCode.TRAINING_FAILED, ErrorCode.EVALUATION_FAILED})
+"""A selected device's own work failed: the open round stops waiting for it."""
 
 IDENTITY_PUBLIC_FILENAME = "coordinator.pub"
 """Hex of the coordinator's public identity, for devices that pin it by config."""
@@ -137,6 +140,9 @@ class CoordinatorService(Recovery):
         flicker: FLICKER's coordinator half; by default built from the
             config's ``kind = "flicker"`` table (BALANCING runs it between
             enrolment and the first key epoch).
+        final_output: The model's architecture (for the final model card)
+            and an ONNX exporter; without it the final model is written as
+            weights and a card only.
     """
 
     def __init__(
@@ -148,8 +154,10 @@ class CoordinatorService(Recovery):
         plugin: RoundPlugin | None = None,
         rng: np.random.Generator | None = None,
         flicker: FlickerMethod | None = None,
+        final_output: FinalOutput | None = None,
     ) -> None:
         self._config = config
+        self._final_output = final_output
         self._clock = clock
         self._plugin = plugin or NoTraining()
         training = config.training_method()
@@ -399,7 +407,7 @@ class CoordinatorService(Recovery):
         if transport is not None and transport.is_connected:
             try:
                 self._publish_status(online=False)
-                self._flush()
+                self._outbox.drain(transport, 5.0)  # a handler's last answers too
                 transport.flush(5.0)
             except TransportError as exc:
                 logger.warning("could not flush on stop: %s", exc)
@@ -612,6 +620,19 @@ class CoordinatorService(Recovery):
                 self._state.epoch,
             )
             self._sit_out(message.sender)
+            return
+        if message.code in _FAILED:
+            logger.warning(
+                "%s reports %s in round %d: %s",
+                message.sender,
+                message.code,
+                message.round,
+                message.reason,
+            )
+            work = self._round
+            training = self._state.stage is Stage.TRAINING
+            if training and work is not None and message.round == work.round:
+                self._plugin.on_device_failed(work.round, message.sender, message.code)
             return
         logger.info("%s reports %s: %s", message.sender, message.code, message.reason)
 

@@ -23,7 +23,10 @@ not selected in the round, for another model, from another base version
 (``wrong_version``), a second update from a device (the first counts), a
 malformed or mis-shaped delta, a late update (round aggregated; earlier
 rounds are refused by the service as ``wrong_round``). Silent devices are
-dropped at the deadline (and at once when their last will says offline).
+dropped at the deadline (and at once when their last will says offline); a
+device whose training failed says so (``training_failed``) and is not waited
+for either, so the round closes once every selected device updated or failed
+(what did arrive is aggregated as usual; none: the model stays).
 Upload chunks still missing are re-requested every ``retry_s``.
 
 Restarts: the running sum (a model artefact file, `ursa.coordinator.models`)
@@ -52,11 +55,13 @@ from ursa.coordinator.aggregation import (
 )
 from ursa.coordinator.before_training import BeforeTraining, RoundInfo, StepContext
 from ursa.coordinator.clock import Clock
+from ursa.coordinator.federation_end import FinalModel
 from ursa.coordinator.model_transfer import (
     OutgoingModels,
     TransferRejectedError,
     Uploads,
     model_notice,
+    model_transfer_id,
 )
 from ursa.coordinator.models import ModelStore
 from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
@@ -110,6 +115,8 @@ class RoundRecord:
     """Devices that answered each before-training step, by method name."""
     elapsed_s: float
     metrics: Mapping[str, Any] = field(default_factory=dict)
+    failed: tuple[str, ...] = ()
+    """Selected devices that reported their training failed (``training_failed``)."""
 
 
 class TrainingPlugin(RoundPlugin):
@@ -307,6 +314,36 @@ class TrainingPlugin(RoundPlugin):
             self._steps[work.step].extend_deadlines(seconds)
         work.deadline_at += seconds
 
+    def on_device_failed(self, round_index: int, device: str, code: str) -> None:
+        """Stop waiting for a device whose training failed; close once none is left."""
+        work = self._open
+        if work is None or work.index != round_index or not work.fail(device):
+            return
+        logger.warning(
+            "round %d: %s reports %s; not waiting for it", round_index, device, code
+        )
+        self._maybe_finish(work)
+
+    def last_metrics(self) -> Mapping[str, Any]:
+        """The last round's evaluation (empty before the first or without one)."""
+        return self.history[-1].metrics if self.history else {}
+
+    def final_model(self, send: Send) -> FinalModel:
+        """The latest version, its chunks sent to all (if not yet), with its figures."""
+        self._send = send
+        last = self.history[-1] if self.history else None
+        self._publish_model(0 if last is None else last.round)
+        version = self._latest.version
+        metrics = last.metrics if last is not None and last.version == version else {}
+        return FinalModel(
+            self.config.model,
+            version,
+            model_transfer_id(self._federation, self.config.model, version),
+            self._payload,
+            dict(self._arrays),
+            metrics,
+        )
+
     def methods(self) -> tuple[str, ...]:
         """The training method devices must run: the steps' methods, else fedavg."""
         signed = (s.name for s in self._steps if s.signed)
@@ -413,13 +450,17 @@ class TrainingPlugin(RoundPlugin):
             return
         online = None if self._view is None else self._online()
         if not work.waiting(online):
-            self._finish(work, "every selected online device answered")
+            why = "every selected online device answered"
+            if work.failed:
+                why += f" or failed ({len(work.failed)} failed)"
+            self._finish(work, why)
 
     def _finish(self, work: OpenRound, why: str) -> None:
         """Aggregate what arrived, checkpoint, evaluate; the round is done."""
         state = work.aggregation
         contributed = tuple(sorted(state.device_ids))
-        dropped = tuple(sorted(set(work.selected) - state.device_ids))
+        failed = tuple(sorted(work.failed - state.device_ids))
+        dropped = tuple(sorted(set(work.selected) - state.device_ids - work.failed))
         version = work.base_version
         if state.num_updates:
             new = finalize_aggregation(
@@ -460,6 +501,7 @@ class TrainingPlugin(RoundPlugin):
             {name: len(phase.answered) for name, phase in work.phases.items()},
             self._clock() - work.started_at,
             metrics,
+            failed,
         )
         self.history.append(record)
         logger.info(

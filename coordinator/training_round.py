@@ -103,6 +103,8 @@ class OpenRound:
     pending: dict[str, tuple[UpdateMessage, float]] = field(default_factory=dict)
     device_metrics: dict[str, Mapping[str, float]] = field(default_factory=dict)
     """What each counted device said of its training (`ModelUpdate.metrics`)."""
+    failed: set[str] = field(default_factory=set)
+    """Selected devices that reported their training failed (not waited for)."""
 
     def check_participant(self, device: str) -> None:
         """Refuse a device that may not send updates (or upload) now."""
@@ -184,7 +186,17 @@ class OpenRound:
     def waiting(self, online: frozenset[str] | None) -> set[str]:
         """Selected devices (online ones, if known) whose update has not counted."""
         alive = set(self.selected) if online is None else set(online)
-        return (set(self.selected) & alive) - self.aggregation.device_ids
+        answered = self.aggregation.device_ids | self.failed
+        return (set(self.selected) & alive) - answered
+
+    def fail(self, device: str) -> bool:
+        """A selected device's training failed: True if it was still waited for."""
+        if device not in self.selected or device in self.aggregation.device_ids:
+            return False
+        if device in self.failed or device in self.pending:
+            return False
+        self.failed.add(device)
+        return True
 
     def stale_uploads(
         self, now: float, retry_s: float, federation: str

@@ -5,6 +5,9 @@ one training with an `ArrayTrainer`) runs without it: the torch trainers
 (`TorchTrainer`, `ModuleTrainer`) import torch on first use, and the names of
 `ursa.edge_sdk.training` (which imports torch) load on first access. The
 device developer's guide is ``docs/sdk.md``.
+
+`ursa.edge_sdk.inference` serves the final model on onnxruntime, without torch;
+`DeviceCallbacks` lets an app follow the device's progress.
 """
 
 from __future__ import annotations
@@ -12,11 +15,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ursa.edge_sdk import inference
 from ursa.edge_sdk.array_trainer import (
     ArrayModelTrainer,
     ArrayTrainer,
     FitPlan,
     FitResult,
+)
+from ursa.edge_sdk.callbacks import (
+    DeviceCallbacks,
+    DeviceError,
+    Finished,
+    ModelReceived,
+    RoundTrained,
+    Selected,
 )
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.climb import ClimbConfig
@@ -51,8 +63,10 @@ __all__ = [
     "ArrayTrainer",
     "Climb",
     "ClimbConfig",
+    "DeviceCallbacks",
     "DeviceConfig",
     "DeviceContext",
+    "DeviceError",
     "DeviceMethod",
     "DeviceTrainingConfig",
     "Dubhe",
@@ -60,14 +74,18 @@ __all__ = [
     "FedDisk",
     "FeddiskSettings",
     "FeddiskTrainer",
+    "Finished",
     "FitPlan",
     "FitResult",
     "Flicker",
     "LocalDelta",
     "ModelMismatchError",
+    "ModelReceived",
     "ModelTrainer",
     "ModuleTrainer",
     "NoOpTrainer",
+    "RoundTrained",
+    "Selected",
     "TorchTrainer",
     "TrainConfig",
     "TrainPlan",
@@ -75,6 +93,7 @@ __all__ = [
     "TrainingError",
     "TrainingReport",
     "evaluate_module",
+    "inference",
     "load_device_config",
     "train_module",
 ]

@@ -27,7 +27,9 @@ What a device does (the coordinator's side is in ``coordinator/service.py``):
    MADE round, the encrypted validation loss on a `MeanRequest`, the
    decrypted fleet loss and the stop rule on its `MeanSum` (the agent sends
    the signed `MadeVerdict`), and the sample weights on `FeddiskSwitch`.
-6. A balancing method runs between enrolment and the first key epoch (its
+6. On the signed, retained `FederationEnd`: save the final model, call the
+   app's ``on_finished``, set `finished` (``end_steps.py``).
+7. A balancing method runs between enrolment and the first key epoch (its
    messages and transfers through the method hooks of ``method.py``); at
    that epoch its `replace_data` becomes the device's labels and training
    data, before the device registers.
@@ -56,14 +58,15 @@ from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
 from ursa.crypto.sealing import open_sealed, seal
+from ursa.edge_sdk.callbacks import DeviceCallbacks, DeviceError
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.device_core import DeviceStats, TrainingStats
+from ursa.edge_sdk.end_steps import EndSteps
 from ursa.edge_sdk.fleet_eval import FleetEvaluator
 from ursa.edge_sdk.keys import EpochSteps
 from ursa.edge_sdk.method import DeviceMethod, EpochKeys, LocalData, Roster
 from ursa.edge_sdk.methods.registry import compose_methods
 from ursa.edge_sdk.methods_config import selection_kind
-from ursa.edge_sdk.model_steps import ModelSteps
 from ursa.edge_sdk.registration import RegistrationError
 from ursa.edge_sdk.secure_mean import with_secure_means
 from ursa.edge_sdk.state import DeviceStateDir
@@ -81,6 +84,7 @@ from ursa.protocol.messages import (
     ChunkRequest,
     EnrolResult,
     ErrorReply,
+    FederationEnd,
     Hello,
     KeyEpochStart,
     ModelAvailable,
@@ -139,7 +143,7 @@ def device_will(config: DeviceConfig) -> tuple[str, bytes]:
     return status_topic(config.federation, config.device_id), encode(offline)
 
 
-class EdgeClient(EpochSteps, ModelSteps):
+class EdgeClient(EpochSteps, EndSteps):
     """One device in a federation: enrolment, key epochs, registration, selection.
 
     Args:
@@ -154,6 +158,8 @@ class EdgeClient(EpochSteps, ModelSteps):
             is built from its ``[[methods]]`` table or the trainer
             (`ursa.edge_sdk.methods.registry.compose_methods`).
         rng: The device's private randomness for the volunteer coins.
+        callbacks: The app's hooks on the device's progress
+            (`ursa.edge_sdk.callbacks`); one that raises is logged only.
     """
 
     def __init__(
@@ -165,6 +171,7 @@ class EdgeClient(EpochSteps, ModelSteps):
         trainer: Trainer | None = None,
         methods: Sequence[DeviceMethod] | None = None,
         rng: np.random.Generator | None = None,
+        callbacks: DeviceCallbacks | None = None,
     ) -> None:
         array = np.asarray(labels)
         if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
@@ -172,6 +179,7 @@ class EdgeClient(EpochSteps, ModelSteps):
         if array.size and array.min() < 0:
             raise ValueError("labels must be non-negative class indices")
         self._config = config
+        self._callbacks = callbacks
         self._labels = array.astype(np.int64)
         self._trainer = trainer or NoOpTrainer(int(array.size))
         self._selection = selection_kind(config.method_list())
@@ -221,6 +229,7 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._run_drops: dict[str, int] = {}
         self._hello_for_run_at = float("-inf")
         self._init_model_steps()
+        self._init_end_steps()
         self._router = self._routes()
 
     # --- public view ----------------------------------------------------------
@@ -316,7 +325,7 @@ class EdgeClient(EpochSteps, ModelSteps):
             try:
                 with self._lock:
                     self._publish_status(online=False)
-                self._flush()
+                self._outbox.drain(transport, 5.0)
                 transport.flush(5.0)
             except TransportError as exc:
                 logger.warning("%s: could not flush on stop: %s", self.device_id, exc)
@@ -325,12 +334,25 @@ class EdgeClient(EpochSteps, ModelSteps):
         if self._pool is not None:
             self._pool.close()
 
-    def run(self, stop: threading.Event, *, poll_s: float = 1.0) -> None:
-        """Start, serve (calling `poll` every ``poll_s``) until `stop`, then stop."""
+    def run(
+        self,
+        stop: threading.Event,
+        *,
+        poll_s: float = 1.0,
+        until_finished: bool = True,
+    ) -> None:
+        """Start, serve (calling `poll` every ``poll_s``) until `stop`, then stop.
+
+        With ``until_finished`` it also returns once the federation is over
+        (`finished`: the final model saved, ``on_finished`` called).
+        """
         self.start(stop=stop)
         try:
             while not stop.wait(poll_s):
                 self.poll()
+                if until_finished and self.finished.is_set():
+                    logger.info("%s: federation over; stopping", self.device_id)
+                    break
         finally:
             self.stop()
 
@@ -569,6 +591,7 @@ class EdgeClient(EpochSteps, ModelSteps):
         router.register(TransferManifest, self._on_manifest, owner=model)
         router.register(Chunk, self._on_any_chunk, owner=model)
         router.register(ChunkRequest, self._on_chunk_request, owner=model)
+        router.register(FederationEnd, self._on_federation_end, owner="end")
         context = _Context(self)
         for method in self._methods:
             method.attach(context, router)
@@ -652,6 +675,9 @@ class EdgeClient(EpochSteps, ModelSteps):
 
     def _on_error_reply(self, message: ErrorReply) -> None:
         self._on_error(message)
+        self._notify_error(
+            DeviceError(message.round, message.code, message.reason, "coordinator")
+        )
         for method in self._methods:
             method.on_error_reply(message)
 

@@ -24,6 +24,15 @@ from ursa.crypto.encoding import FixedPoint
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity, verify_signature
 from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
+from ursa.edge_sdk.callbacks import (
+    DeviceCallbacks,
+    DeviceError,
+    Finished,
+    ModelReceived,
+    RoundTrained,
+    Selected,
+    notify,
+)
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.data_check import (
     DataFacts,
@@ -118,6 +127,8 @@ class DeviceCore:
     """How the latest global model did not fit (kept until one fits)."""
     _run: StoredRun = StoredRun()
     """The coordinator's run this device joined (from a signed `EnrolResult`)."""
+    _callbacks: DeviceCallbacks | None = None
+    """The app's hooks (`ursa.edge_sdk.callbacks`)."""
 
     @property
     def device_id(self) -> str:
@@ -223,6 +234,60 @@ class DeviceCore:
                 in_reply_to=in_reply_to,
             )
         )
+
+    def _notify_selected(self, round_index: int) -> None:
+        notify(
+            self._callbacks, "on_selected", Selected(round_index), device=self.device_id
+        )
+
+    def _notify_trained(self, event: RoundTrained) -> None:
+        notify(self._callbacks, "on_round_trained", event, device=self.device_id)
+
+    def _notify_model(self, version: int) -> None:
+        event = ModelReceived(version)
+        notify(self._callbacks, "on_model", event, device=self.device_id)
+
+    def _notify_finished(self, event: Finished) -> None:
+        notify(self._callbacks, "on_finished", event, device=self.device_id)
+
+    def _notify_error(self, event: DeviceError) -> None:
+        notify(self._callbacks, "on_error", event, device=self.device_id)
+
+    def _report_failure(
+        self,
+        code: ErrorCode,
+        round_index: int,
+        exc: Exception,
+        in_reply_to: str | None,
+    ) -> ErrorReply:
+        """The app's trainer raised: log it here, tell the coordinator why in a word.
+
+        The reply names the exception type only: its message and traceback
+        may hold the device's data, so they stay in the device's own log.
+        Returns the reply (to answer a re-published notice the same way).
+        """
+        logger.error(
+            "%s: %s in round %d: %s: %s",
+            self.device_id,
+            code.value,
+            round_index,
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
+        reason = f"{type(exc).__name__} raised by the device's trainer"
+        reply = ErrorReply(
+            federation=self._config.federation,
+            round=round_index,
+            sender=self.device_id,
+            message_id=derived_id(self.device_id, code.value, round_index),
+            code=code,
+            reason=reason[:256],
+            in_reply_to=in_reply_to,
+        )
+        self._send(reply)
+        self._notify_error(DeviceError(round_index, code.value, reason, "device"))
+        return reply
 
     def _fit_problems(self, num_classes: int) -> tuple[DataProblem, ...]:
         """How the labels (and the last global model) do not fit the federation."""

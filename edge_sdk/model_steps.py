@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from ursa.edge_sdk.callbacks import RoundTrained
 from ursa.edge_sdk.data_check import (
     DataFacts,
     DataProblem,
@@ -61,6 +62,7 @@ from ursa.protocol.messages import (
     BaseMessage,
     Chunk,
     ChunkRequest,
+    ErrorCode,
     ModelAvailable,
     ModelUpdate,
     TransferManifest,
@@ -155,9 +157,9 @@ class ModelSteps(RoundSteps):
 
     # --- selection -> training ------------------------------------------------
 
-    def _on_selected(self, round_index: int) -> None:
+    def _on_selected(self, round_index: int, selection_id: str) -> None:
         if self._model_trainer() is None:
-            super()._on_selected(round_index)
+            super()._on_selected(round_index, selection_id)
             return
         self._pending_rounds.add(round_index)
         self._maybe_train()
@@ -214,9 +216,16 @@ class ModelSteps(RoundSteps):
             plan = method.plan(plan)
         scale = plan.delta_scale
         started = time.perf_counter()
-        result = trainer.train_delta(notice.round, arrays, delta_scale=scale)
-        elapsed = time.perf_counter() - started
-        self.training_stats.train_s += elapsed
+        try:
+            result = trainer.train_delta(notice.round, arrays, delta_scale=scale)
+        except Exception as exc:  # the app's code: whatever it raises is reported
+            reply = self._report_failure(
+                ErrorCode.TRAINING_FAILED, notice.round, exc, notice.message_id
+            )
+            self._sent_updates[notice.round] = [reply]
+            return
+        train_s = time.perf_counter() - started
+        self.training_stats.train_s += train_s
         payload = arrays_to_bytes(result.delta, dtype=trainer.wire_dtype)
         fed, me = self._config.federation, self.device_id
         messages: list[BaseMessage] = []
@@ -249,7 +258,7 @@ class ModelSteps(RoundSteps):
                 delta_scaled=plan.scaled,
                 transfer_id=transfer_id,
                 weights=payload if inline else None,
-                metrics=update_metrics(result, elapsed),
+                metrics=update_metrics(result, train_s),
             )
         )
         self._sent_updates[notice.round] = messages
@@ -259,6 +268,15 @@ class ModelSteps(RoundSteps):
             self._send(item)
         self.training_stats.rounds_trained += 1
         self.training_stats.update_bytes += len(payload)
+        self._notify_trained(
+            RoundTrained(
+                notice.round,
+                notice.model_version,
+                result.num_examples,
+                train_s,
+                len(payload),
+            )
+        )
         logger.info(
             "%s: round %d trained from version %d (%d examples, w=%.3f, %d bytes)",
             me,
@@ -365,6 +383,7 @@ class ModelSteps(RoundSteps):
         if self._wanted is not None and self._wanted.version <= version:
             self._wanted = None
         logger.debug("%s: model version %d downloaded", self.device_id, version)
+        self._notify_model(version)
         self._on_model_ready()
 
     def _refuse_model(self, version: int, problems: tuple[DataProblem, ...]) -> None:

@@ -21,6 +21,7 @@ from ursa.crypto.paillier import (
     encrypt_vector,
     encrypted_vector_from,
 )
+from ursa.edge_sdk.callbacks import RoundTrained
 from ursa.edge_sdk.device_core import (
     DeviceCore,
     derived_id,
@@ -31,6 +32,7 @@ from ursa.edge_sdk.registration import (
 from ursa.edge_sdk.trainer import TrainingReport
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.messages import (
+    ErrorCode,
     Registration,
     RegistrySum,
     SelectionResult,
@@ -117,11 +119,23 @@ class RoundSteps(DeviceCore):
             return
         self._trained.add(message.round)
         self.stats.selected_rounds.append(message.round)
-        self._on_selected(message.round)
+        self._notify_selected(message.round)
+        self._on_selected(message.round, message.message_id)
 
-    def _on_selected(self, round_index: int) -> None:
+    def _on_selected(self, round_index: int, selection_id: str) -> None:
         """Train for a round this device is selected in (model_steps overrides)."""
-        report: TrainingReport = self._trainer.train(round_index)
+        started = time.perf_counter()
+        try:
+            report: TrainingReport = self._trainer.train(round_index)
+        except Exception as exc:  # the app's code: whatever it raises is reported
+            self._report_failure(
+                ErrorCode.TRAINING_FAILED, round_index, exc, selection_id
+            )
+            return
+        elapsed = time.perf_counter() - started
+        self._notify_trained(
+            RoundTrained(round_index, None, report.num_examples, elapsed, 0)
+        )
         logger.info(
             "%s: selected in round %d; trained on %d examples",
             self.device_id,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from typing import NamedTuple
 
@@ -70,6 +71,23 @@ class Outbox:
             logger.debug(
                 "%s: %d queued publishes dropped on close", self._owner, dropped
             )
+
+    def drain(self, transport: Transport | None, timeout_s: float) -> bool:
+        """Flush, and wait for a flush under way in another thread to finish.
+
+        For an owner about to `close`: what another thread is still sending
+        (e.g. the last answers a handler queued) leaves before the close.
+        True if the queue is empty and no flush runs.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.flush(transport)
+            with self._lock:
+                if not self._items and not self._flushing:
+                    return True
+            if time.monotonic() >= deadline or transport is None:
+                return False
+            time.sleep(0.01)
 
     def flush(self, transport: Transport | None) -> None:
         """Publish everything queued, in order; failed publishes are logged."""

@@ -24,10 +24,10 @@ Setup problems (missing weights, data or torch, a bad setting) raise
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,6 +35,7 @@ from numpy.typing import NDArray
 if TYPE_CHECKING:
     from ursa.coordinator.clock import Clock
     from ursa.coordinator.config import CoordinatorConfig
+    from ursa.coordinator.federation_end import FinalOutput
     from ursa.coordinator.plugin import RoundPlugin
     from ursa.coordinator.service import CoordinatorService
     from ursa.coordinator.training import Evaluator, RoundRecord
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from ursa.edge_sdk.methods.flicker.method import Flicker
     from ursa.edge_sdk.methods_config import DeviceMethodSpec
     from ursa.edge_sdk.trainer import Trainer
+    from ursa.models.weights import Arrays
     from ursa.protocol.transport import Transport
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "coordinator_initial_weights",
     "device_flicker",
     "device_seed",
+    "final_output",
     "load_labels",
     "load_training_data",
     "torch_trainer",
@@ -218,14 +221,63 @@ def build_coordinator(
     from ursa.crypto.errors import BackendUnavailableError
 
     plugin = training_plugin(config, hooks)
+    output = final_output(config)
     try:
         if clock is None:
-            return CoordinatorService(config, plugin=plugin, transport=transport)
+            return CoordinatorService(
+                config, plugin=plugin, transport=transport, final_output=output
+            )
         return CoordinatorService(
-            config, plugin=plugin, transport=transport, clock=clock
+            config, plugin=plugin, transport=transport, clock=clock, final_output=output
         )
     except BackendUnavailableError as exc:
         raise ServiceSetupError(f"[[methods]] flicker: {exc}") from None
+
+
+ONNX_CHECK_SAMPLES = 64
+"""Random samples the final model's ONNX export is checked on against torch."""
+
+
+def final_output(config: CoordinatorConfig) -> FinalOutput | None:
+    """The final model's card facts and ONNX exporter (None: no architecture).
+
+    ``[training] architecture`` names it. The exporter imports torch when
+    called; without torch the card says why there is no ONNX file.
+
+    Raises:
+        ServiceSetupError: an unknown architecture or bad options.
+    """
+    from ursa.coordinator.federation_end import FinalOutput
+
+    section = config.training
+    if section is None or section.architecture is None:
+        return None
+    architecture, options = section.architecture, dict(section.model_options)
+    try:
+        from ursa.models.registry import ModelConfigError, parse_config
+    except ImportError:  # no torch: a card without shapes, no ONNX
+        card: dict[str, Any] = {"name": architecture, "options": options}
+        return FinalOutput(card)
+    try:
+        parsed = parse_config(architecture, options)
+    except (ModelConfigError, ValueError) as exc:
+        raise ServiceSetupError(f"[training]: {exc}") from None
+    card = {
+        "name": architecture,
+        "options": options,
+        "input_shape": list(parsed.input_shape),
+        "num_classes": options.get("num_classes"),
+    }
+    shape = parsed.input_shape
+
+    def export(arrays: Arrays) -> tuple[bytes, Mapping[str, Any]]:
+        from ursa.models.onnx_check import checked_onnx
+
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((ONNX_CHECK_SAMPLES, *shape)).astype(np.float32)
+        return checked_onnx(architecture, options, arrays, x)
+
+    return FinalOutput(card, export)
 
 
 def load_labels(path: Path) -> NDArray[np.int64]:

@@ -3,7 +3,8 @@
 One module per concern, each the wire contract both sides import: `base`
 (common fields, id rules, topic names, `ErrorReply`), `session` (enrolment and
 liveness), `keys` (the Paillier key epoch), `transfer` (chunked transfers),
-`training` (announce, selection result, models and updates), `secure_mean`
+`training` (announce, selection result, models and updates), `lifecycle`
+(the end of the federation), `secure_mean`
 (the encrypted mean methods share), and one module per method (`dubhe`,
 `climb`, `feddisk`, `flicker`). A kind's topic is declared on its class.
 Ciphertexts, keys, sealed boxes and tensors are raw `bytes`;
@@ -107,6 +108,7 @@ from ursa.protocol.messages.keys import (
     SealedSecretKey,
     SealRequest,
 )
+from ursa.protocol.messages.lifecycle import END, MAX_END_METRICS, FederationEnd
 from ursa.protocol.messages.secure_mean import MeanReport, MeanRequest, MeanSum
 from ursa.protocol.messages.session import (
     DeviceKeys,
@@ -136,6 +138,7 @@ __all__ = [
     "CONTROL",
     "COORDINATOR",
     "DEFAULT_CHUNK_SIZE",
+    "END",
     "EPOCH",
     "FLEET_EVAL",
     "ID_PATTERN",
@@ -144,6 +147,7 @@ __all__ = [
     "MAX_CHUNK_COUNT",
     "MAX_CHUNK_SIZE",
     "MAX_DEVICES",
+    "MAX_END_METRICS",
     "MAX_EVAL_COUNT",
     "MAX_REDUNDANCY_CIPHERTEXTS",
     "MAX_SIGNATURE_BYTES",
@@ -183,6 +187,7 @@ __all__ = [
     "ErrorCode",
     "ErrorReply",
     "FeddiskSwitch",
+    "FederationEnd",
     "Fraction",
     "Heartbeat",
     "Hello",
@@ -269,7 +274,8 @@ Message = Annotated[
     | RedundancyOffer
     | RedundancyAsk
     | RedundancyReply
-    | RedundancyResult,
+    | RedundancyResult
+    | FederationEnd,
     Field(discriminator="kind"),
 ]
 """Any ursa wire message, discriminated by `kind`."""

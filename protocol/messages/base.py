@@ -95,6 +95,10 @@ class ErrorCode(StrEnum):
     shape or dtype): the device sits the key epoch out, as for data_mismatch."""
     WRONG_RUN = "wrong_run"
     """The message belongs to another run of the federation (a reset coordinator)."""
+    TRAINING_FAILED = "training_failed"
+    """The device's trainer raised in this round: the coordinator stops waiting."""
+    EVALUATION_FAILED = "evaluation_failed"
+    """The device's evaluation raised in this round (same handling)."""
     INTERNAL = "internal"
 
 

@@ -71,6 +71,7 @@ def start_training(
     *,
     climb: ClimbConfig | None = None,
     prepare: Callable[[EdgeClient], None] | None = None,
+    evaluate: Any = None,
 ) -> TrainingPlugin:
     """Swap in a coordinator with the training plugin, start it and the devices.
 
@@ -85,6 +86,7 @@ def start_training(
         initial_weights=initial,
         clock=fed.clock,
         before_training=climb_steps(climb),
+        evaluate=evaluate,
     )
     transport = InMemoryTransport(fed.bus, "coordinator")
     method = ClimbSpec() if climb is not None else FedAvgSpec()
@@ -537,3 +539,67 @@ def test_an_outage_gives_the_round_its_time_back(
     assert not fed.coordinator.is_done  # the update may still be queued
     fed.tick(30.0)
     assert fed.coordinator.is_done and len(plugin.history[0].contributed) == 2
+
+
+class FailingTrainer(LinearTrainer):
+    """A LinearTrainer that raises in every round."""
+
+    def train_delta(
+        self, round_index: int, global_arrays: Arrays, *, delta_scale: float
+    ) -> LocalDelta:
+        raise RuntimeError("private detail 12345")
+
+
+def test_a_failed_device_is_not_waited_for_and_the_end_names_the_final_model(
+    federation: Any, tmp_path: Path
+) -> None:
+    fed = federation(num_devices=4, k=4, tries=1, rounds=2)
+    failing: list[str] = []
+
+    def fail_first(client: EdgeClient) -> None:
+        if not failing:
+            failing.append(client.device_id)
+            client._trainer = FailingTrainer(0)
+
+    plugin = start_training(fed, tmp_path, TrainingConfig(), prepare=fail_first)
+
+    assert fed.coordinator.is_done and plugin.version == 2
+    (bad,) = failing
+    chosen = selections(fed)
+    assert len(plugin.history) == 2
+    for record in plugin.history:
+        assert record.failed == (bad,)
+        assert record.dropped == ()
+        assert set(record.contributed) == set(chosen[record.round]) - {bad}
+    errors = [m for _, m in fed.messages("error") if m.sender == bad]
+    assert [(m.code, m.round) for m in errors] == [
+        ("training_failed", 1),
+        ("training_failed", 2),
+    ]
+    assert all("12345" not in m.reason for m in errors)
+    (end,) = [m for _, m in fed.messages("federation_end")]
+    assert (end.rounds, end.model, end.model_version) == (2, "classifier", 2)
+    assert end.signature and end.weights is not None
+    for device_id, client in fed.devices.items():
+        assert client.finished.wait(10), device_id  # set after the export thread
+        saved = (client.final_dir / "model.ursw").read_bytes()
+        assert saved == arrays_to_bytes(plugin.global_arrays)
+    card = fed.config.state_dir / "final" / "model_card.json"
+    assert '"version": 2' in card.read_text()
+
+
+def test_the_federation_ends_once_the_target_accuracy_is_reached(
+    federation: Any, tmp_path: Path
+) -> None:
+    fed = federation(num_devices=6, k=3, tries=1, rounds=5)
+    fed.config = fed.config.model_copy(update={"target_accuracy": 0.5})
+
+    def evaluate(round_index: int, version: int, arrays: Arrays) -> dict[str, float]:
+        return {"accuracy": 0.2 * round_index}
+
+    plugin = start_training(fed, tmp_path, TrainingConfig(), evaluate=evaluate)
+
+    assert fed.coordinator.is_done
+    assert [r.round for r in plugin.history] == [1, 2, 3]
+    (end,) = [m for _, m in fed.messages("federation_end")]
+    assert end.rounds == 3 and end.metrics == {"accuracy": pytest.approx(0.6)}

@@ -7,8 +7,8 @@ EdgeClients built in-process by the same `build_device` the command uses.
 
 from __future__ import annotations
 
+import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +55,8 @@ def _coordinator_toml(
         "[deadlines]\nvolunteer_s = 5\ndistributions_s = 5\nagent_s = 5\n"
         "training_s = 60\n"
         f'[training]\ninitial_weights = "{weights}"\nupdate_timeout_s = 30\n'
+        'architecture = "mlp"\n'
+        "model_options = { input_dim = 64, num_classes = 10, hidden_sizes = [16] }\n"
         + selection
         + training
     )
@@ -111,6 +113,12 @@ def test_serve_and_device_run_train_two_climb_rounds(
     assert {m.purpose for _, m in reports} == {"climb.dual"}, "no CLIMB dual step ran"
     hellos = {m.sender for _, m in fed.capture.messages("hello")}
     assert hellos == set(fed.device_ids(N))  # the `ursa device run` device too
+    final = state_dir / "final"  # the coordinator's final model, checked ONNX
+    card = json.loads((final / "model_card.json").read_text())
+    assert card["version"] == ROUNDS and card["rounds"] == ROUNDS
+    assert card["architecture"]["input_shape"] == [64]
+    assert card["onnx_check"]["identical"] is True
+    assert (final / "model.onnx").is_file() and (final / "model.ursw").is_file()
 
 
 def test_serve_and_device_run_feddisk_made_then_classifier(
@@ -220,8 +228,11 @@ def _serve_and_run(
             fed.clients[device_id] = client  # stopped by the fixture
             client.start()
         assert coordinator.wait(timeout=120) == 0, log_path.read_text()[-3000:]
-        device.send_signal(signal.SIGTERM)
+        # the end of the federation stops `ursa device run` with exit code 0
         assert device.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+        final = tmp_path / last_id / "final"
+        assert (final / "model.ursw").is_file()
+        assert (final / "model.onnx").is_file()  # the [train] and [infer] extras
     finally:
         for process in processes:
             if process.poll() is None:

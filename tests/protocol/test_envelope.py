@@ -147,6 +147,16 @@ def _examples() -> list[m.BaseMessage]:
             **DEV, epoch=1, model_version=4, stop=True, best_version=3, signature=SIG
         ),
         m.FeddiskSwitch(**COORD, made_model="made", made_version=3, model="classifier"),
+        m.FederationEnd(
+            **COORD,
+            rounds=9,
+            model="classifier",
+            model_version=9,
+            transfer_id="t9",
+            weights=b"w",
+            metrics={"accuracy": 0.9},
+            signature=b"s" * 64,
+        ),
         m.CkksContextAnnounce(**COORD, transfer_id="ckks-ctx"),
         m.RingStart(**COORD, ring_id="r1", order=("a", "b", "c"), hop_deadline_s=5.0),
         m.RingHop(

@@ -214,5 +214,6 @@ def test_each_message_class_declares_its_topic_and_retention() -> None:
         "ModelAvailable",
         "CkksContextAnnounce",
         "FeddiskSwitch",
+        "FederationEnd",
     }
     assert {cls.topic for cls in MESSAGE_TYPES.values()} >= {t.CONTROL, t.TRANSFER}

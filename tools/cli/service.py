@@ -5,6 +5,10 @@ overrides (secrets such as ``URSA_BROKER__PASSWORD`` belong there, not in the
 file), stop cleanly on SIGTERM/SIGINT, and log to stderr. Also runnable as
 ``python -m ursa.tools.cli.service coordinator serve --config FILE``.
 
+``ursa device run`` exits 0 at the end of the federation (the final model
+saved); with ``--infer`` it keeps serving that model instead
+(`ursa.tools.cli.infer`: samples on stdin, classes on stdout).
+
 Both are built by `ursa.tools.compose` from their ``[[methods]]`` and
 ``[training]`` sections (initial weights come from `ursa model init`), the
 same way the demo, the benchmarks and the integration tests build theirs.
@@ -28,6 +32,8 @@ from ursa.tools.cli import model
 from ursa.tools.compose import ServiceSetupError, build_coordinator, build_device
 
 if TYPE_CHECKING:
+    from ursa.edge_sdk.client import EdgeClient
+
     # argparse has no public name for the object add_subparsers() returns.
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -51,6 +57,12 @@ def register(sub: Subparsers) -> None:
     run.add_argument("--config", type=Path, required=True, help="TOML or JSON file")
     run.add_argument(
         "--labels", type=Path, help="labels file (.npy, .txt, .csv); else labels_file"
+    )
+    run.add_argument(
+        "--infer",
+        action="store_true",
+        help="also serve the final model: samples on stdin (one per line), "
+        "predicted classes on stdout; end of input stops the device",
     )
     run.set_defaults(handler=_device_run)
     repin = device_commands.add_parser(
@@ -108,11 +120,58 @@ def _device_run(args: argparse.Namespace) -> int:
     if stop.is_set():
         return 0
     try:
-        client.run(stop)
+        if args.infer:
+            return _run_and_infer(client, stop)
+        client.run(stop)  # returns at the end of the federation, too
     except ConnectAbortedError:
         return 0  # stopped while waiting for the broker
     except TransportError as exc:  # a refusal: credentials, ACL
         print(f"ursa device run: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        _ignore_signals()
+    return 0
+
+
+def _ignore_signals() -> None:
+    """Already on the way out: a late SIGTERM must not turn exit 0 into -15.
+
+    The interpreter restores the default handlers while it finalises (slow
+    after torch was imported for the ONNX export); a stop asked for then
+    has nothing left to stop.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_and_infer(client: EdgeClient, stop: threading.Event) -> int:
+    """Take part in a thread; answer stdin's samples with the final model."""
+    from ursa.edge_sdk.end_steps import ONNX_FILENAME
+    from ursa.tools.cli.infer import ModelWatch, serve_lines
+
+    failed: list[str] = []
+
+    def participate() -> None:
+        try:
+            client.run(stop, until_finished=False)
+        except ConnectAbortedError:
+            pass
+        except TransportError as exc:
+            failed.append(str(exc))
+            stop.set()
+
+    thread = threading.Thread(target=participate, name="ursa-device", daemon=True)
+    thread.start()
+    watch = ModelWatch(client.final_dir / ONNX_FILENAME)
+    try:
+        serve_lines(
+            sys.stdin, watch, sys.stdout, sys.stderr, ready=client.finished, stop=stop
+        )
+    finally:
+        stop.set()
+        thread.join(10)
+    if failed:
+        print(f"ursa device run: {failed[0]}", file=sys.stderr)
         return 1
     return 0
 

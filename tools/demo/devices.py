@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ursa.edge_sdk.end_steps import WEIGHTS_FILENAME
 from ursa.tools.demo.fleet import DeviceReport, DeviceSpec, FleetSpec
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ def run_device_process(
         while not stop.wait(POLL_S):
             for client in clients:
                 client.poll()
+            if all(client.finished.is_set() for client in clients):
+                break  # the federation is over: every final model is saved
     except Exception as exc:  # report it to the harness instead of dying silently
         logging.getLogger("ursa.demo").exception("device process failed")
         for device in spec.devices:
@@ -166,6 +169,8 @@ def _report(client: EdgeClient, flicker: dict[str, Any] | None = None) -> Device
         dual_steps=training.dual_steps,
         selected_rounds=tuple(client.stats.selected_rounds),
         flicker=flicker,
+        final_model_saved=client.finished.is_set()
+        and (client.final_dir / WEIGHTS_FILENAME).is_file(),
     )
 
 

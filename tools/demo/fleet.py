@@ -64,3 +64,5 @@ class DeviceReport:
     selected_rounds: tuple[int, ...]
     error: str | None = None
     flicker: dict[str, Any] | None = None
+    final_model_saved: bool = False
+    """Whether the device saved the federation's final model (`FederationEnd`)."""

@@ -49,29 +49,9 @@ def onnx_check(
     x: npt.NDArray[np.float32],
 ) -> tuple[dict[str, Any], bytes]:
     """Export to ONNX and compare onnxruntime with torch on ``x``."""
-    import torch
+    from ursa.models.onnx_check import checked_onnx
 
-    from ursa.models.inference import OnnxClassifier
-    from ursa.models.onnx_export import export_arrays_to_onnx
-    from ursa.models.registry import build_model, load_arrays
-
-    onnx_bytes = export_arrays_to_onnx(architecture, model_config, arrays)
-    model = build_model(architecture, model_config, seed=0)
-    load_arrays(model, arrays)
-    model.eval()
-    with torch.no_grad():
-        torch_logits = model(torch.from_numpy(np.asarray(x, np.float32))).numpy()
-    onnx_logits = OnnxClassifier(onnx_bytes).logits(x)
-    torch_pred = torch_logits.argmax(axis=1)
-    onnx_pred = onnx_logits.argmax(axis=1)
-    agree = float((torch_pred == onnx_pred).mean())
-    check = {
-        "identical": bool(np.array_equal(torch_pred, onnx_pred)),
-        "agreement": agree,
-        "samples": len(x),
-        "max_abs_logit_diff": float(np.abs(torch_logits - onnx_logits).max()),
-        "onnx_bytes": len(onnx_bytes),
-    }
+    onnx_bytes, check = checked_onnx(architecture, model_config, arrays, x)
     return check, onnx_bytes
 
 

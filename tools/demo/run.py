@@ -251,12 +251,15 @@ class DemoRun:
                 stage = self._note_stage(service, stage)
                 if not noted_flicker and service.flicker is not None:
                     noted_flicker = self._note_flicker(service.flicker)
-                if any(p.exitcode is not None for p in procs):
+                exited = any(p.exitcode is not None for p in procs)
+                if exited and not service.is_done:
                     self.progress.note("a device process exited early; stopping")
                     break
             done = service.is_done or (
                 made is not None and self._classifier_rounds() >= s.rounds
             )
+            if service.is_done:  # the devices save the final model, then exit
+                _await_exit(procs, min(FINAL_DELIVERY_S, deadline - time.monotonic()))
         finally:
             fleet.stop.set()
             reports = wait_for_reports(fleet.results, len(ids), 60.0)
@@ -286,6 +289,10 @@ class DemoRun:
             }
         return out | {
             "completed": done,
+            "final_model_delivered": {
+                "devices": sum(r.final_model_saved for r in reports),
+                "of": len(ids),
+            },
             "devices": devices,
             "_final_arrays": classifier.global_arrays,
             "final_version": classifier.version,
@@ -398,6 +405,17 @@ class DemoRun:
         report["report_dir"] = str(s.report_dir)
         write_report(report, s.report_dir, onnx_bytes)
         return report
+
+
+FINAL_DELIVERY_S = 30.0
+"""How long the devices get to save the final model after the last round."""
+
+
+def _await_exit(procs: list[Any], within_s: float) -> None:
+    """Wait (at most ``within_s``) for the device processes to exit by themselves."""
+    end = time.monotonic() + max(0.0, within_s)
+    for proc in procs:
+        proc.join(max(0.0, end - time.monotonic()))
 
 
 def _gi(value: float | None) -> str:

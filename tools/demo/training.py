@@ -72,6 +72,7 @@ def _print_summary(out: TextIO, report: dict[str, Any]) -> None:
     final = report.get("final_accuracy")
     devices = report.get("device_summary", {})
     onnx = report.get("onnx_check") or {}
+    delivered = report.get("final_model_delivered") or {}
     lines = [
         f"rounds completed: {len(report['rounds'])}/{report['settings']['rounds']}"
         + ("" if report["completed"] else "  (NOT all rounds completed)"),
@@ -89,6 +90,8 @@ def _print_summary(out: TextIO, report: dict[str, Any]) -> None:
         f"ONNX vs torch on the test split: identical={onnx.get('identical')} "
         f"(max |logit diff| {_fmt(onnx.get('max_abs_logit_diff'), 6)})",
         *_federated_eval_lines(report.get("federated_eval")),
+        f"final model saved on {delivered.get('devices', '-')}/"
+        f"{delivered.get('of', '-')} devices",
         *_flicker_lines(report.get("flicker")),
         *_feddisk_lines(report.get("feddisk")),
         f"report: {report['report_dir']} ({', '.join(report.get('files', []))})",

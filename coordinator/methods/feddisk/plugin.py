@@ -40,10 +40,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 from ursa.coordinator.clock import Clock
+from ursa.coordinator.federation_end import FinalModel
 from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.judging import FeddiskJudging
 from ursa.coordinator.methods.feddisk.state import FeddiskState, Role
@@ -203,6 +204,20 @@ class FeddiskPlugin(FeddiskJudging):
         if self._verdict is not None:
             self._verdict.extend(seconds)
         self._active().extend_deadlines(seconds)
+
+    def last_metrics(self) -> Mapping[str, Any]:
+        """The classifier's last evaluation (the MADE's is no accuracy)."""
+        return self._classifier.last_metrics() if self.phase == "classifier" else {}
+
+    def final_model(self, send: Send) -> FinalModel | None:
+        """The classifier's final model (None if the MADE phase never ended)."""
+        if self.phase != "classifier":
+            return None
+        return self._classifier.final_model(send)
+
+    def on_device_failed(self, round_index: int, device: str, code: str) -> None:
+        """The active model's round stops waiting for a device whose training failed."""
+        self._active().on_device_failed(round_index, device, code)
 
     def methods(self) -> tuple[str, ...]:
         """FedDisk: devices judge the MADE rounds and weight their samples."""
