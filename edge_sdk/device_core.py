@@ -113,6 +113,12 @@ class DeviceCore:
     """The key epoch this device sits out because it does not fit (data_mismatch)."""
     _model_problems: tuple[DataProblem, ...] = ()
     """How the latest global model did not fit (kept until one fits)."""
+    _hello_unanswered: bool = False
+    """A Hello went out and no EnrolResult has answered it yet."""
+    _hello_retry_at: float | None = None
+    """When to say hello again if still unanswered (monotonic seconds)."""
+    _hello_backoff_s: float | None = None
+    """The wait before the next retry (None: the first one's)."""
 
     @property
     def device_id(self) -> str:

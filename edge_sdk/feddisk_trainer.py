@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FeddiskSettings", "FeddiskTrainer"]
 
+
 class FeddiskTrainer(PhasedTrainer):
     """FedDisk on one device: the global MADE's rounds, then the weighted classifier.
 
