@@ -5,6 +5,12 @@ runs (`ROGUE`: the ACL lets it write its own ``up`` and ``status`` topics
 only) and publishes while the fleet trains. Judged as `test_scenarios`: every
 round complete with K updates (the aggregate is the honest devices'), nobody
 counted twice, accuracy within `TOLERANCE` of the fault-free run, no crash.
+
+Only the coordinator's topics are attacked here: a device reads its ``down``
+and the ``global`` topics, which the ACL lets only the coordinator's broker
+user write, and Mosquitto takes a client id from its username, so a second
+session as the coordinator would unseat the real one. Hostile input to a
+device is covered in process (tests/edge_sdk, the fuzzing in tests/protocol).
 """
 
 from __future__ import annotations
