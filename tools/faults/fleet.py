@@ -191,7 +191,8 @@ class FaultFleet:
 
         A device still running 30 s later is hung: it gets SIGABRT, so its
         log ends with every thread's stack (``PYTHONFAULTHANDLER``), then
-        SIGKILL if it outlives that too.
+        SIGKILL if it outlives that too. A hang in the interpreter's own
+        teardown (after faulthandler is gone) leaves no stack: attach gdb.
         """
         for process in self.devices.values():
             if process.poll() is None:
