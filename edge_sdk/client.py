@@ -303,6 +303,7 @@ class EdgeClient(EpochSteps, EndSteps):
         self._flush()
 
     def _send_hello(self) -> None:
+        self._hello_unanswered = True  # `_retry_hello` resends it until answered
         public = self._identity.public()
         self._send(
             Hello(
@@ -357,10 +358,11 @@ class EdgeClient(EpochSteps, EndSteps):
             self.stop()
 
     def poll(self) -> None:
-        """Periodic work: say online after a reconnect, fetch chunks, retry rounds."""
+        """Periodic work: online after a reconnect, hello again, chunks, rounds."""
         try:
             with self._lock:
                 self._announce_after_reconnect()
+                self._retry_hello(time.monotonic())
                 self._poll_training(time.monotonic())
         except Exception:
             logger.exception("%s: internal error in poll", self.device_id)

@@ -129,6 +129,12 @@ class DeviceCore:
     """The coordinator's run this device joined (from a signed `EnrolResult`)."""
     _callbacks: DeviceCallbacks | None = None
     """The app's hooks (`ursa.edge_sdk.callbacks`)."""
+    _hello_unanswered: bool = False
+    """A Hello went out and no EnrolResult has answered it yet."""
+    _hello_retry_at: float | None = None
+    """When to say hello again if still unanswered (monotonic seconds)."""
+    _hello_backoff_s: float | None = None
+    """The wait before the next retry (None: the first one's)."""
 
     @property
     def device_id(self) -> str:

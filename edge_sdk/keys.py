@@ -62,12 +62,44 @@ def _coordinator_identity(message: EnrolResult) -> DevicePublicIdentity:
     return _public_identity(message.coordinator_keys)
 
 
+HELLO_RETRY_S = 10.0
+"""A Hello unanswered this long is sent again (then 2x, 4x, ... the wait)."""
+HELLO_RETRY_MAX_S = 300.0
+"""The longest wait between two Hellos."""
+
+
 class EpochSteps(DeviceCore):
     """Handlers of enrolment and key-epoch messages."""
+
+    def _retry_hello(self, now: float) -> None:
+        """Say hello again, with backoff, while no EnrolResult answered the last.
+
+        A coordinator killed after it enrolled us but before its reply left
+        has our Hello marked seen and counts us as enrolled; without a new
+        Hello we would wait for its answer forever, and it would wait for us
+        in every key epoch (issue 14). A coordinator that enrolled us already
+        simply answers again.
+        """
+        if not self._hello_unanswered:
+            self._hello_retry_at = self._hello_backoff_s = None
+            return
+        if self._hello_retry_at is None:
+            self._hello_retry_at = now + (self._hello_backoff_s or HELLO_RETRY_S)
+            return
+        if now < self._hello_retry_at:
+            return
+        backoff = min(2 * (self._hello_backoff_s or HELLO_RETRY_S), HELLO_RETRY_MAX_S)
+        self._hello_backoff_s, self._hello_retry_at = backoff, None
+        logger.warning(
+            "%s: no answer to hello from the coordinator; saying hello again",
+            self.device_id,
+        )
+        self._send_hello()
 
     def _on_enrol_result(self, message: EnrolResult) -> None:
         if message.device_id != self.device_id:
             return
+        self._hello_unanswered = False
         if not message.accepted:
             logger.error("%s: enrolment refused: %s", self.device_id, message.reason)
             return

@@ -688,3 +688,43 @@ def test_a_reconnect_shorter_than_a_poll_still_says_online_again(
 
     assert decode(bus.retained[status]).online
     client.stop()
+
+
+def test_a_device_says_hello_again_until_the_coordinator_answers(
+    harness: Any,
+) -> None:
+    h = harness(2, rounds=1)
+    lost: list[bytes] = []
+
+    def lose_the_first_enrol_result(s: str, r: str, topic: str, data: bytes) -> bool:
+        if lost or s != "coordinator" or r != "d0":
+            return False
+        try:
+            kind = decode(data).kind
+        except ProtocolError:
+            return False
+        if kind == "enrol_result":  # e.g. the coordinator died before it left
+            lost.append(data)
+        return bool(lost)
+
+    h.bus.drop_filter = lose_the_first_enrol_result
+    h.coordinator.start()
+    d0 = h.client("d0")
+    d0.start()
+    h.client("d1").start()
+    assert lost and not d0.enrolled.is_set()
+    assert not h.coordinator.is_done  # its key epoch waits for d0
+
+    def hellos_after(now: float) -> int:
+        d0._retry_hello(now)
+        d0._flush()
+        h.bus.flush()
+        return sum(1 for m in h.messages("hello") if m.sender == "d0")
+
+    assert hellos_after(0.0) == 1  # the first retry is scheduled, not sent
+    assert hellos_after(9.9) == 1
+    assert hellos_after(10.0) == 2
+
+    assert d0.enrolled.is_set()
+    assert hellos_after(1000.0) == 2  # answered: no more hellos
+    assert h.coordinator.is_done  # d0 took its part in the epoch and round

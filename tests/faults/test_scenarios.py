@@ -11,57 +11,24 @@ fault-free run, and no process crashed (exit 0 on SIGTERM, no traceback).
 
 from __future__ import annotations
 
-import os
 import re
 import time
-from collections import Counter
 
 import pytest
 
-from ursa.tools.faults import FaultFleet, FleetSettings, RunOutcome
+from ursa.tools.faults import RunOutcome
 
-from .conftest import MakeFleet, run_to_end
+from .conftest import (
+    DEFAULTS,
+    OUTAGE_S,
+    MakeFleet,
+    assert_recovered,
+    extended,
+    run_to_end,
+    start,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
-
-extended = pytest.mark.skipif(
-    os.environ.get("URSA_FAULTS_EXTENDED") != "1",
-    reason="extended fault scenario: URSA_FAULTS_EXTENDED=1 python -m pytest "
-    "tests/faults (CI runs the core ones and stays under 30 minutes)",
-)
-"""Scenarios other tests already cover in part (the 30% loss over Mosquitto
-in tests/integration/test_federation.py) or that take longest."""
-
-TOLERANCE = 0.15
-"""Held-out accuracy a faulty run may lose (or gain) against the fault-free one."""
-OUTAGE_S = 5.0
-DEFAULTS = FleetSettings()
-
-
-def _assert_recovered(
-    outcome: RunOutcome, baseline: RunOutcome, *, full_rounds: bool = True
-) -> None:
-    """Every round complete, nobody counted twice, accuracy near the baseline."""
-    rounds = DEFAULTS.rounds
-    assert outcome.completed_rounds == rounds
-    assert outcome.model_version == rounds
-    assert sorted(outcome.updates_per_round) == list(range(1, rounds + 1))
-    for index, devices in outcome.contributors.items():
-        twice = [d for d, n in Counter(devices).items() if n > 1]
-        assert not twice, f"round {index} counted {twice} twice"
-    if full_rounds:  # no update lost
-        assert outcome.updates_per_round == dict.fromkeys(
-            range(1, rounds + 1), DEFAULTS.k
-        )
-    assert abs(outcome.accuracy - baseline.accuracy) <= TOLERANCE, (
-        outcome.accuracy,
-        baseline.accuracy,
-    )
-
-
-def _start(fleet: FaultFleet) -> None:
-    fleet.start_coordinator()
-    fleet.start_devices()
 
 
 def test_fault_free_run_completes_every_round_with_k_updates(
@@ -79,7 +46,7 @@ def test_broker_outage_during_training_loses_no_update(
     fleet: MakeFleet, baseline: RunOutcome
 ) -> None:
     run = fleet()
-    _start(run)
+    start(run)
     run.wait_for_log(r"round 2: selected")
     run.stop_broker()
     time.sleep(OUTAGE_S)
@@ -88,21 +55,21 @@ def test_broker_outage_during_training_loses_no_update(
     outcome = run_to_end(run)
 
     assert "lost the broker: holding phases open" in run.log()
-    _assert_recovered(outcome, baseline)
+    assert_recovered(outcome, baseline)
 
 
 def test_coordinator_sigkill_during_training_resumes_the_round(
     fleet: MakeFleet, baseline: RunOutcome
 ) -> None:
     run = fleet()
-    _start(run)
+    start(run)
     run.wait_for_log(r"round 2: update 1/")
     run.kill_coordinator()
     run.start_coordinator()  # same config, same state directory
 
     outcome = run_to_end(run)
 
-    _assert_recovered(outcome, baseline)
+    assert_recovered(outcome, baseline)
 
 
 def test_coordinator_reset_with_its_identity_key_starts_a_run_devices_join(
@@ -130,7 +97,7 @@ def test_a_third_of_the_devices_killed_for_good_the_rest_finish(
     fleet: MakeFleet, baseline: RunOutcome
 ) -> None:
     run = fleet(quorum=4)
-    _start(run)
+    start(run)
     run.wait_for_log(r"round 1: selected")
     for device in run.device_ids[-2:]:  # 2 of 6: 33%
         run.kill_device(device)
@@ -138,7 +105,7 @@ def test_a_third_of_the_devices_killed_for_good_the_rest_finish(
     outcome = run_to_end(run)
 
     # a round that had selected a killed device closes on its last will
-    _assert_recovered(outcome, baseline, full_rounds=False)
+    assert_recovered(outcome, baseline, full_rounds=False)
     assert all(1 <= n <= DEFAULTS.k for n in outcome.updates_per_round.values())
     for index in range(2, DEFAULTS.rounds + 1):
         killed = set(run.device_ids[-2:])
@@ -149,7 +116,7 @@ def test_device_rebooted_after_its_update_is_not_counted_twice(
     fleet: MakeFleet, baseline: RunOutcome
 ) -> None:
     run = fleet()
-    _start(run)
+    start(run)
     found = run.wait_for_log(r"round 2: update 1/\d+ from (\S+) ")
     device = found[1]
     run.kill_device(device)  # power cut right after its upload
@@ -157,7 +124,7 @@ def test_device_rebooted_after_its_update_is_not_counted_twice(
 
     outcome = run_to_end(run)
 
-    _assert_recovered(outcome, baseline)  # its update counts, once
+    assert_recovered(outcome, baseline)  # its update counts, once
     assert outcome.contributors[2].count(device) == 1
 
 
@@ -180,7 +147,7 @@ def test_late_joiner_is_admitted_at_the_next_key_epoch(
     # also outlast the run: then there is none, and enrolment is the check)
     later = re.findall(r"key epoch \d+: agent \S+, (\d+) recipients", log[enrolled_at:])
     assert all(n == "6" for n in later), later
-    _assert_recovered(outcome, baseline)
+    assert_recovered(outcome, baseline)
 
 
 @extended
@@ -188,7 +155,7 @@ def test_broker_outage_during_the_key_epoch_delays_but_does_not_wedge(
     fleet: MakeFleet, baseline: RunOutcome
 ) -> None:
     run = fleet()
-    _start(run)
+    start(run)
     run.wait_for_log(r"key epoch 1: agent")
     run.stop_broker()
     time.sleep(OUTAGE_S)
@@ -196,14 +163,14 @@ def test_broker_outage_during_the_key_epoch_delays_but_does_not_wedge(
 
     outcome = run_to_end(run)
 
-    _assert_recovered(outcome, baseline)
+    assert_recovered(outcome, baseline)
 
 
 def test_broker_outage_during_enrolment_delays_but_does_not_wedge(
     fleet: MakeFleet, baseline: RunOutcome
 ) -> None:
     run = fleet()
-    _start(run)
+    start(run)
     run.wait_for_log(r"enrolled d\d\d")
     run.stop_broker()
     time.sleep(OUTAGE_S)
@@ -211,4 +178,4 @@ def test_broker_outage_during_enrolment_delays_but_does_not_wedge(
 
     outcome = run_to_end(run)
 
-    _assert_recovered(outcome, baseline)
+    assert_recovered(outcome, baseline)

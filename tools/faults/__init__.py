@@ -4,9 +4,16 @@
 starts the broker, and judges a run from outside (logs, the coordinator's
 store read-only, the final checkpoint's accuracy on held-out digits).
 `python -m ursa.tools.faults.soak` runs random churn and broker restarts for
-a bounded time and prints a summary.
+a bounded time and prints a summary. `ursa.tools.faults.hostile` builds a
+flood and malformed messages for a rogue session (`ROGUE`'s credentials).
 """
 
-from ursa.tools.faults.fleet import FaultFleet, FleetSettings, RunOutcome
+from ursa.tools.faults.fleet import (
+    OBSERVER,
+    ROGUE,
+    FaultFleet,
+    FleetSettings,
+    RunOutcome,
+)
 
-__all__ = ["FaultFleet", "FleetSettings", "RunOutcome"]
+__all__ = ["OBSERVER", "ROGUE", "FaultFleet", "FleetSettings", "RunOutcome"]

@@ -33,13 +33,20 @@ import numpy.typing as npt
 
 from ursa.coordinator.models import ModelStore
 from ursa.coordinator.store import DB_FILENAME
+from ursa.protocol.mqtt import MqttTransport
+from ursa.protocol.transport import MessageHandler
 from ursa.tools.broker.mosquitto import MosquittoBroker
 
-__all__ = ["FaultFleet", "FleetSettings", "RunOutcome"]
+__all__ = ["OBSERVER", "ROGUE", "FaultFleet", "FleetSettings", "RunOutcome"]
 
 HIDDEN_SIZES = (16,)
 HELD_OUT = 397
 """Digits kept out of every device's data, for the accuracy check."""
+ROGUE = "r00"
+"""A device identity the broker knows (password, ACL) but no process runs:
+the credentials a hostile test publishes with."""
+OBSERVER = "observer"
+"""A read-only broker user (captures, replays)."""
 MODEL = "classifier"
 _ROUND_RE = re.compile(r"round (\d+): (\d+) updates -> version (\d+)")
 _UPDATE_RE = re.compile(r"round (\d+): update \d+/\d+ from (\S+) ")
@@ -61,7 +68,15 @@ class FleetSettings:
     key_bits: int = 512
     seed: int = 3
     selection: str = "dubhe"
-    """``dubhe`` or ``random``; training is FedAvg either way."""
+    """``dubhe`` or ``random``."""
+    training: str = "fedavg"
+    """``fedavg`` or ``climb`` (FedAvg weighted by an encrypted mean of duals)."""
+    flicker: bool = False
+    """FLICKER balances the devices' data before the first key epoch."""
+    flicker_nabla: float = 0.1
+    """FLICKER stops once the global imbalance (min/max count) reaches it."""
+    flicker_max_updates: int = 3
+    """FLICKER's resampling updates at most (a bound on its loop)."""
     training_s: float = 30.0
     phase_s: float = 5.0
     """Volunteer, distributions and agent deadlines."""
@@ -71,6 +86,8 @@ class FleetSettings:
     identity_key_apart: bool = False
     """Keep the coordinator's identity key outside its state directory (so
     `reset_coordinator` wipes the store and keeps the identity)."""
+    max_message_bytes: int | None = None
+    """The coordinator's admission size cap (None: its default)."""
 
 
 @dataclass
@@ -112,7 +129,8 @@ class FaultFleet:
         self.logs = work_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.broker = MosquittoBroker(
-            devices=self.device_ids,
+            devices=(*self.device_ids, ROGUE),
+            readers=(OBSERVER,),
             persistence=True,
             binary=mosquitto,
             work_dir=work_dir / "broker",
@@ -120,6 +138,7 @@ class FaultFleet:
         self.state_dir = work_dir / "coordinator"
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.devices: dict[str, subprocess.Popen[bytes]] = {}
+        self._sessions: list[MqttTransport] = []
         self._x_test, self._y_test = self._write_files()
 
     # --- processes ----------------------------------------------------------------
@@ -181,7 +200,13 @@ class FaultFleet:
             return -9
 
     def stop_devices(self) -> dict[str, int]:
-        """SIGTERM every device; return each one's exit code (it may have exited)."""
+        """SIGTERM every device; return each one's exit code (it may have exited).
+
+        A device still running 30 s later is hung: it gets SIGABRT, so its
+        log ends with every thread's stack (``PYTHONFAULTHANDLER``), then
+        SIGKILL if it outlives that too. A hang in the interpreter's own
+        teardown (after faulthandler is gone) leaves no stack: attach gdb.
+        """
         for process in self.devices.values():
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -190,8 +215,7 @@ class FaultFleet:
             try:
                 codes[device_id] = process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                _kill(process)
-                codes[device_id] = -9
+                codes[device_id] = _abort(process)
         self.devices.clear()
         return codes
 
@@ -201,7 +225,29 @@ class FaultFleet:
             if process is not None and process.poll() is None:
                 _kill(process)
         self.devices.clear()
+        for session in self._sessions:
+            session.close()
+        self._sessions.clear()
         self.broker.stop()
+
+    def connect(
+        self,
+        user: str,
+        subscriptions: Iterable[str] = (),
+        *,
+        on_message: MessageHandler | None = None,
+    ) -> MqttTransport:
+        """An MQTT session as `user` (`ROGUE`, `OBSERVER`); closed by `close`."""
+        config = self.broker.mqtt_config(user).model_copy(
+            update={"keepalive_s": 5, "timeout_s": 5.0}
+        )
+        transport = MqttTransport(config)
+        self._sessions.append(transport)
+        transport.set_handler(on_message)
+        for pattern in subscriptions:
+            transport.subscribe(pattern)
+        transport.connect()
+        return transport
 
     # --- watching -----------------------------------------------------------------
 
@@ -288,10 +334,11 @@ class FaultFleet:
         return float(np.mean(predicted == self._y_test))
 
     def tracebacks(self) -> dict[str, str]:
-        """Every log that shows a traceback, with the lines around its first one."""
+        """Every log with a traceback or a faulthandler dump, and the text near it."""
         found = {}
         for name, text in self.all_logs().items():
-            at = text.find("Traceback")
+            hits = [text.find(m) for m in ("Traceback", "Fatal Python error")]
+            at = min((i for i in hits if i >= 0), default=-1)
             if at >= 0:
                 found[name] = text[max(0, at - 500) : at + 2500]
         return found
@@ -306,7 +353,11 @@ class FaultFleet:
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         user = "coordinator" if name == "coordinator" else name
-        env = dict(os.environ, URSA_BROKER__PASSWORD=self.broker.credentials[user])
+        env = dict(
+            os.environ,
+            URSA_BROKER__PASSWORD=self.broker.credentials[user],
+            PYTHONFAULTHANDLER="1",  # stacks in the log on SIGABRT (a hang)
+        )
         command = [sys.executable, "-m", "ursa.tools.cli.service", *args]
         with (self.logs / f"{name}.log").open("ab") as log:
             return subprocess.Popen(
@@ -351,11 +402,23 @@ class FaultFleet:
             f"reconnect_max_delay_s = {self.settings.reconnect_max_delay_s}\n"
         )
 
-    def _methods_toml(self) -> str:
-        return (
-            f'[[methods]]\nkind = "{self.settings.selection}"\n'
-            '[[methods]]\nkind = "fedavg"\n'
-        )
+    def _methods_toml(self, *, coordinator: bool = False) -> str:
+        s = self.settings
+        training = f'[[methods]]\nkind = "{s.training}"\n'
+        if coordinator and s.training == "climb":
+            training += f"dual_timeout_s = {s.training_s}\n"
+        flicker = ""
+        if s.flicker:
+            flicker = '[[methods]]\nkind = "flicker"\n'
+            if coordinator:
+                flicker += (
+                    f"nabla = {s.flicker_nabla}\n"
+                    f"max_updates = {s.flicker_max_updates}\n"
+                    f"hop_deadline_s = {s.phase_s}\n"
+                    f"reply_deadline_s = {s.training_s}\n"
+                    f"redundancy_deadline_s = {s.phase_s}\n"
+                )
+        return f'[[methods]]\nkind = "{s.selection}"\n' + training + flicker
 
     def _coordinator_toml(self, weights: Path) -> str:
         s = self.settings
@@ -366,6 +429,8 @@ class FaultFleet:
             if s.identity_key_apart
             else ""
         )
+        if s.max_message_bytes is not None:
+            quorum += f"max_message_bytes = {s.max_message_bytes}\n"
         return (
             f'federation = "{self.name}"\nstate_dir = "{self.state_dir}"\n'
             + identity
@@ -380,7 +445,8 @@ class FaultFleet:
             f"key_epoch_s = {s.key_epoch_s}\nregistration_s = {s.key_epoch_s}\n"
             f"training_s = {s.training_s}\noutage_grace_s = {s.outage_grace_s}\n"
             f'[training]\ninitial_weights = "{weights}"\n'
-            f"update_timeout_s = {s.training_s}\n" + self._methods_toml()
+            f"update_timeout_s = {s.training_s}\n"
+            + self._methods_toml(coordinator=True)
         )
 
     def _device_toml(self, device_id: str, data: Path) -> str:
@@ -395,6 +461,16 @@ class FaultFleet:
             f"train = {{ epochs = {s.epochs}, batch_size = 8, lr = 0.1 }}\n"
             + self._methods_toml()
         )
+
+
+def _abort(process: subprocess.Popen[bytes]) -> int:
+    """SIGABRT a hung process (faulthandler logs its stacks); its exit code."""
+    process.send_signal(signal.SIGABRT)
+    try:
+        return process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        _kill(process)
+        return -9
 
 
 def _kill(process: subprocess.Popen[bytes]) -> None:
