@@ -76,7 +76,7 @@ def test_coordinator_reset_with_its_identity_key_starts_a_run_devices_join(
     fleet: MakeFleet, baseline: RunOutcome
 ) -> None:
     run = fleet(identity_key_apart=True)
-    _start(run)
+    start(run)
     run.wait_for_log(r"round 2: selected")
     run.kill_coordinator()
     run.reset_coordinator()  # an empty store; the identity key kept apart
@@ -89,7 +89,7 @@ def test_coordinator_reset_with_its_identity_key_starts_a_run_devices_join(
     for device in run.device_ids:  # each joined by itself, identity kept
         assert "the coordinator started a new run" in run.log(device), device
         assert "refusing the coordinator" not in run.log(device), device
-    _assert_recovered(outcome, baseline)
+    assert_recovered(outcome, baseline)
 
 
 @extended

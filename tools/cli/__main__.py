@@ -1,7 +1,5 @@
 """``python -m ursa.tools.cli``: the `ursa` command."""
 
-import sys
+from ursa.tools.cli.app import entry
 
-from ursa.tools.cli.app import main
-
-sys.exit(main())
+entry()

@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import sys
 from collections.abc import Callable, Sequence
 
 from ursa._version import __version__
+from ursa.tools.cli.leave import leave
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -44,7 +46,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    return _run(build_parser().parse_args(argv))
+
+
+def entry() -> None:
+    """The ``ursa`` command: `main`, then leave the process.
+
+    A service command (``coordinator serve``, ``device run``) leaves at once
+    after its clean stop (`ursa.tools.cli.leave`); the others exit normally.
+    """
+    args = build_parser().parse_args()
+    code = _run(args)
+    if getattr(args, "leave", False):
+        leave(code)
+    sys.exit(code)
+
+
+def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

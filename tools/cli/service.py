@@ -49,7 +49,7 @@ def register(sub: Subparsers) -> None:
         action="store_true",
         help="keep serving enrolments after the configured rounds are done",
     )
-    serve.set_defaults(handler=_serve)
+    serve.set_defaults(handler=_serve, leave=True)
 
     device = sub.add_parser("device", help="a device process")
     device_commands = device.add_subparsers(dest="device_command", required=True)
@@ -64,7 +64,7 @@ def register(sub: Subparsers) -> None:
         help="also serve the final model: samples on stdin (one per line), "
         "predicted classes on stdout; end of input stops the device",
     )
-    run.set_defaults(handler=_device_run)
+    run.set_defaults(handler=_device_run, leave=True)
     repin = device_commands.add_parser(
         "repin",
         help="forget the pinned coordinator (it was replaced): the next one is pinned",
@@ -214,4 +214,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ursa.tools.cli.leave import leave
+
+    leave(main())
