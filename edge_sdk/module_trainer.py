@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from ursa.edge_sdk.climb import ClimbConfig
 from ursa.edge_sdk.torch_trainer import round_seed
-from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
+from ursa.edge_sdk.trainer import ClassCounts, LocalDelta, ModelTrainer
 from ursa.models.spec import check_fits
 from ursa.models.weights import Arrays
 
@@ -69,6 +69,9 @@ class ModuleTrainer(ModelTrainer):
         sample_weights: Per-sample weights (FedDisk), or None.
         wire_dtype: Upload precision.
         seed: The device's seed; round seeds derive from it.
+        eval_x: The local evaluation split's samples (federated evaluation;
+            `ursa.edge_sdk.fleet_eval.split_for_evaluation`), or None.
+        eval_y: Its class labels.
     """
 
     def __init__(
@@ -85,6 +88,8 @@ class ModuleTrainer(ModelTrainer):
         sample_weights: npt.ArrayLike | None = None,
         wire_dtype: Literal["float32", "float16"] = "float32",
         seed: int = 0,
+        eval_x: npt.ArrayLike | None = None,
+        eval_y: npt.ArrayLike | None = None,
     ) -> None:
         from ursa.edge_sdk.training import TrainConfig
 
@@ -105,6 +110,11 @@ class ModuleTrainer(ModelTrainer):
         self.wire_dtype = wire_dtype
         self.seed = seed
         self._own: Arrays | None = None
+        self._eval: tuple[npt.NDArray[np.float32], npt.NDArray[Any]] | None = None
+        if (eval_x is None) != (eval_y is None):
+            raise ValueError("give eval_x and eval_y together")
+        if eval_x is not None and eval_y is not None:
+            self._eval = _data(eval_x, eval_y)
 
     @property
     def labels(self) -> npt.NDArray[np.int64]:
@@ -157,6 +167,24 @@ class ModuleTrainer(ModelTrainer):
 
         return evaluate_module(
             self.module, global_arrays, self.x, self.y, loss=self.loss
+        )
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether the device holds out an evaluation split of class labels."""
+        return self._eval is not None and self._eval[1].dtype.kind in "iu"
+
+    def class_counts(self, global_arrays: Arrays) -> ClassCounts | None:
+        """Per-class correct and total counts on the evaluation split."""
+        if self._eval is None or not self.evaluates:
+            return None
+        from ursa.edge_sdk.training import evaluate_module
+
+        x, y = self._eval
+        result = evaluate_module(self.module, global_arrays, x, y, loss=self.loss)
+        return ClassCounts(
+            np.asarray(result.per_class_correct, np.int64),
+            np.asarray(result.per_class_count, np.int64),
         )
 
     def local_loss(self, global_arrays: Arrays) -> float:

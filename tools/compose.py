@@ -363,6 +363,8 @@ def torch_trainer(
                 module,
                 x,
                 y,
+                eval_x=eval_x,
+                eval_y=eval_y,
                 train=train,
                 model=training.model,
                 climb=climb,

@@ -150,3 +150,20 @@ def test_load_arrays_keeps_the_counter_an_integer() -> None:
     load_arrays(net, arrays)
     tracked = net.state_dict()["net.1.num_batches_tracked"]
     assert tracked.dtype == torch.int64 and int(tracked) == 7
+
+
+def test_federated_evaluation_counts_the_held_out_split_per_class() -> None:
+    x, y = _data(60)
+    trainer = ModuleTrainer(BnNet(), x[:40], y[:40], eval_x=x[40:], eval_y=y[40:])
+    assert trainer.evaluates and not ModuleTrainer(BnNet(), x, y).evaluates
+    arrays = _global()
+    counts = trainer.class_counts(arrays)
+    assert counts is not None
+    model = BnNet()
+    load_arrays(model, arrays)
+    model.eval()
+    with torch.no_grad():
+        predicted = model(torch.from_numpy(x[40:])).argmax(dim=1).numpy()
+    hits = predicted == y[40:]
+    assert counts.total.tolist() == np.bincount(y[40:], minlength=3).tolist()
+    assert counts.correct.tolist() == [int(hits[y[40:] == c].sum()) for c in range(3)]
