@@ -51,12 +51,11 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     model_options = { input_dim = 64, num_classes = 10 }   # its keyword arguments
     model = "classifier"              # the wire name devices train (their `model`)
     update_timeout_s = 300.0          # any other `TrainingConfig` field too
-    architecture = "mlp"              # optional: the final model's card and ONNX
-    model_options = {input_dim = 64, num_classes = 10}
 
     [evaluation]                      # federated evaluation (off by default)
     every = 5                         # before rounds 6, 11, ...: the fleet's accuracy
     timeout_s = 30.0                  # on the devices' own held-out data, encrypted
+    holdout_file = "test.npz"         # optional: the coordinator's own test set
 
 ``[[methods]]`` is `ursa.coordinator.methods_config`'s discriminated union:
 exactly one selection method, at most one training method (without one,
@@ -186,6 +185,10 @@ class EvaluationConfig(_Frozen):
     ``1 + every`` evaluates the model after round ``every``, and so on."""
     timeout_s: float = Field(default=30.0, gt=0)
     """How long the round waits for the devices' evaluation reports."""
+    holdout_file: str | None = Field(default=None, min_length=1)
+    """The coordinator's own held-out set (``.npz`` with ``x``, ``y``, or a data
+    set spec such as ``csv:PATH``): every new version is scored on it. Needs
+    torch and ``[training] architecture``."""
 
 
 class RegistryConfig(_Frozen):

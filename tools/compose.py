@@ -115,6 +115,7 @@ def training_plugin(
     steps: list[BeforeTraining] = (
         [ClimbDualStep(method)] if isinstance(method, ClimbSpec) else []
     )
+    evaluate = hooks.classifier.evaluate or holdout_evaluator(config)
     if config.evaluation.every:
         steps.append(
             FleetEvaluation(
@@ -131,7 +132,7 @@ def training_plugin(
             state_dir=config.state_dir,
             config=training,
             initial_weights=initial,
-            evaluate=hooks.classifier.evaluate,
+            evaluate=evaluate,
             on_round=hooks.classifier.on_round,
             before_training=steps,
         )
@@ -207,6 +208,51 @@ def coordinator_initial_weights(config: CoordinatorConfig, model: str) -> Path |
     path = Path(config.state_dir) / f"initial-{model}.ursw"
     write_atomic(path, arrays_to_bytes(reference))
     return path
+
+
+def holdout_evaluator(config: CoordinatorConfig) -> Evaluator | None:
+    """Score each new version on ``[evaluation] holdout_file`` (None: not set).
+
+    The coordinator's own test set: accuracy, loss and per-class accuracy in
+    every round's record, next to the federated evaluation.
+
+    Raises:
+        ServiceSetupError: no ``[training] architecture``, no torch, or the
+            file is unreadable.
+    """
+    path = config.evaluation.holdout_file
+    if path is None:
+        return None
+    section = config.training_section()
+    architecture = section.architecture
+    if architecture is None:
+        raise ServiceSetupError(
+            "[evaluation] holdout_file needs [training] architecture (and "
+            "model_options) to build the model it scores"
+        )
+    try:
+        from ursa.edge_sdk.training import evaluate, evaluate_module
+        from ursa.models.registry import build_model
+        from ursa.models.spec import is_import_path
+    except ImportError:
+        raise ServiceSetupError(
+            f"[evaluation] holdout_file {TRAIN_EXTRA_HINT}"
+        ) from None
+    x, y = load_training_data(path)
+    options = dict(section.model_options)
+
+    def score(round_index: int, version: int, arrays: Arrays) -> dict[str, Any]:
+        if is_import_path(architecture):
+            result = evaluate_module(build_model(architecture, options), arrays, x, y)
+        else:
+            result = evaluate(architecture, options, arrays, x, y)
+        return {
+            "accuracy": result.accuracy,
+            "loss": result.mean_loss,
+            "per_class_accuracy": list(result.per_class_accuracy),
+        }
+
+    return score
 
 
 def build_coordinator(

@@ -332,3 +332,41 @@ def test_feddisk_wraps_a_module_trainer_and_its_phase_two_trains_it(
     assert trainer.model == "classifier"
     np.testing.assert_array_equal(trainer.classifier.sample_weights, weights)
     assert list(delta) == list(global_arrays)
+
+
+def test_a_holdout_file_scores_every_version_beside_federated_evaluation(
+    tmp_path: Path,
+) -> None:
+    from ursa.coordinator.config import CoordinatorConfig
+    from ursa.coordinator.fleet_eval import FleetEvaluation
+    from ursa.coordinator.training import TrainingPlugin
+    from ursa.edge_sdk.training import evaluate
+    from ursa.models.registry import initial_arrays
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(30, 8)).astype(np.float32), rng.integers(0, 3, 30)
+    holdout = tmp_path / "test.npz"
+    np.savez(holdout, x=x, y=y)
+    options = {"input_dim": 8, "num_classes": 3, "hidden_sizes": [4]}
+    fields: dict[str, Any] = {
+        "federation": "f",
+        "state_dir": tmp_path / "c",
+        "methods": [DUBHE, {"kind": "fedavg"}],
+        "training": {"architecture": "mlp", "model_options": options},
+        "registry": {"num_classes": 3, "groups": [1, 3], "sigma": [0.5, 0.0]},
+        "evaluation": {"every": 2, "holdout_file": str(holdout)},
+    }
+    plugin = compose.training_plugin(CoordinatorConfig.model_validate(fields))
+    assert isinstance(plugin, TrainingPlugin)
+    (step,) = plugin.before_training
+    assert isinstance(step, FleetEvaluation) and step.num_classes == 3
+    score = compose.holdout_evaluator(CoordinatorConfig.model_validate(fields))
+    assert score is not None
+    arrays = initial_arrays("mlp", options, seed=3)
+    figures = score(1, 1, arrays)
+    expected = evaluate("mlp", options, arrays, x, y)
+    assert figures["accuracy"] == pytest.approx(expected.accuracy)
+    assert len(figures["per_class_accuracy"]) == 3
+    del fields["training"]["architecture"]
+    with pytest.raises(compose.ServiceSetupError, match="needs \\[training\\] arch"):
+        compose.holdout_evaluator(CoordinatorConfig.model_validate(fields))
