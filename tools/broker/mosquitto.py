@@ -14,6 +14,10 @@ ACL that confines every device to its own subtree (SPEC §2, §3):
     readers      read ursa/v1/#          (monitoring, traffic capture)
 
 Optional TLS makes a CA and a server certificate with the `openssl` CLI.
+With `run_as_user`, the files Mosquitto reads after dropping privileges go to
+that user (`ursa.tools.broker.ownership`). Writing again over existing files
+keeps every listed user's password hash and the TLS CA; only `rotate` and
+`rotate_tls` make new secrets, so a config update locks no device out.
 `MosquittoBroker` runs `mosquitto` on a free loopback port with such a config
 in a temporary directory (tests, benchmarks, local trials).
 """

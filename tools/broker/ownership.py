@@ -10,6 +10,7 @@ the root commands that finish the job.
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import shlex
@@ -33,6 +34,8 @@ class OwnerPlan:
 
     user: str
     ids: tuple[int, int] | None
+    group: str = ""
+    """The user's login group (default: named like the user)."""
     commands: list[str] = field(default_factory=list)
     _chown_later: list[str] = field(default_factory=list)
 
@@ -50,7 +53,8 @@ class OwnerPlan:
             os.chown(path, *self.ids)
             return
         self.commands.append(
-            f"install -d -o {shlex.quote(self.user)} -g {shlex.quote(self.user)} "
+            f"install -d -o {shlex.quote(self.user)} "
+            f"-g {shlex.quote(self.group or self.user)} "
             f"-m 0700 {shlex.quote(str(path))}"
         )
 
@@ -80,6 +84,10 @@ def plan_owner(user: str) -> OwnerPlan:
                 "'mosquitto'; or pass --user)"
             ) from None
         return OwnerPlan(user, None)
+    try:
+        group = grp.getgrgid(entry.pw_gid).gr_name
+    except KeyError:
+        group = user
     if os.geteuid() in (0, entry.pw_uid):
-        return OwnerPlan(user, (entry.pw_uid, entry.pw_gid))
-    return OwnerPlan(user, None)
+        return OwnerPlan(user, (entry.pw_uid, entry.pw_gid), group)
+    return OwnerPlan(user, None, group)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import grp
 import os
 import pwd
 from pathlib import Path
@@ -15,6 +16,7 @@ from ursa.tools.broker.ownership import OwnerError, OwnerPlan, plan_owner
 def test_own_user_is_handed_files_directly(tmp_path: Path) -> None:
     plan = plan_owner(getpass.getuser())
     assert plan.ids == (os.geteuid(), os.getegid())
+    assert plan.group == grp.getgrgid(os.getegid()).gr_name
     target = tmp_path / "f"
     target.touch()
     plan.give(target, Path("/etc/x/f"))
@@ -40,12 +42,11 @@ def test_someone_else_gets_one_chown_and_the_directories_as_commands(
 def test_remote_directories_are_left_to_commands_even_for_root(
     tmp_path: Path,
 ) -> None:
-    plan = OwnerPlan(getpass.getuser(), (os.geteuid(), os.getegid()))
+    plan = OwnerPlan("mosquitto", (os.geteuid(), os.getegid()), "nogroup")
     plan.make_dir(tmp_path / "remote", local=False)
     assert not (tmp_path / "remote").exists()
     assert plan.finish() == [
-        f"install -d -o {getpass.getuser()} -g {getpass.getuser()} -m 0700 "
-        f"{tmp_path / 'remote'}"
+        f"install -d -o mosquitto -g nogroup -m 0700 {tmp_path / 'remote'}"
     ]
 
 

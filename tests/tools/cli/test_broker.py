@@ -90,6 +90,23 @@ def test_mosquitto_config_refuses_to_overwrite_without_force(
     assert run([*argv, "--force"]) == 0
 
 
+def test_force_rotates_only_the_coordinator_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["broker", "mosquitto-config", "--out", str(tmp_path), "--devices", "a,b"]
+    argv += LOCAL
+    assert run(argv) == 0
+    before = (tmp_path / "passwd").read_text().splitlines()
+    capsys.readouterr()
+
+    assert run([*argv, "--force", "--rotate-coordinator"]) == 0
+
+    after = (tmp_path / "passwd").read_text().splitlines()
+    assert after[:2] == before[:2]  # a, b
+    assert after[2].startswith("coordinator:") and after[2] != before[2]
+    assert "kept existing passwords: a, b" in capsys.readouterr().out
+
+
 def test_mosquitto_config_without_devices_is_a_usage_error(tmp_path: Path) -> None:
     assert run(["broker", "mosquitto-config", "--out", str(tmp_path)]) == 2
 
