@@ -179,11 +179,10 @@ def write_mosquitto_config(
     if federation is not None and not _FEDERATION_RE.match(federation):
         raise MosquittoError(f"invalid federation name {federation!r}")
     log_line = _log_dest_line(log_dest)
-    wanted = _users(devices) | {coordinator_user: coordinator_password}
-    reader_names = _users(readers)
-    wanted |= reader_names
+    device_names, reader_names = _users(devices), _users(readers)
+    wanted = device_names | {coordinator_user: coordinator_password} | reader_names
     bad = [u for u in wanted if not _USERNAME_RE.match(u)]
-    expected = len(_users(devices)) + 1 + len(reader_names)
+    expected = len(device_names) + 1 + len(reader_names)
     if bad or len(wanted) != expected:
         raise MosquittoError(
             f"user names must be distinct, 1-64 of A-Z a-z 0-9 _ - (bad: {bad})"
@@ -337,6 +336,11 @@ def _read_pairs(path: Path) -> dict[str, str]:
         text = path.read_text()
     except FileNotFoundError:
         return {}
+    except PermissionError:
+        raise MosquittoError(
+            f"cannot read {path} to keep its passwords (owned by Mosquitto's "
+            "user?): run as root"
+        ) from None
     pairs = (line.partition(":") for line in text.splitlines())
     return {user: value for user, sep, value in pairs if sep and user}
 

@@ -278,3 +278,10 @@ def test_files_mosquitto_reads_belong_to_its_user(tmp_path: Path) -> None:
     assert files.credentials_file is not None
     assert files.credentials_file.stat().st_uid == os.geteuid()  # the operator's
     assert f"user {user}" in files.config_file.read_text()
+
+
+def test_users_may_come_from_a_generator(tmp_path: Path) -> None:
+    files = write_mosquitto_config(
+        tmp_path, devices=(f"d{i}" for i in range(2)), persistence_dir=None
+    )
+    assert set(files.credentials) == {"d0", "d1", "coordinator"}
