@@ -14,6 +14,10 @@ ACL that confines every device to its own subtree (SPEC §2, §3):
     readers      read ursa/v1/#          (monitoring, traffic capture)
 
 Optional TLS makes a CA and a server certificate with the `openssl` CLI.
+With `run_as_user`, the files Mosquitto reads after dropping privileges go to
+that user (`ursa.tools.broker.ownership`). Writing again over existing files
+keeps every listed user's password hash and the TLS CA; only `rotate` and
+`rotate_tls` make new secrets, so a config update locks no device out.
 `MosquittoBroker` runs `mosquitto` on a free loopback port with such a config
 in a temporary directory (tests, benchmarks, local trials).
 """
@@ -39,10 +43,12 @@ from typing import IO
 from pydantic import SecretStr
 
 from ursa.protocol.mqtt import MqttConfig
+from ursa.tools.broker.ownership import OwnerError, plan_owner
 from ursa.tools.broker.tls import TlsError, make_tls_files
 
 __all__ = [
     "DEFAULT_MAX_PACKET_BYTES",
+    "DEFAULT_PERSISTENCE_DIR",
     "MosquittoBroker",
     "MosquittoError",
     "MosquittoFiles",
@@ -57,6 +63,8 @@ DEFAULT_MAX_PACKET_BYTES = 2 * 1024 * 1024
 #: mosquitto_passwd's own default. Generated passwords carry 192 random bits,
 #: so key stretching adds nothing for them; raise it for human-chosen ones.
 DEFAULT_PBKDF2_ITERATIONS = 101
+#: Where Debian's mosquitto package keeps persistence (owned by `mosquitto`).
+DEFAULT_PERSISTENCE_DIR = Path("/var/lib/mosquitto")
 _USERNAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FEDERATION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SEARCH_PATHS = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
@@ -77,11 +85,18 @@ class MosquittoFiles:
     password_file: Path
     acl_file: Path
     credentials: Mapping[str, str]
-    """Every user's plaintext password (keep it out of logs)."""
+    """Plaintext passwords known to this call: given, generated, or kept ones
+    still listed in credentials.txt (keep them out of logs)."""
     credentials_file: Path | None
     """0600 file with the generated passwords (None if none were generated)."""
     port: int
     tls_ca_file: Path | None
+    kept: tuple[str, ...] = ()
+    """Users whose existing password hashes were kept (`overwrite`)."""
+    removed: tuple[str, ...] = ()
+    """Users in the old password file that are no longer listed."""
+    root_commands: tuple[str, ...] = ()
+    """What root must still run on the broker host (file owners, directories)."""
 
 
 def find_mosquitto() -> Path | None:
@@ -118,11 +133,13 @@ def write_mosquitto_config(
     tls: bool = False,
     tls_hostnames: Iterable[str] = ("localhost", "127.0.0.1"),
     install_dir: Path | None = None,
-    persistence_dir: Path | None = Path("/var/lib/mosquitto"),
+    persistence_dir: Path | None = DEFAULT_PERSISTENCE_DIR,
+    log_dest: str | None = None,
     max_packet_bytes: int = DEFAULT_MAX_PACKET_BYTES,
     run_as_user: str | None = None,
-    log_to_stderr: bool = False,
     overwrite: bool = False,
+    rotate: Iterable[str] = (),
+    rotate_tls: bool = False,
 ) -> MosquittoFiles:
     """Write mosquitto.conf, the password file and the ACL into `out_dir`.
 
@@ -142,26 +159,40 @@ def write_mosquitto_config(
             mosquitto.conf point there); default `out_dir`.
         persistence_dir: Mosquitto's persistence location; None disables
             persistence (sessions and retained messages die with the process).
+        log_dest: `stderr`, `stdout`, `syslog`, `none` or `file:PATH`; None
+            keeps Mosquitto's default (stderr: the journal under systemd).
         max_packet_bytes: Mosquitto's `max_packet_size`.
-        run_as_user: Mosquitto's `user` (only used when started as root).
-        log_to_stderr: log to stderr instead of Mosquitto's default.
-        overwrite: replace existing files (devices holding old passwords
-            are locked out).
+        run_as_user: the system user Mosquitto runs as (its `user` option);
+            the password file, ACL, TLS key, persistence and log directories
+            are handed to it (see `ursa.tools.broker.ownership`).
+        overwrite: update existing files: users already in the password file
+            keep their passwords unless named in `rotate` (or given one
+            explicitly); users no longer listed are removed; the TLS CA and
+            certificate are kept unless `rotate_tls`.
+        rotate: user names that get new generated passwords.
+        rotate_tls: make a new CA and server certificate even if some exist
+            (every device then needs the new ca.crt).
 
     Generated passwords go to `credentials.txt` (mode 0600) in `out_dir`, never
     to stdout: hand each device its line, then delete the file.
     """
     if federation is not None and not _FEDERATION_RE.match(federation):
         raise MosquittoError(f"invalid federation name {federation!r}")
-    device_creds, generated = _credentials(devices)
-    reader_creds, generated_readers = _credentials(readers)
-    coordinator = {coordinator_user: coordinator_password or secrets.token_urlsafe(24)}
-    generated |= generated_readers | ({} if coordinator_password else coordinator)
-    credentials = device_creds | coordinator | reader_creds
-    bad = [u for u in credentials if not _USERNAME_RE.match(u)]
-    if bad or len(credentials) != len(device_creds) + 1 + len(reader_creds):
+    log_line = _log_dest_line(log_dest)
+    device_names, reader_names = _users(devices), _users(readers)
+    wanted = device_names | {coordinator_user: coordinator_password} | reader_names
+    bad = [u for u in wanted if not _USERNAME_RE.match(u)]
+    expected = len(device_names) + 1 + len(reader_names)
+    if bad or len(wanted) != expected:
         raise MosquittoError(
             f"user names must be distinct, 1-64 of A-Z a-z 0-9 _ - (bad: {bad})"
+        )
+    if any(pw == "" for pw in wanted.values()):
+        raise MosquittoError("empty passwords are not allowed")
+    rotate = set(rotate)
+    if rotate - set(wanted):
+        raise MosquittoError(
+            f"cannot rotate unknown users {sorted(rotate - set(wanted))}"
         )
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -171,19 +202,53 @@ def write_mosquitto_config(
         raise MosquittoError(
             f"{out_dir} already has {clash}; pass overwrite to replace"
         )
+    old_hashes = _read_pairs(out_dir / "passwd")
+    old_plain = _read_pairs(out_dir / "credentials.txt")
+    hashes: dict[str, str] = {}
+    credentials: dict[str, str] = {}
+    listed: dict[str, str] = {}  # credentials.txt: generated, not yet handed out
+    kept: list[str] = []
+    for user, given in wanted.items():
+        if given is not None:
+            credentials[user], hashes[user] = given, hash_password(given)
+        elif user in old_hashes and user not in rotate:
+            hashes[user] = old_hashes[user]
+            kept.append(user)
+            plain = old_plain.get(user)
+            if plain is not None and _matches(plain, old_hashes[user]):
+                credentials[user] = listed[user] = plain
+        else:
+            password = secrets.token_urlsafe(24)
+            credentials[user] = listed[user] = password
+            hashes[user] = hash_password(password)
+    removed = tuple(sorted(set(old_hashes) - set(wanted)))
+
     home = install_dir or out_dir.resolve()
-    _write_private(
-        out_dir / "passwd",
-        "".join(f"{u}:{hash_password(p)}\n" for u, p in credentials.items()),
-    )
-    _write_private(
-        out_dir / "acl", _acl_text(federation or "+", coordinator, readers=reader_creds)
+    local = install_dir is None or install_dir.resolve() == out_dir.resolve()
+    try:
+        owner = None if run_as_user is None else plan_owner(run_as_user)
+    except OwnerError as exc:
+        raise MosquittoError(str(exc)) from exc
+
+    def private(name: str, text: str, *, for_broker: bool = True) -> Path:
+        path = out_dir / name
+        _write_private(path, text)
+        if owner is not None and for_broker:
+            owner.give(path, home / name)
+        return path
+
+    password_file = private("passwd", "".join(f"{u}:{h}\n" for u, h in hashes.items()))
+    acl_file = private(
+        "acl",
+        _acl_text(federation or "+", [coordinator_user], readers=list(reader_names)),
     )
     credentials_file = None
-    if generated:
-        credentials_file = out_dir / "credentials.txt"
-        _write_private(
-            credentials_file, "".join(f"{u}:{p}\n" for u, p in generated.items())
+    (out_dir / "credentials.txt").unlink(missing_ok=True)
+    if listed:
+        credentials_file = private(
+            "credentials.txt",
+            "".join(f"{u}:{p}\n" for u, p in listed.items()),
+            for_broker=False,
         )
     lines = [
         "# ursa broker, written by `ursa broker mosquitto-config`. Every client",
@@ -199,19 +264,22 @@ def write_mosquitto_config(
         lines.append("persistence false")
     else:
         lines += ["persistence true", f"persistence_location {persistence_dir}/"]
+        if owner is not None:
+            owner.make_dir(persistence_dir, local=local)
     if run_as_user is not None:
         lines.append(f"user {run_as_user}")
-    if log_to_stderr:
-        lines.append("log_dest stderr")
+    if log_line is not None:
+        lines.append(log_line)
+        if log_line.startswith("log_dest file ") and owner is not None:
+            owner.make_dir(Path(log_line.split(" ", 2)[2]).parent, local=local)
     # Listener options must follow `listener`, or Mosquitto opens a default
     # listener on 0.0.0.0:1883 for them.
     lines += ["", f"listener {port} {bind}", "use_username_as_clientid true"]
     ca_file = None
     if tls:
-        try:
-            ca_file, cert, key = make_tls_files(out_dir / "tls", tls_hostnames)
-        except TlsError as exc:
-            raise MosquittoError(str(exc)) from exc
+        ca_file, cert, key = _tls_files(out_dir / "tls", tls_hostnames, rotate_tls)
+        if owner is not None:
+            owner.give(key, home / "tls" / key.name)
         tls_home = home / "tls"
         lines += [
             f"cafile {tls_home / ca_file.name}",
@@ -221,14 +289,18 @@ def write_mosquitto_config(
         ]
     config_file = out_dir / "mosquitto.conf"
     config_file.write_text("\n".join(lines) + "\n")
+    config_file.chmod(0o644)
     return MosquittoFiles(
         config_file=config_file,
-        password_file=out_dir / "passwd",
-        acl_file=out_dir / "acl",
+        password_file=password_file,
+        acl_file=acl_file,
         credentials=credentials,
         credentials_file=credentials_file,
         port=port,
         tls_ca_file=ca_file,
+        kept=tuple(kept),
+        removed=removed,
+        root_commands=tuple(owner.finish() if owner is not None else ()),
     )
 
 
@@ -238,18 +310,70 @@ def _frozen_users(users: Users) -> Users:
     return dict(users) if isinstance(users, Mapping) else tuple(users)
 
 
-def _credentials(users: Users) -> tuple[dict[str, str], dict[str, str]]:
-    """Return (all credentials, generated ones) for a `Users` argument."""
+def _users(users: Users) -> dict[str, str | None]:
+    """Return `{name: given password or None}` for a `Users` argument."""
     users = _frozen_users(users)
-    given = dict(users) if isinstance(users, Mapping) else dict.fromkeys(users)
-    if any(pw == "" for pw in given.values()):
-        raise MosquittoError("empty passwords are not allowed")
-    generated = {u: secrets.token_urlsafe(24) for u, pw in given.items() if pw is None}
-    return {u: generated.get(u) or str(pw) for u, pw in given.items()}, generated
+    return dict(users) if isinstance(users, Mapping) else dict.fromkeys(users)
+
+
+def _log_dest_line(log_dest: str | None) -> str | None:
+    if log_dest is None:
+        return None
+    if log_dest in ("stderr", "stdout", "syslog", "none"):
+        return f"log_dest {log_dest}"
+    kind, sep, path = log_dest.partition(":")
+    if kind == "file" and sep and Path(path).is_absolute():
+        return f"log_dest file {path}"
+    raise MosquittoError(
+        f"log destination must be stderr, stdout, syslog, none or "
+        f"file:/absolute/path, got {log_dest!r}"
+    )
+
+
+def _read_pairs(path: Path) -> dict[str, str]:
+    """Read `user:value` lines (password file, credentials.txt); {} if absent."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except PermissionError:
+        raise MosquittoError(
+            f"cannot read {path} to keep its passwords (owned by Mosquitto's "
+            "user?): run as root"
+        ) from None
+    pairs = (line.partition(":") for line in text.splitlines())
+    return {user: value for user, sep, value in pairs if sep and user}
+
+
+def _matches(password: str, stored: str) -> bool:
+    """True if `password` hashes to `stored` (`$7$it$salt$hash`)."""
+    parts = stored.split("$")
+    if len(parts) != 5 or parts[1] != "7" or not parts[2].isdigit():
+        return False
+    try:
+        salt = base64.b64decode(parts[3], validate=True)
+    except ValueError:
+        return False
+    return secrets.compare_digest(
+        hash_password(password, iterations=int(parts[2]), salt=salt), stored
+    )
+
+
+def _tls_files(
+    tls_dir: Path, hostnames: Iterable[str], rotate: bool
+) -> tuple[Path, Path, Path]:
+    """Keep the CA and certificate already in `tls_dir` unless `rotate`."""
+    existing = tls_dir / "ca.crt", tls_dir / "server.crt", tls_dir / "server.key"
+    if not rotate and all(p.exists() for p in existing):
+        return existing
+    try:
+        return make_tls_files(tls_dir, hostnames)
+    except TlsError as exc:
+        raise MosquittoError(str(exc)) from exc
 
 
 def _acl_text(
-    federation: str, coordinator: Mapping[str, str], *, readers: Mapping[str, str]
+    federation: str, coordinators: Iterable[str], *, readers: Iterable[str]
 ) -> str:
     base = f"ursa/v1/{federation}"
     lines = [
@@ -261,7 +385,7 @@ def _acl_text(
         "# (Mosquitto warns about this pattern at start; expected).",
         f"pattern read {base}/global/#",
     ]
-    for name in coordinator:
+    for name in coordinators:
         lines += ["", f"user {name}", "topic readwrite ursa/v1/#"]
     for name in readers:
         lines += ["", f"user {name}", "topic read ursa/v1/#"]
@@ -419,7 +543,7 @@ class MosquittoBroker:
             tls=self._tls,
             persistence_dir=self.work_dir if self._persistence else None,
             run_as_user="root" if os.geteuid() == 0 else None,
-            log_to_stderr=True,
+            log_dest="stderr",
             overwrite=True,
         )
 

@@ -23,6 +23,7 @@ _AREAS = (
     "ursa.tools.cli.simulate",
     "ursa.tools.cli.broker",
     "ursa.tools.cli.service",
+    "ursa.tools.cli.units",
     "ursa.tools.cli.demo",
     "ursa.tools.cli.doctor",
 )

@@ -9,6 +9,7 @@ line, then delete the file.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -55,7 +56,51 @@ def register(sub: Subparsers) -> None:
     cfg.add_argument(
         "--install-dir", type=Path, help="where the files will live on the broker"
     )
-    cfg.add_argument("--force", action="store_true", help="overwrite existing files")
+    cfg.add_argument(
+        "--user",
+        default="mosquitto",
+        help="system user Mosquitto runs as; owns passwd, acl, the TLS key, the "
+        "persistence and log directories (default mosquitto)",
+    )
+    cfg.add_argument(
+        "--persistence-dir",
+        type=Path,
+        help="Mosquitto's persistence location (default /var/lib/mosquitto, "
+        "which Debian's package gives to the mosquitto user)",
+    )
+    cfg.add_argument(
+        "--no-persistence",
+        action="store_true",
+        help="no persistence: queued messages die with the broker",
+    )
+    cfg.add_argument(
+        "--log-dest",
+        help="stderr (Mosquitto's default; the journal under systemd), syslog, "
+        "none or file:/var/log/mosquitto/ursa.log",
+    )
+    cfg.add_argument(
+        "--force",
+        action="store_true",
+        help="update existing files: listed users keep their passwords, "
+        "unlisted ones are removed, only --rotate* makes new secrets",
+    )
+    cfg.add_argument(
+        "--rotate",
+        action="append",
+        default=[],
+        metavar="USER",
+        help="give this device (or reader) a new password (repeatable; with --force)",
+    )
+    cfg.add_argument(
+        "--rotate-coordinator",
+        action="store_true",
+        help="give the coordinator a new password",
+    )
+    cfg.add_argument(
+        "--rotate-tls",
+        action="store_true",
+        help="make a new CA and server certificate (every device needs the new ca.crt)",
+    )
     cfg.set_defaults(handler=_run_mosquitto_config)
 
     embedded = names.add_parser(
@@ -81,7 +126,11 @@ def read_devices(devices: str, devices_file: Path | None) -> dict[str, str | Non
 
 
 def _run_mosquitto_config(args: argparse.Namespace) -> int:
-    from ursa.tools.broker.mosquitto import MosquittoError, write_mosquitto_config
+    from ursa.tools.broker.mosquitto import (
+        DEFAULT_PERSISTENCE_DIR,
+        MosquittoError,
+        write_mosquitto_config,
+    )
 
     devices = read_devices(args.devices, args.devices_file)
     if not devices:
@@ -99,13 +148,27 @@ def _run_mosquitto_config(args: argparse.Namespace) -> int:
             tls=args.tls,
             tls_hostnames=args.hostname or ["localhost", "127.0.0.1"],
             install_dir=args.install_dir,
+            persistence_dir=None
+            if args.no_persistence
+            else args.persistence_dir or DEFAULT_PERSISTENCE_DIR,
+            log_dest=args.log_dest,
+            run_as_user=args.user,
             overwrite=args.force,
+            rotate=[
+                *args.rotate,
+                *([args.coordinator_user] if args.rotate_coordinator else []),
+            ],
+            rotate_tls=args.rotate_tls,
         )
     except MosquittoError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {files.config_file}, {files.password_file}, {files.acl_file}")
     print(f"users: {len(devices)} devices, {args.coordinator_user!r} (coordinator)")
+    if files.kept:
+        print(f"kept existing passwords: {', '.join(files.kept)}")
+    if files.removed:
+        print(f"removed users: {', '.join(files.removed)}")
     if files.credentials_file is not None:
         print(
             f"generated passwords: {files.credentials_file} (mode 0600); give each "
@@ -116,9 +179,14 @@ def _run_mosquitto_config(args: argparse.Namespace) -> int:
             f"TLS: give devices {files.tls_ca_file}; move "
             f"{files.tls_ca_file.with_name('ca.key')} offline"
         )
+    home = args.install_dir or args.out.resolve()
+    if files.root_commands:
+        print(f"then, as root on the broker host (files owned by {args.user!r}):")
+        print("  sudo sh -c " + shlex.quote(" && ".join(files.root_commands)))
     print(
-        "install: copy the files, `chown mosquitto:` passwd, acl and tls/server.key, "
-        "then `mosquitto -c mosquitto.conf`"
+        f"run: mosquitto -c {home / 'mosquitto.conf'} (as root it drops to "
+        f"{args.user!r}), "
+        "or `ursa service units` for systemd"
     )
     return 0
 

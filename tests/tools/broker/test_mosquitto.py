@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import base64
+import getpass
+import os
+import pwd
 import shutil
 import stat
 import subprocess
@@ -167,3 +170,118 @@ def test_persistence_keeps_queued_messages_across_a_restart(
     connect_mqtt(broker, "d1", handler=lambda t, p: got.set())
 
     assert got.wait(5.0), broker.read_log()
+
+
+def _devices(files_dir: Path) -> dict[str, str]:
+    passwd = (files_dir / "passwd").read_text().splitlines()
+    return dict(line.split(":", 1) for line in passwd)
+
+
+def test_overwrite_keeps_passwords_and_rotates_only_what_is_asked(
+    tmp_path: Path,
+) -> None:
+    first = write_mosquitto_config(
+        tmp_path, devices=["d1", "d2", "old"], persistence_dir=None
+    )
+    before = _devices(tmp_path)
+
+    second = write_mosquitto_config(
+        tmp_path,
+        devices=["d1", "d2", "new"],
+        persistence_dir=None,
+        overwrite=True,
+        rotate=["d2"],
+    )
+
+    after = _devices(tmp_path)
+    assert after["d1"] == before["d1"]
+    assert after["coordinator"] == before["coordinator"]
+    assert after["d2"] != before["d2"]
+    assert set(after) == {"d1", "d2", "new", "coordinator"}
+    assert second.removed == ("old",)
+    assert set(second.kept) == {"d1", "coordinator"}
+    # Still-listed generated passwords stay in credentials.txt; d2's is new.
+    assert second.credentials["d1"] == first.credentials["d1"]
+    assert second.credentials["d2"] != first.credentials["d2"]
+    assert second.credentials_file is not None
+    assert f"d1:{first.credentials['d1']}" in second.credentials_file.read_text()
+
+
+def test_overwrite_rotates_the_coordinator_only_when_named(tmp_path: Path) -> None:
+    write_mosquitto_config(tmp_path, devices=["d1"], persistence_dir=None)
+    before = _devices(tmp_path)
+    write_mosquitto_config(
+        tmp_path,
+        devices=["d1"],
+        persistence_dir=None,
+        overwrite=True,
+        rotate=["coordinator"],
+    )
+    after = _devices(tmp_path)
+    assert after["coordinator"] != before["coordinator"]
+    assert after["d1"] == before["d1"]
+
+
+def test_rotating_an_unknown_user_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(MosquittoError, match="unknown"):
+        write_mosquitto_config(tmp_path, devices=["d1"], rotate=["typo"])
+
+
+def test_overwrite_keeps_the_tls_ca_unless_rotated(tmp_path: Path) -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not installed")
+    files = write_mosquitto_config(tmp_path, devices=["d"], tls=True)
+    assert files.tls_ca_file is not None
+    ca = files.tls_ca_file.read_bytes()
+    write_mosquitto_config(tmp_path, devices=["d"], tls=True, overwrite=True)
+    assert files.tls_ca_file.read_bytes() == ca
+    write_mosquitto_config(
+        tmp_path, devices=["d"], tls=True, overwrite=True, rotate_tls=True
+    )
+    assert files.tls_ca_file.read_bytes() != ca
+
+
+def test_persistence_and_log_locations_are_options(tmp_path: Path) -> None:
+    data, logs = tmp_path / "data", tmp_path / "log" / "mosquitto.log"
+    files = write_mosquitto_config(
+        tmp_path / "conf",
+        devices=["d"],
+        persistence_dir=data,
+        log_dest=f"file:{logs}",
+        run_as_user=getpass.getuser(),
+    )
+    conf = files.config_file.read_text()
+    assert f"persistence_location {data}/" in conf
+    assert f"log_dest file {logs}" in conf
+    assert "/var/lib/mosquitto" not in conf
+    assert _mode(data) == 0o700
+    assert _mode(logs.parent) == 0o700
+    assert files.root_commands == ()
+
+
+def test_a_bad_log_destination_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(MosquittoError, match="log destination"):
+        write_mosquitto_config(tmp_path, devices=["d"], log_dest="file:relative.log")
+
+
+def test_files_mosquitto_reads_belong_to_its_user(tmp_path: Path) -> None:
+    user = "mosquitto" if os.geteuid() == 0 else getpass.getuser()
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        pytest.skip(f"no {user!r} system user to own the files")
+    files = write_mosquitto_config(
+        tmp_path, devices=["d"], run_as_user=user, persistence_dir=tmp_path / "data"
+    )
+    for path in (files.password_file, files.acl_file, tmp_path / "data"):
+        assert path.stat().st_uid == entry.pw_uid
+    assert files.credentials_file is not None
+    assert files.credentials_file.stat().st_uid == os.geteuid()  # the operator's
+    assert f"user {user}" in files.config_file.read_text()
+
+
+def test_users_may_come_from_a_generator(tmp_path: Path) -> None:
+    files = write_mosquitto_config(
+        tmp_path, devices=(f"d{i}" for i in range(2)), persistence_dir=None
+    )
+    assert set(files.credentials) == {"d0", "d1", "coordinator"}

@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import getpass
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
+import paho.mqtt.client as mqtt
 import pytest
 
+from ursa.tools.broker.mosquitto import free_port
 from ursa.tools.cli import broker as cli_broker
 from ursa.tools.cli.broker import read_devices, register
+
+#: Keep tests out of /var/lib/mosquitto and the files with the test's user.
+LOCAL = ["--no-persistence", "--user", getpass.getuser()]
 
 
 def run(argv: list[str]) -> int:
@@ -35,7 +52,18 @@ def test_mosquitto_config_writes_files_and_never_prints_passwords(
 ) -> None:
     out = tmp_path / "broker"
     assert (
-        run(["broker", "mosquitto-config", "--out", str(out), "--devices", "a,b"]) == 0
+        run(
+            [
+                "broker",
+                "mosquitto-config",
+                "--out",
+                str(out),
+                "--devices",
+                "a,b",
+                *LOCAL,
+            ]
+        )
+        == 0
     )
 
     printed = capsys.readouterr().out
@@ -55,10 +83,28 @@ def test_mosquitto_config_refuses_to_overwrite_without_force(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["broker", "mosquitto-config", "--out", str(tmp_path), "--devices", "a"]
+    argv += LOCAL
     assert run(argv) == 0
     assert run(argv) == 1
     assert "overwrite" in capsys.readouterr().err
     assert run([*argv, "--force"]) == 0
+
+
+def test_force_rotates_only_the_coordinator_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["broker", "mosquitto-config", "--out", str(tmp_path), "--devices", "a,b"]
+    argv += LOCAL
+    assert run(argv) == 0
+    before = (tmp_path / "passwd").read_text().splitlines()
+    capsys.readouterr()
+
+    assert run([*argv, "--force", "--rotate-coordinator"]) == 0
+
+    after = (tmp_path / "passwd").read_text().splitlines()
+    assert after[:2] == before[:2]  # a, b
+    assert after[2].startswith("coordinator:") and after[2] != before[2]
+    assert "kept existing passwords: a, b" in capsys.readouterr().out
 
 
 def test_mosquitto_config_without_devices_is_a_usage_error(tmp_path: Path) -> None:
@@ -67,6 +113,7 @@ def test_mosquitto_config_without_devices_is_a_usage_error(tmp_path: Path) -> No
 
 def test_mosquitto_config_with_tls_uses_port_8883(tmp_path: Path) -> None:
     argv = ["broker", "mosquitto-config", "--out", str(tmp_path), "--devices", "a"]
+    argv += LOCAL
     assert run([*argv, "--tls", "--hostname", "broker.lan"]) == 0
     conf = (tmp_path / "mosquitto.conf").read_text()
     assert "listener 8883 127.0.0.1" in conf
@@ -84,3 +131,116 @@ def test_run_embedded_serves_until_ctrl_c(
     monkeypatch.setattr(cli_broker, "time", SimpleNamespace(sleep=interrupt))
     assert run(["broker", "run-embedded", "--port", "0"]) == 0
     assert "mqtt://127.0.0.1:" in capsys.readouterr().out
+
+
+def _broker_user_and_dir(tmp_path: Path) -> tuple[str, Path]:
+    """As root: the real `mosquitto` user, in a directory it can traverse.
+
+    Otherwise the current user (Mosquitto then runs as us and `user` is moot).
+    """
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("mosquitto")
+        except KeyError:
+            return "root", tmp_path
+        shared = Path(tempfile.mkdtemp(prefix="ursa-broker-test-"))
+        shared.chmod(0o755)
+        return "mosquitto", shared
+    return getpass.getuser(), tmp_path
+
+
+def _connect(port: int, ca: Path, user: str, password: str) -> int:
+    """CONNECT over TLS as `user`; return the CONNACK reason code (0: accepted)."""
+    client = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2, client_id=user, protocol=mqtt.MQTTv311
+    )
+    client.username_pw_set(user, password)
+    client.tls_set(ca_certs=str(ca))
+    codes: list[int] = []
+    done = threading.Event()
+
+    def on_connect(c: mqtt.Client, u: object, f: object, rc: Any, p: object) -> None:
+        codes.append(rc.value)
+        done.set()
+
+    client.on_connect = on_connect
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        assert done.wait(10.0), "no CONNACK"
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return codes[0]
+
+
+def _listening(port: int, process: subprocess.Popen[bytes]) -> None:
+    for _ in range(500):
+        assert process.poll() is None, "mosquitto exited"
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        time.sleep(0.02)
+    raise AssertionError("mosquitto is not listening")
+
+
+def _wait_for_line(log: Path, text: str) -> None:
+    """Mosquitto's loop is single-threaded: once it logs `text`, it is done
+    before it reads the next packet."""
+    for _ in range(500):
+        if log.exists() and text in log.read_text():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{text!r} not in {log}")
+
+
+@pytest.mark.integration
+def test_mosquitto_runs_on_the_generated_config_over_tls(
+    mosquitto_binary: Path, tmp_path: Path
+) -> None:
+    user, out_root = _broker_user_and_dir(tmp_path)
+    out, data = out_root / "broker", out_root / "data"
+    log = out_root / "log" / "mosquitto.log"
+    port = free_port()
+    argv = ["broker", "mosquitto-config", "--out", str(out), "--devices", "d1,d2"]
+    argv += ["--tls", "--port", str(port), "--user", user]
+    argv += ["--persistence-dir", str(data), "--log-dest", f"file:{log}"]
+    process: subprocess.Popen[bytes] | None = None
+    try:
+        assert run(argv) == 0
+        credentials = dict(
+            line.split(":", 1)
+            for line in (out / "credentials.txt").read_text().splitlines()
+        )
+        ca = out / "tls" / "ca.crt"
+        process = subprocess.Popen(
+            [str(mosquitto_binary), "-c", str(out / "mosquitto.conf")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _listening(port, process)
+
+        assert _connect(port, ca, "d1", credentials["d1"]) == 0
+        assert _connect(port, ca, "coordinator", credentials["coordinator"]) == 0
+        assert _connect(port, ca, "d1", credentials["d2"]) != 0
+
+        # Rotate d2 only; Mosquitto re-reads its password file on SIGHUP.
+        assert run([*argv, "--force", "--rotate", "d2"]) == 0
+        rotated = dict(
+            line.split(":", 1)
+            for line in (out / "credentials.txt").read_text().splitlines()
+        )
+        process.send_signal(signal.SIGHUP)
+        _wait_for_line(log, "Reloading config")
+        assert rotated["d1"] == credentials["d1"]
+        assert rotated["coordinator"] == credentials["coordinator"]
+        assert _connect(port, ca, "d2", rotated["d2"]) == 0
+        assert _connect(port, ca, "d1", credentials["d1"]) == 0
+        assert log.exists()
+        assert "Opening ipv4 listen socket" in log.read_text()
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(timeout=10)
+        if out_root != tmp_path:
+            shutil.rmtree(out_root)
