@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import sys
 from collections.abc import Callable, Sequence
 
 from ursa._version import __version__
+from ursa.tools.cli.config_load import ConfigError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -50,4 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     handler: Handler = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except ConfigError as exc:  # one clear message, no traceback
+        print(f"ursa: config error: {exc}", file=sys.stderr)
+        return 2

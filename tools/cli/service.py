@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -24,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from ursa.protocol.connect import ConnectAbortedError
 from ursa.protocol.transport import TransportError
-from ursa.tools.cli import model
+from ursa.tools.cli import fleet, model
+from ursa.tools.cli.config_load import ConfigError
 from ursa.tools.compose import ServiceSetupError, build_coordinator, build_device
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ def register(sub: Subparsers) -> None:
         help="keep serving enrolments after the configured rounds are done",
     )
     serve.set_defaults(handler=_serve)
+    fleet.register_coordinator(commands)
 
     device = sub.add_parser("device", help="a device process")
     device_commands = device.add_subparsers(dest="device_command", required=True)
@@ -59,6 +60,7 @@ def register(sub: Subparsers) -> None:
     )
     repin.add_argument("--config", type=Path, required=True, help="TOML or JSON file")
     repin.set_defaults(handler=_device_repin)
+    fleet.register_device(device_commands)
     model.register(sub)
 
 
@@ -74,9 +76,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ursa.coordinator.config import load_coordinator_config
-
-    config = load_coordinator_config(args.config, os.environ)
+    config = fleet.coordinator_config(args.config)
     try:
         service = build_coordinator(config)
     except ServiceSetupError as exc:
@@ -94,9 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _device_run(args: argparse.Namespace) -> int:
-    from ursa.edge_sdk.config import load_device_config
-
-    config = load_device_config(args.config, os.environ)
+    config = fleet.device_config(args.config)
     try:
         client = build_device(config, args.labels)
     except ValueError as exc:
@@ -114,10 +112,9 @@ def _device_run(args: argparse.Namespace) -> int:
 
 def _device_repin(args: argparse.Namespace) -> int:
     """Drop the old coordinator's pin and run state; keep the device's identity."""
-    from ursa.edge_sdk.config import load_device_config
     from ursa.edge_sdk.state import DeviceStateDir
 
-    config = load_device_config(args.config, os.environ)
+    config = fleet.device_config(args.config)
     state = DeviceStateDir(config.state_dir)
     old = state.load_coordinator()
     removed = state.forget_coordinator()
@@ -145,7 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    code: int = args.handler(args)
+    try:
+        code: int = args.handler(args)
+    except ConfigError as exc:
+        print(f"ursa: config error: {exc}", file=sys.stderr)
+        return 2
     return code
 
 
