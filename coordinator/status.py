@@ -1,9 +1,11 @@
 """A read-only view of a coordinator's state dir, for `ursa coordinator status`.
 
 It must never disturb a running coordinator: SQLite is opened read-only
-(``mode=ro``), all reads happen in one deferred read transaction (a WAL
-snapshot: it takes no write lock and never blocks the coordinator's writes),
-and model checkpoints are read from their ``latest.json``.
+(``mode=ro``; ``immutable=1`` when no coordinator has it open, so that no
+``-wal``/``-shm`` files are left behind), all reads happen in one deferred
+read transaction (a WAL snapshot: it takes no write lock and never blocks
+the coordinator's writes), and model checkpoints are read from their
+``latest.json``.
 
 What the store persists, and so what status can show: the stage, key epoch
 (agent, recipients, registrations), round, enrolled devices with their
@@ -113,8 +115,14 @@ def read_status(state_dir: Path, *, errors: int = 10) -> FederationStatus:
     path = Path(state_dir).resolve() / DB_FILENAME
     if not path.is_file():
         raise StatusError(f"no coordinator store at {path} (not started yet?)")
+    # No write-ahead log: no coordinator has the store open, and a read-only
+    # open would create the -wal and -shm files (owned by whoever runs status);
+    # immutable=1 reads the file alone. A coordinator starting meanwhile
+    # writes to its new log, not to the file read here.
+    wal = path.with_name(f"{path.name}-wal")
+    query = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
     try:
-        db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=5.0)
+        db = sqlite3.connect(f"{path.as_uri()}?{query}", uri=True, timeout=5.0)
         with closing(db):
             db.execute("BEGIN")  # deferred: one read snapshot, no write lock
             status = _read(db, errors)

@@ -123,3 +123,15 @@ def test_status_before_the_first_start(
     config.write_text(f'federation = "f"\nstate_dir = "{tmp_path}"\n')
     assert main(["coordinator", "status", "--config", str(config)]) == 1
     assert "no coordinator store" in capsys.readouterr().err
+
+
+def test_status_of_a_stopped_coordinator_creates_no_files(federation: Any) -> None:
+    fed = federation(num_devices=3, k=2, rounds=1)
+    fed.start()
+    fed.coordinator.stop()
+    files = sorted(p.name for p in fed.config.state_dir.iterdir())
+
+    status = read_status(fed.config.state_dir)
+
+    assert (status.stage, status.completed_rounds) == ("done", 1)
+    assert sorted(p.name for p in fed.config.state_dir.iterdir()) == files
