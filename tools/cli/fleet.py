@@ -229,7 +229,10 @@ def _enrol(args: argparse.Namespace) -> int:
             "coordinator to forget them, then the device's Hello is admitted"
         )
     else:
-        print(f"a running coordinator admits {args.device} at its next Hello")
+        print(
+            f"a running coordinator admits {args.device} at its next Hello "
+            "(a device it refused before says Hello again when restarted)"
+        )
     return 0
 
 
