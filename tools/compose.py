@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
+from ursa.tools.error_text import brief
+
 if TYPE_CHECKING:
     from ursa.coordinator.clock import Clock
     from ursa.coordinator.config import CoordinatorConfig
@@ -149,7 +151,7 @@ def training_plugin(
             on_switch=hooks.on_switch,
         )
     except (ModelStoreError, OSError, ValueError) as exc:
-        raise ServiceSetupError(f"[training]: {exc}") from None
+        raise ServiceSetupError(f"[training]: {brief(exc)}") from None
 
 
 def build_coordinator(
@@ -246,7 +248,7 @@ def torch_trainer(
         parse_config(training.architecture, training.model_options)
         train = TrainConfig.model_validate(training.train)
     except (ModelConfigError, ValueError) as exc:
-        raise ServiceSetupError(f"[training]: {exc}") from None
+        raise ServiceSetupError(f"[training]: {brief(exc)}") from None
     method = training_spec(methods)
     seed = device_seed(device_id) if training.seed is None else training.seed
     eval_x, eval_y = evaluation if evaluation is not None else (None, None)
@@ -299,7 +301,7 @@ def device_flicker(
             spec, labels=labels, x=x, extractor=extractor, num_classes=num_classes
         )
     except (OSError, KeyError, ValueError, BackendUnavailableError) as exc:
-        raise ServiceSetupError(f"[[methods]] flicker: {exc}") from None
+        raise ServiceSetupError(f"[[methods]] flicker: {brief(exc)}") from None
 
 
 def build_device(
