@@ -29,6 +29,7 @@ from ursa.tools.cli.config_load import load_config
 
 if TYPE_CHECKING:
     from ursa.coordinator.config import CoordinatorConfig
+    from ursa.coordinator.enrolment_list import EnrolmentList
     from ursa.coordinator.status import FederationStatus
     from ursa.edge_sdk.config import DeviceConfig
 
@@ -191,7 +192,7 @@ def _status_lines(status: FederationStatus, extra: dict[str, Any]) -> list[str]:
 # --- enrolment ----------------------------------------------------------------
 
 
-def _enrolment_list(config: CoordinatorConfig) -> Any:
+def _enrolment_list(config: CoordinatorConfig) -> EnrolmentList | None:
     """The coordinator's enrolment list, or None after printing why it is unusable."""
     from ursa.coordinator.enrolment_list import EnrolmentList, EnrolmentListError
 
