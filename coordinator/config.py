@@ -23,7 +23,8 @@ everything else receives a `CoordinatorConfig`. A file looks like::
 
     [enrolment]
     mode = "pinned"                   # or "tofu"
-    pins = { dev001 = "<32 hex digits from `ursa device run` / identity>" }
+    pins = { dev001 = "<32 hex digits from `ursa device identity`>" }
+    # or: `ursa coordinator enrol` (<state_dir>/enrolment.json, merged)
 
     [deadlines]
     key_epoch_s = 60.0

@@ -216,8 +216,9 @@ class ServiceCore:
         reason: str,
         in_reply_to: str | None,
     ) -> None:
-        """Log a refused message with its reason and tell the sender, if known."""
+        """Log (and keep, for status) a refused message; tell the sender, if known."""
         logger.warning("rejected %s from %s: %s: %s", what, device, code, reason)
+        self._store.record_error(self._clock(), device, what, code, reason)
         if device is None:
             return
         reply = ErrorReply(

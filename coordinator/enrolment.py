@@ -15,6 +15,7 @@ with it. `keys_of` gives the wire form of any public identity.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ursa.coordinator.config import EnrolmentConfig
@@ -60,9 +61,17 @@ def identity_of(hello: Hello) -> DevicePublicIdentity:
 
 
 def decide_enrolment(
-    hello: Hello, known: DevicePublicIdentity | None, policy: EnrolmentConfig
+    hello: Hello,
+    known: DevicePublicIdentity | None,
+    policy: EnrolmentConfig,
+    revoked: Collection[str] = frozenset(),
 ) -> EnrolmentDecision:
-    """Accept or refuse a Hello under `policy`, given the enrolled identity if any."""
+    """Accept or refuse a Hello under `policy`, given the enrolled identity if any.
+
+    A ``revoked`` device (`ursa coordinator revoke`) is refused in either mode.
+    """
+    if hello.device_id in revoked:
+        return EnrolmentDecision(False, "enrolment of this device id was revoked")
     try:
         identity = identity_of(hello)
     except CryptoError as exc:

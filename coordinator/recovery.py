@@ -23,6 +23,7 @@ from ursa.coordinator.core import (
     EpochWork,
     RoundWork,
 )
+from ursa.coordinator.enrolment_list import EnrolmentList, EnrolmentListError
 from ursa.coordinator.keys import EpochStages
 from ursa.coordinator.roundflow import RoundStages
 from ursa.coordinator.rounds import RoundState, Stage
@@ -39,12 +40,29 @@ logger = logging.getLogger("ursa.coordinator")
 class Recovery(EpochStages, RoundStages):
     """Reload and resume: the stages plus what a restart needs."""
 
+    def _enrolment_list(self) -> EnrolmentList:
+        """The operator's ``enrolment.json``; empty (and logged) when unreadable."""
+        try:
+            return EnrolmentList.load(self._config.state_dir)
+        except EnrolmentListError as exc:
+            logger.error("ignoring the enrolment list: %s", exc)
+            return EnrolmentList()
+
+    def _forget_stale(self, listed: EnrolmentList) -> None:
+        """Forget devices revoked, or enrolled again with new keys, by command."""
+        fingerprints = {d: i.fingerprint() for d, i in self._enrolled.items()}
+        for device, reason in sorted(listed.stale_devices(fingerprints).items()):
+            logger.warning("forgetting enrolled device %s: %s", device, reason)
+            self._store.unenrol(device)
+            del self._enrolled[device]
+
     def _restore(self, now: float) -> None:
         """Reload state from the store and give the current stage a fresh deadline."""
         store = self._store
         self._enrolled = {
             d: DevicePublicIdentity.from_bytes(b) for d, b in store.enrolled().items()
         }
+        self._forget_stale(self._enrolment_list())
         self._presence.restore(store.online() & set(self._enrolled))
         refusing = store.get_meta(REFUSING_KEY)
         self._refusing = set(json.loads(refusing)) if refusing else set()

@@ -750,7 +750,9 @@ class CoordinatorService(Recovery):
             self._refusing.discard(device)
             self._store.set_meta(REFUSING_KEY, json.dumps(sorted(self._refusing)))
         known = self._enrolled.get(device)
-        decision = decide_enrolment(message, known, self._config.enrolment)
+        listed = self._enrolment_list()
+        policy = listed.policy(self._config.enrolment)
+        decision = decide_enrolment(message, known, policy, listed.revoked)
         if decision.accepted and decision.is_new and decision.identity is not None:
             self._store.enrol(
                 device,
@@ -764,6 +766,8 @@ class CoordinatorService(Recovery):
             logger.info("enrolled %s (%s)", device, decision.identity.fingerprint())
         elif not decision.accepted:
             logger.warning("refused enrolment of %s: %s", device, decision.reason)
+            now = self._clock()
+            self._store.record_error(now, device, "hello", "refused", decision.reason)
         reply = enrol_result(
             decision,
             self.identity,

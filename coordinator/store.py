@@ -33,7 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DB_FILENAME", "RUN_KEY", "CoordinatorStore", "EpochRecord", "RoundRecord"]
+__all__ = [
+    "DB_FILENAME",
+    "MAX_ERRORS",
+    "RUN_KEY",
+    "CoordinatorStore",
+    "EpochRecord",
+    "ErrorRecord",
+    "RoundRecord",
+]
 
 DB_FILENAME = "coordinator.sqlite3"
 RUN_KEY = "run"
@@ -42,6 +50,8 @@ DEFAULT_MAX_SEEN = 200_000
 """Message ids kept for de-duplication. An older id may be forgotten safely: a
 message that old is for a finished round or epoch and is refused as late."""
 _PRUNE_EVERY = 1_000
+MAX_ERRORS = 100
+"""Refusals kept for `ursa coordinator status` (the newest; the log has all)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -73,6 +83,9 @@ CREATE TABLE IF NOT EXISTS method_state (
     PRIMARY KEY (method, key));
 CREATE TABLE IF NOT EXISTS phases (
     key TEXT PRIMARY KEY, round INTEGER NOT NULL, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS errors (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, device TEXT,
+    what TEXT NOT NULL, code TEXT NOT NULL, reason TEXT NOT NULL);
 """
 
 
@@ -105,6 +118,17 @@ class RoundRecord:
     try_index: int | None
     result: bytes | None
     completed: bool
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """A refused message or enrolment, as `ursa coordinator status` shows it."""
+
+    at: float
+    device: str | None
+    what: str
+    code: str
+    reason: str
 
 
 class CoordinatorStore:
@@ -271,6 +295,37 @@ class CoordinatorStore:
         self._exec(
             "INSERT OR REPLACE INTO presence VALUES (?, ?)", (device_id, int(online))
         )
+
+    def unenrol(self, device_id: str) -> None:
+        """Forget an enrolled device (revoked, or re-enrolled with new keys)."""
+        self._exec("DELETE FROM devices WHERE device_id = ?", (device_id,))
+        self._exec("DELETE FROM presence WHERE device_id = ?", (device_id,))
+
+    # --- recent errors ------------------------------------------------------
+
+    def record_error(
+        self, at: float, device: str | None, what: str, code: str, reason: str
+    ) -> None:
+        """Keep a refusal for status; only the newest `MAX_ERRORS` are kept."""
+        with self._lock:
+            cursor = self._exec(
+                "INSERT INTO errors (at, device, what, code, reason) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (at, device, what, code, reason[:256]),
+            )
+            self._exec(
+                "DELETE FROM errors WHERE id <= ?",
+                (int(cursor.lastrowid or 0) - MAX_ERRORS,),
+            )
+
+    def recent_errors(self, limit: int = MAX_ERRORS) -> list[ErrorRecord]:
+        """The newest refusals, newest first."""
+        rows = self._exec(
+            "SELECT at, device, what, code, reason FROM errors "
+            "ORDER BY id DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [error_record(row) for row in rows]
 
     # --- key epochs ---------------------------------------------------------
 
@@ -446,6 +501,18 @@ class CoordinatorStore:
             result=_opt_bytes(row[7]),
             completed=bool(row[8]),
         )
+
+
+def error_record(row: tuple[Any, ...]) -> ErrorRecord:
+    """An `ErrorRecord` from an ``errors`` row (at, device, what, code, reason)."""
+    at, device, what, code, reason = row
+    return ErrorRecord(
+        float(at),
+        None if device is None else str(device),
+        str(what),
+        str(code),
+        str(reason),
+    )
 
 
 def _opt_bytes(value: Any) -> bytes | None:

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ursa.tools.error_text import brief
+
 if TYPE_CHECKING:
     from ursa.coordinator.clock import Clock
     from ursa.coordinator.config import CoordinatorConfig
@@ -156,7 +158,7 @@ def training_plugin(
             on_switch=hooks.on_switch,
         )
     except (ModelStoreError, OSError, ValueError) as exc:
-        raise ServiceSetupError(f"[training]: {exc}") from None
+        raise ServiceSetupError(f"[training]: {brief(exc)}") from None
 
 
 def coordinator_initial_weights(config: CoordinatorConfig, model: str) -> Path | None:
@@ -433,7 +435,7 @@ def torch_trainer(
                 seed=seed,
             )
     except (ModelConfigError, ValueError) as exc:
-        raise ServiceSetupError(f"[training]: {exc}") from None
+        raise ServiceSetupError(f"[training]: {brief(exc)}") from None
     if not isinstance(method, FeddiskSpec):
         return trainer
     from ursa.edge_sdk.feddisk_trainer import FeddiskTrainer
@@ -470,7 +472,7 @@ def device_flicker(
             spec, labels=labels, x=x, extractor=extractor, num_classes=num_classes
         )
     except (OSError, KeyError, ValueError, BackendUnavailableError) as exc:
-        raise ServiceSetupError(f"[[methods]] flicker: {exc}") from None
+        raise ServiceSetupError(f"[[methods]] flicker: {brief(exc)}") from None
 
 
 def build_device(

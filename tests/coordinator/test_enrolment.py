@@ -101,3 +101,14 @@ def test_device_keys_of_gives_the_wire_form_of_a_device_identity() -> None:
     )
     with pytest.raises(ValueError):
         device_keys_of(DeviceIdentity.generate(COORDINATOR).public())
+
+
+def test_a_revoked_device_is_refused_in_either_mode() -> None:
+    known = DeviceIdentity.generate("a").public()
+    for policy in (
+        EnrolmentConfig(mode="tofu"),
+        EnrolmentConfig(mode="pinned", pins={"a": known.fingerprint()}),
+    ):
+        assert decide_enrolment(_hello(known), known, policy).accepted
+        refused = decide_enrolment(_hello(known), known, policy, {"a"})
+        assert not refused.accepted and "revoked" in refused.reason

@@ -139,3 +139,26 @@ def test_a_store_is_one_run_kept_across_reopens(tmp_path: Path) -> None:
     finally:
         again.close()
         other.close()
+
+
+def test_recent_errors_are_bounded_and_newest_first(tmp_path: Path) -> None:
+    from ursa.coordinator.store import MAX_ERRORS
+
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    for i in range(MAX_ERRORS + 5):
+        store.record_error(float(i), f"d{i}", "update", "late", "x" * 300)
+    errors = store.recent_errors()
+    store.close()
+    assert len(errors) == MAX_ERRORS
+    assert [e.at for e in errors[:2]] == [MAX_ERRORS + 4.0, MAX_ERRORS + 3.0]
+    assert errors[-1].device == "d5" and len(errors[0].reason) == 256
+
+
+def test_unenrol_forgets_identity_and_presence(tmp_path: Path) -> None:
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    store.enrol("a", b"id-a", "f" * 32, 1.0)
+    store.enrol("b", b"id-b", "e" * 32, 1.0)
+    store.set_online("a", True)
+    store.unenrol("a")
+    assert (set(store.enrolled()), store.online()) == ({"b"}, set())
+    store.close()

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ursa._version import __version__
+from ursa.tools.cli.config_load import ConfigError
 from ursa.tools.cli.leave import leave
 
 Handler = Callable[[argparse.Namespace], int]
@@ -69,4 +70,8 @@ def _run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     handler: Handler = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except ConfigError as exc:  # one clear message, no traceback
+        print(f"ursa: config error: {exc}", file=sys.stderr)
+        return 2

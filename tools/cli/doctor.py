@@ -7,7 +7,6 @@ this module reads the config, runs the probes, and prints.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -60,10 +59,11 @@ def register(sub: Subparsers) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from ursa.tools import doctor
+    from ursa.tools.cli.config_load import ConfigError
 
     try:
         needs, mqtt = _read_config(args)
-    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+    except (OSError, ValueError, ConfigError) as exc:  # no secret in any of them
         print(f"ursa doctor: config: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     host = doctor.gather_host_facts(import_modules=not args.no_imports)
@@ -95,9 +95,9 @@ def _read_config(args: argparse.Namespace) -> tuple[Needs, MqttConfig | None]:
     needs = Needs()
     mqtt: MqttConfig | None = None
     if args.config is not None:
-        from ursa.edge_sdk.config import load_device_config
+        from ursa.tools.cli.fleet import device_config
 
-        config = load_device_config(args.config, os.environ)
+        config = device_config(args.config)
         kinds = {method.kind for method in config.method_list()}
         needs = Needs(trains=config.training is not None, ckks="flicker" in kinds)
         mqtt = config.broker.mqtt_config(config.device_id)

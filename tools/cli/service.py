@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -28,7 +27,8 @@ from typing import TYPE_CHECKING
 
 from ursa.protocol.connect import ConnectAbortedError
 from ursa.protocol.transport import TransportError
-from ursa.tools.cli import model
+from ursa.tools.cli import fleet, model
+from ursa.tools.cli.config_load import ConfigError
 from ursa.tools.compose import ServiceSetupError, build_coordinator, build_device
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ def register(sub: Subparsers) -> None:
         help="keep serving enrolments after the configured rounds are done",
     )
     serve.set_defaults(handler=_serve, leave=True)
+    fleet.register_coordinator(commands)
 
     device = sub.add_parser("device", help="a device process")
     device_commands = device.add_subparsers(dest="device_command", required=True)
@@ -71,6 +72,7 @@ def register(sub: Subparsers) -> None:
     )
     repin.add_argument("--config", type=Path, required=True, help="TOML or JSON file")
     repin.set_defaults(handler=_device_repin)
+    fleet.register_device(device_commands)
     model.register(sub)
 
 
@@ -86,10 +88,8 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ursa.coordinator.config import load_coordinator_config
-
     stop = _stop_on_signals()  # first: a SIGTERM during start-up exits 0
-    config = load_coordinator_config(args.config, os.environ)
+    config = fleet.coordinator_config(args.config)
     try:
         service = build_coordinator(config)
     except ServiceSetupError as exc:
@@ -108,10 +108,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _device_run(args: argparse.Namespace) -> int:
-    from ursa.edge_sdk.config import load_device_config
-
     stop = _stop_on_signals()  # first: a SIGTERM while torch loads exits 0
-    config = load_device_config(args.config, os.environ)
+    config = fleet.device_config(args.config)
     try:
         client = build_device(config, args.labels)
     except ValueError as exc:
@@ -178,10 +176,9 @@ def _run_and_infer(client: EdgeClient, stop: threading.Event) -> int:
 
 def _device_repin(args: argparse.Namespace) -> int:
     """Drop the old coordinator's pin and run state; keep the device's identity."""
-    from ursa.edge_sdk.config import load_device_config
     from ursa.edge_sdk.state import DeviceStateDir
 
-    config = load_device_config(args.config, os.environ)
+    config = fleet.device_config(args.config)
     state = DeviceStateDir(config.state_dir)
     old = state.load_coordinator()
     removed = state.forget_coordinator()
@@ -209,7 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    code: int = args.handler(args)
+    try:
+        code: int = args.handler(args)
+    except ConfigError as exc:
+        print(f"ursa: config error: {exc}", file=sys.stderr)
+        return 2
     return code
 
 
