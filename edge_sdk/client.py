@@ -118,6 +118,12 @@ _REFUSALS = (CryptoError, RegistrationError, RejectedError, ValueError)
 HELLO_ON_NEW_RUN_S = 5.0
 """At most one Hello this often for messages of a run the device never joined."""
 
+EARLY_PER_RUN = 256
+"""Messages of a run not joined yet that are kept (its retained notices and
+what its coordinator sent before the device's `EnrolResult` arrived)."""
+EARLY_RUNS = 2
+"""Runs not joined yet whose messages are kept at once (the newest)."""
+
 _ANY_RUN = (EnrolResult, ErrorReply)
 """Kinds a device takes from any run: a signed acceptance is how it joins a
 run, and an error (`unknown_device`, `wrong_run`) only makes it say Hello."""
@@ -227,6 +233,8 @@ class EdgeClient(EpochSteps, EndSteps):
         self._trained: set[int] = set()
         self._registered_epoch: int | None = None
         self._run_drops: dict[str, int] = {}
+        self._early = {}
+        self._replay = []
         self._hello_for_run_at = float("-inf")
         self._init_model_steps()
         self._init_end_steps()
@@ -463,6 +471,7 @@ class EdgeClient(EpochSteps, EndSteps):
                 message = self._accept(topic, payload)
                 if message is not None:
                     self._process(message)
+                    self._replay_joined()
         except Exception:
             logger.exception("%s: internal error on %s", self.device_id, topic)
         self._flush()
@@ -500,8 +509,32 @@ class EdgeClient(EpochSteps, EndSteps):
             return None
         if message.run != self._run.run and not isinstance(message, _ANY_RUN):
             self._drop_other_run(kind, message.run)
+            self._keep_early(message)
             return None
         return message
+
+    def _keep_early(self, message: BaseMessage) -> None:
+        """Keep a message of a run not joined (nor left) until its `EnrolResult`.
+
+        The broker may deliver a new run's retained notices and first messages
+        before the signed acceptance that makes the device join it; they are
+        handled once it has (`_replay_joined`), and only then.
+        """
+        run = message.run
+        if not run or run in self._run.left:
+            return
+        kept = self._early.setdefault(run, [])
+        if len(kept) < EARLY_PER_RUN:
+            kept.append(message)
+        while len(self._early) > EARLY_RUNS:
+            del self._early[next(iter(self._early))]
+
+    def _replay_joined(self) -> None:
+        """Handle what the run just joined sent before its acceptance, in order."""
+        while self._replay:
+            message = self._replay.pop(0)
+            if message.run == self._run.run:
+                self._process(message)
 
     def _drop_other_run(self, kind: str, run: str) -> None:
         """Count a message of a run this device has not joined; log each run once.

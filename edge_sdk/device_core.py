@@ -127,6 +127,10 @@ class DeviceCore:
     """How the latest global model did not fit (kept until one fits)."""
     _run: StoredRun = StoredRun()
     """The coordinator's run this device joined (from a signed `EnrolResult`)."""
+    _early: dict[str, list[BaseMessage]]
+    """Messages of runs not joined yet (nor left), kept until one is joined."""
+    _replay: list[BaseMessage]
+    """Messages of the run just joined, to handle after its `EnrolResult`."""
     _callbacks: DeviceCallbacks | None = None
     """The app's hooks (`ursa.edge_sdk.callbacks`)."""
     _hello_unanswered: bool = False

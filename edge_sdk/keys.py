@@ -149,6 +149,8 @@ class EpochSteps(DeviceCore):
             )
         self._run = StoredRun(run, (*current.left, current.run) if current.run else ())
         self._store.save_run(self._run)
+        self._replay.extend(self._early.pop(run, ()))  # what came before this
+        self._early.clear()
 
     def _refuse_coordinator(
         self,

@@ -301,10 +301,14 @@ def final_output(config: CoordinatorConfig) -> FinalOutput | None:
     if section is None or section.architecture is None:
         return None
     architecture, options = section.architecture, dict(section.model_options)
+    from ursa.models.spec import is_import_path
+
+    card: dict[str, Any] = {"name": architecture, "options": options}
+    if is_import_path(architecture):  # the app's model: no known input shape
+        return FinalOutput(card)
     try:
         from ursa.models.registry import ModelConfigError, parse_config
     except ImportError:  # no torch: a card without shapes, no ONNX
-        card: dict[str, Any] = {"name": architecture, "options": options}
         return FinalOutput(card)
     try:
         parsed = parse_config(architecture, options)
