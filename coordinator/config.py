@@ -53,6 +53,10 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     every = 5                         # before rounds 6, 11, ...: the fleet's accuracy
     timeout_s = 30.0                  # on the devices' own held-out data, encrypted
 
+    [http]                            # dashboard, /api/status, /metrics (off)
+    listen = "127.0.0.1:9464"         # beyond loopback needs a token:
+    # token: better from the environment, URSA_HTTP__TOKEN
+
 ``[[methods]]`` is `ursa.coordinator.methods_config`'s discriminated union:
 exactly one selection method, at most one training method (without one,
 rounds end at the selection) and at most one balancing method (``kind =
@@ -79,7 +83,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from typing_extensions import Self
 
 from ursa._compat import tomllib
@@ -112,6 +116,7 @@ __all__ = [
     "CoordinatorConfig",
     "DeadlinesConfig",
     "EnrolmentConfig",
+    "HttpConfig",
     "RegistryConfig",
     "TrainingSection",
     "config_data_from",
@@ -128,6 +133,18 @@ DEFAULT_MAX_MESSAGE_BYTES = 2 * 1024 * 1024
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HttpConfig(_Frozen):
+    """The operator's HTTP view: dashboard, ``/api/status``, ``/metrics``.
+
+    Off unless ``listen`` (or ``serve --http``) names an address. Beyond
+    loopback a ``token`` is required (better from URSA_HTTP__TOKEN).
+    """
+
+    listen: str | None = None
+    """``HOST:PORT``, e.g. ``127.0.0.1:9464``."""
+    token: SecretStr | None = None
 
 
 class EnrolmentConfig(_Frozen):
@@ -296,6 +313,7 @@ class CoordinatorConfig(_Frozen):
     training: TrainingSection | None = None
     """The training method's shared settings (model, initial weights, timeouts)."""
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
     """Federated evaluation of the global model on the devices' own data."""
 
     @model_validator(mode="after")

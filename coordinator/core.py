@@ -25,6 +25,7 @@ from ursa.coordinator.presence import Presence
 from ursa.coordinator.rounds import RoundState, Stage, advance
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.telemetry import Telemetry
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.paillier import EncryptedVector, PaillierPublicKey
 from ursa.protocol.envelope import encode, message_kind, signing_bytes
@@ -112,6 +113,7 @@ class ServiceCore:
     _announced_at: float = float("-inf")
     """When the open round was last re-announced (rate limit)."""
     _outbox: Outbox
+    _telemetry: Telemetry
 
     # --- state --------------------------------------------------------------
 
@@ -125,6 +127,7 @@ class ServiceCore:
                 state.epoch,
                 state.round,
             )
+            self._telemetry.stage_changed(str(state.stage), state.round)
         self._state = state
         self._store.set_meta(STATE_KEY, json.dumps(state.to_json()))
 
@@ -187,6 +190,7 @@ class ServiceCore:
             topic = down_topic(fed, device, name)
             retain = False
         self._outbox.put(topic, payload, qos_for(name), retain)
+        self._telemetry.sent(kind)
 
     def _reject(
         self,
@@ -195,8 +199,15 @@ class ServiceCore:
         code: str,
         reason: str,
         in_reply_to: str | None,
+        *,
+        counted: bool = False,
     ) -> None:
-        """Log a refused message with its reason and tell the sender, if known."""
+        """Log a refused message with its reason and tell the sender, if known.
+
+        ``counted``: the telemetry already counted it (an admission drop).
+        """
+        if not counted:
+            self._telemetry.rejected(code)
         logger.warning("rejected %s from %s: %s: %s", what, device, code, reason)
         if device is None:
             return

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ursa.coordinator.config import CoordinatorConfig
     from ursa.coordinator.plugin import RoundPlugin
     from ursa.coordinator.service import CoordinatorService
+    from ursa.coordinator.telemetry import Telemetry
     from ursa.coordinator.training import Evaluator, RoundRecord
     from ursa.edge_sdk.client import EdgeClient
     from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig
@@ -87,9 +88,13 @@ class TrainingHooks:
 
 
 def training_plugin(
-    config: CoordinatorConfig, hooks: TrainingHooks | None = None
+    config: CoordinatorConfig,
+    hooks: TrainingHooks | None = None,
+    telemetry: Telemetry | None = None,
 ) -> RoundPlugin | None:
     """The plugin of the config's training method (None without one).
+
+    ``telemetry`` (the service's) also gets every round's record.
 
     Raises:
         ServiceSetupError: no checkpoint yet and no usable initial weights.
@@ -106,7 +111,7 @@ def training_plugin(
     from ursa.coordinator.models import ModelStoreError
     from ursa.coordinator.training import TrainingPlugin
 
-    hooks = hooks or TrainingHooks()
+    hooks = _observed(hooks or TrainingHooks(), telemetry)
     section = config.training_section()
     steps: list[BeforeTraining] = (
         [ClimbDualStep(method)] if isinstance(method, ClimbSpec) else []
@@ -152,6 +157,24 @@ def training_plugin(
         raise ServiceSetupError(f"[training]: {exc}") from None
 
 
+def _observed(hooks: TrainingHooks, telemetry: Telemetry | None) -> TrainingHooks:
+    """``hooks`` whose ``on_round`` callbacks also tell ``telemetry``."""
+    if telemetry is None:
+        return hooks
+
+    def tell(own: RoundHooks) -> RoundHooks:
+        callback = own.on_round
+
+        def on_round(record: RoundRecord) -> None:
+            telemetry.training_round(record)
+            if callback is not None:
+                callback(record)
+
+        return RoundHooks(own.evaluate, on_round)
+
+    return TrainingHooks(tell(hooks.classifier), tell(hooks.made), hooks.on_switch)
+
+
 def build_coordinator(
     config: CoordinatorConfig,
     *,
@@ -161,14 +184,22 @@ def build_coordinator(
 ) -> CoordinatorService:
     """The coordinator service of ``config`` (training if its methods say so)."""
     from ursa.coordinator.service import CoordinatorService
+    from ursa.coordinator.telemetry import Telemetry
     from ursa.crypto.errors import BackendUnavailableError
 
-    plugin = training_plugin(config, hooks)
+    telemetry = Telemetry()
+    plugin = training_plugin(config, hooks, telemetry)
     try:
         if clock is None:
-            return CoordinatorService(config, plugin=plugin, transport=transport)
+            return CoordinatorService(
+                config, plugin=plugin, transport=transport, telemetry=telemetry
+            )
         return CoordinatorService(
-            config, plugin=plugin, transport=transport, clock=clock
+            config,
+            plugin=plugin,
+            transport=transport,
+            clock=clock,
+            telemetry=telemetry,
         )
     except BackendUnavailableError as exc:
         raise ServiceSetupError(f"[[methods]] flicker: {exc}") from None

@@ -43,6 +43,17 @@ def register(sub: Subparsers) -> None:
         action="store_true",
         help="keep serving enrolments after the configured rounds are done",
     )
+    serve.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve the dashboard, /api/status and /metrics here (e.g. "
+        "127.0.0.1:9464; default: [http] listen, else off)",
+    )
+    serve.add_argument(
+        "--http-token",
+        help="token the HTTP view requires (needed beyond loopback; better: "
+        "[http] token or URSA_HTTP__TOKEN)",
+    )
     serve.set_defaults(handler=_serve)
 
     device = sub.add_parser("device", help="a device process")
@@ -82,6 +93,19 @@ def _serve(args: argparse.Namespace) -> int:
     except ServiceSetupError as exc:
         print(f"ursa coordinator serve: {exc}", file=sys.stderr)
         return 2
+    listen = args.http or config.http.listen
+    token = args.http_token or (
+        config.http.token.get_secret_value() if config.http.token else None
+    )
+    view = None
+    if listen:
+        from ursa.tools.observe.server import ObserveConfigError, observe_service
+
+        try:
+            view = observe_service(service, listen, token=token)
+        except ObserveConfigError as exc:
+            print(f"ursa coordinator serve: {exc}", file=sys.stderr)
+            return 2
     stop = _stop_on_signals()
     try:
         service.run(stop, until_done=not args.keep_running)
@@ -90,6 +114,9 @@ def _serve(args: argparse.Namespace) -> int:
     except TransportError as exc:  # a refusal: credentials, ACL
         print(f"ursa coordinator serve: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if view is not None:
+            view.stop()
     return 0
 
 
