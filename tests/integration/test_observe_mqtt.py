@@ -9,11 +9,15 @@ the test's output folder (``tmp_path / "dashboard.png"``).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -228,3 +232,101 @@ def test_metrics_status_and_dashboard_follow_a_live_federation(
         assert f"<td>{device_id}</td>" in dom
     assert shot.stat().st_size > 10_000
     print(f"dashboard screenshot: {shot}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_coordinator_serve_http_serves_metrics_that_move(
+    mqtt_federation: Any, tmp_path: Path
+) -> None:
+    fed = mqtt_federation("servehttp")
+    rounds, n = 4, 6
+    base = fed.coordinator_config(n, rounds=rounds)
+    config_file = tmp_path / "coordinator.toml"
+    config_file.write_text(
+        f'federation = "servehttp"\nstate_dir = "{base.state_dir}"\n'
+        f"min_devices = {n}\nk = 3\ntries = 2\nrounds = {rounds}\n"
+        f"key_bits = {base.key_bits}\n"
+        f'[broker]\nurl = "{fed.url}"\nusername = "coordinator"\nkeepalive_s = 5\n'
+        '[enrolment]\nmode = "tofu"\n'
+        "[deadlines]\nvolunteer_s = 5\ndistributions_s = 5\nagent_s = 5\n"
+    )
+    env = dict(
+        os.environ,
+        URSA_BROKER__PASSWORD=fed.broker.credentials["coordinator"],
+        URSA_HTTP__TOKEN="t0ken-from-env",
+    )
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/"
+    log_path = tmp_path / "coordinator.log"
+    command = [
+        sys.executable, "-m", "ursa.tools.cli.service", "coordinator", "serve",
+        "--config", str(config_file), "--keep-running", "--http", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    seen: list[Samples] = []
+
+    def scrape() -> Samples:
+        request = urllib.request.Request(
+            url + "metrics", headers={"Authorization": "Bearer t0ken-from-env"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read().decode()
+        samples: Samples = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        seen.append(samples)
+        return samples
+
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=log)
+    try:
+        _wait(lambda: _reachable(url), 30, "the HTTP view")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url + "metrics", timeout=10)  # no token
+        with refused.value:
+            assert refused.value.code == 401
+        first = scrape()
+        fed.start_devices(n)
+        _wait(
+            lambda: _value(scrape(), "ursa_rounds_completed") >= rounds,
+            90,
+            f"{rounds} rounds in /metrics",
+        )
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+
+    last = seen[-1]
+    assert _value(first, "ursa_devices_enrolled") == 0
+    assert _value(last, "ursa_devices_enrolled") == n
+    assert _value(last, "ursa_devices_online") == n
+    rounds_seen = [_value(s, "ursa_round") for s in seen]
+    assert rounds_seen == sorted(rounds_seen) and rounds_seen[-1] == rounds
+    assert _value(last, "ursa_round_duration_seconds_count") == rounds
+    sent = _value(last, "ursa_messages_total", kind="selection_result", direction="out")
+    assert sent >= rounds
+    assert _value(last, "ursa_messages_total", kind="volunteer", direction="in") > 0
+    assert _value(last, "ursa_bytes_total", direction="in") > _value(
+        first, "ursa_bytes_total", direction="in"
+    )
+    assert _value(last, "ursa_crypto_seconds_total") > 0
+    assert "t0ken-from-env" not in log_path.read_text()
+
+
+def _reachable(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2).close()
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return True
+    except OSError:
+        return False
+    return True
