@@ -159,6 +159,7 @@ class ModelSteps(RoundSteps):
         if self._model_trainer() is None:
             super()._on_selected(round_index)
             return
+        logger.info("%s: selected in round %d", self.device_id, round_index)
         self._pending_rounds.add(round_index)
         self._maybe_train()
 

@@ -267,8 +267,9 @@ def test_coordinator_serve_http_serves_metrics_that_move(
     url = f"http://127.0.0.1:{port}/"
     log_path = tmp_path / "coordinator.log"
     command = [
-        sys.executable, "-m", "ursa.tools.cli.service", "coordinator", "serve",
-        "--config", str(config_file), "--keep-running", "--http", f"127.0.0.1:{port}",
+        sys.executable, "-m", "ursa.tools.cli", "--log-format", "json",
+        "coordinator", "serve", "--config", str(config_file), "--keep-running",
+        "--http", f"127.0.0.1:{port}",
     ]  # fmt: skip
     seen: list[Samples] = []
 
@@ -318,7 +319,20 @@ def test_coordinator_serve_http_serves_metrics_that_move(
         first, "ursa_bytes_total", direction="in"
     )
     assert _value(last, "ursa_crypto_seconds_total") > 0
-    assert "t0ken-from-env" not in log_path.read_text()
+
+    # the log at the default level: JSON lines, a line per stage change and
+    # one per round; the token never in it
+    text = log_path.read_text()
+    assert "t0ken-from-env" not in text
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    assert {"time", "level", "logger", "message"} <= set(records[0])
+    messages = [r["message"] for r in records if r["level"] == "INFO"]
+    assert any(m.startswith("stage enrolment -> key_epoch") for m in messages)
+    assert any(m.startswith("stage selecting -> training") for m in messages)
+    for index in range(1, rounds + 1):
+        (line,) = [m for m in messages if m.startswith(f"round {index} complete:")]
+        assert "3 selected" in line and " in, " in line and line.endswith(" s")
+    assert not [r for r in records if r["level"] == "DEBUG"]
 
 
 def _reachable(url: str) -> bool:

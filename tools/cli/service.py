@@ -13,7 +13,6 @@ same way the demo, the benchmarks and the integration tests build theirs.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING
 from ursa.protocol.connect import ConnectAbortedError
 from ursa.protocol.transport import TransportError
 from ursa.tools.cli import model
+from ursa.tools.cli.logs import LOG_FORMATS, configure_logging
 from ursa.tools.compose import ServiceSetupError, build_coordinator, build_device
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def register(sub: Subparsers) -> None:
         help="token the HTTP view requires (needed beyond loopback; better: "
         "[http] token or URSA_HTTP__TOKEN)",
     )
-    serve.set_defaults(handler=_serve)
+    serve.set_defaults(handler=_serve, default_log_level="INFO")
 
     device = sub.add_parser("device", help="a device process")
     device_commands = device.add_subparsers(dest="device_command", required=True)
@@ -63,7 +63,7 @@ def register(sub: Subparsers) -> None:
     run.add_argument(
         "--labels", type=Path, help="labels file (.npy, .txt, .csv); else labels_file"
     )
-    run.set_defaults(handler=_device_run)
+    run.set_defaults(handler=_device_run, default_log_level="INFO")
     repin = device_commands.add_parser(
         "repin",
         help="forget the pinned coordinator (it was replaced): the next one is pinned",
@@ -166,12 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run these subcommands without the full `ursa` CLI (``python -m``)."""
     parser = argparse.ArgumentParser(prog="ursa")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, args.log_format)
     code: int = args.handler(args)
     return code
 
