@@ -399,7 +399,7 @@ class TrainingPlugin(RoundPlugin):
         for step in self._steps:
             step.on_update(work.index, device, message)
         self._store.save_partial(work.index, work.base_version, work.aggregation)
-        logger.debug(
+        logger.info(
             "round %d: update %d/%d from %s (%d examples)",
             work.index,
             work.aggregation.num_updates,
