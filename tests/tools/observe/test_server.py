@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -209,3 +211,24 @@ def test_loopback_detection() -> None:
     assert Listen("localhost", 1).is_loopback and Listen("::1", 1).is_loopback
     assert Listen("127.0.0.2", 1).is_loopback
     assert not Listen("192.168.1.10", 1).is_loopback
+
+
+def test_without_prometheus_client_the_page_works_and_metrics_say_why(
+    telemetry: Telemetry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # not installed
+    monkeypatch.delitem(sys.modules, "ursa.tools.observe.metrics", raising=False)
+    with ObserveServer(lambda: _status(telemetry), LOOPBACK) as server:
+        status, _, body = _get(server.url + "metrics")
+        assert status == 501 and b"pip install 'ursa-fl[ops]'" in body
+        assert _get(server.url + "api/status")[0] == 200
+        assert _get(server.url)[0] == 200
+
+
+def test_the_coordinator_and_its_command_do_not_import_prometheus_client() -> None:
+    code = (
+        "import sys, ursa.coordinator.service, ursa.tools.cli.app, "
+        "ursa.tools.compose; "
+        "sys.exit('prometheus_client' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
