@@ -58,6 +58,10 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     timeout_s = 30.0                  # on the devices' own held-out data, encrypted
     holdout_file = "test.npz"         # optional: the coordinator's own test set
 
+    [http]                            # dashboard, /api/status, /metrics (off)
+    listen = "127.0.0.1:9464"         # beyond loopback needs a token:
+    # token: better from the environment, URSA_HTTP__TOKEN
+
 ``[[methods]]`` is `ursa.coordinator.methods_config`'s discriminated union:
 exactly one selection method, at most one training method (without one,
 rounds end at the selection) and at most one balancing method (``kind =
@@ -90,7 +94,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from typing_extensions import Self
 
 from ursa._compat import tomllib
@@ -125,6 +136,7 @@ __all__ = [
     "CoordinatorConfig",
     "DeadlinesConfig",
     "EnrolmentConfig",
+    "HttpConfig",
     "RegistryConfig",
     "TrainingSection",
     "config_data_from",
@@ -141,6 +153,18 @@ DEFAULT_MAX_MESSAGE_BYTES = 2 * 1024 * 1024
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class HttpConfig(_Frozen):
+    """The operator's HTTP view: dashboard, ``/api/status``, ``/metrics``.
+
+    Off unless ``listen`` (or ``serve --http``) names an address. Beyond
+    loopback a ``token`` is required (better from URSA_HTTP__TOKEN).
+    """
+
+    listen: str | None = None
+    """``HOST:PORT``, e.g. ``127.0.0.1:9464``."""
+    token: SecretStr | None = None
 
 
 class EnrolmentConfig(_Frozen):
@@ -330,6 +354,7 @@ class CoordinatorConfig(_Frozen):
     training: TrainingSection | None = None
     """The training method's shared settings (model, initial weights, timeouts)."""
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
     """Federated evaluation of the global model on the devices' own data."""
     final_model_dir: Path | None = None
     """Where the final model is written when the rounds are done

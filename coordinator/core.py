@@ -27,6 +27,7 @@ from ursa.coordinator.presence import Presence
 from ursa.coordinator.rounds import RoundState, Stage, advance
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.telemetry import Telemetry
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.paillier import EncryptedVector, PaillierPublicKey
 from ursa.protocol.envelope import encode, message_kind, signing_bytes
@@ -120,6 +121,7 @@ class ServiceCore:
     """This run's id (`CoordinatorStore.run_id`), on every message sent."""
     _final_output: FinalOutput | None = None
     """The architecture and ONNX exporter for the final model's files, if known."""
+    _telemetry: Telemetry
 
     # --- state --------------------------------------------------------------
 
@@ -133,6 +135,7 @@ class ServiceCore:
                 state.epoch,
                 state.round,
             )
+            self._telemetry.stage_changed(str(state.stage), state.round)
         self._state = state
         self._store.set_meta(STATE_KEY, json.dumps(state.to_json()))
 
@@ -207,6 +210,7 @@ class ServiceCore:
             topic = down_topic(fed, device, name)
             retain = False
         self._outbox.put(topic, payload, qos_for(name), retain)
+        self._telemetry.sent(kind)
 
     def _reject(
         self,
@@ -215,8 +219,15 @@ class ServiceCore:
         code: str,
         reason: str,
         in_reply_to: str | None,
+        *,
+        counted: bool = False,
     ) -> None:
-        """Log (and keep, for status) a refused message; tell the sender, if known."""
+        """Log (and keep, for status) a refused message; tell the sender, if known.
+
+        ``counted``: the telemetry already counted it (an admission drop).
+        """
+        if not counted:
+            self._telemetry.rejected(code)
         logger.warning("rejected %s from %s: %s: %s", what, device, code, reason)
         self._store.record_error(self._clock(), device, what, code, reason)
         if device is None:

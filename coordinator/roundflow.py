@@ -239,7 +239,7 @@ class RoundStages(ServiceCore):
         if not done:
             logger.warning("round %d: training deadline passed", work.round)
         if self._store.complete_round(work.round):
-            logger.info("round %d complete", work.round)
+            self._telemetry.round_completed(work.round, work.selected or ())
         self._start_round(now)
 
 

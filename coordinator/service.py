@@ -70,6 +70,7 @@ from ursa.coordinator.recovery import Recovery
 from ursa.coordinator.rounds import RoundState, Stage
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
+from ursa.coordinator.telemetry import Telemetry
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.protocol.admission_limits import (
     AdmissionLimiter,
@@ -101,7 +102,7 @@ from ursa.protocol.topics import (
     global_topic,
     parse_topic,
 )
-from ursa.protocol.transport import Transport, TransportError
+from ursa.protocol.transport import Transport, TransportError, TransportStats
 
 __all__ = ["IDENTITY_PUBLIC_FILENAME", "MAX_HELD", "CoordinatorService"]
 
@@ -143,6 +144,8 @@ class CoordinatorService(Recovery):
         final_output: The model's architecture (for the final model card)
             and an ONNX exporter; without it the final model is written as
             weights and a card only.
+        telemetry: Where the service reports what it does (`Telemetry`; one
+            is made when None), for ``/metrics`` and the dashboard.
     """
 
     def __init__(
@@ -155,9 +158,13 @@ class CoordinatorService(Recovery):
         rng: np.random.Generator | None = None,
         flicker: FlickerMethod | None = None,
         final_output: FinalOutput | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._config = config
         self._final_output = final_output
+        self._telemetry = telemetry or Telemetry()
+        self._telemetry.set_methods(m.kind for m in config.methods)
+        self._telemetry.set_traffic(self._traffic)
         self._clock = clock
         self._plugin = plugin or NoTraining()
         training = config.training_method()
@@ -239,6 +246,27 @@ class CoordinatorService(Recovery):
     def flicker(self) -> FlickerMethod | None:
         """FLICKER's coordinator half, if the federation runs it (for figures)."""
         return self._flicker
+
+    @property
+    def telemetry(self) -> Telemetry:
+        """What the service did so far (counts, stages, rounds, recent errors)."""
+        return self._telemetry
+
+    @property
+    def transport_stats(self) -> TransportStats:
+        """Messages and payload bytes through the broker link so far."""
+        transport = self._transport
+        return TransportStats() if transport is None else transport.stats
+
+    @property
+    def is_connected(self) -> bool:
+        """True while the broker link is up."""
+        transport = self._transport
+        return transport is not None and transport.is_connected
+
+    def _traffic(self) -> tuple[int, int]:
+        stats = self.transport_stats
+        return stats.bytes_sent, stats.bytes_received
 
     @property
     def federation(self) -> str:
@@ -499,6 +527,7 @@ class CoordinatorService(Recovery):
             )
             return
         kind = message_kind(message)
+        self._telemetry.received(device, kind)
         if message.federation != cfg.federation:
             self._reject(
                 device,
@@ -574,6 +603,8 @@ class CoordinatorService(Recovery):
         only counted, so a flood floods neither the log nor the device.
         """
         verdict = self._limiter.admit(device, len(payload), now)
+        if verdict.reason is not None:
+            self._telemetry.rejected(verdict.reason.value)
         if verdict.is_admitted or not verdict.should_log:
             return verdict.is_admitted
         count = verdict.dropped_since_log
@@ -581,7 +612,9 @@ class CoordinatorService(Recovery):
             limit = self._limiter.max_message_bytes
             size = len(payload)
             reason = f"message of {size} bytes exceeds the limit of {limit} bytes"
-            self._reject(device, "message", ErrorCode.OVERSIZE, reason, None)
+            self._reject(
+                device, "message", ErrorCode.OVERSIZE, reason, None, counted=True
+            )
         if verdict.reason is DropReason.RATE or count > 1:
             limits = self._config.admission
             logger.warning(

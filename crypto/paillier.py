@@ -40,6 +40,7 @@ from ursa.crypto.paillier_keys import (
     PaillierSecretKey,
     generate_keypair,
 )
+from ursa.crypto.timing import timed
 
 __all__ = [
     "DEFAULT_KEY_BITS",
@@ -169,6 +170,7 @@ def _check_layout(public_key: PaillierPublicKey, layout: PackingLayout) -> None:
         )
 
 
+@timed
 def encrypt_vector(
     public_key: PaillierPublicKey,
     layout: PackingLayout,
@@ -200,6 +202,7 @@ def encrypt_vector(
     return EncryptedVector(public_key.fingerprint(), len(values), 1, tuple(ciphertexts))
 
 
+@timed
 def add_encrypted(
     public_key: PaillierPublicKey, a: EncryptedVector, b: EncryptedVector
 ) -> EncryptedVector:
@@ -225,6 +228,7 @@ def add_encrypted(
     )
 
 
+@timed
 def sum_encrypted(
     public_key: PaillierPublicKey, vectors: Iterable[EncryptedVector]
 ) -> EncryptedVector:
@@ -257,6 +261,7 @@ def sum_encrypted(
     return EncryptedVector(fingerprint, length, parties, tuple(acc))
 
 
+@timed
 def decrypt_vector(
     secret_key: PaillierSecretKey, layout: PackingLayout, vector: EncryptedVector
 ) -> list[int]:

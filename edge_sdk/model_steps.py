@@ -161,6 +161,7 @@ class ModelSteps(RoundSteps):
         if self._model_trainer() is None:
             super()._on_selected(round_index, selection_id)
             return
+        logger.info("%s: selected in round %d", self.device_id, round_index)
         self._pending_rounds.add(round_index)
         self._maybe_train()
 

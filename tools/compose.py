@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ursa.coordinator.federation_end import FinalOutput
     from ursa.coordinator.plugin import RoundPlugin
     from ursa.coordinator.service import CoordinatorService
+    from ursa.coordinator.telemetry import Telemetry
     from ursa.coordinator.training import Evaluator, RoundRecord
     from ursa.edge_sdk.client import EdgeClient
     from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig
@@ -93,9 +94,13 @@ class TrainingHooks:
 
 
 def training_plugin(
-    config: CoordinatorConfig, hooks: TrainingHooks | None = None
+    config: CoordinatorConfig,
+    hooks: TrainingHooks | None = None,
+    telemetry: Telemetry | None = None,
 ) -> RoundPlugin | None:
     """The plugin of the config's training method (None without one).
+
+    ``telemetry`` (the service's) also gets every round's record.
 
     Raises:
         ServiceSetupError: no checkpoint yet and no usable initial weights.
@@ -112,7 +117,7 @@ def training_plugin(
     from ursa.coordinator.models import ModelStoreError
     from ursa.coordinator.training import TrainingPlugin
 
-    hooks = hooks or TrainingHooks()
+    hooks = _observed(hooks or TrainingHooks(), telemetry)
     section = config.training_section()
     steps: list[BeforeTraining] = (
         [ClimbDualStep(method)] if isinstance(method, ClimbSpec) else []
@@ -257,6 +262,24 @@ def holdout_evaluator(config: CoordinatorConfig) -> Evaluator | None:
     return score
 
 
+def _observed(hooks: TrainingHooks, telemetry: Telemetry | None) -> TrainingHooks:
+    """``hooks`` whose ``on_round`` callbacks also tell ``telemetry``."""
+    if telemetry is None:
+        return hooks
+
+    def tell(own: RoundHooks) -> RoundHooks:
+        callback = own.on_round
+
+        def on_round(record: RoundRecord) -> None:
+            telemetry.training_round(record)
+            if callback is not None:
+                callback(record)
+
+        return RoundHooks(own.evaluate, on_round)
+
+    return TrainingHooks(tell(hooks.classifier), tell(hooks.made), hooks.on_switch)
+
+
 def build_coordinator(
     config: CoordinatorConfig,
     *,
@@ -266,17 +289,28 @@ def build_coordinator(
 ) -> CoordinatorService:
     """The coordinator service of ``config`` (training if its methods say so)."""
     from ursa.coordinator.service import CoordinatorService
+    from ursa.coordinator.telemetry import Telemetry
     from ursa.crypto.errors import BackendUnavailableError
 
-    plugin = training_plugin(config, hooks)
+    telemetry = Telemetry()
+    plugin = training_plugin(config, hooks, telemetry)
     output = final_output(config)
     try:
         if clock is None:
             return CoordinatorService(
-                config, plugin=plugin, transport=transport, final_output=output
+                config,
+                plugin=plugin,
+                transport=transport,
+                final_output=output,
+                telemetry=telemetry,
             )
         return CoordinatorService(
-            config, plugin=plugin, transport=transport, clock=clock, final_output=output
+            config,
+            plugin=plugin,
+            transport=transport,
+            clock=clock,
+            final_output=output,
+            telemetry=telemetry,
         )
     except BackendUnavailableError as exc:
         raise ServiceSetupError(f"[[methods]] flicker: {exc}") from None

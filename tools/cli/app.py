@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Callable, Sequence
 
 from ursa._version import __version__
 from ursa.tools.cli.config_load import ConfigError
 from ursa.tools.cli.leave import leave
+from ursa.tools.cli.logs import LOG_FORMATS, configure_logging
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -38,12 +38,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ursa {__version__}")
     parser.add_argument(
-        "--log-level", default="WARNING", help="logging level (default WARNING)"
+        "--log-level",
+        help="logging level (default INFO for `coordinator serve` and `device "
+        "run`, WARNING otherwise)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text, or json: one JSON object per line for log shippers",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in _AREAS:
         importlib.import_module(name).register(sub)
     return parser
+
+
+def log_level(args: argparse.Namespace) -> str:
+    """``--log-level``, else the subcommand's default, else WARNING.
+
+    Long-running services (``coordinator serve``, ``device run``) default to
+    INFO, so their progress shows without a flag.
+    """
+    level: str = args.log_level or getattr(args, "default_log_level", "WARNING")
+    return level
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,10 +83,7 @@ def entry() -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(log_level(args), args.log_format)
     handler: Handler = args.handler
     try:
         return handler(args)

@@ -107,6 +107,15 @@ def register(sub: Subparsers) -> None:
     demo.add_argument(
         "--json", action="store_true", help="the final JSON object on stdout"
     )
+    demo.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve the live dashboard, /api/status and /metrics while the "
+        "(training) demo runs, e.g. 127.0.0.1:9464",
+    )
+    demo.add_argument(
+        "--http-token", help="token the HTTP view requires (needed beyond loopback)"
+    )
     demo.set_defaults(handler=_run_demo)
 
 
@@ -162,6 +171,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         report_dir=args.report_dir,
         broker_url=args.broker,
         timeout_s=args.timeout,
+        http=args.http,
+        http_token=args.http_token,
     )
     try:
         report = run_training_demo(settings, as_json=args.json)
@@ -175,6 +186,9 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _run_selection(args: argparse.Namespace) -> int:
     from ursa.tools.demo.selection import DemoSettings, run_selection_demo
 
+    if args.http is not None:
+        print("ursa demo: --http needs the training demo", file=sys.stderr)
+        return 2
     settings = DemoSettings(
         devices=_option(args, "devices"),
         k=_option(args, "k"),

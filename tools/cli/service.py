@@ -17,7 +17,6 @@ same way the demo, the benchmarks and the integration tests build theirs.
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 import threading
@@ -29,6 +28,7 @@ from ursa.protocol.connect import ConnectAbortedError
 from ursa.protocol.transport import TransportError
 from ursa.tools.cli import fleet, model
 from ursa.tools.cli.config_load import ConfigError
+from ursa.tools.cli.logs import LOG_FORMATS, configure_logging
 from ursa.tools.compose import ServiceSetupError, build_coordinator, build_device
 
 if TYPE_CHECKING:
@@ -49,7 +49,18 @@ def register(sub: Subparsers) -> None:
         action="store_true",
         help="keep serving enrolments after the configured rounds are done",
     )
-    serve.set_defaults(handler=_serve, leave=True)
+    serve.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve the dashboard, /api/status and /metrics here (e.g. "
+        "127.0.0.1:9464; default: [http] listen, else off)",
+    )
+    serve.add_argument(
+        "--http-token",
+        help="token the HTTP view requires (needed beyond loopback; better: "
+        "[http] token or URSA_HTTP__TOKEN)",
+    )
+    serve.set_defaults(handler=_serve, default_log_level="INFO", leave=True)
     fleet.register_coordinator(commands)
 
     device = sub.add_parser("device", help="a device process")
@@ -65,7 +76,7 @@ def register(sub: Subparsers) -> None:
         help="also serve the final model: samples on stdin (one per line), "
         "predicted classes on stdout; end of input stops the device",
     )
-    run.set_defaults(handler=_device_run, leave=True)
+    run.set_defaults(handler=_device_run, default_log_level="INFO", leave=True)
     repin = device_commands.add_parser(
         "repin",
         help="forget the pinned coordinator (it was replaced): the next one is pinned",
@@ -97,6 +108,19 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if stop.is_set():
         return 0
+    listen = args.http or config.http.listen
+    token = args.http_token or (
+        config.http.token.get_secret_value() if config.http.token else None
+    )
+    view = None
+    if listen:
+        from ursa.tools.observe.server import ObserveConfigError, observe_service
+
+        try:
+            view = observe_service(service, listen, token=token)
+        except ObserveConfigError as exc:
+            print(f"ursa coordinator serve: {exc}", file=sys.stderr)
+            return 2
     try:
         service.run(stop, until_done=not args.keep_running)
     except ConnectAbortedError:
@@ -104,6 +128,9 @@ def _serve(args: argparse.Namespace) -> int:
     except TransportError as exc:  # a refusal: credentials, ACL
         print(f"ursa coordinator serve: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if view is not None:
+            view.stop()
     return 0
 
 
@@ -200,12 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run these subcommands without the full `ursa` CLI (``python -m``)."""
     parser = argparse.ArgumentParser(prog="ursa")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.log_level, args.log_format)
     try:
         code: int = args.handler(args)
     except ConfigError as exc:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
+from ursa.coordinator.telemetry import Telemetry
 from ursa.tools.compose import training_plugin
 from ursa.tools.demo.coordinator import (
     MadeHooks,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from ursa.coordinator.methods.flicker.method import FlickerMethod
     from ursa.coordinator.service import CoordinatorService
     from ursa.coordinator.training import RoundRecord
+    from ursa.tools.observe.server import ObserveServer
     from ursa.tools.simulate.federation import Federation
 
 __all__ = ["DemoRun", "Progress"]
@@ -98,6 +100,8 @@ class DemoRun:
         self.stop_service = threading.Event()
         """Set to end the coordinator's loop (FedDisk: after the last classifier
         round, from the service thread, so no further round aggregates)."""
+        self.telemetry = Telemetry()
+        """The coordinator's, with the harness's ||p_o - p_u||_1 of each round."""
 
     # --- data ----------------------------------------------------------------
 
@@ -165,6 +169,7 @@ class DemoRun:
         def on_round(record: RoundRecord) -> None:
             chosen = [index[d] for d in record.selected]
             l1 = float(distance_to_uniform(dists[chosen].mean(axis=0)))
+            self.telemetry.annotate_round(record.round, l1_to_uniform=l1)
             entry = _round_entry(record, l1)
             with self.lock:
                 if len(self.rounds) >= s.rounds:
@@ -212,11 +217,13 @@ class DemoRun:
         s = self.settings
         made_initial = made.initial if made is not None else None
         config = coordinator_config(s, self.workdir, url, initial, made_initial)
-        plugin = training_plugin(config, training_hooks(evaluate, on_round, made))
+        hooks = training_hooks(evaluate, on_round, made)
+        plugin = training_plugin(config, hooks, self.telemetry)
         classifier = plugin.classifier if isinstance(plugin, FeddiskPlugin) else plugin
         if not isinstance(classifier, TrainingPlugin):
             raise DemoError("the demo trains: its config names a training method")
-        service = CoordinatorService(config, plugin=plugin)
+        service = CoordinatorService(config, plugin=plugin, telemetry=self.telemetry)
+        view = self._observe(service)
         stop = self.stop_service
         service.start()
         loop = threading.Thread(target=service.run, args=(stop,), daemon=True)
@@ -270,6 +277,8 @@ class DemoRun:
             stop.set()
             loop.join(10.0)
             service.stop()
+            if view is not None:
+                view.stop()
         from ursa.tools.demo.report import report_of
 
         devices = sorted((report_of(r) for r in reports), key=lambda d: d["device_id"])
@@ -297,6 +306,20 @@ class DemoRun:
             "_final_arrays": classifier.global_arrays,
             "final_version": classifier.version,
         }
+
+    def _observe(self, service: CoordinatorService) -> ObserveServer | None:
+        """The dashboard, /api/status and /metrics (``--http``), started."""
+        s = self.settings
+        if s.http is None:
+            return None
+        from ursa.tools.observe.server import ObserveConfigError, observe_service
+
+        try:
+            view = observe_service(service, s.http, token=s.http_token)
+        except ObserveConfigError as exc:
+            raise DemoError(str(exc)) from None
+        self.progress.note(f"dashboard, /api/status and /metrics on {view.url}")
+        return view
 
     def _classifier_rounds(self) -> int:
         with self.lock:
@@ -498,6 +521,8 @@ def _fleet(
 def _settings_json(s: TrainingDemoSettings) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in s.__dataclass_fields__:
+        if name == "http_token":
+            continue  # a secret: not in the report
         value = getattr(s, name)
         out[name] = (
             str(value)

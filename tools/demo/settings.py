@@ -85,6 +85,10 @@ class TrainingDemoSettings:
     report_dir: Path = Path("ursa-report")
     broker_url: str | None = None
     timeout_s: float = 900.0
+    http: str | None = None
+    """``HOST:PORT`` of the dashboard, /api/status and /metrics while it runs."""
+    http_token: str | None = None
+    """The HTTP view's token (needed beyond loopback; never in the report)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def methods(self) -> list[str]:

@@ -1,0 +1,405 @@
+"""What the coordinator did, for operators: counts, stages, rounds, recent errors.
+
+The service tells a `Telemetry` about the events it already logs (a message
+in, a message out, a refusal, a stage change, a round complete) and the
+training plugin hands it each round's `RoundRecord`; nothing else in the
+coordinator knows it exists. It keeps counters and a bounded history in
+memory, thread-safe, with no I/O and no third-party import, so the
+coordinator runs (and logs its per-round line, `round_completed`) without the
+``ops`` extra. `ursa.coordinator.live_status` joins it with the store's and the
+transport's state into the snapshot behind ``/api/status`` and ``/metrics``.
+
+Durations come from ``time.monotonic`` (a fake service clock in tests must
+not make durations negative). Nothing here holds device data: labels and
+distributions stay on the devices; a harness that knows them (the demo) may
+add per-round figures with `annotate_round`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ursa.coordinator.training import RoundRecord
+
+__all__ = [
+    "ROUND_DURATION_BUCKETS_S",
+    "ErrorEvent",
+    "RoundSummary",
+    "Telemetry",
+    "TelemetrySnapshot",
+]
+
+logger = logging.getLogger("ursa.coordinator")
+
+ROUND_DURATION_BUCKETS_S = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+"""Upper bounds of the round-duration histogram (seconds; +Inf is implied)."""
+MAX_ROUNDS_KEPT = 1000
+"""Round summaries kept for the dashboard (the oldest go first)."""
+MAX_ERRORS_KEPT = 50
+"""Recent warnings and errors kept."""
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class RoundSummary:
+    """One finished round as an operator sees it (no device data).
+
+    ``accuracy`` and ``per_class_accuracy`` are the coordinator's evaluation
+    of the new global model when it has one (the ``evaluate`` hook);
+    ``federated_accuracy`` and ``federated_per_class`` the fleet's own
+    (federated evaluation, of the model the round started from).
+    """
+
+    round: int
+    selected: tuple[str, ...] = ()
+    contributed: int | None = None
+    version: int | None = None
+    elapsed_s: float | None = None
+    bytes_sent: int | None = None
+    bytes_received: int | None = None
+    accuracy: float | None = None
+    per_class_accuracy: tuple[float | None, ...] = ()
+    federated_accuracy: float | None = None
+    federated_per_class: tuple[float | None, ...] = ()
+    federated_version: int | None = None
+    completed_at: float | None = None
+    """Wall-clock time (``time.time``) the coordinator completed the round."""
+    extra: Mapping[str, float | None] = field(default_factory=dict)
+    """Figures a harness added (`Telemetry.annotate_round`), e.g. the demo's
+    ``l1_to_uniform``."""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (non-finite numbers become None)."""
+        return {
+            "round": self.round,
+            "selected": list(self.selected),
+            "contributed": self.contributed,
+            "version": self.version,
+            "elapsed_s": _finite(self.elapsed_s),
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "accuracy": _finite(self.accuracy),
+            "per_class_accuracy": [_finite(a) for a in self.per_class_accuracy],
+            "federated_accuracy": _finite(self.federated_accuracy),
+            "federated_per_class": [_finite(a) for a in self.federated_per_class],
+            "federated_version": self.federated_version,
+            "completed_at": self.completed_at,
+            **{name: _finite(value) for name, value in self.extra.items()},
+        }
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """A recent warning or error, as logged."""
+
+    at: float
+    level: str
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict."""
+        return {"at": self.at, "level": self.level, "message": self.message}
+
+
+@dataclass(frozen=True)
+class TelemetrySnapshot:
+    """A consistent copy of the counters and history (see `Telemetry.snapshot`)."""
+
+    messages: Mapping[tuple[str, str], int]
+    """(kind, direction) -> count; direction ``in`` or ``out``."""
+    rejected: Mapping[str, int]
+    """Reason (an `ErrorCode` value, or an admission drop) -> count."""
+    updates: int
+    rounds: tuple[RoundSummary, ...]
+    round_buckets: tuple[int, ...]
+    """Cumulative counts per `ROUND_DURATION_BUCKETS_S` bound, then +Inf."""
+    round_duration_sum_s: float
+    last_seen: Mapping[str, float]
+    """Device -> wall-clock time of its last admitted message."""
+    stage: str | None
+    stage_since: float | None
+    """Wall-clock time the current stage began (as this process saw it)."""
+    errors: tuple[ErrorEvent, ...]
+    accuracy: Mapping[str, float]
+    """The latest accuracy by source: ``server``, ``federated``."""
+    methods: tuple[str, ...]
+
+
+class Telemetry:
+    """Thread-safe counters and history of one coordinator (see the module doc).
+
+    Args:
+        wall: Wall-clock seconds for "last seen" and event times.
+        monotonic: Seconds for durations.
+    """
+
+    def __init__(
+        self, *, wall: Clock = time.time, monotonic: Clock = time.monotonic
+    ) -> None:
+        self._wall = wall
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._messages: dict[tuple[str, str], int] = {}
+        self._rejected: dict[str, int] = {}
+        self._updates = 0
+        self._rounds: deque[RoundSummary] = deque(maxlen=MAX_ROUNDS_KEPT)
+        self._records: dict[int, RoundSummary] = {}
+        """Training records that came before their round completed."""
+        self._annotations: dict[int, dict[str, float | None]] = {}
+        self._buckets = [0] * (len(ROUND_DURATION_BUCKETS_S) + 1)
+        self._duration_sum = 0.0
+        self._last_seen: dict[str, float] = {}
+        self._stage: str | None = None
+        self._stage_since: float | None = None
+        self._round_opened: dict[int, float] = {}
+        self._errors: deque[ErrorEvent] = deque(maxlen=MAX_ERRORS_KEPT)
+        self._accuracy: dict[str, float] = {}
+        self._methods: tuple[str, ...] = ()
+        self._traffic: Callable[[], tuple[int, int]] | None = None
+        self._traffic_at_open: dict[int, tuple[int, int]] = {}
+
+    # --- set-up -------------------------------------------------------------
+
+    def set_methods(self, methods: Iterable[str]) -> None:
+        """The methods the federation runs (for the dashboard)."""
+        with self._lock:
+            self._methods = tuple(methods)
+
+    def set_traffic(self, traffic: Callable[[], tuple[int, int]]) -> None:
+        """Where to read (bytes sent, bytes received) so far, for per-round bytes."""
+        with self._lock:
+            self._traffic = traffic
+
+    # --- events from the service --------------------------------------------
+
+    def received(self, device: str, kind: str) -> None:
+        """A decoded message from ``device`` (before the stage handler judges it)."""
+        now = self._wall()
+        with self._lock:
+            key = (kind, "in")
+            self._messages[key] = self._messages.get(key, 0) + 1
+            self._last_seen[device] = now
+
+    def sent(self, kind: str) -> None:
+        """A message queued for the broker."""
+        with self._lock:
+            key = (kind, "out")
+            self._messages[key] = self._messages.get(key, 0) + 1
+
+    def rejected(self, reason: str) -> None:
+        """A message refused or dropped, by reason."""
+        with self._lock:
+            self._rejected[reason] = self._rejected.get(reason, 0) + 1
+
+    def stage_changed(self, stage: str, round_index: int) -> None:
+        """The service entered ``stage``; a SELECTING stage opens ``round_index``."""
+        traffic = self._read_traffic()
+        with self._lock:
+            self._stage = stage
+            self._stage_since = self._wall()
+            if stage == "selecting" and round_index not in self._round_opened:
+                self._round_opened[round_index] = self._monotonic()
+                if traffic is not None:
+                    self._traffic_at_open[round_index] = traffic
+
+    def round_completed(self, round_index: int, selected: Iterable[str]) -> None:
+        """The service completed ``round_index``: record it and log its line."""
+        traffic = self._read_traffic()
+        with self._lock:
+            opened = self._round_opened.pop(round_index, None)
+            elapsed = None if opened is None else self._monotonic() - opened
+            at_open = self._traffic_at_open.pop(round_index, None)
+            base = self._records.pop(round_index, None) or RoundSummary(round_index)
+            summary = replace(
+                base,
+                selected=tuple(sorted(selected)) or base.selected,
+                elapsed_s=elapsed if elapsed is not None else base.elapsed_s,
+                completed_at=self._wall(),
+                extra={**base.extra, **self._annotations.pop(round_index, {})},
+            )
+            if traffic is not None and at_open is not None:
+                summary = replace(
+                    summary,
+                    bytes_sent=traffic[0] - at_open[0],
+                    bytes_received=traffic[1] - at_open[1],
+                )
+            self._rounds.append(summary)
+            if summary.elapsed_s is not None:
+                self._observe_duration(summary.elapsed_s)
+            for old in [r for r in self._round_opened if r < round_index]:
+                self._round_opened.pop(old)  # rounds that never completed
+                self._traffic_at_open.pop(old, None)
+        logger.info("%s", _round_line(summary))
+
+    def training_round(self, record: RoundRecord) -> None:
+        """The training plugin's record of a round (metrics, updates, version)."""
+        summary = _from_record(record)
+        with self._lock:
+            self._updates += len(record.contributed)
+            if summary.accuracy is not None:
+                self._accuracy["server"] = summary.accuracy
+            if summary.federated_accuracy is not None:
+                self._accuracy["federated"] = summary.federated_accuracy
+            done = next((r for r in self._rounds if r.round == record.round), None)
+            if done is None:  # the usual order: the record, then the completion
+                self._records[record.round] = summary
+                return
+            merged = replace(
+                summary,
+                selected=done.selected,
+                elapsed_s=done.elapsed_s,
+                bytes_sent=done.bytes_sent,
+                bytes_received=done.bytes_received,
+                completed_at=done.completed_at,
+                extra=done.extra,
+            )
+            self._rounds = deque(
+                (merged if r.round == record.round else r for r in self._rounds),
+                maxlen=MAX_ROUNDS_KEPT,
+            )
+
+    def annotate_round(self, round_index: int, **figures: float | None) -> None:
+        """Add a harness's figures to a round (before or after it completes)."""
+        with self._lock:
+            for i, summary in enumerate(self._rounds):
+                if summary.round == round_index:
+                    extra = {**summary.extra, **figures}
+                    self._rounds[i] = replace(summary, extra=extra)
+                    return
+            self._annotations.setdefault(round_index, {}).update(figures)
+
+    def error(self, level: str, message: str) -> None:
+        """A warning or error to show as recent (see `RecentErrors`)."""
+        event = ErrorEvent(self._wall(), level, message[:500])
+        with self._lock:
+            self._errors.append(event)
+
+    # --- reading --------------------------------------------------------------
+
+    def snapshot(self) -> TelemetrySnapshot:
+        """A consistent copy of everything recorded so far."""
+        with self._lock:
+            return TelemetrySnapshot(
+                messages=dict(self._messages),
+                rejected=dict(self._rejected),
+                updates=self._updates,
+                rounds=tuple(self._rounds),
+                round_buckets=tuple(self._buckets),
+                round_duration_sum_s=self._duration_sum,
+                last_seen=dict(self._last_seen),
+                stage=self._stage,
+                stage_since=self._stage_since,
+                errors=tuple(self._errors),
+                accuracy=dict(self._accuracy),
+                methods=self._methods,
+            )
+
+    # --- internals --------------------------------------------------------------
+
+    def _read_traffic(self) -> tuple[int, int] | None:
+        traffic = self._traffic
+        if traffic is None:
+            return None
+        try:
+            return traffic()
+        except Exception:  # a closed transport: no per-round bytes, no crash
+            return None
+
+    def _observe_duration(self, seconds: float) -> None:
+        self._duration_sum += seconds
+        for i, bound in enumerate(ROUND_DURATION_BUCKETS_S):
+            if seconds <= bound:
+                self._buckets[i] += 1
+        self._buckets[-1] += 1
+
+
+class RecentErrors(logging.Handler):
+    """A logging handler that copies warnings and errors into a `Telemetry`.
+
+    Attach it to the ``ursa.coordinator`` logger while an HTTP view is up
+    (`ursa.tools.observe`), so the dashboard shows what the log says.
+    """
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        super().__init__(level=logging.WARNING)
+        self._telemetry = telemetry
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Keep the record's level and message (no traceback)."""
+        try:
+            self._telemetry.error(record.levelname, record.getMessage())
+        except Exception:
+            self.handleError(record)
+
+
+def _finite(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return _finite(float(value))
+
+
+def _numbers(values: Any) -> tuple[float | None, ...]:
+    if not isinstance(values, list | tuple):
+        return ()
+    return tuple(_number(v) for v in values)
+
+
+def _from_record(record: RoundRecord) -> RoundSummary:
+    metrics = record.metrics
+    fed = metrics.get("federated_eval")
+    fed = fed if isinstance(fed, Mapping) else {}
+    version = fed.get("version")
+    return RoundSummary(
+        round=record.round,
+        selected=tuple(record.selected),
+        contributed=len(record.contributed),
+        version=record.version,
+        elapsed_s=record.elapsed_s,
+        accuracy=_number(metrics.get("accuracy")),
+        per_class_accuracy=_numbers(metrics.get("per_class_accuracy")),
+        federated_accuracy=_number(fed.get("accuracy")),
+        federated_per_class=_numbers(fed.get("per_class")),
+        federated_version=version if isinstance(version, int) else None,
+    )
+
+
+def _round_line(summary: RoundSummary) -> str:
+    """The one INFO line per round: who, how many updates, accuracy, bytes, time."""
+    parts = [f"round {summary.round} complete: {len(summary.selected)} selected"]
+    if summary.contributed is not None:
+        parts.append(f"{summary.contributed} updates")
+    if summary.accuracy is not None:
+        parts.append(f"accuracy {summary.accuracy:.4f}")
+    if summary.federated_accuracy is not None:
+        parts.append(f"federated accuracy {summary.federated_accuracy:.4f}")
+    if summary.bytes_sent is not None and summary.bytes_received is not None:
+        parts.append(
+            f"{_size(summary.bytes_received)} in, {_size(summary.bytes_sent)} out"
+        )
+    if summary.elapsed_s is not None:
+        parts.append(f"{summary.elapsed_s:.1f} s")
+    return ", ".join(parts)
+
+
+def _size(num_bytes: int) -> str:
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"

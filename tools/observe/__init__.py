@@ -1,0 +1,1 @@
+"""The operator's HTTP view of a coordinator: ``/metrics``, ``/api/status``, ``/``."""
