@@ -11,10 +11,11 @@ What the store persists, and so what status can show: the stage, key epoch
 (agent, recipients, registrations), round, enrolled devices with their
 fingerprints and presence, each round's volunteers and selection, the live
 phases, the devices refusing this coordinator or sitting an epoch out, and
-the newest refusals (`CoordinatorStore.record_error`). A training round's
-figures (updates received, accuracy, elapsed time:
-`ursa.coordinator.training.RoundRecord`) are not persisted; only the model
-version each round produced (``models/<name>/latest.json``).
+the newest refusals (`CoordinatorStore.record_error`), each model's last
+training round's figures (meta ``last_round.<model>``:
+`ursa.coordinator.training.round_figures`) and the model version each round
+produced (``models/<name>/latest.json``). Earlier rounds' figures are in the
+log and in ``/metrics``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from ursa.coordinator.core import REFUSING_KEY, SAT_OUT_KEY, STATE_KEY
-from ursa.coordinator.store import DB_FILENAME, ErrorRecord, error_record
+from ursa.coordinator.store import (
+    DB_FILENAME,
+    LAST_ROUND_PREFIX,
+    ErrorRecord,
+    error_record,
+)
 
 __all__ = [
     "DeviceStatus",
@@ -90,6 +96,9 @@ class FederationStatus:
     refusing: tuple[str, ...]
     sat_out: dict[str, int]
     last_round: RoundSummary | None
+    trained: dict[str, dict[str, Any]]
+    """Each model's last training round's figures (updates, accuracy, device
+    metrics; `ursa.coordinator.training.round_figures`), by model."""
     models: tuple[ModelStatus, ...]
     live_phases: tuple[str, ...]
     errors: tuple[ErrorRecord, ...]
@@ -188,9 +197,25 @@ def _read(db: sqlite3.Connection, errors: int) -> dict[str, Any]:
             str(d): int(e) for d, e in json.loads(meta.get(SAT_OUT_KEY, "{}")).items()
         },
         "last_round": _last_round(db),
+        "trained": _trained(meta),
         "live_phases": phases,
         "errors": recent,
     }
+
+
+def _trained(meta: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The ``last_round.<model>`` figures (a store without them has none)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in meta.items():
+        if not key.startswith(LAST_ROUND_PREFIX):
+            continue
+        try:
+            figures = json.loads(value)
+        except ValueError:
+            continue
+        if isinstance(figures, dict):
+            out[key[len(LAST_ROUND_PREFIX) :]] = figures
+    return out
 
 
 def _last_round(db: sqlite3.Connection) -> RoundSummary | None:

@@ -35,6 +35,7 @@ from typing import Any
 
 __all__ = [
     "DB_FILENAME",
+    "LAST_ROUND_PREFIX",
     "MAX_ERRORS",
     "RUN_KEY",
     "CoordinatorStore",
@@ -42,6 +43,10 @@ __all__ = [
     "ErrorRecord",
     "RoundRecord",
 ]
+
+LAST_ROUND_PREFIX = "last_round."
+"""Meta keys ``last_round.<model>``: a model's last training round's figures
+(JSON: updates, accuracy, device metrics), for `ursa coordinator status`."""
 
 DB_FILENAME = "coordinator.sqlite3"
 RUN_KEY = "run"

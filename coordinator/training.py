@@ -41,7 +41,9 @@ needs no torch: it starts from an initial weights file (see
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +67,7 @@ from ursa.coordinator.model_transfer import (
 )
 from ursa.coordinator.models import ModelStore
 from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
+from ursa.coordinator.store import LAST_ROUND_PREFIX
 from ursa.coordinator.training_round import (
     WRONG_VERSION,
     OpenRound,
@@ -504,6 +507,11 @@ class TrainingPlugin(RoundPlugin):
             failed,
         )
         self.history.append(record)
+        if self._view is not None:  # for `ursa coordinator status`
+            self._view.store.set_meta(
+                LAST_ROUND_PREFIX + self.config.model,
+                json.dumps(round_figures(record), allow_nan=False),
+            )
         logger.info(
             "round %d: %d updates -> version %d (%s)",
             work.index,
@@ -538,3 +546,38 @@ def _weighting(configured: Weighting, steps: Sequence[BeforeTraining]) -> Weight
     if len(said) > 1:
         raise ValueError(f"before-training steps disagree on weighting: {said}")
     return said.pop() if said else configured
+
+
+def round_figures(record: RoundRecord) -> dict[str, Any]:
+    """A round's figures as an operator reads them (JSON-able, no device data).
+
+    Updates counted, dropped and failed, the version made, wall time, the
+    server's held-out accuracy and the federated one when known, and the
+    devices' mean training metrics.
+    """
+    metrics = record.metrics
+
+    def number(value: Any) -> float | None:
+        ok = isinstance(value, int | float) and math.isfinite(value)
+        return float(value) if ok else None
+
+    federated = metrics.get("federated_eval")
+    devices = metrics.get("devices")
+    return {
+        "round": record.round,
+        "version": record.version,
+        "selected": len(record.selected),
+        "updates": len(record.contributed),
+        "dropped": list(record.dropped),
+        "failed": list(record.failed),
+        "elapsed_s": round(record.elapsed_s, 3),
+        "accuracy": number(metrics.get("accuracy")),
+        "federated_accuracy": (
+            number(federated.get("accuracy")) if isinstance(federated, dict) else None
+        ),
+        "devices": (
+            {str(k): v for k, v in devices.items() if number(v) is not None}
+            if isinstance(devices, dict)
+            else {}
+        ),
+    }

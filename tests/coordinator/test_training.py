@@ -603,3 +603,25 @@ def test_the_federation_ends_once_the_target_accuracy_is_reached(
     assert [r.round for r in plugin.history] == [1, 2, 3]
     (end,) = [m for _, m in fed.messages("federation_end")]
     assert end.rounds == 3 and end.metrics == {"accuracy": pytest.approx(0.6)}
+
+
+def test_status_shows_the_last_training_rounds_figures(
+    federation: Any, tmp_path: Path
+) -> None:
+    from ursa.coordinator.status import read_status
+    from ursa.tools.cli.fleet import _trained_line
+
+    fed = federation(num_devices=4, k=2, tries=1, rounds=2)
+
+    def evaluate(round_index: int, version: int, arrays: Arrays) -> dict[str, float]:
+        return {"accuracy": 0.25 * round_index}
+
+    start_training(fed, tmp_path, TrainingConfig(), evaluate=evaluate)
+    assert fed.coordinator.is_done
+    figures = read_status(fed.config.state_dir).trained["classifier"]
+    assert (figures["round"], figures["version"], figures["updates"]) == (2, 2, 2)
+    assert figures["accuracy"] == 0.5 and figures["federated_accuracy"] is None
+    assert figures["devices"]["reporting"] == 2 and figures["devices"]["samples"] > 0
+    line = _trained_line("classifier", figures)
+    assert line.startswith("last classifier round 2: 2/2 updates -> version 2")
+    assert "accuracy 0.5000 (federated -)" in line

@@ -124,6 +124,24 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trained_line(model: str, figures: dict[str, Any]) -> str:
+    """One model's last training round, as an operator reads it."""
+
+    def fig(key: str) -> str:
+        value = figures.get(key)
+        return "-" if not isinstance(value, int | float) else f"{value:.4f}"
+
+    said = figures.get("devices") or {}
+    loss = said.get("loss")
+    extra = "" if not isinstance(loss, int | float) else f", device loss {loss:.4f}"
+    return (
+        f"last {model} round {figures.get('round')}: {figures.get('updates')}/"
+        f"{figures.get('selected')} updates -> version {figures.get('version')}, "
+        f"accuracy {fig('accuracy')} (federated {fig('federated_accuracy')}), "
+        f"{figures.get('elapsed_s')} s{extra}"
+    )
+
+
 def _utc(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at))
 
@@ -158,6 +176,8 @@ def _status_lines(status: FederationStatus, extra: dict[str, Any]) -> list[str]:
         lines.append(
             f"model {model.model}: version {model.version} (round {model.round})"
         )
+    for name, figures in sorted(status.trained.items()):
+        lines.append(_trained_line(name, figures))
     lines.append(
         f"devices: {len(status.devices)} enrolled, {len(status.online)} online "
         f"({extra['enrolment_mode']} enrolment)"
