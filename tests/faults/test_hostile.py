@@ -32,6 +32,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 MAX_MESSAGE_BYTES = 256 * 1024
 """The coordinator's cap in the malformed-input run: below the broker's
 packet limit, so an oversized payload reaches the coordinator's admission."""
+BURST = 300
+"""The coordinator's admission burst in the flood run: the flood overruns it
+whatever the machine's speed, an honest device never comes near it."""
 REPLAYS = 60
 PACE_S = 0.02
 """Between two malformed publishes: under the rate limit, so every one is
@@ -41,7 +44,7 @@ decoded and judged rather than dropped unread."""
 def test_a_flood_from_one_devices_credentials_leaves_the_rounds_alone(
     fleet: MakeFleet, baseline: RunOutcome
 ) -> None:
-    run = fleet()
+    run = fleet(admission_burst=BURST)
     rogue = run.connect(ROGUE)
     stop = threading.Event()
     sent: list[int] = []

@@ -88,6 +88,9 @@ class FleetSettings:
     `reset_coordinator` wipes the store and keeps the identity)."""
     max_message_bytes: int | None = None
     """The coordinator's admission size cap (None: its default)."""
+    admission_burst: int | None = None
+    """The coordinator's per-device admission burst (None: its default), so
+    a flood test overruns it without depending on the machine's speed."""
 
 
 @dataclass
@@ -439,6 +442,11 @@ class FaultFleet:
             f"key_bits = {s.key_bits}\nseed = {s.seed}\n"
             + quorum
             + self._broker_toml("coordinator")
+            + (
+                ""
+                if s.admission_burst is None
+                else f"[admission]\nburst = {s.admission_burst}\n"
+            )
             + '[enrolment]\nmode = "tofu"\n'
             + f"[deadlines]\nvolunteer_s = {s.phase_s}\n"
             f"distributions_s = {s.phase_s}\nagent_s = {s.phase_s}\n"
