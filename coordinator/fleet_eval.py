@@ -9,7 +9,7 @@ the reports blind and sends the sum; every device decrypts it, and the key
 epoch's agent answers the decrypted totals in a signed `MeanResult`::
 
     coordinator -> MeanRequest(eval.classes, round r, epoch, version v) -> all
-    device      -> MeanReport(Enc([correct.., total..]))
+    device      -> MeanReport(Enc([correct.., total.., evaluated]))
     coordinator -> MeanSum(Enc(sum), num_parties) -> all
     agent       -> MeanResult(eval.classes, r, epoch, v, totals, num_parties)
 
@@ -52,12 +52,12 @@ logger = logging.getLogger("ursa.coordinator.evaluation")
 
 
 def fleet_accuracy(totals: tuple[float, ...]) -> dict[str, Any]:
-    """Accuracy and per-class accuracy from summed ``[correct.., total..]``.
+    """Accuracy and per-class accuracy from summed ``[correct.., total.., evaluated]``.
 
     A class no device evaluated has accuracy None.
     """
-    classes = len(totals) // 2
-    correct, total = totals[:classes], totals[classes:]
+    classes = (len(totals) - 1) // 2
+    correct, total = totals[:classes], totals[classes : 2 * classes]
     samples = sum(total)
     return {
         "accuracy": None if samples <= 0 else sum(correct) / samples,
@@ -65,6 +65,7 @@ def fleet_accuracy(totals: tuple[float, ...]) -> dict[str, Any]:
             None if t <= 0 else c / t for c, t in zip(correct, total, strict=True)
         ],
         "samples": round(samples),
+        "evaluated": round(totals[-1]),
     }
 
 
@@ -101,7 +102,7 @@ class FleetEvaluation(SecureMeanStep):
         return every > 0 and round_index > 1 and (round_index - 1) % every == 0
 
     def wire(self, info: RoundInfo) -> MeanWire:
-        """``Enc([correct.., total..])`` at the round's model version."""
+        """``Enc([correct.., total.., evaluated])`` at the round's model version."""
         return MeanWire(FLEET_EVAL, fleet_eval_length(self.num_classes), info.model)
 
     def timeout_s(self) -> float:

@@ -3,16 +3,18 @@
 When the coordinator asks a secure mean of purpose ``eval.classes``
 (`ursa.coordinator.fleet_eval`), every registered device answers with its
 per-class correct and total counts on its local evaluation split at the
-requested global version, ``Enc([correct.., total..])``; a device without a
-split (or without a model trainer) reports zeros, so the coordinator never
-waits for it. The runtime (`ursa.edge_sdk.secure_mean`) encrypts, reports
-and decrypts; this participant computes the counts and reads the sum.
+requested global version, and a 1 for "I evaluated":
+``Enc([correct.., total.., 1])``; a device without a split (or without a
+model trainer) reports zeros, so the coordinator never waits for it. The
+runtime (`ursa.edge_sdk.secure_mean`) encrypts, reports and decrypts; this
+participant computes the counts and reads the sum.
 
 Every device learns the fleet's accuracy from the decrypted sum
 (`FleetEvaluator.last`). The key epoch's agent also tells the coordinator: it
 answers the totals in a signed `MeanResult`, once per key epoch and round,
-and only when the sum has at least ``min_parties`` reports, so a sum of one
-device's counts is never disclosed by an honest agent.
+and only when at least ``min_parties`` devices in the sum evaluated (the
+last value), so a sum of one device's counts is never disclosed by an honest
+agent, however many devices without a split reported zeros beside it.
 
 `split_for_evaluation` holds out a device's evaluation split (seeded, so a
 restarted device holds out the same samples).
@@ -58,6 +60,8 @@ class FleetEval:
     parties: int
     correct: tuple[float, ...]
     total: tuple[float, ...]
+    evaluated: int
+    """How many of the ``parties`` evaluated (the others had no split)."""
 
     @property
     def accuracy(self) -> float | None:
@@ -110,7 +114,7 @@ class FleetEvaluator(DeviceMethod, MeanParticipant):
     # --- the mean -------------------------------------------------------------
 
     def mean_codec(self) -> MeanCodec:
-        """Integer counts up to `MAX_EVAL_COUNT`, two per class of the epoch."""
+        """Integer counts up to `MAX_EVAL_COUNT`: two per class, one device count."""
         epoch = self.ctx.epoch
         if epoch is None:  # SecureMeans asks only with an adopted epoch
             raise ValueError("no key epoch")
@@ -125,7 +129,7 @@ class FleetEvaluator(DeviceMethod, MeanParticipant):
         return self.ctx.epoch is not None
 
     def mean_values(self, request: MeanRequest) -> FloatVector | None:
-        """``[correct.., total..]`` at the requested version (None: downloading)."""
+        """``[correct.., total.., 1]`` at the requested version (None: downloading)."""
         epoch = self.ctx.epoch
         assert epoch is not None
         classes = epoch.num_classes
@@ -140,45 +144,49 @@ class FleetEvaluator(DeviceMethod, MeanParticipant):
             return np.zeros(fleet_eval_length(classes))
         correct = _fit(counts.correct, classes)
         total = _fit(counts.total, classes)
+        evaluated = 1.0 if total.sum() > 0 else 0.0
         values: FloatVector = np.minimum(
-            np.concatenate([correct, total]), MAX_EVAL_COUNT
+            np.concatenate([correct, total, [evaluated]]), MAX_EVAL_COUNT
         )
         return values
 
     def on_mean(self, result: MeanSum, totals: FloatVector) -> None:
         """Keep the fleet's figures; the agent discloses them to the coordinator."""
         values = np.maximum(np.rint(totals), 0.0)
-        classes = len(values) // 2
+        classes = (len(values) - 1) // 2
         self.last = FleetEval(
             result.round,
             result.model_version,
             result.num_parties,
             tuple(float(v) for v in values[:classes]),
-            tuple(float(v) for v in values[classes:]),
+            tuple(float(v) for v in values[classes : 2 * classes]),
+            int(values[-1]),
         )
         accuracy = self.last.accuracy
         logger.info(
-            "%s: fleet evaluation of version %d over %d devices: accuracy %s",
+            "%s: fleet evaluation of version %d by %d of %d devices: accuracy %s",
             self.ctx.device_id,
             result.model_version,
+            self.last.evaluated,
             result.num_parties,
             "-" if accuracy is None else f"{accuracy:.4f}",
         )
-        self._disclose(result, values)
+        self._disclose(result, values, self.last.evaluated)
 
-    def _disclose(self, result: MeanSum, values: FloatVector) -> None:
+    def _disclose(self, result: MeanSum, values: FloatVector, evaluated: int) -> None:
         ctx, epoch = self.ctx, self.ctx.epoch
         if epoch is None or epoch.agent != ctx.device_id:
             return
         head = (result.epoch, result.round)
         if head in self._disclosed:
             return
-        if result.num_parties < self.min_parties:
+        if evaluated < self.min_parties:  # zeros of devices without a split hide nobody
             logger.warning(
-                "%s: evaluation sum of round %d has %d reports (< %d); not disclosed",
+                "%s: evaluation sum of round %d covers %d evaluating devices (< %d); "
+                "not disclosed",
                 ctx.device_id,
                 result.round,
-                result.num_parties,
+                evaluated,
                 self.min_parties,
             )
             return

@@ -43,10 +43,10 @@ CLASSES = 3
 PARTIES = 10
 CODEC = FixedPoint(bound=float(MAX_EVAL_COUNT), scale_bits=0)
 ROUND = RoundInfo(3, "classifier", 2, ("d0", "d1"))
-COUNTS = {  # [correct.., total..] per device: the plaintext the test knows
-    "d0": [5, 0, 1, 6, 0, 2],
-    "d1": [0, 3, 0, 0, 4, 1],
-    "d2": [1, 1, 0, 2, 1, 0],
+COUNTS = {  # [correct.., total.., evaluated] per device: the known plaintext
+    "d0": [5, 0, 1, 6, 0, 2, 1],
+    "d1": [0, 3, 0, 0, 4, 1, 1],
+    "d2": [1, 1, 0, 2, 1, 0, 1],
 }
 
 Keys = tuple[PaillierPublicKey, PaillierSecretKey]
@@ -162,11 +162,11 @@ def test_due_every_nth_round_after_the_first() -> None:
 
 
 def test_fleet_accuracy_pools_the_counts_and_leaves_unseen_classes_out() -> None:
-    figures = fleet_accuracy((6.0, 4.0, 0.0, 8.0, 5.0, 0.0))
+    figures = fleet_accuracy((6.0, 4.0, 0.0, 8.0, 5.0, 0.0, 2.0))
     assert figures["accuracy"] == pytest.approx(10 / 13)
     assert figures["per_class"] == [pytest.approx(0.75), pytest.approx(0.8), None]
-    assert figures["samples"] == 13
-    assert fleet_accuracy((0.0, 0.0))["accuracy"] is None
+    assert figures["samples"] == 13 and figures["evaluated"] == 2
+    assert fleet_accuracy((0.0, 0.0, 0.0))["accuracy"] is None
 
 
 def test_the_sum_is_blind_and_decrypts_to_the_plaintext_total(
@@ -197,7 +197,7 @@ def test_the_agents_signed_result_lands_in_the_round_metrics(harness: Harness) -
     )
     figures = harness.step.metrics(ROUND.round)["federated_eval"]
     assert figures["version"] == 2 and figures["parties"] == 3
-    assert figures["accuracy"] == pytest.approx(11 / 16)
+    assert figures["accuracy"] == pytest.approx(11 / 16) and figures["evaluated"] == 3
     harness.step.close(ROUND.round)
     assert harness.step.metrics(ROUND.round) == {}
 
@@ -216,7 +216,7 @@ def test_a_result_not_from_the_agent_or_not_for_the_sum_is_refused(
     harness.step.open(ROUND, harness.clock.now)
     for device in DEVICES:
         harness.report(device)
-    message = harness.result([1.0] * 6, sender=sender, sign=sign, parties=parties)
+    message = harness.result([1.0] * 7, sender=sender, sign=sign, parties=parties)
     with pytest.raises(RejectedError) as refused:
         harness.router.dispatch(message)
     assert refused.value.code == code
@@ -227,5 +227,5 @@ def test_a_result_before_the_sum_is_late(harness: Harness) -> None:
     harness.step.open(ROUND, harness.clock.now)
     harness.report("d0")
     with pytest.raises(RejectedError) as refused:
-        harness.router.dispatch(harness.result([1.0] * 6))
+        harness.router.dispatch(harness.result([1.0] * 7))
     assert refused.value.code == ErrorCode.LATE

@@ -111,23 +111,31 @@ def test_a_device_without_a_split_reports_zeros_without_downloading() -> None:
         model_version=2,
     )
     values = evaluator.mean_values(request)
-    assert values is not None and values.tolist() == [0.0] * 4
+    assert values is not None and values.tolist() == [0.0] * 5  # evaluated: 0
     codec = evaluator.mean_codec()
-    assert codec.length == 4 and codec.max_parties == 8
+    assert codec.length == 5 and codec.max_parties == 8
 
 
-def test_only_the_agent_discloses_and_only_a_sum_of_enough_parties_once() -> None:
-    totals = np.array([3.0, 1.0, 4.0, 2.0])
+def test_only_the_agent_discloses_and_only_a_sum_of_enough_devices_once() -> None:
+    totals = np.array([3.0, 1.0, 4.0, 2.0, 3.0])  # 3 devices evaluated
     other, other_ctx = _evaluator("d0", "d1")
     other.on_mean(_sum(3), totals)
     assert other_ctx.sent == [] and other.last is not None
-    assert other.last.accuracy == pytest.approx(4 / 6)
+    assert other.last.accuracy == pytest.approx(4 / 6) and other.last.evaluated == 3
     agent, ctx = _evaluator("d1", "d1", min_parties=3)
-    agent.on_mean(_sum(2), totals)
-    assert ctx.sent == []  # too few parties: one device's counts stay hidden
+    agent.on_mean(_sum(2), np.array([3.0, 1.0, 4.0, 2.0, 2.0]))
+    assert ctx.sent == []  # too few devices: one device's counts stay hidden
     agent.on_mean(_sum(3), totals)
     agent.on_mean(_sum(3), totals)  # a re-sent sum: answered once
     (answer,) = ctx.sent
     assert isinstance(answer, MeanResult)
-    assert answer.values == (3.0, 1.0, 4.0, 2.0) and answer.num_parties == 3
+    assert answer.values == (3.0, 1.0, 4.0, 2.0, 3.0) and answer.num_parties == 3
     assert answer.signature
+
+
+def test_zero_reports_of_devices_without_a_split_do_not_make_a_crowd() -> None:
+    """Ten reports, one device evaluated: the sum is that device's counts."""
+    agent, ctx = _evaluator("d1", "d1", min_parties=2)
+    agent.on_mean(_sum(10), np.array([3.0, 1.0, 4.0, 2.0, 1.0]))
+    assert ctx.sent == []
+    assert agent.last is not None and agent.last.evaluated == 1

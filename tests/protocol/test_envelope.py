@@ -139,7 +139,7 @@ def _examples() -> list[m.BaseMessage]:
             epoch=1,
             model="clf",
             model_version=3,
-            values=(8.0, 9.0, 10.0, 12.0),
+            values=(8.0, 9.0, 10.0, 12.0, 2.0),
             num_parties=3,
             signature=SIG,
         ),
