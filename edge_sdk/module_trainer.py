@@ -182,10 +182,7 @@ class ModuleTrainer(ModelTrainer):
 
         x, y = self._eval
         result = evaluate_module(self.module, global_arrays, x, y, loss=self.loss)
-        return ClassCounts(
-            np.asarray(result.per_class_correct, np.int64),
-            np.asarray(result.per_class_count, np.int64),
-        )
+        return result.class_counts()
 
     def local_loss(self, global_arrays: Arrays) -> float:
         """CLIMB's ``f_i``: the mean per-sample loss at the global model."""

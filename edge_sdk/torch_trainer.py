@@ -168,10 +168,7 @@ class TorchTrainer(ModelTrainer):
             self.eval_x,
             self.eval_y,
         )
-        return ClassCounts(
-            np.asarray(result.per_class_correct, np.int64),
-            np.asarray(result.per_class_count, np.int64),
-        )
+        return result.class_counts()
 
     @property
     def features(self) -> int:

@@ -53,6 +53,7 @@ import torch.nn.functional as F  # noqa: N812
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from torch import nn
 
+from ursa.edge_sdk.trainer import ClassCounts
 from ursa.models.cnn import CnnConfig
 from ursa.models.made import Made, MadeConfig
 from ursa.models.mlp import MlpConfig
@@ -122,6 +123,13 @@ class Evaluation:
     per_class_accuracy: tuple[float, ...]
     per_class_count: tuple[int, ...]
     per_class_correct: tuple[int, ...] = ()
+
+    def class_counts(self) -> ClassCounts:
+        """The counts federated evaluation reports (`ursa.edge_sdk.fleet_eval`)."""
+        return ClassCounts(
+            np.asarray(self.per_class_correct, np.int64),
+            np.asarray(self.per_class_count, np.int64),
+        )
 
 
 def train_local(
