@@ -58,6 +58,10 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     timeout_s = 30.0                  # on the devices' own held-out data, encrypted
     holdout_file = "test.npz"         # optional: the coordinator's own test set
 
+    [store]                           # group commit of the SQLite store
+    commit_interval_s = 0.05          # a batch commits this long after its first
+    commit_max_records = 500          # write, or at this many writes (0 s: each)
+
     [http]                            # dashboard, /api/status, /metrics (off)
     listen = "127.0.0.1:9464"         # beyond loopback needs a token:
     # token: better from the environment, URSA_HTTP__TOKEN
@@ -119,6 +123,11 @@ from ursa.coordinator.methods_config import (
     selection_spec,
     training_spec,
 )
+from ursa.coordinator.store import (
+    DEFAULT_COMMIT_INTERVAL_S,
+    DEFAULT_COMMIT_MAX_RECORDS,
+    CommitPolicy,
+)
 from ursa.crypto.identity import IDENTITY_FILENAME
 from ursa.models.spec import check_architecture
 from ursa.protocol.admission_limits import AdmissionLimits
@@ -138,6 +147,7 @@ __all__ = [
     "EnrolmentConfig",
     "HttpConfig",
     "RegistryConfig",
+    "StoreConfig",
     "TrainingSection",
     "config_data_from",
     "load_coordinator_config",
@@ -200,6 +210,24 @@ class DeadlinesConfig(_Frozen):
     outage_grace_s: float = Field(default=30.0, ge=0)
     """After a broker outage, how long departures are held while the fleet
     reconnects (`ursa.coordinator.presence`)."""
+
+
+class StoreConfig(_Frozen):
+    """``[store]``: group commit of the coordinator's SQLite store.
+
+    A batch is committed ``commit_interval_s`` after its first write or once
+    it holds ``commit_max_records`` writes, whichever comes first, and before
+    anything that reveals it is published (`ursa.coordinator.store`). A
+    ``kill -9`` loses at most that batch; the devices send it again.
+    ``commit_interval_s = 0`` commits every message on its own.
+    """
+
+    commit_interval_s: float = Field(default=DEFAULT_COMMIT_INTERVAL_S, ge=0, le=60)
+    commit_max_records: int = Field(default=DEFAULT_COMMIT_MAX_RECORDS, ge=1)
+
+    def policy(self) -> CommitPolicy:
+        """The store's `CommitPolicy`."""
+        return CommitPolicy(self.commit_interval_s, self.commit_max_records)
 
 
 class EvaluationConfig(_Frozen):
@@ -354,6 +382,8 @@ class CoordinatorConfig(_Frozen):
     training: TrainingSection | None = None
     """The training method's shared settings (model, initial weights, timeouts)."""
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    """When the store commits its batches of writes (group commit)."""
     http: HttpConfig = Field(default_factory=HttpConfig)
     """Federated evaluation of the global model on the devices' own data."""
     final_model_dir: Path | None = None

@@ -43,7 +43,11 @@ SQLite; on start the service reloads them, gives the current stage a fresh
 deadline and re-publishes what the stage waits on (key notice, public key,
 registry sum, announce, last selection; the selection method re-sends its
 own). Devices answer
-idempotently with the same message ids, so nothing is counted twice.
+idempotently with the same message ids, so nothing is counted twice. The
+store commits in batches (`ursa.coordinator.store`, ``[store]``): the outbox
+publishes nothing before the batch that produced it is committed, so a
+``kill -9`` loses only messages that nothing published has revealed, and the
+re-published requests bring them back.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from ursa.coordinator.enrolment import decide_enrolment, enrol_result
 from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.registry import selection_method
+from ursa.coordinator.natural_keys import natural_key
 from ursa.coordinator.plugin import EpochView, NoTraining, RoundPlugin
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.recovery import Recovery
@@ -310,7 +315,10 @@ class CoordinatorService(Recovery):
         (cfg.state_dir / IDENTITY_PUBLIC_FILENAME).write_text(
             f"{public.to_bytes().hex()}\nfingerprint {public.fingerprint()}\n"
         )
-        self._store = CoordinatorStore(cfg.state_dir / DB_FILENAME)
+        self._store = CoordinatorStore(
+            cfg.state_dir / DB_FILENAME, commit=cfg.store.policy()
+        )
+        self._outbox.wait_for(self._store)  # publish nothing a crash takes back
         now = self._clock()
         fresh = self._store.get_meta(STATE_KEY) is None
         self._run = self._store.run_id()
@@ -406,6 +414,7 @@ class CoordinatorService(Recovery):
             try:
                 self._watch_connection(self._clock())
                 self._step(self._clock())
+                self._store.flush_if_due()  # a batch no message or publish closed
             except Exception:
                 logger.exception("stage step failed; will retry at the next tick")
         self._flush()
@@ -555,12 +564,13 @@ class CoordinatorService(Recovery):
                 device, kind, ErrorCode.UNKNOWN_DEVICE, reason, message.message_id
             )
             return
-        if self._store.is_seen(message.message_id):
+        natural = natural_key(message)  # its stored record de-duplicates it
+        if self._store.is_duplicate(message.message_id, natural):
             logger.debug(
                 "duplicate %s %s from %s ignored", kind, message.message_id, device
             )
             return
-        with self._store.transaction():
+        with self._store.transaction():  # joins the open batch (group commit)
             if device in self._enrolled and self._presence.arrived(device):
                 self._store.set_online(device, True)
             try:
@@ -570,7 +580,11 @@ class CoordinatorService(Recovery):
                 if exc.code not in TRANSIENT_CODES:
                     self._store.mark_seen(message.message_id, now)
             else:
-                self._store.mark_seen(message.message_id, now)
+                logger.debug(
+                    "%s of round %d from %s admitted", kind, message.round, device
+                )
+                if natural is None:
+                    self._store.mark_seen(message.message_id, now)
             self._step(now)
 
     def _wrong_run(self, device: str, kind: str, message: BaseMessage) -> None:

@@ -9,10 +9,23 @@ they stay files (`ursa.coordinator.models`).
 
 One file, ``<state_dir>/coordinator.sqlite3`` (WAL, ``synchronous=NORMAL``:
 a committed transaction survives a process kill; a power cut may lose the
-last few). Every state change and the message id that caused it are written
-in one transaction (`CoordinatorStore.transaction`), so after ``kill -9`` the
-coordinator resumes exactly where the last handled message left it, and a
-re-sent message is recognised as seen.
+last few). Group commit: every state change and the message id that caused
+it are one atomic unit (`CoordinatorStore.transaction`, a savepoint), and
+the units join one open SQLite transaction that is committed every
+`CommitPolicy.interval_s` or every `CommitPolicy.max_records` writes,
+whichever comes first (`flush_if_due`), or at once when something is to be
+published (`commit_through`, the outbox's gate: nothing that reveals a state
+change leaves before the change is committed), and on `close`. A commit per
+message cost about a fifth of the coordinator's handling time. After
+``kill -9`` the coordinator resumes where the last committed batch left it;
+the messages of the lost batch were never answered in a way that reveals
+them, and the devices send them again (same ids) when the restarted
+coordinator re-publishes what its stage waits on.
+
+De-duplication: a message stored as a record with a natural key (a
+volunteer's or distribution's round and device, a registration's epoch and
+device: `NaturalKey`) is recognised by that record (`has_record`); other
+messages by a ``seen`` row of their message id.
 
 What is stored is what the coordinator may know (SPEC §2): device public
 identities, who is online, the agent, public keys, ciphertexts (running
@@ -27,21 +40,27 @@ import json
 import secrets
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "DB_FILENAME",
+    "DEFAULT_COMMIT_INTERVAL_S",
+    "DEFAULT_COMMIT_MAX_RECORDS",
     "LAST_ROUND_PREFIX",
     "MAX_ERRORS",
     "RUN_KEY",
+    "CommitPolicy",
     "CoordinatorStore",
     "EpochRecord",
     "ErrorRecord",
+    "NaturalKey",
     "RoundRecord",
+    "StoreStats",
 ]
 
 LAST_ROUND_PREFIX = "last_round."
@@ -56,6 +75,10 @@ DEFAULT_MAX_SEEN = 200_000
 message that old is for a finished round or epoch and is refused as late."""
 _PRUNE_EVERY = 1_000
 MAX_ERRORS = 100
+DEFAULT_COMMIT_INTERVAL_S = 0.05
+"""A batch is committed at the latest this long after its first write."""
+DEFAULT_COMMIT_MAX_RECORDS = 500
+"""A batch is committed once it holds this many writes."""
 """Refusals kept for `ursa coordinator status` (the newest; the log has all)."""
 
 _SCHEMA = """
@@ -92,6 +115,59 @@ CREATE TABLE IF NOT EXISTS errors (
     id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, device TEXT,
     what TEXT NOT NULL, code TEXT NOT NULL, reason TEXT NOT NULL);
 """
+
+
+@dataclass(frozen=True)
+class CommitPolicy:
+    """When a batch of writes is committed (`CoordinatorStore`).
+
+    ``interval_s`` after the batch's first write or once it holds
+    ``max_records`` writes, whichever comes first. `every` commits each
+    message's writes on their own (the behaviour before group commit).
+    """
+
+    interval_s: float = DEFAULT_COMMIT_INTERVAL_S
+    max_records: int = DEFAULT_COMMIT_MAX_RECORDS
+
+    def __post_init__(self) -> None:
+        if self.interval_s < 0:
+            raise ValueError("interval_s must not be negative")
+        if self.max_records < 1:
+            raise ValueError("max_records must be at least 1")
+
+    @classmethod
+    def every(cls) -> CommitPolicy:
+        """A commit per unit of work (per message)."""
+        return cls(interval_s=0.0, max_records=1)
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """What the store did so far (for benchmarks)."""
+
+    statements: int
+    """SQL statements run, BEGIN, SAVEPOINT and COMMIT included."""
+    commits: int
+    records: int
+    """Writes (INSERT, UPDATE, DELETE)."""
+
+
+@dataclass(frozen=True)
+class NaturalKey:
+    """A record that identifies a message by what it is, not by its id.
+
+    A device sends one volunteer and one distribution per round and one
+    registration per key epoch, so the stored record is the de-duplication
+    and the message needs no ``seen`` row.
+    """
+
+    table: Literal["volunteers", "distributions", "registrations"]
+    scope: int
+    """The round (volunteers, distributions) or the key epoch (registrations)."""
+    device: str
+
+
+_SCOPE_COLUMN = {"volunteers": "round", "distributions": "round"}
 
 
 @dataclass(frozen=True)
@@ -137,13 +213,28 @@ class ErrorRecord:
 
 
 class CoordinatorStore:
-    """The coordinator's SQLite file; thread-safe (one connection, one lock)."""
+    """The coordinator's SQLite file; thread-safe (one connection, one lock).
 
-    def __init__(self, path: Path, *, max_seen: int = DEFAULT_MAX_SEEN) -> None:
-        """Open (or create) the database at `path`; keep `max_seen` newest ids."""
+    Writes join the open batch (one SQLite transaction, begun at the first
+    write after a commit); reads on this connection see them at once, other
+    connections (`ursa coordinator status`) once they are committed.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_seen: int = DEFAULT_MAX_SEEN,
+        commit: CommitPolicy | None = None,
+    ) -> None:
+        """Open (or create) the database at `path`; keep `max_seen` newest ids.
+
+        ``commit``: when batches are committed (default: `CommitPolicy()`).
+        """
         if max_seen < 1:
             raise ValueError("max_seen must be at least 1")
         self._max_seen = max_seen
+        self._policy = commit or CommitPolicy()
         self._inserts = 0
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -154,34 +245,213 @@ class CoordinatorStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self._closed = False
         self._depth = 0
+        self._batch_open = False
+        self._batch_started = 0.0
+        self._batch_records = 0
+        self._unit_savepoint = False
+        self._unit_began_batch = False
+        self._unit_records = 0
+        self._position = 0
+        self._committed = 0
+        self._statements = 0
+        self._commits = 0
+        self._records = 0
+
+    @property
+    def policy(self) -> CommitPolicy:
+        """When batches are committed."""
+        return self._policy
 
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Commit the open batch and close the connection (idempotent)."""
         with self._lock:
+            if self._closed:
+                return
+            if self._depth == 0:
+                self._commit()
+            self._closed = True
             self._db.close()
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """Group writes atomically; nested uses join the outer transaction."""
+        """One atomic unit of writes (a message): all of it stays, or none.
+
+        The unit joins the open batch (a savepoint in it, taken at its first
+        write) and is durable once the batch is committed; an exception
+        rolls back only this unit. Nested uses join the outer unit.
+        """
         with self._lock:
             if self._depth == 0:
-                self._db.execute("BEGIN IMMEDIATE")
+                self._position += 1
+                self._unit_savepoint = False
+                self._unit_began_batch = False
+                self._unit_records = 0
             self._depth += 1
             try:
                 yield
             except BaseException:
                 self._depth -= 1
                 if self._depth == 0:
-                    self._db.execute("ROLLBACK")
+                    self._end_unit(rollback=True)
                 raise
             self._depth -= 1
             if self._depth == 0:
-                self._db.execute("COMMIT")
+                self._end_unit(rollback=False)
+                self._commit_if_due()
+
+    def _end_unit(self, *, rollback: bool) -> None:
+        """Release the unit's savepoint, or roll the unit back.
+
+        A unit that began the batch has no savepoint (the batch is only it):
+        rolling it back rolls back the batch.
+        """
+        began, self._unit_began_batch = self._unit_began_batch, False
+        savepoint, self._unit_savepoint = self._unit_savepoint, False
+        if rollback:
+            self._records -= self._unit_records
+        if began and rollback:
+            self._run("ROLLBACK")
+            self._batch_open = False
+            self._batch_records = 0
+        elif savepoint and rollback:
+            self._run("ROLLBACK TO unit")
+            self._run("RELEASE unit")
+            self._batch_records -= self._unit_records
+        elif savepoint:
+            self._run("RELEASE unit")
+
+    # --- batches ---------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Writes in the open batch, not committed yet."""
+        return self._batch_records
+
+    def flush(self) -> None:
+        """Commit the open batch now (e.g. on a clean stop).
+
+        Raises:
+            RuntimeError: called inside a `transaction` (a unit is half done).
+        """
+        with self._lock:
+            if self._depth:
+                raise RuntimeError("flush() inside a transaction")
+            self._commit()
+
+    def flush_if_due(self) -> bool:
+        """Commit the open batch if the policy says so; True if it did.
+
+        The service's tick calls it, so a batch is committed about
+        `CommitPolicy.interval_s` after its first write even when no more
+        messages come. Inside a `transaction` (this thread): not now.
+        """
+        with self._lock:
+            return self._depth == 0 and self._commit_if_due()
+
+    def position(self) -> int:
+        """The write position now: the unit under way, else the last one.
+
+        An outgoing message queued now waits for `commit_through` of it.
+        """
+        return self._position
+
+    def commit_through(self, position: int) -> bool:
+        """Make every write up to ``position`` durable (commit if needed).
+
+        The outbox's gate (`ursa.protocol.outbox.CommitGate`). False if it
+        cannot be done now: this thread is inside a `transaction` (the
+        message waits for a flush after the unit).
+        """
+        if position <= self._committed:
+            return True
+        with self._lock:
+            if position <= self._committed:
+                return True
+            if self._depth:
+                return False
+            self._commit()
+            return True
+
+    def stats(self) -> StoreStats:
+        """Statements, commits and writes so far."""
+        with self._lock:
+            return StoreStats(self._statements, self._commits, self._records)
+
+    def _commit_if_due(self) -> bool:
+        if not self._batch_open:
+            self._committed = self._position
+            return False
+        due = self._batch_records >= self._policy.max_records or (
+            time.monotonic() - self._batch_started >= self._policy.interval_s
+        )
+        if due:
+            self._commit()
+        return due
+
+    def _commit(self) -> None:
+        if self._batch_open:
+            self._run("COMMIT")
+            self._commits += 1
+            self._batch_open = False
+            self._batch_records = 0
+        self._committed = self._position
+
+    def _run(self, sql: str, args: tuple[object, ...] = ()) -> sqlite3.Cursor:
+        self._statements += 1
+        return self._db.execute(sql, args)
 
     def _exec(self, sql: str, args: tuple[object, ...] = ()) -> sqlite3.Cursor:
+        """A read (it sees the open batch: same connection)."""
         with self._lock:
-            return self._db.execute(sql, args)
+            return self._run(sql, args)
+
+    def _write(self, sql: str, args: tuple[object, ...] = ()) -> sqlite3.Cursor:
+        """A write into the open batch (begun here if none is open)."""
+        with self._lock:
+            if not self._batch_open:
+                self._run("BEGIN IMMEDIATE")
+                self._batch_open = True
+                self._batch_started = time.monotonic()
+                self._unit_began_batch = self._depth > 0
+            elif self._depth and not (self._unit_savepoint or self._unit_began_batch):
+                self._run("SAVEPOINT unit")
+                self._unit_savepoint = True
+            cursor = self._run(sql, args)
+            self._batch_records += 1
+            self._records += 1
+            if self._depth:
+                self._unit_records += 1
+            else:  # a write of its own: a unit by itself
+                self._position += 1
+                self._commit_if_due()
+            return cursor
+
+    def has_record(self, key: NaturalKey) -> bool:
+        """Whether the record a message would store exists (its de-duplication)."""
+        column = _SCOPE_COLUMN.get(key.table, "epoch")
+        row = self._exec(
+            f"SELECT 1 FROM {key.table} WHERE {column} = ? AND device_id = ?",
+            (key.scope, key.device),
+        )
+        return row.fetchone() is not None
+
+    def is_duplicate(self, message_id: str, key: NaturalKey | None) -> bool:
+        """Whether a message was handled before: its record exists, or its id is seen.
+
+        One statement. A message with a natural key that was accepted has no
+        ``seen`` row (its record is the proof); one that was refused has.
+        """
+        if key is None:
+            return self.is_seen(message_id)
+        column = _SCOPE_COLUMN.get(key.table, "epoch")
+        row = self._exec(
+            f"SELECT EXISTS (SELECT 1 FROM {key.table} WHERE {column} = ? "
+            "AND device_id = ?) OR EXISTS (SELECT 1 FROM seen WHERE message_id = ?)",
+            (key.scope, key.device, message_id),
+        )
+        return bool(row.fetchone()[0])
 
     # --- meta and dedup -----------------------------------------------------
 
@@ -192,7 +462,7 @@ class CoordinatorStore:
 
     def set_meta(self, key: str, value: str) -> None:
         """Set a value in the key/value table."""
-        self._exec("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+        self._write("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     def run_id(self) -> str:
         """This store's run id, made (random, 32 hex digits) the first time it is asked.
@@ -214,11 +484,11 @@ class CoordinatorStore:
 
     def mark_seen(self, message_id: str, now: float) -> None:
         """Record a handled message id (the oldest beyond `max_seen` are pruned)."""
-        with self._lock:
-            self._exec("INSERT OR IGNORE INTO seen VALUES (?, ?)", (message_id, now))
+        with self.transaction():
+            self._write("INSERT OR IGNORE INTO seen VALUES (?, ?)", (message_id, now))
             self._inserts += 1
             if self._inserts % min(_PRUNE_EVERY, self._max_seen) == 0:
-                self._exec(
+                self._write(
                     "DELETE FROM seen WHERE rowid <= (SELECT MAX(rowid) FROM seen) - ?",
                     (self._max_seen,),
                 )
@@ -239,7 +509,7 @@ class CoordinatorStore:
 
     def set_method_state(self, method: str, key: str, value: Any) -> None:
         """Save a method's JSON-able value under ``key``."""
-        self._exec(
+        self._write(
             "INSERT OR REPLACE INTO method_state VALUES (?, ?, ?)",
             (method, key, json.dumps(value)),
         )
@@ -260,14 +530,14 @@ class CoordinatorStore:
 
     def save_phase(self, key: str, round_index: int, record: dict[str, Any]) -> None:
         """Save (or replace) a live phase's record, opened in ``round_index``."""
-        self._exec(
+        self._write(
             "INSERT OR REPLACE INTO phases VALUES (?, ?, ?)",
             (key, round_index, json.dumps(record)),
         )
 
     def drop_phase(self, key: str) -> None:
         """Forget a finished phase."""
-        self._exec("DELETE FROM phases WHERE key = ?", (key,))
+        self._write("DELETE FROM phases WHERE key = ?", (key,))
 
     def phase_keys(self) -> list[str]:
         """The keys of the live phases (inspection, tests)."""
@@ -285,7 +555,7 @@ class CoordinatorStore:
         self, device_id: str, identity: bytes, fingerprint: str, now: float
     ) -> None:
         """Add an enrolled device (its identity never changes afterwards)."""
-        self._exec(
+        self._write(
             "INSERT INTO devices VALUES (?, ?, ?, ?)",
             (device_id, identity, fingerprint, now),
         )
@@ -297,14 +567,15 @@ class CoordinatorStore:
 
     def set_online(self, device_id: str, online: bool) -> None:
         """Record a device's liveness."""
-        self._exec(
+        self._write(
             "INSERT OR REPLACE INTO presence VALUES (?, ?)", (device_id, int(online))
         )
 
     def unenrol(self, device_id: str) -> None:
         """Forget an enrolled device (revoked, or re-enrolled with new keys)."""
-        self._exec("DELETE FROM devices WHERE device_id = ?", (device_id,))
-        self._exec("DELETE FROM presence WHERE device_id = ?", (device_id,))
+        with self.transaction():
+            self._write("DELETE FROM devices WHERE device_id = ?", (device_id,))
+            self._write("DELETE FROM presence WHERE device_id = ?", (device_id,))
 
     # --- recent errors ------------------------------------------------------
 
@@ -312,13 +583,13 @@ class CoordinatorStore:
         self, at: float, device: str | None, what: str, code: str, reason: str
     ) -> None:
         """Keep a refusal for status; only the newest `MAX_ERRORS` are kept."""
-        with self._lock:
-            cursor = self._exec(
+        with self.transaction():
+            cursor = self._write(
                 "INSERT INTO errors (at, device, what, code, reason) "
                 "VALUES (?, ?, ?, ?, ?)",
                 (at, device, what, code, reason[:256]),
             )
-            self._exec(
+            self._write(
                 "DELETE FROM errors WHERE id <= ?",
                 (int(cursor.lastrowid or 0) - MAX_ERRORS,),
             )
@@ -338,27 +609,29 @@ class CoordinatorStore:
         self, epoch: int, agent: str, recipients: tuple[str, ...], notice: bytes
     ) -> None:
         """A new key epoch with its agent, recipients and signed notice."""
-        self._exec(
+        self._write(
             "INSERT INTO epochs (epoch, agent, recipients, notice) VALUES (?, ?, ?, ?)",
             (epoch, agent, json.dumps(list(recipients)), notice),
         )
 
     def set_public_key(self, epoch: int, message: bytes) -> None:
         """The agent's signed public-key message, as relayed."""
-        self._exec(
+        self._write(
             "UPDATE epochs SET public_key_msg = ? WHERE epoch = ?", (message, epoch)
         )
 
     def add_registration(self, epoch: int, device_id: str, running_sum: bytes) -> None:
         """One more registrant and the new running sum."""
-        self._exec("INSERT INTO registrations VALUES (?, ?)", (epoch, device_id))
-        self._exec(
-            "UPDATE epochs SET running_sum = ? WHERE epoch = ?", (running_sum, epoch)
-        )
+        with self.transaction():
+            self._write("INSERT INTO registrations VALUES (?, ?)", (epoch, device_id))
+            self._write(
+                "UPDATE epochs SET running_sum = ? WHERE epoch = ?",
+                (running_sum, epoch),
+            )
 
     def set_registry_sum(self, epoch: int, message: bytes) -> None:
         """The published RegistrySum message (closes registration)."""
-        self._exec(
+        self._write(
             "UPDATE epochs SET registry_sum_msg = ? WHERE epoch = ?", (message, epoch)
         )
 
@@ -389,14 +662,14 @@ class CoordinatorStore:
 
     def add_round(self, round_index: int, epoch: int, announce: bytes) -> None:
         """Open a round with its announce message."""
-        self._exec(
+        self._write(
             "INSERT INTO rounds (round, epoch, announce) VALUES (?, ?, ?)",
             (round_index, epoch, announce),
         )
 
     def set_announce(self, round_index: int, announce: bytes) -> None:
         """Replace the announce (a re-announce with a fresh deadline)."""
-        self._exec(
+        self._write(
             "UPDATE rounds SET announce = ? WHERE round = ?", (announce, round_index)
         )
 
@@ -404,27 +677,27 @@ class CoordinatorStore:
         self, round_index: int, device_id: str, draws: tuple[bool, ...]
     ) -> None:
         """A device's answer to the announce."""
-        self._exec(
+        self._write(
             "INSERT INTO volunteers VALUES (?, ?, ?)",
             (round_index, device_id, json.dumps(list(draws))),
         )
 
     def set_tries(self, round_index: int, tries: tuple[tuple[str, ...], ...]) -> None:
         """The H tentative sets."""
-        self._exec(
+        self._write(
             "UPDATE rounds SET tries = ? WHERE round = ?",
             (json.dumps([list(t) for t in tries]), round_index),
         )
 
     def add_distribution(self, round_index: int, device_id: str, blob: bytes) -> None:
         """A member's encrypted distribution."""
-        self._exec(
+        self._write(
             "INSERT INTO distributions VALUES (?, ?, ?)", (round_index, device_id, blob)
         )
 
     def set_candidates(self, round_index: int, candidates: tuple[int, ...]) -> None:
         """Which tries were sent to the agent, in the order of its sums."""
-        self._exec(
+        self._write(
             "UPDATE rounds SET candidates = ? WHERE round = ?",
             (json.dumps(list(candidates)), round_index),
         )
@@ -437,14 +710,14 @@ class CoordinatorStore:
         result: bytes,
     ) -> None:
         """The final exactly-K set and the signed SelectionResult."""
-        self._exec(
+        self._write(
             "UPDATE rounds SET selected = ?, try_index = ?, result = ? WHERE round = ?",
             (json.dumps(list(selected)), try_index, result, round_index),
         )
 
     def complete_round(self, round_index: int) -> bool:
         """Mark a round complete; False if it already was (never counted twice)."""
-        cursor = self._exec(
+        cursor = self._write(
             "UPDATE rounds SET completed = 1 WHERE round = ? AND completed = 0",
             (round_index,),
         )

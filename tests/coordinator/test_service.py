@@ -233,7 +233,8 @@ def test_duplicates_are_ignored_not_double_counted(
     stored = fed.coordinator.store.round(1)
     assert stored is not None and len(stored.volunteers) == 3
     assert f"duplicate volunteer {volunteer.message_id} from {first}" in caplog.text
-    assert f"duplicate volunteer of {first} ignored" in caplog.text
+    # another id, the same (round, device): its stored record makes it a duplicate
+    assert f"duplicate volunteer fresh1 from {first}" in caplog.text
     assert fed.errors_to(first) == []
 
 

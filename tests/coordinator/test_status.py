@@ -77,6 +77,7 @@ def test_status_never_waits_for_the_coordinators_write_lock(federation: Any) -> 
         status = read_status(fed.config.state_dir)
         store.record_error(1.0, "d00", "update", "late", "after the read")
     assert status.stage == "done" and status.errors == ()
+    store.flush()  # status reads committed batches
     assert [e.reason for e in read_status(fed.config.state_dir).errors] == [
         "after the read"
     ]

@@ -51,6 +51,18 @@ def register(sub: Subparsers) -> None:
         "--steps", action="store_true", help="also one training round and ONNX run"
     )
     footprint.set_defaults(handler=_run_footprint)
+    store = names.add_parser(
+        "store", help="the coordinator store's cost per message, per commit mode"
+    )
+    store.add_argument("--json", action="store_true", help="one JSON object")
+    store.add_argument("--messages", type=int, default=20_000, help="per run")
+    store.add_argument(
+        "--commit",
+        choices=("every", "batched", "both"),
+        default="both",
+        help="a commit per message, group commit, or both side by side",
+    )
+    store.set_defaults(handler=_run_store)
 
 
 def _run_crypto(args: argparse.Namespace) -> int:
@@ -94,3 +106,10 @@ def _run_footprint(args: argparse.Namespace) -> int:
     from ursa.bench.footprint import run
 
     return run(as_json=args.json, repeats=args.repeats, steps=args.steps)
+
+
+def _run_store(args: argparse.Namespace) -> int:
+    from ursa.bench.store import MODES, run
+
+    modes = MODES if args.commit == "both" else (args.commit,)
+    return run(as_json=args.json, messages=args.messages, modes=modes)
