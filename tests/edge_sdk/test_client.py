@@ -222,7 +222,8 @@ def test_a_registry_sum_that_does_not_add_up_is_refused(
     announce = h.messages("agent_public_key")[0]  # up, then relayed
     public_key = PaillierPublicKey.from_bytes(announce.public_key)
     two_ones = [1, 1] + [0] * 54  # a malformed registry: two categories
-    vector = encrypt_vector(public_key, PackingLayout(1, 10_000, 512), two_ones)
+    max_parties = h.messages("key_epoch_start")[0].max_parties
+    vector = encrypt_vector(public_key, PackingLayout(1, max_parties, 512), two_ones)
     caplog.set_level(logging.INFO)
     h.bus.drop_filter = None
 
