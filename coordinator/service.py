@@ -564,6 +564,7 @@ class CoordinatorService(Recovery):
         with self._store.transaction():
             if device in self._enrolled and self._presence.arrived(device):
                 self._store.set_online(device, True)
+                self._epoch_arrived(device)
             try:
                 self._dispatch(message)
             except RejectedError as exc:
