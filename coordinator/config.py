@@ -128,12 +128,14 @@ from ursa.coordinator.store import (
     DEFAULT_COMMIT_MAX_RECORDS,
     CommitPolicy,
 )
+from ursa.crypto.encoding import PackingLayout
 from ursa.crypto.identity import IDENTITY_FILENAME
 from ursa.models.spec import check_architecture
 from ursa.protocol.admission_limits import AdmissionLimits
 from ursa.protocol.broker_config import BrokerConfig
 from ursa.protocol.codebook import Codebook, CodebookError
-from ursa.protocol.messages import ID_PATTERN
+from ursa.protocol.messages import ID_PATTERN, SEAL_PAGE_SIZE
+from ursa.protocol.transport import DEFAULT_MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:  # imported lazily: training_round -> core -> this module
     from ursa.coordinator.training_round import TrainingConfig
@@ -156,8 +158,14 @@ __all__ = [
 DEFAULT_ENV_PREFIX = "URSA_"
 DEFAULT_KEY_BITS = 2048
 """~112-bit security; tests use 512/1024 (breakable, for speed only)."""
-DEFAULT_MAX_PARTIES = 10_000
-"""Registry slot width bound: sums of up to this many devices never carry."""
+DEFAULT_MAX_PARTIES = 100_000
+"""Registry slot width bound: sums of up to this many devices never carry.
+
+Devices past it are left out of a key epoch. It costs log2 of itself in bits
+per registry slot (18 at 100,000): the default registry (56 slots) is one
+2048-bit ciphertext up to far beyond a million devices."""
+REGISTRY_MARGIN_BYTES = 4096
+"""Room left in one message for the envelope and header around a registry."""
 DEFAULT_MAX_MESSAGE_BYTES = 2 * 1024 * 1024
 
 
@@ -252,6 +260,15 @@ class RegistryConfig(_Frozen):
     sigma: tuple[float, ...] = (0.7, 0.1, 0.0)
     """One threshold per group, increasing group size; the last (sigma_C) is 0."""
     max_parties: int = Field(default=DEFAULT_MAX_PARTIES, ge=1)
+    """Most devices in a key epoch (no ceiling: the slot width grows with it)."""
+
+    def ciphertext_bytes(self, key_bits: int) -> int:
+        """Bytes of one encrypted registry (a `Registration`, the `RegistrySum`)."""
+        layout = PackingLayout(1, self.max_parties, key_bits)
+        plaintexts = layout.num_plaintexts(
+            Codebook(self.num_classes, self.groups).length
+        )
+        return plaintexts * 2 * ((key_bits + 7) // 8)  # the margin covers the header
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -368,6 +385,9 @@ class CoordinatorConfig(_Frozen):
     rounds_per_epoch: int = Field(default=0, ge=0)
     """Start a new key epoch every this many rounds (0: only when the agent is lost)."""
     key_bits: int = Field(default=DEFAULT_KEY_BITS, ge=512, le=4096, multiple_of=8)
+    seal_page_size: int = Field(default=SEAL_PAGE_SIZE, ge=1, le=SEAL_PAGE_SIZE)
+    """Recipients per `SealRequest` page: the agent seals one page at a time
+    and the coordinator keeps two in flight (smaller: shorter bursts)."""
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, ge=1024)
     """Larger messages are dropped at admission, before decoding (and answered
     `oversize`, once per device per `LOG_INTERVAL_S`)."""
@@ -402,6 +422,15 @@ class CoordinatorConfig(_Frozen):
             )
         if self.k > self.registry.max_parties:
             raise ValueError("k exceeds registry.max_parties")
+        registry_bytes = self.registry.ciphertext_bytes(self.key_bits)
+        limit = DEFAULT_MAX_PAYLOAD_BYTES - REGISTRY_MARGIN_BYTES
+        if registry_bytes > limit:
+            raise ValueError(
+                f"the encrypted registry takes {registry_bytes} bytes with "
+                f"{self.key_bits}-bit keys and max_parties="
+                f"{self.registry.max_parties}, more than one message carries "
+                f"({limit}): choose smaller registry.groups"
+            )
         check_methods(self.methods)
         if self.training is not None and self.training_method() is None:
             raise ValueError(

@@ -25,6 +25,7 @@ from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.rounds import RoundState, Stage, advance
+from ursa.coordinator.seal_pages import SealPaging
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.store import CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
@@ -79,6 +80,22 @@ class EpochWork:
     running_sum: EncryptedVector | None = None
     registered: set[str] = field(default_factory=set)
     registry_sum_msg: bytes | None = None
+    sealing: SealPaging | None = None
+    """The agent's sealing, page by page (`ursa.coordinator.seal_pages`)."""
+    sealed_at: float = float("-inf")
+    """When a page was last sent or completed (a stalled agent is asked again)."""
+    pending: set[str] | None = None
+    """Online recipients not yet registered nor sitting out; built when
+    registration opens, shrunk on each registration, departure and sit-out."""
+    members: frozenset[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.members = frozenset(self.recipients)
+
+    def left(self, device: str) -> None:
+        """`device` went offline or sits out: registration no longer waits for it."""
+        if self.pending is not None:
+            self.pending.discard(device)
 
 
 @dataclass
@@ -177,6 +194,8 @@ class ServiceCore:
         """Leave `device` out of the current key epoch (persisted for a restart)."""
         self._sat_out[device] = self._state.epoch
         self._store.set_meta(SAT_OUT_KEY, json.dumps(self._sat_out))
+        if self._epoch is not None:
+            self._epoch.left(device)
 
     # --- sending ------------------------------------------------------------
 

@@ -7,24 +7,36 @@ stages follow Dubhe Fig. 4.
 Key epoch: a random online enrolled device becomes the agent; the signed
 `KeyEpochStart` (retained) names it, carries its enrolled identity keys (so
 every recipient can verify the agent and open its box) and the registry
-parameters; the agent gets a `SealRequest`. The agent's signed
-`AgentPublicKey` is verified and relayed (retained); each `SealedSecretKey` is
-relayed to its recipient unopened (the coordinator cannot open it). An agent
-silent past the deadline is replaced by another (a new epoch number).
+parameters; the agent gets the recipients' keys in `SealRequest` pages
+(`ursa.coordinator.seal_pages`: a few pages at a time, the next as the boxes
+of one come back). The agent's signed `AgentPublicKey` is verified and
+relayed (retained); the boxes of each page come back in `SealedKeys` and each
+is relayed to its recipient unopened, as a `SealedSecretKey` (the coordinator
+cannot open it), once. An agent silent past the deadline is replaced by
+another (a new epoch number); one whose sealing stalls is asked for its open
+pages again.
 
 Registration: each recipient's encrypted one-hot registry (one party, the
 epoch key, the codebook's length) joins a running sum, once per device; when
 every online recipient has registered, or at the deadline, the encrypted
-`RegistrySum` is published (retained) and the first round opens.
+`RegistrySum` is published (retained) and the first round opens. Whom it
+still waits for is a pending set built once when registration opens and
+shrunk by each registration, departure and sit-out, so a message costs the
+same at any fleet size. Each completed page pushes the deadline out to a full
+`registration_s` away: a large fleet's sealing takes as long as it takes
+while the agent makes progress.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 
-from ursa.coordinator.core import EpochWork, ServiceCore
+from ursa.coordinator.core import EpochWork, ServiceCore, derived_id
 from ursa.coordinator.enrolment import device_keys_of
 from ursa.coordinator.rounds import Stage, advance
+from ursa.coordinator.seal_pages import BoxVerdict, SealPaging
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import verify_signature
 from ursa.crypto.paillier import (
@@ -41,14 +53,39 @@ from ursa.protocol.messages import (
     KeyEpochStart,
     Registration,
     RegistrySum,
+    SealedKeys,
     SealedSecretKey,
     SealRequest,
 )
 from ursa.protocol.router import RejectedError
 
-__all__ = ["EpochStages"]
+__all__ = ["SEAL_PAGES_KEY", "EpochStages", "sealed_through"]
 
 logger = logging.getLogger("ursa.coordinator")
+
+SEAL_PAGES_KEY = "seal_pages"
+"""Store meta key: JSON ``{"epoch", "page_size", "done_through"}`` of the sealing."""
+
+_SEALING_STAGES = (Stage.KEY_EPOCH, Stage.REGISTRATION)
+
+
+def sealed_through(raw: str | None, epoch: int, page_size: int) -> int:
+    """Pages of `epoch` whose boxes were all relayed, from the stored meta value.
+
+    0 when the record is of another epoch or another page size (a restart
+    with another ``seal_page_size`` cuts other pages: all are sent again).
+    """
+    try:
+        data = json.loads(raw or "{}")
+        if (
+            isinstance(data, dict)
+            and data.get("epoch") == epoch
+            and data.get("page_size") == page_size
+        ):
+            return max(0, int(data.get("done_through", 0)))
+    except (ValueError, TypeError):
+        logger.warning("ignoring an unreadable %s record", SEAL_PAGES_KEY)
+    return 0
 
 
 class EpochStages(ServiceCore):
@@ -97,7 +134,13 @@ class EpochStages(ServiceCore):
         )
         payload = self._encode(notice)
         self._store.add_epoch(epoch, agent, recipients, payload)
-        self._epoch = EpochWork(epoch, agent, recipients, payload)
+        self._epoch = EpochWork(
+            epoch,
+            agent,
+            recipients,
+            payload,
+            sealing=SealPaging.plan(recipients, agent, page_size=cfg.seal_page_size),
+        )
         self._round = None
         self._set_state(
             advance(
@@ -114,21 +157,60 @@ class EpochStages(ServiceCore):
         self._send_raw(payload, "key_epoch_start", None)
         self._send_seal_request()
 
-    def _send_seal_request(self) -> None:
-        """Ask the agent to seal the epoch's secret key to every recipient."""
+    def _send_seal_request(self, *, again: bool = False) -> None:
+        """Send the agent its next pages (and, `again`, the ones still open)."""
         work = self._epoch
-        if work is None:
+        if work is None or work.sealing is None:
+            return
+        paging = work.sealing
+        work.sealed_at = self._clock()
+        if paging.num_pages == 0:  # the agent is the only recipient: just its key
+            self._send_seal_page(work, 0, 1, (work.agent,))
+            return
+        pages = list(paging.open_pages) if again else []
+        pages += paging.open_next()
+        for page in pages:
+            self._send_seal_page(work, page, paging.num_pages, paging.pages[page])
+
+    def _send_seal_page(
+        self, work: EpochWork, page: int, pages: int, devices: tuple[str, ...]
+    ) -> None:
+        keys = tuple(
+            device_keys_of(self._enrolled[d]) for d in devices if d in self._enrolled
+        )
+        if not keys:  # every one of them was forgotten (revoked) meanwhile
+            for device in devices:
+                self._record_box(work, device)
             return
         request = SealRequest(
             federation=self._config.federation,
             round=self._state.round,
             sender=COORDINATOR,
             epoch=work.epoch,
-            recipients=tuple(
-                device_keys_of(self._enrolled[d]) for d in work.recipients
-            ),
+            page=page,
+            pages=pages,
+            recipients=keys,
         )
         self._send(request, work.agent)
+
+    def _nudge_sealing(self, now: float) -> None:
+        """Ask a stalled agent again for its open pages (lost, or it restarted)."""
+        work = self._epoch
+        if work is None or work.public_key is None or work.sealing is None:
+            return
+        if work.sealing.is_complete or self._state.stage not in _SEALING_STAGES:
+            return
+        if now - work.sealed_at < self._config.deadlines.agent_s:
+            return
+        logger.warning(
+            "key epoch %d: no boxes from agent %s for %.0f s; asking again for "
+            "pages %s",
+            work.epoch,
+            work.agent,
+            now - work.sealed_at,
+            ", ".join(str(p) for p in work.sealing.open_pages) or "(next)",
+        )
+        self._send_seal_request(again=True)
 
     def _stage_key_epoch(self, now: float) -> None:
         work = self._epoch
@@ -152,8 +234,11 @@ class EpochStages(ServiceCore):
         work = self._epoch
         if work is None or work.public_key is None:
             return
-        expected = (set(work.recipients) & self._online) - self._sitting_out()
-        all_in = bool(work.registered) and expected <= work.registered
+        self._nudge_sealing(now)
+        if work.pending is None:  # once per epoch (and after a restart)
+            online = work.members & self._online
+            work.pending = set(online - self._sitting_out() - work.registered)
+        all_in = bool(work.registered) and not work.pending
         if not (all_in or self._deadline_passed(now)):
             return
         if work.running_sum is None:
@@ -171,15 +256,23 @@ class EpochStages(ServiceCore):
         payload = self._encode(message)
         work.registry_sum_msg = payload
         self._store.set_registry_sum(work.epoch, payload)
-        missing = sorted(set(work.recipients) - work.registered)
         logger.info(
             "key epoch %d: registry sum of %d devices published (%d missing)",
             work.epoch,
             len(work.registered),
-            len(missing),
+            len(work.members) - len(work.registered),
         )
         self._send_raw(payload, "registry_sum", None)
         self._start_round(now)
+
+    def _epoch_arrived(self, device: str) -> None:
+        """A recipient back online while registration is open: wait for it again."""
+        work = self._epoch
+        if work is None or work.pending is None or device not in work.members:
+            return
+        if device in work.registered or self._sat_out.get(device) == work.epoch:
+            return
+        work.pending.add(device)
 
     # --- handlers -------------------------------------------------------------
 
@@ -230,24 +323,110 @@ class EpochStages(ServiceCore):
         self._store.set_public_key(work.epoch, payload)
         self._send_raw(payload, "agent_public_key", None)
 
-    def _on_sealed_secret_key(self, message: SealedSecretKey) -> None:
-        device = message.sender  # admission checked it is the topic's device
-        work = self._current_epoch(message.epoch)
+    def _sealing_agent(self, device: str, epoch: int) -> EpochWork:
+        work = self._current_epoch(epoch)
         if device != work.agent:
             raise RejectedError(
                 ErrorCode.UNAUTHORISED, "only the epoch's agent seals keys"
             )
-        if message.recipient not in work.recipients:
+        return work
+
+    def _on_sealed_keys(self, message: SealedKeys) -> None:
+        """A page's boxes: relay each recipient's first, then send the next pages."""
+        work = self._sealing_agent(message.sender, message.epoch)
+        strangers = [
+            b.recipient for b in message.boxes if b.recipient not in work.members
+        ]
+        if strangers:
+            raise RejectedError(
+                ErrorCode.UNAUTHORISED,
+                f"{strangers[0]} is not a recipient of epoch {work.epoch}",
+            )
+        completed = [
+            page
+            for box in message.boxes
+            if (page := self._relay_box(work, box.recipient, box.box)) is not None
+        ]
+        if completed:
+            self._sealing_progress(work, completed)
+
+    def _on_sealed_secret_key(self, message: SealedSecretKey) -> None:
+        """One box sent on its own (an agent of an earlier version): relay it."""
+        work = self._sealing_agent(message.sender, message.epoch)
+        if message.recipient not in work.members:
             raise RejectedError(
                 ErrorCode.UNAUTHORISED,
                 f"{message.recipient} is not a recipient of epoch {work.epoch}",
             )
-        self._send_raw(encode(message), "sealed_secret_key", message.recipient)
+        page = self._relay_box(work, message.recipient, message.box)
+        if page is not None:
+            self._sealing_progress(work, [page])
+
+    def _relay_box(self, work: EpochWork, recipient: str, box: bytes) -> int | None:
+        """Relay `recipient`'s box unless it had one; the page it completed."""
+        verdict, page = self._record_box(work, recipient)
+        if verdict is BoxVerdict.DUPLICATE:
+            logger.debug("duplicate box for %s in epoch %d", recipient, work.epoch)
+            return None
+        relayed = SealedSecretKey(
+            federation=self._config.federation,
+            round=0,
+            sender=work.agent,
+            message_id=derived_id(work.agent, "box", work.epoch, recipient),
+            epoch=work.epoch,
+            recipient=recipient,
+            box=box,
+        )
+        self._send(relayed, recipient)
+        return page
+
+    def _record_box(
+        self, work: EpochWork, recipient: str
+    ) -> tuple[BoxVerdict, int | None]:
+        if work.sealing is None:
+            return BoxVerdict.NEW, None
+        return work.sealing.record(recipient)
+
+    def _sealing_progress(self, work: EpochWork, completed: list[int]) -> None:
+        """Pages done: persist, log, push the deadline out, send the next pages."""
+        paging = work.sealing
+        if paging is None:
+            return
+        now = self._clock()
+        work.sealed_at = now
+        through = paging.done_through
+        record = {
+            "epoch": work.epoch,
+            "page_size": self._config.seal_page_size,
+            "done_through": through,
+        }
+        self._store.set_meta(SEAL_PAGES_KEY, json.dumps(record))
+        total, done = paging.num_pages, paging.pages_done
+        tenth = max(1, total // 10)
+        for page in completed:
+            milestone = done == total or (page + 1) % tenth == 0
+            logger.log(
+                logging.INFO if milestone else logging.DEBUG,
+                "key epoch %d: sealed page %d of %d (%d of %d pages done)",
+                work.epoch,
+                page + 1,
+                total,
+                done,
+                total,
+            )
+        state = self._state
+        if state.stage not in _SEALING_STAGES:
+            return  # registration closed: late pages would serve nobody
+        if state.stage is Stage.REGISTRATION and state.deadline_at is not None:
+            deadline = now + self._config.deadlines.registration_s
+            if deadline > state.deadline_at:
+                self._set_state(dataclasses.replace(state, deadline_at=deadline))
+        self._send_seal_request()
 
     def _on_registration(self, message: Registration) -> None:
         device = message.sender  # admission checked it is the topic's device
         work = self._current_epoch(message.epoch)
-        if device not in work.recipients:
+        if device not in work.members:
             raise RejectedError(
                 ErrorCode.UNAUTHORISED, f"not a member of key epoch {work.epoch}"
             )
@@ -278,3 +457,5 @@ class EpochStages(ServiceCore):
         )
         work.running_sum = total
         work.registered.add(device)
+        if work.pending is not None:
+            work.pending.discard(device)

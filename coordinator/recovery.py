@@ -1,8 +1,9 @@
 """Restart of the coordinator: reload state from SQLite and resume the stage.
 
 After ``kill -9`` the store holds the `RoundState`, the key epoch (agent,
-recipients, relayed public key, running registry sum, published registry
-sum) and the round (announce, selection; the selection method's progress).
+recipients, relayed public key, the sealing's completed pages, running
+registry sum, published registry sum) and the round (announce, selection;
+the selection method's progress).
 `Recovery._restore` rebuilds the working copies and gives the current stage
 a fresh deadline (the devices may have waited); `Recovery._resume`
 re-publishes what that stage waits on and lets the selection method resume
@@ -24,9 +25,10 @@ from ursa.coordinator.core import (
     RoundWork,
 )
 from ursa.coordinator.enrolment_list import EnrolmentList, EnrolmentListError
-from ursa.coordinator.keys import EpochStages
+from ursa.coordinator.keys import SEAL_PAGES_KEY, EpochStages, sealed_through
 from ursa.coordinator.roundflow import RoundStages
 from ursa.coordinator.rounds import RoundState, Stage
+from ursa.coordinator.seal_pages import SealPaging
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierPublicKey, encrypted_vector_from
 from ursa.protocol.envelope import decode
@@ -74,6 +76,11 @@ class Recovery(EpochStages, RoundStages):
         state = RoundState.from_json(json.loads(raw))
         record = store.epoch(state.epoch) if state.epoch else None
         if record is not None:
+            sealed = sealed_through(
+                store.get_meta(SEAL_PAGES_KEY),
+                record.epoch,
+                self._config.seal_page_size,
+            )
             work = EpochWork(
                 record.epoch,
                 record.agent,
@@ -82,6 +89,12 @@ class Recovery(EpochStages, RoundStages):
                 public_key_msg=record.public_key_msg,
                 registered=set(record.registered),
                 registry_sum_msg=record.registry_sum_msg,
+                sealing=SealPaging.plan(
+                    record.recipients,
+                    record.agent,
+                    page_size=self._config.seal_page_size,
+                    done_through=sealed,
+                ),
             )
             if record.public_key_msg is not None:
                 message = decode(record.public_key_msg)
@@ -145,8 +158,10 @@ class Recovery(EpochStages, RoundStages):
                 self._send_raw(work.public_key_msg, "agent_public_key", None)
             if work.registry_sum_msg is not None:
                 self._send_raw(work.registry_sum_msg, "registry_sum", None)
-        if stage is Stage.KEY_EPOCH:
-            self._send_seal_request()
+        sealing = None if work is None else work.sealing
+        unsealed = sealing is not None and not sealing.is_complete
+        if stage is Stage.KEY_EPOCH or (stage is Stage.REGISTRATION and unsealed):
+            self._send_seal_request()  # the pages not known complete, again
         if current is not None and stage in (Stage.SELECTING, Stage.TRAINING):
             self._send_raw(current.announce, "round_announce", None)
             request = self._selection_request(now)

@@ -10,9 +10,9 @@ The protocol as the coordinator runs it (SPEC §2, §3, §5; Dubhe Fig. 3-5)::
        device then says Hello again)
     3  [>= min_devices online]  KeyEpochStart (signed, retained) -> all
        coordinator -> agent's Hello (relayed) -> every recipient
-       coordinator -> SealRequest(recipients' keys) -> agent
+       coordinator -> SealRequest pages (recipients' keys) -> agent
        agent -> AgentPublicKey (signed) -> coordinator -> all (retained)
-       agent -> SealedSecretKey per recipient -> coordinator -> recipient
+       agent -> SealedKeys per page -> coordinator -> SealedSecretKey -> recipient
     4  device -> Registration(Enc(one-hot registry)) -> running sum
        [all online recipients or deadline]  RegistrySum -> all (retained)
     5  RoundAnnounce(round, K, H, deadline) -> all (retained)
@@ -95,6 +95,7 @@ from ursa.protocol.messages import (
     Heartbeat,
     Hello,
     Registration,
+    SealedKeys,
     SealedSecretKey,
     Status,
 )
@@ -573,6 +574,7 @@ class CoordinatorService(Recovery):
         with self._store.transaction():  # joins the open batch (group commit)
             if device in self._enrolled and self._presence.arrived(device):
                 self._store.set_online(device, True)
+                self._epoch_arrived(device)
             try:
                 self._dispatch(message)
             except RejectedError as exc:
@@ -649,6 +651,7 @@ class CoordinatorService(Recovery):
         router.register(Hello, self._on_hello, owner=own)
         router.register(AgentPublicKey, self._on_agent_public_key, owner=own)
         router.register(SealedSecretKey, self._on_sealed_secret_key, owner=own)
+        router.register(SealedKeys, self._on_sealed_keys, owner=own)
         router.register(Registration, self._on_registration, owner=own)
         router.register(ErrorReply, self._on_error_reply, owner=own)
         router.register(Heartbeat, lambda m: None, owner=own)
@@ -743,6 +746,7 @@ class CoordinatorService(Recovery):
                     return
                 logger.info("%s is online", device)
                 self._store.set_online(device, True)
+                self._epoch_arrived(device)
             elif presence.left(device, now):
                 logger.info("%s is offline", device)
                 self._departed({device})
@@ -759,6 +763,8 @@ class CoordinatorService(Recovery):
         """Record departures the presence applied (last wills, or a hold ended)."""
         for device in sorted(devices):
             self._store.set_online(device, False)
+            if self._epoch is not None:
+                self._epoch.left(device)
             if self._flicker is not None:
                 self._flicker.device_left(device)
 

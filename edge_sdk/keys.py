@@ -10,9 +10,10 @@ agent's identity from its `agent_keys` (covered by the coordinator's
 signature), and compute the registry slot from the local label histogram
 (Algorithm 1, never sent). The agent generates the Paillier key,
 stores its secret key (0600) before publishing the signed public key, and
-seals the secret key to every recipient, bound to federation and epoch. The
-others verify the public key's signature and open their box, checking the
-secret key matches the public key.
+seals the secret key to every recipient, bound to federation and epoch, page
+by page as the coordinator's `SealRequest` pages arrive (each page's boxes
+go back in one `SealedKeys`). The others verify the public key's signature
+and open their box, checking the secret key matches the public key.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 
+from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey, generate_keypair
 from ursa.crypto.sealing import open_sealed, seal
@@ -34,12 +36,15 @@ from ursa.protocol.codebook import Codebook
 from ursa.protocol.envelope import encode
 from ursa.protocol.messages import (
     COORDINATOR,
+    SEALED_KEYS_BUDGET,
     AgentPublicKey,
     EnrolResult,
     ErrorCode,
     ErrorReply,
     IdentityKeys,
     KeyEpochStart,
+    SealedBox,
+    SealedKeys,
     SealedSecretKey,
     SealRequest,
 )
@@ -53,6 +58,22 @@ logger = logging.getLogger("ursa.edge_sdk")
 def _public_identity(keys: IdentityKeys) -> DevicePublicIdentity:
     """The identity behind wire keys (raises CryptoError on invalid keys)."""
     return DevicePublicIdentity(keys.device_id, keys.x25519_public, keys.ed25519_public)
+
+
+def _parts(boxes: list[SealedBox], budget: int) -> list[tuple[SealedBox, ...]]:
+    """Boxes in consecutive runs of at most `budget` box bytes (at least one each)."""
+    parts: list[tuple[SealedBox, ...]] = []
+    current: list[SealedBox] = []
+    size = 0
+    for box in boxes:
+        if current and size + len(box.box) > budget:
+            parts.append(tuple(current))
+            current, size = [], 0
+        current.append(box)
+        size += len(box.box)
+    if current:
+        parts.append(tuple(current))
+    return parts
 
 
 def _coordinator_identity(message: EnrolResult) -> DevicePublicIdentity:
@@ -258,6 +279,14 @@ class EpochSteps(DeviceCore):
         )
 
     def _on_seal_request(self, message: SealRequest) -> None:
+        """Seal the key to one page of recipients; their boxes go back together.
+
+        The first page makes the key pair (stored before the public key goes
+        out). Every page re-sends the signed public key (the same message id:
+        the coordinator drops the copies) so a coordinator that lost it gets it
+        back. Pages come a few at a time, so memory holds one page's boxes
+        whatever the fleet's size; a page asked for again is sealed again.
+        """
         epoch = self._require_epoch(message.epoch)
         if epoch.agent != self.device_id:
             raise ValueError("seal request, but this device is not the agent")
@@ -279,32 +308,55 @@ class EpochSteps(DeviceCore):
         )
         self._send(self._signed(announce))
         context = seal_context(self._config.federation, epoch.epoch)
-        plaintext = secret_key.secret_to_bytes()
-        for keys in message.recipients:
-            if keys.device_id == self.device_id:
-                continue
-            box = seal(self._identity, _public_identity(keys), context, plaintext)
+        boxes = self._seal_page(message, context, secret_key.secret_to_bytes())
+        for part, chunk in enumerate(_parts(boxes, SEALED_KEYS_BUDGET)):
             self._send(
-                SealedSecretKey(
+                SealedKeys(
                     federation=self._config.federation,
                     round=0,
                     sender=self.device_id,
+                    # a copy of this request (QoS 1) repeats the id, a new one not
                     message_id=derived_id(
-                        self.device_id, "box", epoch.epoch, keys.device_id
+                        self.device_id, "boxes", epoch.epoch, message.message_id, part
                     ),
                     epoch=epoch.epoch,
-                    recipient=keys.device_id,
-                    box=box,
+                    page=message.page,
+                    boxes=chunk,
                 )
             )
         self.stats.crypto_s += time.perf_counter() - started
-        logger.info(
-            "%s: agent of epoch %d; key sealed to %d devices",
+        last = message.page + 1 == message.pages
+        logger.log(
+            logging.INFO if last or message.page % 10 == 0 else logging.DEBUG,
+            "%s: agent of epoch %d; key sealed to %d devices (page %d of %d)",
             self.device_id,
             epoch.epoch,
-            len(message.recipients),
+            len(boxes),
+            message.page + 1,
+            message.pages,
         )
         self._maybe_register(resend=False)
+
+    def _seal_page(
+        self, message: SealRequest, context: bytes, plaintext: bytes
+    ) -> list[SealedBox]:
+        """A box per recipient but this device; one with bad keys is skipped."""
+        boxes: list[SealedBox] = []
+        for keys in message.recipients:
+            if keys.device_id == self.device_id:
+                continue
+            try:
+                box = seal(self._identity, _public_identity(keys), context, plaintext)
+            except CryptoError as exc:
+                logger.warning(
+                    "%s: cannot seal the key to %s: %s",
+                    self.device_id,
+                    keys.device_id,
+                    exc,
+                )
+                continue
+            boxes.append(SealedBox(recipient=keys.device_id, box=box))
+        return boxes
 
     def _on_agent_public_key(self, message: AgentPublicKey) -> None:
         epoch = self._require_epoch(message.epoch)

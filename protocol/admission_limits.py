@@ -46,11 +46,11 @@ DEFAULT_MESSAGES_PER_S = 100.0
 in a round; a model upload in 256 KiB chunks at this rate is 25 MiB/s, more
 than a Raspberry Pi's Wi-Fi carries, so uploads are bounded by the link."""
 DEFAULT_BURST = MAX_DEVICES
-"""Messages a sender may send at once. The largest burst of a normal run is
-a key epoch's agent sealing the secret key for every device (one
-`sealed_secret_key` each, up to `MAX_DEVICES`); a broker's backlog after an
-outage (Mosquitto queues 1000 messages per session by default) and a model
-upload of up to 2.4 GiB in 256 KiB chunks also fit."""
+"""Messages a sender may send at once. A key epoch's agent sends one
+`sealed_keys` per page of recipients (`SEAL_PAGE_SIZE`), a few pages at a
+time, so its boxes stay far below this at any fleet size; a broker's backlog
+after an outage (Mosquitto queues 1000 messages per session by default) and
+a model upload of up to 2.4 GiB in 256 KiB chunks fit."""
 LOG_INTERVAL_S = 10.0
 """A sender's drops are logged at most once per this many seconds."""
 MAX_TRACKED_SENDERS = 4 * MAX_DEVICES

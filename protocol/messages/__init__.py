@@ -103,8 +103,13 @@ from ursa.protocol.messages.flicker import (
     RingStart,
 )
 from ursa.protocol.messages.keys import (
+    MAX_BOX_BYTES,
+    SEAL_PAGE_SIZE,
+    SEALED_KEYS_BUDGET,
     AgentPublicKey,
     KeyEpochStart,
+    SealedBox,
+    SealedKeys,
     SealedSecretKey,
     SealRequest,
 )
@@ -144,6 +149,7 @@ __all__ = [
     "ID_PATTERN",
     "MADE_LOSS",
     "MADE_LOSS_LENGTH",
+    "MAX_BOX_BYTES",
     "MAX_CHUNK_COUNT",
     "MAX_CHUNK_SIZE",
     "MAX_DEVICES",
@@ -166,6 +172,8 @@ __all__ = [
     "REGISTRY",
     "ROUND",
     "RUN_PATTERN",
+    "SEALED_KEYS_BUDGET",
+    "SEAL_PAGE_SIZE",
     "STATUS",
     "TRANSFER",
     "AgentAnswer",
@@ -219,6 +227,8 @@ __all__ = [
     "RoundAnnounce",
     "RunId",
     "SealRequest",
+    "SealedBox",
+    "SealedKeys",
     "SealedSecretKey",
     "SelectionResult",
     "Sha256Hex",
@@ -243,6 +253,7 @@ Message = Annotated[
     | SealRequest
     | AgentPublicKey
     | SealedSecretKey
+    | SealedKeys
     | Registration
     | RegistrySum
     | RoundAnnounce

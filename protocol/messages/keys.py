@@ -14,7 +14,6 @@ from typing_extensions import Self
 
 from ursa.protocol.messages.base import (
     EPOCH,
-    MAX_DEVICES,
     PUBLIC_KEY,
     BaseMessage,
     Count,
@@ -24,6 +23,7 @@ from ursa.protocol.messages.base import (
     Positive,
     Relay,
     Signature,
+    _Frozen,
     unique_entries,
 )
 from ursa.protocol.messages.session import DeviceKeys
@@ -70,18 +70,70 @@ class KeyEpochStart(BaseMessage):
         return self
 
 
+SEAL_PAGE_SIZE = 256
+"""Most recipients in one `SealRequest` page and boxes in one `SealedKeys`.
+
+At about 115 B per recipient a page is about 30 KiB, far below the 1 MiB
+payload cap whatever the fleet's size (issue 17: one request for every
+recipient passed the cap at about 9,100 devices)."""
+
+MAX_BOX_BYTES = 16 * 1024
+"""Longest sealed box (a Paillier secret key of up to 8192 bits, sealed)."""
+
+SEALED_KEYS_BUDGET = 256 * 1024
+"""Most box bytes the agent puts in one `SealedKeys` (a quarter of the cap)."""
+
+
 class SealRequest(BaseMessage):
-    """Coordinator to agent: the devices to seal the epoch's secret key to."""
+    """Coordinator to agent: one page of the devices to seal the epoch's key to.
+
+    The coordinator sends a few pages at a time and the next ones as the
+    agent's boxes come back, so neither a message nor the agent's work in hand
+    grows with the fleet. `page` counts from 0 up to `pages` - 1.
+    """
 
     kind: Literal["seal_request"] = "seal_request"
     epoch: Count
+    page: Count = 0
+    pages: Positive = 1
     recipients: Annotated[
-        tuple[DeviceKeys, ...], Field(min_length=1, max_length=MAX_DEVICES)
+        tuple[DeviceKeys, ...], Field(min_length=1, max_length=SEAL_PAGE_SIZE)
     ]
 
     @_model_validator(mode="after")
     def _unique_recipients(self) -> Self:
         unique_entries(tuple(r.device_id for r in self.recipients))
+        if self.page >= self.pages:
+            raise ValueError(f"page {self.page} of {self.pages} pages")
+        return self
+
+
+class SealedBox(_Frozen):
+    """One recipient's box in a `SealedKeys` (not a message)."""
+
+    recipient: DeviceId
+    box: Annotated[bytes, Field(min_length=1, max_length=MAX_BOX_BYTES)]
+
+
+class SealedKeys(BaseMessage):
+    """Agent to coordinator: the boxes of (part of) one `SealRequest` page.
+
+    The coordinator relays each box to its recipient as a `SealedSecretKey`
+    (it cannot open them). One message per page instead of one per box keeps
+    the agent far below its admission rate at any fleet size; the agent
+    splits a page whose boxes would pass `SEALED_KEYS_BUDGET` bytes.
+    """
+
+    kind: Literal["sealed_keys"] = "sealed_keys"
+    epoch: Count
+    page: Count
+    boxes: Annotated[
+        tuple[SealedBox, ...], Field(min_length=1, max_length=SEAL_PAGE_SIZE)
+    ]
+
+    @_model_validator(mode="after")
+    def _unique_boxes(self) -> Self:
+        unique_entries(tuple(b.recipient for b in self.boxes))
         return self
 
 
@@ -104,4 +156,4 @@ class SealedSecretKey(BaseMessage):
     relay: ClassVar[Relay] = Relay.AGENT
     epoch: Count
     recipient: DeviceId
-    box: Annotated[bytes, Field(min_length=1, max_length=16 * 1024)]
+    box: Annotated[bytes, Field(min_length=1, max_length=MAX_BOX_BYTES)]

@@ -63,10 +63,30 @@ def test_json_file_and_defaults(tmp_path: Path) -> None:
     assert config.registry.groups == (1, 2, 10)
 
 
+def test_a_key_epoch_takes_100000_devices_and_more_by_default() -> None:
+    config = CoordinatorConfig(federation="f", state_dir=Path("/tmp/s"))
+    larger = CoordinatorConfig(
+        federation="f", state_dir=Path("/tmp/s"), registry={"max_parties": 10**6}
+    )
+
+    assert config.registry.max_parties == 100_000
+    assert config.registry.ciphertext_bytes(config.key_bits) == 512  # one
+    assert larger.registry.ciphertext_bytes(4096) == 1024
+
+
+def test_a_registry_too_large_for_one_message_is_refused() -> None:
+    wide = {"num_classes": 120, "groups": [1, 2, 3, 120], "sigma": [0.5, 0.2, 0.1, 0]}
+
+    with pytest.raises(ValidationError, match=r"choose smaller registry\.groups"):
+        CoordinatorConfig(federation="f", state_dir=Path("/tmp/s"), registry=wide)
+
+
 @pytest.mark.parametrize(
     "bad",
     [
         {"k": 5, "min_devices": 2},
+        {"seal_page_size": 0},
+        {"seal_page_size": 257},
         {"key_bits": 1001},
         {"registry": {"num_classes": 10, "groups": [1, 2], "sigma": [0.5, 0.0]}},
         {"registry": {"num_classes": 10, "groups": [1, 10], "sigma": [0.5, 0.1]}},

@@ -74,9 +74,12 @@ def _examples() -> list[m.BaseMessage]:
             methods=("dubhe", "climb"),
             signature=SIG,
         ),
-        m.SealRequest(**COORD, epoch=1, recipients=(keys,)),
+        m.SealRequest(**COORD, epoch=1, page=2, pages=3, recipients=(keys,)),
         m.AgentPublicKey(**DEV, epoch=1, public_key=CT[:256], signature=SIG),
         m.SealedSecretKey(**DEV, epoch=1, recipient="dev-02", box=CT),
+        m.SealedKeys(
+            **DEV, epoch=1, page=0, boxes=(m.SealedBox(recipient="dev-02", box=CT),)
+        ),
         m.Registration(**DEV, epoch=1, registry=CT),
         m.RegistrySum(**COORD, epoch=1, registry_sum=CT, num_parties=30),
         m.RoundAnnounce(

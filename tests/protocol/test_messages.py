@@ -154,6 +154,28 @@ def test_seal_request_rejects_a_device_listed_twice() -> None:
         m.SealRequest(**COORD, epoch=1, recipients=(keys, keys))
 
 
+def test_a_seal_request_page_lies_within_its_pages_and_its_size() -> None:
+    keys = tuple(
+        m.DeviceKeys(device_id=f"d{i}", x25519_public=KEY, ed25519_public=KEY)
+        for i in range(m.SEAL_PAGE_SIZE + 1)
+    )
+    m.SealRequest(**COORD, epoch=1, page=1, pages=2, recipients=keys[:-1])
+
+    with pytest.raises(ValidationError, match="page 2 of 2"):
+        m.SealRequest(**COORD, epoch=1, page=2, pages=2, recipients=keys[:1])
+    with pytest.raises(ValidationError):
+        m.SealRequest(**COORD, epoch=1, page=0, pages=1, recipients=keys)
+
+
+def test_sealed_keys_name_each_recipient_once() -> None:
+    box = m.SealedBox(recipient="a", box=b"x")
+
+    with pytest.raises(ValidationError, match="unique"):
+        m.SealedKeys(**COORD, epoch=1, page=0, boxes=(box, box))
+    with pytest.raises(ValidationError):
+        m.SealedKeys(**COORD, epoch=1, page=0, boxes=())
+
+
 def test_try_sums_need_one_member_count_per_sum() -> None:
     with pytest.raises(ValidationError, match="one entry per sum"):
         m.TrySums(**COORD, sums=(b"a", b"b"), member_counts=(5,))

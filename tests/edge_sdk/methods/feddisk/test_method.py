@@ -37,6 +37,7 @@ from ursa.protocol.messages import (
     MeanRequest,
     MeanSum,
     ModelAvailable,
+    SealedSecretKey,
     SealRequest,
 )
 from ursa.protocol.topics import (
@@ -167,7 +168,11 @@ class Fleet:
         recipients = (self._keys("d0"), self._keys("d1"))
         self.send(SealRequest(**head, epoch=1, recipients=recipients), "d0")
         self.send(self.sent("agent_public_key")[-1])
-        self.send(self.sent("sealed_secret_key")[-1], "d1")
+        (box,) = self.sent("sealed_keys")[-1].boxes  # relayed as the coordinator does
+        relayed = SealedSecretKey(
+            **{**head, "sender": "d0"}, epoch=1, recipient=box.recipient, box=box.box
+        )
+        self.send(relayed, "d1")
         assert all(c._secret_key is not None for c in self.clients.values())
 
     def publish_model(self, model: str, version: int, arrays: Arrays) -> None:
