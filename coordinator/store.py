@@ -37,6 +37,7 @@ distribution, category, registry or secret key: the coordinator has none.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import sqlite3
 import threading
@@ -62,6 +63,8 @@ __all__ = [
     "RoundRecord",
     "StoreStats",
 ]
+
+logger = logging.getLogger("ursa.coordinator.store")
 
 LAST_ROUND_PREFIX = "last_round."
 """Meta keys ``last_round.<model>``: a model's last training round's figures
@@ -311,7 +314,15 @@ class CoordinatorStore:
         savepoint, self._unit_savepoint = self._unit_savepoint, False
         if rollback:
             self._records -= self._unit_records
-        if began and rollback:
+        if self._batch_open and not self._db.in_transaction:
+            logger.error(  # SQLite rolled back by itself: disk full, I/O error
+                "SQLite rolled back the open batch: its last %d writes are lost "
+                "(the devices re-send them when the stage is re-published)",
+                self._batch_records,
+            )
+            self._batch_open = False
+            self._batch_records = 0
+        elif began and rollback:
             self._run("ROLLBACK")
             self._batch_open = False
             self._batch_records = 0
