@@ -175,12 +175,13 @@ class EpochStages(ServiceCore):
     def _send_seal_page(
         self, work: EpochWork, page: int, pages: int, devices: tuple[str, ...]
     ) -> None:
+        for device in devices:
+            if device not in self._enrolled:  # forgotten (revoked) meanwhile
+                self._record_box(work, device)
         keys = tuple(
             device_keys_of(self._enrolled[d]) for d in devices if d in self._enrolled
         )
-        if not keys:  # every one of them was forgotten (revoked) meanwhile
-            for device in devices:
-                self._record_box(work, device)
+        if not keys:
             return
         request = SealRequest(
             federation=self._config.federation,
@@ -365,8 +366,8 @@ class EpochStages(ServiceCore):
     def _relay_box(self, work: EpochWork, recipient: str, box: bytes) -> int | None:
         """Relay `recipient`'s box unless it had one; the page it completed."""
         verdict, page = self._record_box(work, recipient)
-        if verdict is BoxVerdict.DUPLICATE:
-            logger.debug("duplicate box for %s in epoch %d", recipient, work.epoch)
+        if verdict is not BoxVerdict.NEW:  # a second box, or one for the agent
+            logger.debug("box for %s in epoch %d dropped", recipient, work.epoch)
             return None
         relayed = SealedSecretKey(
             federation=self._config.federation,

@@ -16,6 +16,7 @@ from ursa.crypto.paillier import (
 )
 from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
+from ursa.protocol.messages import SealedBox
 
 
 def _message(payload: bytes) -> Any:
@@ -202,3 +203,25 @@ def test_a_registry_slot_holds_counts_up_to_100000_parties() -> None:
     counts = decrypt_vector(secret_key, layout, summed)
 
     assert layout.slot_bits == 18 and counts[0] == 2 and counts[55] == 1
+
+
+def test_boxes_for_the_agent_or_a_second_time_are_not_relayed(
+    federation: Any,
+) -> None:
+    fed = federation(num_devices=4, k=2, tries=2, rounds=1)
+    fed.start()
+    agent = _agent(fed)
+    (_, sealed), *_ = fed.messages("sealed_keys")
+    other = sealed.boxes[0].recipient
+    boxes = (
+        SealedBox(recipient=agent, box=b"x"),
+        SealedBox(recipient=other, box=b"y"),
+    )
+    before = _boxes_per_device(fed)
+
+    fed.send_as(
+        agent, sealed.model_copy(update={"message_id": "again", "boxes": boxes})
+    )
+
+    assert _boxes_per_device(fed) == before
+    assert fed.errors_to(agent) == []
