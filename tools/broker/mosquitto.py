@@ -212,6 +212,13 @@ def write_mosquitto_config(
         )
     if any(pw == "" for pw in wanted.values()):
         raise MosquittoError("empty passwords are not allowed")
+    carried = {d for ids in sites.values() for d in ids}
+    if carried & (set(sites) | set(coordinators) | set(reader_names)):
+        # The device patterns (%u) would give that user the device's subtree.
+        raise MosquittoError(
+            "a site device may not share its name with a bridge, the coordinator "
+            f"or a reader: {sorted(carried & set(wanted))}"
+        )
     rotate = set(rotate)
     if rotate - set(wanted):
         raise MosquittoError(
