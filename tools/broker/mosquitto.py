@@ -10,9 +10,12 @@ ACL that confines every device to its own subtree (SPEC §2, §3):
       readwrite  ursa/v1/<fed>/dev/<own id>/status
       read       ursa/v1/<fed>/dev/<own id>/down/#
       read       ursa/v1/<fed>/global/#
-    coordinator  readwrite ursa/v1/#
-    readers      read ursa/v1/#          (monitoring, traffic capture)
+    coordinator  readwrite ursa/v1/#, read ursa/bridge/+/state
+    readers      read ursa/v1/#, read ursa/bridge/+/state   (monitoring, capture)
+    site bridges (core broker) their site's devices' topics (`bridge_acl`)
 
+A site broker gets no coordinator and a bridge to the core broker instead
+(`ursa.tools.broker.bridge`, docs/brokers.md), in `bridge/bridge.conf`.
 Optional TLS makes a CA and a server certificate with the `openssl` CLI.
 With `run_as_user`, the files Mosquitto reads after dropping privileges go to
 that user (`ursa.tools.broker.ownership`). Writing again over existing files
