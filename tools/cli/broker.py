@@ -66,26 +66,32 @@ def register(sub: Subparsers) -> None:
     )
     bridges.add_argument(
         "--bridge-name",
+        metavar="SITE",
         help="site broker: the bridge's user on the core (its SITE; default the "
         "only user in --bridge-credentials)",
     )
     bridges.add_argument(
         "--bridge-credentials",
+        metavar="FILE",
         type=Path,
         help="site broker: a `user:password` file with the bridge's password "
         "(e.g. the core's credentials.txt)",
     )
     bridges.add_argument(
         "--bridge-cafile",
+        metavar="CA",
         type=Path,
         help="site broker: the core's ca.crt; the bridge then speaks TLS",
     )
     bridges.add_argument(
         "--bridge-certfile",
+        metavar="CERT",
         type=Path,
         help="site broker: client certificate, if the core requires one",
     )
-    bridges.add_argument("--bridge-keyfile", type=Path, help="its private key")
+    bridges.add_argument(
+        "--bridge-keyfile", type=Path, metavar="KEY", help="its private key"
+    )
     cfg.add_argument(
         "--reader", action="append", default=[], help="read-only user (repeatable)"
     )
