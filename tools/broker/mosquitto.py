@@ -10,9 +10,12 @@ ACL that confines every device to its own subtree (SPEC §2, §3):
       readwrite  ursa/v1/<fed>/dev/<own id>/status
       read       ursa/v1/<fed>/dev/<own id>/down/#
       read       ursa/v1/<fed>/global/#
-    coordinator  readwrite ursa/v1/#
-    readers      read ursa/v1/#          (monitoring, traffic capture)
+    coordinator  readwrite ursa/v1/#, read ursa/bridge/+/state
+    readers      read ursa/v1/#, read ursa/bridge/+/state   (monitoring, capture)
+    site bridges (core broker) their site's devices' topics (`bridge_acl`)
 
+A site broker gets no coordinator and a bridge to the core broker instead
+(`ursa.tools.broker.bridge`, docs/brokers.md), in `bridge/bridge.conf`.
 Optional TLS makes a CA and a server certificate with the `openssl` CLI.
 With `run_as_user`, the files Mosquitto reads after dropping privileges go to
 that user (`ursa.tools.broker.ownership`). Writing again over existing files
@@ -43,7 +46,14 @@ from typing import IO
 from pydantic import SecretStr
 
 from ursa.protocol.mqtt import MqttConfig
-from ursa.tools.broker.ownership import OwnerError, plan_owner
+from ursa.tools.broker.bridge import (
+    BRIDGE_DIR,
+    SiteBridge,
+    bridge_acl,
+    bridge_section,
+    state_topic,
+)
+from ursa.tools.broker.ownership import OwnerError, OwnerPlan, plan_owner
 from ursa.tools.broker.tls import TlsError, make_tls_files
 
 __all__ = [
@@ -124,9 +134,11 @@ def write_mosquitto_config(
     out_dir: Path,
     *,
     devices: Users,
-    coordinator_user: str = "coordinator",
+    coordinator_user: str | None = "coordinator",
     coordinator_password: str | None = None,
     readers: Users = (),
+    bridge_users: Mapping[str, Iterable[str]] | None = None,
+    bridge: SiteBridge | None = None,
     federation: str | None = None,
     port: int = 1883,
     bind: str = "127.0.0.1",
@@ -147,9 +159,15 @@ def write_mosquitto_config(
         out_dir: where to write (created; existing files need `overwrite`).
         devices: device ids, or `{device_id: password or None}` (None and bare
             ids get generated passwords).
-        coordinator_user: the coordinator's username (reads/writes ursa/v1/#).
+        coordinator_user: the coordinator's username (reads/writes ursa/v1/#);
+            None for a site broker, which has no coordinator.
         coordinator_password: None generates one.
         readers: read-only users of ursa/v1/# (monitoring, captures).
+        bridge_users: on a core broker, `{site bridge user: its site's
+            devices}`: each gets a generated password and the ACL of
+            `ursa.tools.broker.bridge.bridge_acl`.
+        bridge: on a site broker, its bridge to the core; the section goes to
+            `bridge.conf` (0600: it holds the bridge's password).
         federation: confine devices to one federation (default: any).
         port: the listener's port.
         bind: the listener's address (loopback by default).
@@ -180,15 +198,30 @@ def write_mosquitto_config(
         raise MosquittoError(f"invalid federation name {federation!r}")
     log_line = _log_dest_line(log_dest)
     device_names, reader_names = _users(devices), _users(readers)
-    wanted = device_names | {coordinator_user: coordinator_password} | reader_names
+    coordinators = [] if coordinator_user is None else [coordinator_user]
+    sites = {name: tuple(ids) for name, ids in (bridge_users or {}).items()}
+    wanted = (
+        device_names
+        | dict.fromkeys(coordinators, coordinator_password)
+        | reader_names
+        | dict.fromkeys(sites)
+    )
     bad = [u for u in wanted if not _USERNAME_RE.match(u)]
-    expected = len(device_names) + 1 + len(reader_names)
+    bad += [d for ids in sites.values() for d in ids if not _USERNAME_RE.match(d)]
+    expected = len(device_names) + len(coordinators) + len(reader_names) + len(sites)
     if bad or len(wanted) != expected:
         raise MosquittoError(
             f"user names must be distinct, 1-64 of A-Z a-z 0-9 _ - (bad: {bad})"
         )
     if any(pw == "" for pw in wanted.values()):
         raise MosquittoError("empty passwords are not allowed")
+    carried = {d for ids in sites.values() for d in ids}
+    if carried & (set(sites) | set(coordinators) | set(reader_names)):
+        # The device patterns (%u) would give that user the device's subtree.
+        raise MosquittoError(
+            "a site device may not share its name with a bridge, the coordinator "
+            f"or a reader: {sorted(carried & set(wanted))}"
+        )
     rotate = set(rotate)
     if rotate - set(wanted):
         raise MosquittoError(
@@ -196,7 +229,7 @@ def write_mosquitto_config(
         )
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = ["mosquitto.conf", "passwd", "acl", "credentials.txt", "tls"]
+    names = ["mosquitto.conf", "passwd", "acl", "credentials.txt", "tls", BRIDGE_DIR]
     clash = [n for n in names if (out_dir / n).exists()]
     if clash and not overwrite:
         raise MosquittoError(
@@ -240,7 +273,8 @@ def write_mosquitto_config(
     password_file = private("passwd", "".join(f"{u}:{h}\n" for u, h in hashes.items()))
     acl_file = private(
         "acl",
-        _acl_text(federation or "+", [coordinator_user], readers=list(reader_names)),
+        _acl_text(federation or "+", coordinators, readers=list(reader_names))
+        + bridge_acl(sites, federation=federation or "+"),
     )
     credentials_file = None
     (out_dir / "credentials.txt").unlink(missing_ok=True)
@@ -287,6 +321,18 @@ def write_mosquitto_config(
             f"keyfile {tls_home / key.name}",
             "tls_version tlsv1.2",
         ]
+    shutil.rmtree(out_dir / BRIDGE_DIR, ignore_errors=True)
+    if bridge is not None:
+        _write_bridge(out_dir / BRIDGE_DIR, home / BRIDGE_DIR, bridge, owner)
+        section = bridge_section(
+            bridge,
+            federation=federation or "+",
+            home=home / BRIDGE_DIR,
+            max_packet_bytes=max_packet_bytes,
+        )
+        private(f"{BRIDGE_DIR}/bridge.conf", section)
+        # Last: Mosquitto reads the included file where this line stands.
+        lines += ["", f"include_dir {home / BRIDGE_DIR}"]
     config_file = out_dir / "mosquitto.conf"
     config_file.write_text("\n".join(lines) + "\n")
     config_file.chmod(0o644)
@@ -387,9 +433,33 @@ def _acl_text(
     ]
     for name in coordinators:
         lines += ["", f"user {name}", "topic readwrite ursa/v1/#"]
+        lines += [f"topic read {state_topic('+')}"]
     for name in readers:
         lines += ["", f"user {name}", "topic read ursa/v1/#"]
+        lines += [f"topic read {state_topic('+')}"]
     return "\n".join(lines) + "\n"
+
+
+def _write_bridge(
+    bridge_dir: Path, home: Path, bridge: SiteBridge, owner: OwnerPlan | None
+) -> None:
+    """Copy the core's CA (and a client certificate and key) beside bridge.conf."""
+    bridge_dir.mkdir(mode=0o755)
+    copies = [(bridge.ca_file, "ca.crt"), (bridge.cert_file, "client.crt")]
+    for source, name in copies:
+        if source is not None:
+            try:
+                (bridge_dir / name).write_bytes(source.read_bytes())
+            except OSError as exc:
+                raise MosquittoError(f"cannot copy {source}: {exc}") from exc
+    if bridge.key_file is not None:
+        try:
+            key = bridge.key_file.read_text()
+        except OSError as exc:
+            raise MosquittoError(f"cannot read {bridge.key_file}: {exc}") from exc
+        _write_private(bridge_dir / "client.key", key)
+        if owner is not None:
+            owner.give(bridge_dir / "client.key", home / "client.key")
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -418,7 +488,9 @@ class MosquittoBroker:
     Args:
         devices: device users (generated passwords) or `{id: password}`.
         readers: read-only users of ursa/v1/# (traffic capture).
-        coordinator_user: the coordinator's username.
+        coordinator_user: the coordinator's username (None: no coordinator).
+        bridge_users: core broker: `{site bridge user: its site's devices}`.
+        bridge: site broker: its bridge to a core broker.
         tls: serve TLS with a fresh CA (`files.tls_ca_file`).
         persistence: keep sessions and retained messages across `restart()`.
         work_dir: where to put the files.
@@ -434,7 +506,9 @@ class MosquittoBroker:
         *,
         devices: Users = (),
         readers: Users = (),
-        coordinator_user: str = "coordinator",
+        coordinator_user: str | None = "coordinator",
+        bridge_users: Mapping[str, Iterable[str]] | None = None,
+        bridge: SiteBridge | None = None,
         tls: bool = False,
         persistence: bool = False,
         work_dir: Path | None = None,
@@ -456,6 +530,8 @@ class MosquittoBroker:
         self._log: IO[bytes] | None = None
         self._devices = devices
         self._readers = readers
+        self._bridge_users = {k: tuple(v) for k, v in (bridge_users or {}).items()}
+        self._bridge = bridge
         self._tls = tls
         self._persistence = persistence
         self.coordinator_user = coordinator_user
@@ -539,6 +615,8 @@ class MosquittoBroker:
             devices=self._devices,
             readers=self._readers,
             coordinator_user=self.coordinator_user,
+            bridge_users=self._bridge_users,
+            bridge=self._bridge,
             port=port,
             tls=self._tls,
             persistence_dir=self.work_dir if self._persistence else None,

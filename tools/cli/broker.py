@@ -4,6 +4,11 @@
 `credentials.txt` (mode 0600) in the output directory, because stdout ends up
 in terminal scrollback, CI logs and shell pipelines. Hand each device its
 line, then delete the file.
+
+Sites (docs/brokers.md): the core broker's config gets a user per site bridge
+(`--bridge-user SITE=DEVICES_FILE`); each site broker's config gets a bridge
+to the core (`--bridge-to HOST:PORT`), whose password it reads from the
+core's credentials.txt (`--bridge-credentials`), never from the command line.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ursa.tools.broker.bridge import SiteBridge
+
     # argparse has no public name for the object add_subparsers() returns.
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -39,6 +46,52 @@ def register(sub: Subparsers) -> None:
         help="one device per line: `id` or `id:password` (# starts a comment)",
     )
     cfg.add_argument("--coordinator-user", default="coordinator")
+    bridges = cfg.add_argument_group(
+        "bridges", "a site broker per group of devices, bridged to a core broker"
+    )
+    bridges.add_argument(
+        "--bridge-user",
+        action="append",
+        default=[],
+        metavar="SITE=DEVICES_FILE",
+        help="core broker: a user for site SITE's bridge, allowed to carry the "
+        "topics of the devices in DEVICES_FILE (format of --devices-file; "
+        "repeatable)",
+    )
+    bridges.add_argument(
+        "--bridge-to",
+        metavar="HOST:PORT",
+        help="site broker: bridge this broker's devices to the core broker at "
+        "HOST:PORT (no coordinator user here)",
+    )
+    bridges.add_argument(
+        "--bridge-name",
+        metavar="SITE",
+        help="site broker: the bridge's user on the core (its SITE; default the "
+        "only user in --bridge-credentials)",
+    )
+    bridges.add_argument(
+        "--bridge-credentials",
+        metavar="FILE",
+        type=Path,
+        help="site broker: a `user:password` file with the bridge's password "
+        "(e.g. the core's credentials.txt)",
+    )
+    bridges.add_argument(
+        "--bridge-cafile",
+        metavar="CA",
+        type=Path,
+        help="site broker: the core's ca.crt; the bridge then speaks TLS",
+    )
+    bridges.add_argument(
+        "--bridge-certfile",
+        metavar="CERT",
+        type=Path,
+        help="site broker: client certificate, if the core requires one",
+    )
+    bridges.add_argument(
+        "--bridge-keyfile", type=Path, metavar="KEY", help="its private key"
+    )
     cfg.add_argument(
         "--reader", action="append", default=[], help="read-only user (repeatable)"
     )
@@ -126,6 +179,7 @@ def read_devices(devices: str, devices_file: Path | None) -> dict[str, str | Non
 
 
 def _run_mosquitto_config(args: argparse.Namespace) -> int:
+    from ursa.tools.broker.bridge import BridgeError
     from ursa.tools.broker.mosquitto import (
         DEFAULT_PERSISTENCE_DIR,
         MosquittoError,
@@ -137,11 +191,20 @@ def _run_mosquitto_config(args: argparse.Namespace) -> int:
         print("error: give --devices and/or --devices-file", file=sys.stderr)
         return 2
     try:
+        bridge = _site_bridge(args, tuple(devices))
+        bridge_users = _bridge_users(args.bridge_user)
+    except (BridgeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    coordinator = None if bridge is not None else args.coordinator_user
+    try:
         files = write_mosquitto_config(
             args.out,
             devices=devices,
-            coordinator_user=args.coordinator_user,
+            coordinator_user=coordinator,
             readers=args.reader,
+            bridge_users=bridge_users,
+            bridge=bridge,
             federation=args.federation,
             port=args.port or (8883 if args.tls else 1883),
             bind=args.bind,
@@ -156,7 +219,7 @@ def _run_mosquitto_config(args: argparse.Namespace) -> int:
             overwrite=args.force,
             rotate=[
                 *args.rotate,
-                *([args.coordinator_user] if args.rotate_coordinator else []),
+                *([coordinator] if args.rotate_coordinator and coordinator else []),
             ],
             rotate_tls=args.rotate_tls,
         )
@@ -164,7 +227,18 @@ def _run_mosquitto_config(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {files.config_file}, {files.password_file}, {files.acl_file}")
-    print(f"users: {len(devices)} devices, {args.coordinator_user!r} (coordinator)")
+    if coordinator is not None:
+        print(f"users: {len(devices)} devices, {coordinator!r} (coordinator)")
+    else:
+        print(f"users: {len(devices)} devices (site broker: no coordinator)")
+    for site, site_devices in bridge_users.items():
+        print(f"site bridge user {site!r}: carries {len(site_devices)} devices")
+    if bridge is not None:
+        print(
+            f"bridge {bridge.name!r} to {bridge.host}:{bridge.port} "
+            f"({'TLS' if bridge.ca_file else 'no TLS'}): its password is in "
+            f"{args.out / 'bridge' / 'bridge.conf'} (mode 0600)"
+        )
     if files.kept:
         print(f"kept existing passwords: {', '.join(files.kept)}")
     if files.removed:
@@ -189,6 +263,74 @@ def _run_mosquitto_config(args: argparse.Namespace) -> int:
         "or `ursa service units` for systemd"
     )
     return 0
+
+
+def _bridge_users(specs: list[str]) -> dict[str, tuple[str, ...]]:
+    """Parse `--bridge-user SITE=DEVICES_FILE` options."""
+    from ursa.tools.broker.bridge import BridgeError, check_name
+
+    found: dict[str, tuple[str, ...]] = {}
+    for spec in specs:
+        site, sep, path = spec.partition("=")
+        if not sep or not path:
+            raise BridgeError(f"--bridge-user wants SITE=DEVICES_FILE, got {spec!r}")
+        devices = tuple(read_devices("", Path(path)))
+        if not devices:
+            raise BridgeError(f"{path} lists no devices for site {site!r}")
+        if check_name(site, "site name") in found:
+            raise BridgeError(f"site {site!r} given twice")
+        found[site] = devices
+    return found
+
+
+def _site_bridge(
+    args: argparse.Namespace, devices: tuple[str, ...]
+) -> SiteBridge | None:
+    """The `--bridge-*` options as a SiteBridge (None without --bridge-to)."""
+    from ursa.tools.broker.bridge import BridgeError, SiteBridge, parse_address
+
+    extra = [
+        args.bridge_name,
+        args.bridge_credentials,
+        args.bridge_cafile,
+        args.bridge_certfile,
+        args.bridge_keyfile,
+    ]
+    if args.bridge_to is None:
+        if any(x is not None for x in extra):
+            raise BridgeError("the --bridge-* options of a site need --bridge-to")
+        return None
+    if args.bridge_credentials is None:
+        raise BridgeError("--bridge-to needs --bridge-credentials (user:password)")
+    host, port = parse_address(args.bridge_to)
+    known = {
+        user: password
+        for user, sep, password in (
+            line.partition(":")
+            for line in args.bridge_credentials.read_text().splitlines()
+        )
+        if sep and user.strip()
+    }
+    name = args.bridge_name
+    if name is None:
+        if len(known) != 1:
+            raise BridgeError(
+                f"{args.bridge_credentials} has {len(known)} users: "
+                "say which with --bridge-name"
+            )
+        (name,) = known
+    if name not in known:
+        raise BridgeError(f"no password for {name!r} in {args.bridge_credentials}")
+    return SiteBridge(
+        name=name,
+        host=host,
+        port=port,
+        password=known[name],
+        devices=devices,
+        ca_file=args.bridge_cafile,
+        cert_file=args.bridge_certfile,
+        key_file=args.bridge_keyfile,
+    )
 
 
 def _run_embedded(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ursa.protocol.mqtt import MqttTransport
+from ursa.tools.broker.bridge import SiteBridge
 from ursa.tools.broker.mosquitto import (
     MosquittoBroker,
     MosquittoError,
@@ -285,3 +286,63 @@ def test_users_may_come_from_a_generator(tmp_path: Path) -> None:
         tmp_path, devices=(f"d{i}" for i in range(2)), persistence_dir=None
     )
     assert set(files.credentials) == {"d0", "d1", "coordinator"}
+
+
+def test_bridge_users_get_passwords_and_an_acl_for_their_sites(
+    tmp_path: Path,
+) -> None:
+    files = write_mosquitto_config(
+        tmp_path,
+        devices=["d1"],
+        bridge_users={"site-a": ["d2", "d3"]},
+        federation="fed",
+        persistence_dir=None,
+    )
+    assert set(files.credentials) == {"d1", "coordinator", "site-a"}
+    acl = files.acl_file.read_text()
+    assert "user site-a\n" in acl
+    assert "topic read ursa/v1/fed/dev/d3/down/#" in acl
+    assert "topic read ursa/bridge/+/state" in acl.split("user coordinator")[1]
+
+
+@pytest.mark.parametrize(
+    "sites",
+    [
+        {"site-a": ["coordinator"]},  # would read the coordinator's name as %u
+        {"site-a": ["site-b"], "site-b": ["d2"]},
+        {"site-a": ["bad/id"]},
+        {"d1": ["d2"]},  # a bridge named like a device
+    ],
+)
+def test_bridge_users_must_not_collide_with_other_names(
+    tmp_path: Path, sites: dict[str, list[str]]
+) -> None:
+    with pytest.raises(MosquittoError):
+        write_mosquitto_config(
+            tmp_path, devices=["d1"], bridge_users=sites, persistence_dir=None
+        )
+
+
+def test_a_site_broker_has_no_coordinator_and_includes_its_bridge(
+    tmp_path: Path,
+) -> None:
+    ca = tmp_path / "core-ca.crt"
+    ca.write_text("CA")
+    out = tmp_path / "site"
+    bridge = SiteBridge(
+        name="site-a",
+        host="core.lan",
+        port=8883,
+        password="pw",
+        devices=("d2",),
+        ca_file=ca,
+    )
+    files = write_mosquitto_config(
+        out, devices=["d2"], coordinator_user=None, bridge=bridge, persistence_dir=None
+    )
+    assert set(files.credentials) == {"d2"}
+    assert (out / "bridge" / "ca.crt").read_text() == "CA"
+    section = (out / "bridge" / "bridge.conf").read_text()
+    assert f"bridge_cafile {out.resolve() / 'bridge' / 'ca.crt'}" in section
+    assert _mode(out / "bridge" / "bridge.conf") == 0o600
+    assert "user coordinator" not in files.acl_file.read_text()

@@ -10,6 +10,7 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -244,3 +245,89 @@ def test_mosquitto_runs_on_the_generated_config_over_tls(
             process.wait(timeout=10)
         if out_root != tmp_path:
             shutil.rmtree(out_root)
+
+
+def _core_and_site(tmp_path: Path, *extra_site: str) -> tuple[Path, Path, int]:
+    """Write a core config with a user for site-a, then site-a's config."""
+    (tmp_path / "site-a.txt").write_text("d3\nd4\n")
+    core, site = tmp_path / "core", tmp_path / "site"
+    argv = ["broker", "mosquitto-config", "--out", str(core), "--devices", "d1,d2"]
+    argv += [*LOCAL, "--bridge-user", f"site-a={tmp_path / 'site-a.txt'}"]
+    assert run(argv) == 0
+    argv = ["broker", "mosquitto-config", "--out", str(site)]
+    argv += ["--devices-file", str(tmp_path / "site-a.txt"), *LOCAL]
+    argv += ["--bridge-to", "core.lan:1883"]
+    argv += ["--bridge-credentials", str(core / "credentials.txt"), *extra_site]
+    return core, site, run(argv)
+
+
+def test_bridge_user_and_bridge_to_write_both_ends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    core, site, code = _core_and_site(tmp_path, "--bridge-name", "site-a")
+    assert code == 0
+    printed = capsys.readouterr().out
+
+    core_acl = (core / "acl").read_text()
+    assert "user site-a\n" in core_acl
+    assert "topic write ursa/v1/+/dev/d3/up/#" in core_acl
+    assert "d1/up" not in core_acl.split("user site-a")[1]
+    password = dict(
+        line.split(":", 1) for line in (core / "credentials.txt").read_text().split()
+    )["site-a"]
+
+    bridge = site / "bridge" / "bridge.conf"
+    assert stat.S_IMODE(bridge.stat().st_mode) == 0o600
+    assert f"remote_password {password}" in bridge.read_text()
+    assert "address core.lan:1883" in bridge.read_text()
+    assert password not in printed
+    conf = (site / "mosquitto.conf").read_text()
+    assert password not in conf
+    assert conf.rstrip().endswith(f"include_dir {(site / 'bridge').resolve()}")
+    # A site broker has no coordinator: only its devices log in there.
+    site_users = (site / "credentials.txt").read_text().split()
+    assert sorted(line.split(":")[0] for line in site_users) == ["d3", "d4"]
+    assert "no coordinator" in printed
+
+
+def test_bridge_name_defaults_to_the_only_user_in_the_credentials(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, _, code = _core_and_site(tmp_path)  # the core's file lists 4 users
+    assert code == 2
+    assert "--bridge-name" in capsys.readouterr().err
+    only = tmp_path / "bridge-credentials.txt"
+    only.write_text("site-a:pw\n")
+    argv = ["broker", "mosquitto-config", "--out", str(tmp_path / "s2")]
+    argv += ["--devices", "d3", *LOCAL, "--bridge-to", "core.lan:1883"]
+    assert run([*argv, "--bridge-credentials", str(only)]) == 0
+    assert "connection site-a" in (tmp_path / "s2/bridge/bridge.conf").read_text()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--bridge-to", "core.lan:1883"],  # no credentials
+        ["--bridge-name", "x"],  # no --bridge-to
+        ["--bridge-user", "site-a"],  # no device file
+        ["--bridge-to", "core.lan", "--bridge-credentials", "/dev/null"],
+    ],
+)
+def test_bad_bridge_options_are_usage_errors(
+    tmp_path: Path, extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["broker", "mosquitto-config", "--out", str(tmp_path), "--devices", "a"]
+    assert run([*argv, *LOCAL, *extra]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    assert not (tmp_path / "mosquitto.conf").exists()
+
+
+def test_regenerating_a_site_without_a_bridge_removes_its_password(
+    tmp_path: Path,
+) -> None:
+    _, site, code = _core_and_site(tmp_path, "--bridge-name", "site-a")
+    assert code == 0
+    argv = ["broker", "mosquitto-config", "--out", str(site), "--devices", "d3,d4"]
+    assert run([*argv, *LOCAL, "--force"]) == 0
+    assert not (site / "bridge").exists()
+    assert "include_dir" not in (site / "mosquitto.conf").read_text()
