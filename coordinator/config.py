@@ -29,7 +29,7 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     [deadlines]
     key_epoch_s = 60.0
     registration_s = 60.0
-    volunteer_s = 10.0
+    volunteer_s = 5.0                 # Dubhe: closes early once K per try
     distributions_s = 10.0
     agent_s = 10.0
     training_s = 600.0
@@ -207,11 +207,15 @@ class EnrolmentConfig(_Frozen):
 
 
 class DeadlinesConfig(_Frozen):
-    """Per-phase deadlines in seconds (a phase closes early once all have answered)."""
+    """Per-phase deadlines in seconds (a phase closes early once all have answered).
+
+    ``volunteer_s`` is short: devices that drew no stay silent, so Dubhe's
+    volunteering closes at it unless every try reached K volunteers first.
+    """
 
     key_epoch_s: float = Field(default=60.0, gt=0)
     registration_s: float = Field(default=60.0, gt=0)
-    volunteer_s: float = Field(default=10.0, gt=0)
+    volunteer_s: float = Field(default=5.0, gt=0)
     distributions_s: float = Field(default=10.0, gt=0)
     agent_s: float = Field(default=10.0, gt=0)
     training_s: float = Field(default=600.0, gt=0)

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
+from ursa.coordinator.device_sets import OnlineDevices
 from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import Presence
@@ -128,6 +130,10 @@ class ServiceCore:
     _epoch: EpochWork | None
     _refusing: set[str]
     """Enrolled devices that refused this coordinator's identity (not counted)."""
+    _ready: set[str]
+    """Online, enrolled and not refusing: kept per device (`_device_changed`)."""
+    _online_view: OnlineDevices
+    """`_ready` without the devices sitting the key epoch out (read-only)."""
     _round: RoundWork | None
     _sat_out: dict[str, int]
     """Devices that sat a key epoch out (`method_mismatch`, `data_mismatch`): epoch."""
@@ -177,13 +183,34 @@ class ServiceCore:
         return EpochView(
             work.epoch,
             work.public_key,
-            frozenset(work.registered),
+            work.registered,  # live and read-only: a copy per call is O(N)
             work.agent,
             self._enrolled.get(work.agent),
         )
 
-    def _online_enrolled(self) -> set[str]:
-        return (self._online & set(self._enrolled)) - self._refusing
+    def _online_enrolled(self) -> Set[str]:
+        """Online enrolled devices not refusing us (maintained: O(1) to get)."""
+        return self._ready
+
+    def _device_changed(self, device: str) -> None:
+        """Bring `device`'s membership of `_ready` up to date (O(1))."""
+        self._online_view.touch(device)
+        if (
+            device in self._online
+            and device in self._enrolled
+            and device not in self._refusing
+        ):
+            self._ready.add(device)
+        else:
+            self._ready.discard(device)
+
+    def _rebuild_ready(self) -> None:
+        """Recompute `_ready` from scratch (start-up and restore only: O(N))."""
+        self._ready.clear()  # in place: `_online_view` shares it
+        self._ready.update(
+            d for d in self._online if d in self._enrolled and d not in self._refusing
+        )
+        self._online_view.forget()
 
     def _sitting_out(self) -> set[str]:
         """Devices that told us they sit the current key epoch out."""
@@ -193,6 +220,7 @@ class ServiceCore:
     def _sit_out(self, device: str) -> None:
         """Leave `device` out of the current key epoch (persisted for a restart)."""
         self._sat_out[device] = self._state.epoch
+        self._online_view.touch(device)
         self._store.set_meta(SAT_OUT_KEY, json.dumps(self._sat_out))
         if self._epoch is not None:
             self._epoch.left(device)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from ursa.coordinator.aggregation import UpdateOutcome
+from ursa.coordinator.device_sets import OnlineDevices
 from ursa.coordinator.phase import PhaseStatus, Record, check_record
 from ursa.coordinator.plugin import Send
 from ursa.protocol.messages import BaseMessage, ErrorCode
@@ -100,6 +101,8 @@ class Gather(Generic[ReplyT, StateT]):
     status: PhaseStatus = PhaseStatus.OPEN
     _pending: set[str] = field(default_factory=set, repr=False)
     _expected_ids: list[str] = field(default_factory=list, repr=False)
+    _seen: int | None = field(default=None, repr=False)
+    """The `OnlineDevices.version` last followed (None: scan next time)."""
 
     def __post_init__(self) -> None:
         """Derive the devices still owed a reply (once; then kept per event)."""
@@ -194,10 +197,24 @@ class Gather(Generic[ReplyT, StateT]):
             self._pending.add(device)
 
     def track_online(self, online: Set[str], send: Send) -> None:
-        """Apply the devices that left or came back since the last call."""
-        for device in [d for d in self.absent if d in online]:
+        """Apply the devices that left or came back since the last call.
+
+        The service's `OnlineDevices` says which devices changed since the
+        last call: O(changes), so a tick or a message costs O(1) even while
+        thousands are owed a reply. Any other set is scanned.
+        """
+        changed: Iterable[str] | None = None
+        if isinstance(online, OnlineDevices):
+            self._seen, changed = online.changes_since(self._seen)
+        if changed is None:
+            returned = [d for d in self.absent if d in online]
+            left = [d for d in self._pending if d not in online]
+        else:
+            returned = [d for d in changed if d in self.absent and d in online]
+            left = [d for d in changed if d in self._pending and d not in online]
+        for device in returned:
             self.device_returned(device)
-        for device in [d for d in self._pending if d not in online]:
+        for device in left:
             self.device_left(device, send)
 
     def poll(self, now: float, send: Send) -> PhaseStatus:

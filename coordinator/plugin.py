@@ -23,7 +23,7 @@ device `chunk_request`s reach `on_message` in any stage (model downloads).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,7 +45,7 @@ class EpochView:
 
     epoch: int
     public_key: PaillierPublicKey | None
-    registered: frozenset[str]
+    registered: Set[str]
     agent: str | None = None
     agent_identity: DevicePublicIdentity | None = None
     """The agent's identity keys, to check what it signs."""
@@ -58,8 +58,8 @@ class CoordinatorView(Protocol):
         """The current key epoch, or None before the first."""
         ...
 
-    def online_devices(self) -> frozenset[str]:
-        """Enrolled devices currently online."""
+    def online_devices(self) -> Set[str]:
+        """Enrolled devices currently online (a live read-only view: copy to keep)."""
         ...
 
     @property

@@ -16,13 +16,15 @@ fleet may be coming back:
 
 A held departure is applied when its hold ends, unless the device came back
 meanwhile. Arrivals always apply at once. Pure: the caller passes the time.
+``on_change`` hears every device entering or leaving the online set, so the
+caller can keep sets derived from it up to date per device, never per fleet.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = ["Presence", "fleet_change"]
 
@@ -37,6 +39,8 @@ class Presence:
         burst_window_s: Departures this close together count as one burst.
         burst_fraction: A burst this large a part of the online fleet is an
             outage.
+        on_change: Called with ``(device, online)`` whenever a device enters
+            or leaves the online set (not by `restore`).
     """
 
     def __init__(
@@ -45,7 +49,9 @@ class Presence:
         grace_s: float = 30.0,
         burst_window_s: float = 2.0,
         burst_fraction: float = 0.5,
+        on_change: Callable[[str, bool], None] | None = None,
     ) -> None:
+        self._on_change = on_change
         self._grace_s = grace_s
         self._burst_window_s = burst_window_s
         self._burst_fraction = burst_fraction
@@ -77,6 +83,7 @@ class Presence:
         if device in self.online:
             return False
         self.online.add(device)
+        self._changed(device, True)
         return True
 
     def left(self, device: str, now: float) -> bool:
@@ -100,13 +107,20 @@ class Presence:
                 self._burst_window_s,
                 self._grace_s,
             )
-            self.online |= burst
+            for taken_back in sorted(burst - self.online):
+                self.online.add(taken_back)
+                self._changed(taken_back, True)
             self._held |= burst
             self._recent.clear()
             self._hold_until = now + self._grace_s
             return False
         self.online.discard(device)
+        self._changed(device, False)
         return True
+
+    def _changed(self, device: str, online: bool) -> None:
+        if self._on_change is not None:
+            self._on_change(device, online)
 
     def connection_lost(self, now: float) -> None:
         """The coordinator's own connection dropped: hold every departure."""
@@ -127,8 +141,10 @@ class Presence:
         if self._hold_until is None or now < self._hold_until:
             return set()
         self._hold_until = None
-        gone, self._held = self._held, set()
-        self.online -= gone
+        gone, self._held = self._held & self.online, set()
+        for device in sorted(gone):
+            self.online.discard(device)
+            self._changed(device, False)
         if gone:
             logger.info("grace over: %d devices still offline", len(gone))
         return gone

@@ -57,6 +57,7 @@ class Recovery(EpochStages, RoundStages):
             logger.warning("forgetting enrolled device %s: %s", device, reason)
             self._store.unenrol(device)
             del self._enrolled[device]
+            self._device_changed(device)
 
     def _restore(self, now: float) -> None:
         """Reload state from the store and give the current stage a fresh deadline."""
@@ -70,6 +71,7 @@ class Recovery(EpochStages, RoundStages):
         self._refusing = set(json.loads(refusing)) if refusing else set()
         sat_out = json.loads(store.get_meta(SAT_OUT_KEY) or "{}")
         self._sat_out = {str(d): int(e) for d, e in sat_out.items()}
+        self._rebuild_ready()
         raw = store.get_meta(STATE_KEY)
         if raw is None:
             return

@@ -2,7 +2,9 @@
 
 SELECTING: the runtime publishes the round's retained `RoundAnnounce`, then
 asks the federation's `SelectionMethod` at every step (every tick and after
-every admitted message) until it names the round's K participants; the
+every admitted message) until it names the round's K participants (a step
+costs O(1) in the fleet's size: the eligible devices are built only if the
+method looks at them, `LazyDevices`); the
 method's own steps and windows (Dubhe's volunteers, distributions and agent)
 are its business (`ursa.coordinator.methods`). The runtime checks the
 answer (K distinct eligible devices), signs the `SelectionResult`, stores
@@ -15,8 +17,10 @@ then the round is marked complete in the store (once) and the next one opens.
 from __future__ import annotations
 
 import logging
+from collections.abc import Set
 
 from ursa.coordinator.core import RoundWork, ServiceCore
+from ursa.coordinator.device_sets import LazyDevices
 from ursa.coordinator.federation_end import end_message, write_final_model
 from ursa.coordinator.presence import fleet_change
 from ursa.coordinator.rounds import Stage, advance
@@ -176,11 +180,12 @@ class RoundStages(ServiceCore):
         work, epoch = self._round, self._epoch
         if work is None or epoch is None:
             return None
+        registered, online = epoch.registered, self._online_view
         return SelectionRequest(
             round=work.round,
             epoch=work.epoch,
             k=self._config.k,
-            eligible=frozenset((epoch.registered & self._online) - self._sitting_out()),
+            eligible=LazyDevices(lambda: {d for d in registered if d in online}),
             rng=self._rng,
             now=now,
         )
@@ -193,9 +198,7 @@ class RoundStages(ServiceCore):
         method = self._selection
         selection = method.select(request)
         if selection is not None:
-            registered = (
-                frozenset(self._epoch.registered) if self._epoch else frozenset()
-            )
+            registered: Set[str] = self._epoch.registered if self._epoch else set()
             self._select(now, _checked(selection, registered, request.k, method.name))
 
     def _select(self, now: float, selection: Selection) -> None:
@@ -244,7 +247,7 @@ class RoundStages(ServiceCore):
 
 
 def _checked(
-    selection: Selection, registered: frozenset[str], k: int, method: str
+    selection: Selection, registered: Set[str], k: int, method: str
 ) -> Selection:
     """A method's selection, refused unless it is 1..K distinct registered devices.
 
@@ -259,6 +262,6 @@ def _checked(
     chosen = set(selected)
     if len(chosen) != len(selected) or not 0 < len(chosen) <= k:
         raise SelectionError(f"{method} selected {len(chosen)} devices, K={k}")
-    if not chosen <= registered:
+    if not all(d in registered for d in chosen):
         raise SelectionError(f"{method} selected devices not registered in the epoch")
     return selection

@@ -43,7 +43,8 @@ def finalize_selections(
         volunteers: T x N (or N) booleans, one row per tentative set.
         k: set size K.
         rng: the coordinator's generator.
-        online: N booleans; all online when None.
+        online: N booleans, or T x N (who may be chosen, per row); all
+            online when None.
 
     Returns:
         T x K (or K) device indices, each row sorted.
@@ -55,13 +56,17 @@ def finalize_selections(
         raise SelectionError("volunteers must be N or T x N booleans")
     n = rows.shape[1]
     up = np.ones(n, dtype=bool) if online is None else np.asarray(online, dtype=bool)
-    if up.shape != (n,):
-        raise SelectionError(f"online must have {n} entries")
-    if not 1 <= k <= int(up.sum()):
-        raise SelectionError(f"K={k} needs 1 <= K <= online devices ({int(up.sum())})")
+    if up.shape not in ((n,), rows.shape):
+        raise SelectionError(f"online must have {n} entries (or one row per set)")
+    fewest = int(up.sum(axis=-1).min()) if up.size else 0
+    if not 1 <= k <= fewest:
+        raise SelectionError(f"K={k} needs 1 <= K <= online devices ({fewest})")
     keys = rng.random(rows.shape)
     keys += ~rows
-    keys[:, ~up] = np.inf
+    if up.ndim == 1:
+        keys[:, ~up] = np.inf
+    else:
+        keys[~up] = np.inf
     chosen = (
         np.argpartition(keys, k - 1, axis=1)[:, :k]
         if k < n

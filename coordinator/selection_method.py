@@ -26,6 +26,7 @@ of what the runtime saw.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Set
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -53,7 +54,9 @@ class SelectionRequest:
         epoch: The key epoch the round runs in.
         k: How many participants the round needs (exactly).
         eligible: Devices registered in this key epoch (they hold its key, which
-            CLIMB's and FedDisk's encrypted means need) and online now.
+            CLIMB's and FedDisk's encrypted means need) and online now. The
+            runtime passes a set built on first use (`LazyDevices`): a method
+            that reads it per message pays O(N) per message.
         rng: The coordinator's seeded generator (reproducible draws).
         now: The coordinator's clock (for a method's own windows).
     """
@@ -61,7 +64,7 @@ class SelectionRequest:
     round: int
     epoch: int
     k: int
-    eligible: frozenset[str]
+    eligible: Set[str]
     rng: np.random.Generator
     now: float = 0.0
 
@@ -100,8 +103,8 @@ class SelectionContext(Protocol):
         """The current key epoch (public key, registered devices, agent)."""
         ...
 
-    def online_devices(self) -> frozenset[str]:
-        """Enrolled devices currently online."""
+    def online_devices(self) -> Set[str]:
+        """Enrolled devices currently online (a live read-only view: copy to keep)."""
         ...
 
     def send(self, message: BaseMessage, device: str | None) -> None:

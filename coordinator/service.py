@@ -57,13 +57,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 
 import numpy as np
 
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.core import REFUSING_KEY, STATE_KEY
+from ursa.coordinator.device_sets import OnlineDevices
 from ursa.coordinator.enrolment import decide_enrolment, enrol_result
 from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.methods.flicker.method import FlickerMethod
@@ -189,7 +190,10 @@ class CoordinatorService(Recovery):
         self._stopped = threading.Event()
         self._state = RoundState()
         self._enrolled = {}
-        self._presence = Presence(grace_s=config.deadlines.outage_grace_s)
+        self._presence = Presence(
+            grace_s=config.deadlines.outage_grace_s,
+            on_change=lambda device, _online: self._device_changed(device),
+        )
         self._limiter = AdmissionLimiter(
             config.admission, max_message_bytes=config.max_message_bytes
         )
@@ -201,6 +205,10 @@ class CoordinatorService(Recovery):
         self._started = False
         self._resumed = False
         self._refusing: set[str] = set()
+        self._ready = set()
+        self._online_view = OnlineDevices(
+            self._ready, lambda: self._sat_out, lambda: self._state.epoch
+        )
         self._held: list[tuple[str, bytes]] = []
         self._held_dropped = 0
         self._run_drops: dict[str, int] = {}
@@ -293,10 +301,12 @@ class CoordinatorService(Recovery):
         with self._lock:
             return self._epoch_view()
 
-    def online_devices(self) -> frozenset[str]:
-        """Enrolled devices online and not sitting the epoch out (for the plugin)."""
-        with self._lock:
-            return frozenset(self._online_enrolled() - self._sitting_out())
+    def online_devices(self) -> Set[str]:
+        """Enrolled devices online and not sitting the epoch out (for the plugin).
+
+        A maintained read-only view (O(1) to get and to test), never a copy.
+        """
+        return self._online_view
 
     def start(self, *, stop: threading.Event | None = None) -> None:
         """Open the store, restore state, connect and resume the current stage.
@@ -698,6 +708,7 @@ class CoordinatorService(Recovery):
             reason,
         )
         self._refusing.add(device)
+        self._device_changed(device)
         self._store.set_meta(REFUSING_KEY, json.dumps(sorted(self._refusing)))
         epoch = self._epoch
         keying = self._state.stage in (Stage.KEY_EPOCH, Stage.REGISTRATION)
@@ -801,6 +812,7 @@ class CoordinatorService(Recovery):
         device = message.sender  # admission checked it is the topic's device
         if device in self._refusing:  # a new try, e.g. after `ursa device repin`
             self._refusing.discard(device)
+            self._device_changed(device)
             self._store.set_meta(REFUSING_KEY, json.dumps(sorted(self._refusing)))
         known = self._enrolled.get(device)
         listed = self._enrolment_list()
@@ -815,6 +827,7 @@ class CoordinatorService(Recovery):
             )
             self._enrolled[device] = decision.identity
             self._presence.arrived(device)
+            self._device_changed(device)
             self._store.set_online(device, True)
             logger.info("enrolled %s (%s)", device, decision.identity.fingerprint())
         elif not decision.accepted:
@@ -861,6 +874,6 @@ class CoordinatorService(Recovery):
 
     def _stage_balancing(self, now: float) -> None:
         """FLICKER's run (its own deadlines), then the first key epoch."""
-        online = frozenset(self._online_enrolled())
+        online = self._online_enrolled()
         if self._flicker is None or self._flicker.step(now, online):
             self._start_key_epoch(now, frozenset())

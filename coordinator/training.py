@@ -45,7 +45,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -428,7 +428,7 @@ class TrainingPlugin(RoundPlugin):
         if work.phase is Phase.BEFORE and self._steps[work.step].is_done(work.index):
             self._open_steps(work, now, work.step + 1)
 
-    def _online(self) -> frozenset[str]:
+    def _online(self) -> Set[str]:
         return frozenset() if self._view is None else self._view.online_devices()
 
     # --- updates ------------------------------------------------------------------

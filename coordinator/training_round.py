@@ -10,7 +10,7 @@ service) when it must be refused; `ursa.coordinator.training` drives it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -183,11 +183,19 @@ class OpenRound:
             ) from None
         return outcome is UpdateOutcome.ACCEPTED
 
-    def waiting(self, online: frozenset[str] | None) -> set[str]:
-        """Selected devices (online ones, if known) whose update has not counted."""
-        alive = set(self.selected) if online is None else set(online)
-        answered = self.aggregation.device_ids | self.failed
-        return (set(self.selected) & alive) - answered
+    def waiting(self, online: Set[str] | None) -> set[str]:
+        """Selected devices (online ones, if known) whose update has not counted.
+
+        O(K): only the selected devices are looked up in ``online``.
+        """
+        answered = self.aggregation.device_ids
+        return {
+            d
+            for d in self.selected
+            if (online is None or d in online)
+            and d not in answered
+            and d not in self.failed
+        }
 
     def fail(self, device: str) -> bool:
         """A selected device's training failed: True if it was still waited for."""

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.config import CoordinatorConfig, DeadlinesConfig, EnrolmentConfig
+from ursa.coordinator.rounds import Stage
 from ursa.coordinator.service import CoordinatorService
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.config import DeviceConfig
@@ -144,10 +145,34 @@ class Federation:
         self.transports[device_id] = transport
         return client
 
-    def start(self) -> None:
+    def start(self, *, settle: bool = True) -> None:
+        """Start the coordinator and the devices; run on while windows move it."""
         self.coordinator.start()
         for device_id in self.device_ids:
             self.new_device(device_id).start()
+        if settle:
+            self.settle()
+
+    def volunteering(self) -> bool:
+        """Whether the coordinator waits in Dubhe's volunteering window."""
+        step = getattr(self.coordinator.selection, "step", None)
+        selecting = self.coordinator.state.stage is Stage.SELECTING
+        return selecting and step == "volunteering"
+
+    def settle(self, windows: int = 100) -> None:
+        """Let each volunteering window run out, while that moves the run on.
+
+        Silence means no: devices that drew no stay silent, so a window closes
+        at its deadline unless every try already has K volunteers. Stops when a
+        window's end changes nothing (a test holding the round on purpose).
+        """
+        for _ in range(windows):
+            if not self.volunteering():
+                return
+            before = self.coordinator.state
+            self.tick(self.config.deadlines.volunteer_s)
+            if self.coordinator.state == before and self.volunteering():
+                return
 
     @property
     def raw(self) -> InMemoryTransport:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from ursa.coordinator.aggregation import UpdateOutcome
+from ursa.coordinator.device_sets import OnlineDevices
 from ursa.coordinator.gather import Fold, Gather
 from ursa.coordinator.phase import PhaseRecordError, PhaseStatus
 from ursa.protocol.messages import (
@@ -215,3 +216,21 @@ def test_a_restored_gather_resumes_mid_phase_without_double_counting() -> None:
 def test_a_record_of_another_kind_is_refused() -> None:
     with pytest.raises(PhaseRecordError):
         Gather.from_record({"kind": "wait"}, SumFold())
+
+
+def test_tracking_the_services_view_follows_its_changes_not_the_fleet() -> None:
+    out = Outbox()
+    ready = set(DEVICES)
+    online = OnlineDevices(ready, dict, lambda: 1)
+    gather = open_gather(out, online=frozenset(DEVICES))
+    gather.track_online(online, out)  # the first call scans once
+
+    ready.discard("d1")  # gone, but the view was not told: not followed
+    ready.discard("d2")
+    online.touch("d2")
+    gather.track_online(online, out)
+    assert gather.pending == {"d0", "d1"} and gather.absent == {"d2"}
+
+    online.forget()  # everything may have changed: one rescan
+    gather.track_online(online, out)
+    assert gather.pending == {"d0"}

@@ -63,3 +63,22 @@ def test_fleet_change_counts_departures_and_joiners_over_the_starting_fleet() ->
     assert fleet_change(start, {"a", "e"}) == 1.0
     assert fleet_change(start, {"a", "b", "c", "d", "e"}, joiners=False) == 0.0
     assert fleet_change(set(), {"a"}) == 1.0 and fleet_change(set(), set()) == 0.0
+
+
+def test_on_change_hears_every_device_entering_or_leaving() -> None:
+    mirror = set(FLEET)
+
+    def changed(device: str, online: bool) -> None:
+        (mirror.add if online else mirror.discard)(device)
+
+    presence = Presence(grace_s=30, burst_window_s=2, on_change=changed)
+    presence.restore(FLEET)
+    presence.left("d0", 10.0)
+    presence.left("d1", 10.5)
+    presence.left("d2", 11.0)  # a burst: the first two are taken back
+    assert mirror == presence.online == set(FLEET)
+    presence.arrived("d2")
+    presence.release(41.0)
+    assert mirror == presence.online == set(FLEET) - {"d0", "d1"}
+    presence.arrived("d9")
+    assert mirror == presence.online

@@ -47,6 +47,18 @@ def _drop(sender: str | None, kind: str) -> Any:
     return drop
 
 
+def _hold_volunteers() -> Any:
+    """A drop filter losing the devices' own volunteers (not a test's, sent raw).
+
+    Silence means no: with no volunteer, the window stays open until its end.
+    """
+
+    def drop(s: str, r: str, topic: str, payload: bytes) -> bool:
+        return r == "coordinator" and s != "raw" and _kind_of(payload) == "volunteer"
+
+    return drop
+
+
 def _assert_rounds_exactly_k(fed: Any, rounds: int) -> None:
     results = fed.messages("selection_result")
     by_round: dict[int, set[str]] = {}
@@ -154,8 +166,8 @@ def test_wrong_round_wrong_epoch_and_non_agent_answers_are_rejected(
 ) -> None:
     fed = federation(num_devices=5, k=2, tries=2, rounds=1)
     last = fed.device_ids[-1]
-    fed.bus.drop_filter = _drop(last, "volunteer")
-    fed.start()
+    fed.bus.drop_filter = _hold_volunteers()
+    fed.start(settle=False)
     assert _dubhe_step(fed) is DubheStep.VOLUNTEERING
     agent = fed.messages("key_epoch_start")[0][1].agent
     other = next(d for d in fed.device_ids if d not in (agent, last))
@@ -176,7 +188,8 @@ def test_wrong_round_wrong_epoch_and_non_agent_answers_are_rejected(
     assert "round 1 is past agent (volunteering)" in caplog.text
 
     fed.bus.drop_filter = None
-    fed.tick(11)  # the silent device misses the deadline; the round goes on
+    fed.tick(11)  # the window ends: the top-up fills the tries; the round goes on
+    fed.settle()
     assert fed.coordinator.is_done
     _assert_rounds_exactly_k(fed, 1)
 
@@ -215,23 +228,22 @@ def test_duplicates_are_ignored_not_double_counted(
     federation: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     fed = federation(num_devices=4, k=2, tries=2, rounds=1)
-    last = fed.device_ids[-1]
-    fed.bus.drop_filter = _drop(last, "volunteer")
-    fed.start()
+    fed.bus.drop_filter = _hold_volunteers()
+    fed.start(settle=False)
     caplog.set_level(logging.DEBUG, logger="ursa.coordinator")
-    first = fed.device_ids[0]
-    ((topic, payload),) = [
-        (t, p)
-        for t, p in fed.captured
-        if f"/dev/{first}/up/" in t and _kind_of(p) == "volunteer"
-    ]
+    topic, payload = next(
+        (t, p) for t, p in fed.captured if "/up/" in t and _kind_of(p) == "volunteer"
+    )
     volunteer = decode(payload)
+    first = volunteer.sender
+    fed.bus.drop_filter = None
 
+    fed.raw.publish(topic, payload)  # the volunteer the coordinator did not get
     fed.raw.publish(topic, payload)  # same message id: a broker redelivery
     fed.send_as(first, volunteer.model_copy(update={"message_id": "fresh1"}))
 
     stored = fed.coordinator.store.round(1)
-    assert stored is not None and len(stored.volunteers) == 3
+    assert stored is not None and list(stored.volunteers) == [first]
     assert f"duplicate volunteer {volunteer.message_id} from {first}" in caplog.text
     # another id, the same (round, device): its stored record makes it a duplicate
     assert f"duplicate volunteer fresh1 from {first}" in caplog.text
@@ -250,6 +262,7 @@ def test_silent_agent_falls_back_and_rekeys_before_the_next_round(
     fed.bus.drop_filter = _drop(first_agent, "agent_answer")
 
     fed.tick(11)
+    fed.settle()
 
     assert "agent silent past the deadline; fallback to try 0" in caplog.text
     notices = [m for _, m in fed.messages("key_epoch_start")]
@@ -284,9 +297,8 @@ def test_restart_from_sqlite_mid_round_resumes_without_double_counting(
     federation: Any, stall: str
 ) -> None:
     fed = federation(num_devices=6, k=2, tries=3, rounds=3)
-    stalled = fed.device_ids[1] if stall == "volunteer" else None
-    fed.bus.drop_filter = _drop(stalled, stall)  # round 1 stalls at that stage
-    fed.start()
+    fed.bus.drop_filter = _drop(None, stall)  # round 1 stalls at that stage
+    fed.start(settle=stall != "volunteer")
     expected = {
         "volunteer": DubheStep.VOLUNTEERING,
         "encrypted_distribution": DubheStep.DISTRIBUTIONS,
@@ -302,6 +314,7 @@ def test_restart_from_sqlite_mid_round_resumes_without_double_counting(
     fed.bus.drop_filter = None
     fed.coordinator = fed.new_coordinator()
     fed.coordinator.start()
+    fed.settle()
 
     assert fed.coordinator.store.enrolled() == enrolled_before
     assert len(fed.messages("enrol_result")) == 6  # nobody re-enrolled
@@ -383,8 +396,8 @@ def test_reannouncements_are_rate_limited_whatever_the_method_asks(
     federation: Any,
 ) -> None:
     fed = federation(num_devices=5, k=2, tries=2, rounds=1)
-    fed.bus.drop_filter = _drop(fed.device_ids[-1], "volunteer")
-    fed.start()
+    fed.bus.drop_filter = _hold_volunteers()
+    fed.start(settle=False)
     assert _dubhe_step(fed) is DubheStep.VOLUNTEERING
     before = len(fed.messages("round_announce"))
     fed.coordinator.reannounce()  # right after the round's own announce
@@ -407,8 +420,8 @@ def test_a_message_queued_during_a_restart_waits_until_the_round_is_reopened(
 ) -> None:
     fed = federation(num_devices=5, k=2, tries=2, rounds=1)
     late = fed.device_ids[-1]
-    fed.bus.drop_filter = _drop(late, "volunteer")
-    fed.start()
+    fed.bus.drop_filter = _hold_volunteers()
+    fed.start(settle=False)
     assert _dubhe_step(fed) is DubheStep.VOLUNTEERING
     fed.coordinator_transport.kill()  # kill -9
     fed.coordinator.store.close()
@@ -419,6 +432,7 @@ def test_a_message_queued_during_a_restart_waits_until_the_round_is_reopened(
 
     fed.coordinator = fed.new_coordinator()
     fed.coordinator.start()  # the broker delivers it during connect()
+    fed.settle()
 
     refused = [e.in_reply_to for e in fed.errors_to(late)]
     assert queued.message_id not in refused
@@ -433,8 +447,8 @@ def test_a_refusal_for_timing_is_not_remembered_so_a_resend_is_judged_afresh(
 ) -> None:
     fed = federation(num_devices=5, k=2, tries=2, rounds=1)
     late = fed.device_ids[-1]
-    fed.bus.drop_filter = _drop(late, "volunteer")
-    fed.start()
+    fed.bus.drop_filter = _hold_volunteers()
+    fed.start(settle=False)
     early = Volunteer(federation=FED, round=2, sender=late, draws=(1, 1))
     fed.send_as(late, early)
     assert [e.code for e in fed.errors_to(late)] == ["wrong_round"]
@@ -450,8 +464,8 @@ def test_most_of_the_fleet_dropping_at_once_is_an_outage_not_a_departure(
     federation: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     fed = federation(num_devices=5, k=2, tries=2, rounds=1)
-    fed.bus.drop_filter = _drop(fed.device_ids[-1], "volunteer")
-    fed.start()
+    fed.bus.drop_filter = _hold_volunteers()
+    fed.start(settle=False)
     assert _dubhe_step(fed) is DubheStep.VOLUNTEERING
     caplog.set_level(logging.INFO, logger="ursa.coordinator")
 
@@ -642,7 +656,7 @@ def test_a_fleet_that_doubled_since_the_key_epoch_is_rekeyed_before_the_next_rou
     first, joiners = fed.device_ids[:4], fed.device_ids[4:]
     fed.device_ids = first
     fed.bus.drop_filter = _drop(None, "volunteer")  # hold round 1 open
-    fed.start()
+    fed.start(settle=False)
     assert len(fed.messages("key_epoch_start")) == 1
     for device_id in joiners:  # four more join in the middle of the epoch
         fed.new_device(device_id).start()
@@ -667,7 +681,7 @@ def test_churn_below_the_fraction_or_without_a_quorum_keeps_the_epoch(
         num_devices=6, k=2, tries=1, rounds=2, quorum=5, rekey_on_churn=0.5
     )
     fed.bus.drop_filter = _drop(None, "volunteer")  # hold round 1 open
-    fed.start()
+    fed.start(settle=False)
     agent = fed.messages("key_epoch_start")[0][1].agent
     gone = [d for d in fed.device_ids if d != agent][:2]
     for device_id in gone:  # 2 of 6 left for good: 33% < 50%

@@ -113,6 +113,7 @@ def start_training(
         fed.devices[device_id] = client
         fed.transports[device_id] = device_transport
         client.start()
+    fed.settle()  # silent devices: each volunteering window runs out
     return plugin
 
 

@@ -167,7 +167,7 @@ class MqttFederation:
             "deadlines": DeadlinesConfig(
                 key_epoch_s=20,
                 registration_s=20,
-                volunteer_s=5,
+                volunteer_s=2,  # silence means no: most windows run out
                 distributions_s=5,
                 agent_s=5,
                 training_s=5,

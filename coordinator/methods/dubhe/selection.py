@@ -3,13 +3,18 @@
 A `SelectionMethod` in three steps, each with its own window:
 
 VOLUNTEERING: the retained `RoundAnnounce` asks every registered device for
-its H draws; the step closes when every online registrant answered or at the
-window's end (never early with fewer than K). With fewer than K responders
-the round is announced again, each window twice as long as the last, up to
-16 (a round never selects fewer than K, and never re-announces in a loop).
-Per try, surplus volunteers are trimmed and a shortfall topped up uniformly
-from the other responders (`ursa.coordinator.methods.dubhe.tries`). With
-H = 1 that try is the selection.
+its H draws. Silence means no: a device answers (`Volunteer`, all H draws)
+only when at least one draw is yes, so the coordinator hears about H·K
+devices whatever the fleet's size, and never learns who drew no everywhere.
+The step closes as soon as every try has at least K volunteers, else at the
+window's end (``deadlines.volunteer_s``). Per try, surplus volunteers are
+trimmed and a shortfall topped up uniformly from the online registered
+devices that did not volunteer in that try (`ursa.coordinator.methods.
+dubhe.tries`). Only when fewer than K devices are there to choose from is
+the round announced again, each window twice as long as the last, up to 16
+(a round never selects fewer than K, and never re-announces in a loop).
+With H = 1 that try is the selection. Each `Volunteer` costs O(H): a
+per-try counter, never a pass over the fleet.
 
 DISTRIBUTIONS (H > 1): each member of some try gets a `TryAssignment` and
 answers with its encrypted label distribution once; per try the coordinator
@@ -41,6 +46,7 @@ from ursa.coordinator.methods.dubhe.tries import (
     complete_tries,
     fallback_selection,
     make_tries,
+    short_tries,
 )
 from ursa.coordinator.plugin import EpochView
 from ursa.coordinator.selection_method import (
@@ -93,6 +99,8 @@ class _Round:
     step: DubheStep
     deadline_at: float
     volunteers: dict[str, tuple[bool, ...]] = field(default_factory=dict)
+    yes: list[int] = field(default_factory=list)
+    """Per try, how many volunteers drew yes (kept per message: O(H))."""
     tentative: tuple[tuple[str, ...], ...] | None = None
     distributions: dict[str, EncryptedVector] = field(default_factory=dict)
     candidates: tuple[int, ...] | None = None
@@ -100,6 +108,13 @@ class _Round:
     """The agent's verified choice, handed over at the next step."""
     retries: int = 0
     """Volunteering windows that closed short of K (each next one is longer)."""
+
+    def count(self, draws: tuple[bool, ...]) -> None:
+        """Add one volunteer's draws to the per-try counts."""
+        if len(self.yes) < len(draws):
+            self.yes.extend([0] * (len(draws) - len(self.yes)))
+        for h, drew in enumerate(draws):
+            self.yes[h] += bool(drew)
 
     def members(self) -> set[str]:
         """Every device in some tentative set."""
@@ -216,25 +231,34 @@ class DubheSelection(SelectionMethod):
     def _volunteering(
         self, work: _Round, request: SelectionRequest
     ) -> Selection | None:
-        answered = set(work.volunteers)
-        enough = len(answered) >= request.k
-        everyone = enough and request.eligible <= answered
-        if not (everyone or request.now >= work.deadline_at):
+        full = len(work.yes) == self._tries and min(work.yes) >= request.k
+        if not (full or request.now >= work.deadline_at):
             return None
-        if not enough:  # wait longer each time: never a re-announce loop
-            work.retries += 1
+        eligible = request.eligible  # built here, once per window: O(N)
+        if short_tries(work.volunteers, eligible, request.k):
+            work.retries += 1  # wait longer each time: never a re-announce loop
             window = self._volunteer_s * min(2**work.retries, MAX_BACKOFF)
             logger.warning(
-                "round %d: %d responders < K=%d; re-announcing, next try in %.0f s",
+                "round %d: %d eligible devices online < K=%d; re-announcing, "
+                "next try in %.0f s",
                 work.round,
-                len(answered),
+                len(eligible),
                 request.k,
                 window,
             )
             work.deadline_at = request.now + window
             self._context().reannounce()
             return None
-        tentative = make_tries(work.volunteers, request.k, self._tries, request.rng)
+        logger.info(
+            "round %d: %d volunteers (per try %s), %d eligible",
+            work.round,
+            len(work.volunteers),
+            work.yes,
+            len(eligible),
+        )
+        tentative = make_tries(
+            work.volunteers, eligible, request.k, self._tries, request.rng
+        )
         work.tentative = tentative
         self._context().store.set_tries(work.round, tentative)
         if self._tries == 1:
@@ -262,7 +286,8 @@ class DubheSelection(SelectionMethod):
             work.deadline_at = request.now + self._agent_s
             self._send_try_sums(work)
             return None
-        alive = sorted(delivered | (set(work.volunteers) & online))
+        volunteers_alive = {d for d in work.volunteers if d in online}
+        alive = sorted(delivered | volunteers_alive | set(request.eligible))
         try_index, selected = fallback_selection(
             work.tentative, candidates, alive, request.k, request.rng
         )
@@ -358,6 +383,12 @@ class DubheSelection(SelectionMethod):
 
     def _on_volunteer(self, message: Volunteer) -> None:
         device = message.sender  # admission checked it is the topic's device
+        work = self._round
+        closed = work is not None and work.step is not DubheStep.VOLUNTEERING
+        if work is not None and closed and message.round == work.round:
+            # The window closed early (K per try): a normal, honest answer.
+            logger.debug("round %d: late volunteer of %s", work.round, device)
+            return
         work = self._open(message, DubheStep.VOLUNTEERING)
         ctx = self._context()
         epoch = ctx.epoch_view()
@@ -375,6 +406,7 @@ class DubheSelection(SelectionMethod):
             return
         ctx.store.add_volunteer(work.round, device, message.draws)
         work.volunteers[device] = message.draws
+        work.count(message.draws)
 
     def _on_distribution(self, message: EncryptedDistribution) -> None:
         device = message.sender  # admission checked it is the topic's device
@@ -449,6 +481,8 @@ class DubheSelection(SelectionMethod):
             tentative=record.tries,
             candidates=record.candidates,
         )
+        for draws in record.volunteers.values():
+            work.count(draws)
         epoch = self._context().epoch_view()
         if epoch is not None and epoch.public_key is not None:
             try:

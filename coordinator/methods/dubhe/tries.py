@@ -1,41 +1,69 @@
 """Dubhe's tentative sets (Dubhe Fig. 3, 5): pure steps from draws to K devices.
 
-The functions turn what the coordinator saw (device ids, each responder's H
-draws, who delivered a distribution) into the H tentative sets and, when the
+The functions turn what the coordinator saw (device ids, each volunteer's H
+draws, the eligible devices, who delivered a distribution) into the H
+tentative sets and, when the
 agent cannot answer, a selection. They take device ids and the coordinator's
 generator and touch no network, clock or database.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from ursa.coordinator.selection import finalize_selections
 
-__all__ = ["complete_tries", "fallback_selection", "make_tries"]
+__all__ = ["complete_tries", "fallback_selection", "make_tries", "short_tries"]
 
 
 def make_tries(
     volunteers: Mapping[str, Sequence[bool]],
+    eligible: Iterable[str],
     k: int,
     tries: int,
     rng: np.random.Generator,
 ) -> tuple[tuple[str, ...], ...]:
-    """The H tentative sets of exactly K from the responders' per-try draws.
+    """The H tentative sets of exactly K from the volunteers' per-try draws.
 
-    Per try: trim surplus volunteers uniformly, or top up uniformly from the
-    responders who did not volunteer in that try (`finalize_selections`).
-    Responders are sorted by id first, so a seeded generator is reproducible.
+    A device that drew no in every try stays silent, so the top-up cannot
+    come from the responders alone. Per try: trim surplus volunteers
+    uniformly, or top up uniformly from the ``eligible`` devices (online and
+    registered) that did not volunteer in that try (`finalize_selections`).
+    A volunteer that went offline since is kept in its own tries only.
+    Devices are sorted by id first, so a seeded generator is reproducible.
+    O(N) per round (at the step's close), never per message.
 
     Raises:
-        SelectionError: fewer than K responders.
+        SelectionError: fewer than K devices to choose from in some try.
     """
-    devices = sorted(volunteers)
-    draws = np.array([list(volunteers[d])[:tries] for d in devices], dtype=bool)
-    chosen = finalize_selections(draws.T.reshape(tries, len(devices)), k, rng)
+    online = set(eligible)
+    devices = sorted(online.union(volunteers))
+    draws = np.zeros((tries, len(devices)), dtype=bool)
+    up = np.zeros(len(devices), dtype=bool)
+    for i, device in enumerate(devices):
+        up[i] = device in online
+        said = volunteers.get(device)
+        if said is not None:
+            draws[:, i] = list(said)[:tries]
+    chosen = finalize_selections(draws, k, rng, draws | up)
     return tuple(tuple(devices[i] for i in row) for row in chosen)
+
+
+def short_tries(
+    volunteers: Mapping[str, Sequence[bool]], eligible: Iterable[str], k: int
+) -> bool:
+    """Whether some try has fewer than K devices to choose from (then wait)."""
+    online = set(eligible)
+    if len(online) >= k:
+        return False
+    extra = [d for d in volunteers if d not in online]
+    tries = min((len(v) for v in volunteers.values()), default=0)
+    return tries == 0 or any(
+        len(online) + sum(1 for d in extra if volunteers[d][h]) < k
+        for h in range(tries)
+    )
 
 
 def complete_tries(

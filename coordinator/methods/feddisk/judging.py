@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
+from collections.abc import Set
 
 from ursa.coordinator.aggregation import UpdateOutcome
 from ursa.coordinator.clock import Clock
@@ -240,5 +241,5 @@ class FeddiskJudging(RoundPlugin):
         """Send the latest MADE version to all: they judge it before it trains."""
         self._made.publish_latest(round_index, send)
 
-    def _online(self) -> frozenset[str]:
+    def _online(self) -> Set[str]:
         return frozenset() if self._view is None else self._view.online_devices()

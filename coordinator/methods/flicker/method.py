@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -175,7 +175,7 @@ class FlickerMethod:
         engine = self._engine
         return engine is not None and engine.phase in (Phase.DONE, Phase.FAILED)
 
-    def step(self, now: float, online: frozenset[str]) -> bool:
+    def step(self, now: float, online: Set[str]) -> bool:
         """Start the run over the online devices, or act on deadlines; True: over.
 
         A ring needs `MIN_RING_DEVICES` online devices; until then it waits.

@@ -3,7 +3,10 @@
 On a `RoundAnnounce`: H coins with eq. (6)'s probability, computed from the
 decrypted overall registry and this device's category (the key epoch's
 roster, kept by the runtime), persisted per round so a re-announce after a
-coordinator restart gets the same answer. On a `TryAssignment`: the
+coordinator restart gets the same answer. Silence means no: the device
+sends its `Volunteer` (all H coins) only when at least one coin is yes, so
+the coordinator hears from about H·K devices per round, whatever the
+fleet's size, and never learns who drew no. On a `TryAssignment`: the
 encrypted label distribution (packed fixed point). The agent decrypts
 `TrySums` and answers the best try, signed. A device outside the registry
 does not volunteer. The registration itself (the encrypted one-hot registry
@@ -76,6 +79,10 @@ class Dubhe(DeviceMethod):
             )
             draws = tuple(volunteer(probability, ctx.rng) for _ in range(message.tries))
             ctx.store.save_draws(message.epoch, message.round, draws)
+        ctx.stats.answered_rounds.append(message.round)
+        if not any(draws):  # silence means no: nothing to send
+            logger.debug("%s: round %d: no draw; silent", ctx.device_id, message.round)
+            return
         me = ctx.device_id
         ctx.send(
             Volunteer(
@@ -86,7 +93,6 @@ class Dubhe(DeviceMethod):
                 draws=draws,
             )
         )
-        ctx.stats.answered_rounds.append(message.round)
 
     def _current_round(self, round_index: int) -> RoundAnnounce:
         announce = self._announce

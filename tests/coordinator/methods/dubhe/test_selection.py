@@ -115,35 +115,52 @@ def distribution(key: PaillierPublicKey, device: str, values: list[float]) -> by
     return vector.to_bytes(key)
 
 
-def test_one_try_selects_as_soon_as_every_online_device_volunteered(
+def test_one_try_selects_as_soon_as_it_has_k_volunteers(
     store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
 ) -> None:
     ctx = FakeContext(store, keys[0])
     dubhe, router = method(ctx, tries=1)
     dubhe.open_round(request(ctx, 0.0))
-    for device in DEVICES[:-1]:
-        volunteer(router, device, (device in ("d0", "d2"),))
-        assert dubhe.select(request(ctx, 1.0)) is None
-    volunteer(router, "d4", (False,))
+    volunteer(router, "d0", (True,))
+    assert dubhe.select(request(ctx, 1.0)) is None
+    volunteer(router, "d1", (False,))  # an older device's "no": counts nothing
+    assert dubhe.select(request(ctx, 1.0)) is None
+    volunteer(router, "d2", (True,))
 
-    selection = dubhe.select(request(ctx, 1.0))
+    selection = dubhe.select(request(ctx, 1.0))  # K = 2 volunteers: no wait
 
     assert selection == Selection(("d0", "d2"), 0)
-    assert dubhe.step is DubheStep.SELECTED
+    assert dubhe.step is DubheStep.SELECTED and ctx.announces == 0
     stored = store.round(1)
     assert stored is not None and stored.tries == (("d0", "d2"),)
-    with pytest.raises(RejectedError, match="past volunteering") as late:
-        volunteer(router, "d1", (True,))
-    assert late.value.code == ErrorCode.LATE
+    volunteer(router, "d3", (True,))  # after an early close: normal, not an error
+    stored = store.round(1)
+    assert stored is not None and "d3" not in stored.volunteers
 
 
-def test_too_few_volunteers_reannounce_with_growing_windows_never_in_a_loop(
+def test_at_the_deadline_a_short_try_is_topped_up_from_the_silent_devices(
+    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+) -> None:
+    ctx = FakeContext(store, keys[0])
+    dubhe, router = method(ctx, tries=1)
+    dubhe.open_round(request(ctx, 0.0))
+    volunteer(router, "d0", (True,))  # d1..d4 drew no: silent
+
+    assert dubhe.select(request(ctx, 9.9)) is None
+    selection = dubhe.select(request(ctx, 10.0))
+
+    assert selection is not None and "d0" in selection.selected
+    assert len(selection.selected) == 2 and set(selection.selected) <= set(DEVICES)
+    assert ctx.announces == 0  # fewer than K volunteers is normal: no re-announce
+
+
+def test_too_few_eligible_reannounce_with_growing_windows_never_in_a_loop(
     store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
 ) -> None:
     ctx = FakeContext(store, keys[0], online={"d0"})  # the rest are away
     dubhe, router = method(ctx, tries=1)
     dubhe.open_round(request(ctx, 0.0))
-    volunteer(router, "d0", (True,))  # every online device answered, 1 < K
+    volunteer(router, "d0", (True,))  # 1 < K devices to choose from
 
     for _ in range(100):  # a step per message and tick: no re-announce yet
         assert dubhe.select(request(ctx, 9.9)) is None
@@ -153,10 +170,33 @@ def test_too_few_volunteers_reannounce_with_growing_windows_never_in_a_loop(
     assert dubhe.select(request(ctx, 30.0)) is None and ctx.announces == 2
     assert dubhe.select(request(ctx, 69.9)) is None and ctx.announces == 2
 
-    ctx.online.add("d1")
-    volunteer(router, "d1", (False,))
-    selection = dubhe.select(request(ctx, 50.0))  # everyone online answered, K
+    ctx.online.add("d1")  # back, silent: the top-up may draw it
+    selection = dubhe.select(request(ctx, 70.0))
     assert selection is not None and set(selection.selected) == {"d0", "d1"}
+
+
+def test_a_restart_mid_volunteering_keeps_the_counts(
+    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+) -> None:
+    ctx = FakeContext(store, keys[0])
+    dubhe, router = method(ctx, tries=2)
+    dubhe.open_round(request(ctx, 0.0))
+    volunteer(router, "d0", (True, True))
+    volunteer(router, "d1", (True, False))
+
+    again = FakeContext(store, keys[0])  # the coordinator restarts on the store
+    restarted, router2 = method(again, tries=2)
+    restarted.resume(request(again, 100.0))
+    assert restarted.step is DubheStep.VOLUNTEERING
+    volunteer(router2, "d1", (True, False))  # a re-sent answer: counted once
+    assert restarted.select(request(again, 101.0)) is None  # try 1 has 1 < K
+    volunteer(router2, "d2", (False, True))
+    assert restarted.select(request(again, 101.0)) is None  # now distributions
+    assert restarted.step is DubheStep.DISTRIBUTIONS
+    stored = store.round(1)
+    assert stored is not None and stored.tries is not None
+    assert set(stored.tries[0]) == {"d0", "d1"}
+    assert set(stored.tries[1]) == {"d0", "d2"}
 
 
 def test_refuses_unregistered_wrong_round_and_wrong_draw_counts(

@@ -9,26 +9,49 @@ from ursa.coordinator.methods.dubhe.tries import (
     complete_tries,
     fallback_selection,
     make_tries,
+    short_tries,
 )
 from ursa.coordinator.selection import SelectionError
 
 
 def test_make_tries_gives_exactly_k_per_try_preferring_volunteers() -> None:
     draws = {f"d{i}": (i < 2, i < 6, True) for i in range(8)}
-    tries = make_tries(draws, 4, 3, np.random.default_rng(0))
+    tries = make_tries(draws, draws, 4, 3, np.random.default_rng(0))
     assert [len(t) for t in tries] == [4, 4, 4]
     assert {"d0", "d1"} <= set(tries[0])  # 2 volunteers, topped up with 2 others
     assert set(tries[1]) <= {f"d{i}" for i in range(6)}  # 6 volunteers, trimmed
     assert all(len(set(t)) == 4 for t in tries)
 
 
+def test_the_top_up_draws_from_silent_eligible_devices_never_offline_ones() -> None:
+    volunteers = {"v0": (True, False), "gone": (False, True)}  # gone: now offline
+    eligible = {"v0", "s1", "s2", "s3"}  # s*: silent (they drew no everywhere)
+    seen: set[str] = set()
+    for seed in range(40):
+        first, second = make_tries(
+            volunteers, eligible, 2, 2, np.random.default_rng(seed)
+        )
+        assert "v0" in first and "gone" not in first and len(set(first)) == 2
+        assert "gone" in second and len(set(second)) == 2
+        seen |= set(first) | set(second)
+    assert seen == {"v0", "gone", "s1", "s2", "s3"}  # every silent one is drawn
+
+
 def test_make_tries_is_reproducible_and_refuses_too_few() -> None:
     draws = {f"d{i}": (bool(i % 2),) for i in range(5)}
-    a = make_tries(draws, 2, 1, np.random.default_rng(3))
-    b = make_tries(dict(reversed(list(draws.items()))), 2, 1, np.random.default_rng(3))
+    a = make_tries(draws, set(draws), 2, 1, np.random.default_rng(3))
+    backwards = dict(reversed(list(draws.items())))
+    b = make_tries(backwards, sorted(draws), 2, 1, np.random.default_rng(3))
     assert a == b
     with pytest.raises(SelectionError):
-        make_tries(draws, 6, 1, np.random.default_rng(0))
+        make_tries(draws, draws, 6, 1, np.random.default_rng(0))
+
+
+def test_short_tries_only_when_fewer_than_k_to_choose_from() -> None:
+    assert not short_tries({}, {"a", "b"}, 2)  # nobody volunteered: top-up
+    assert short_tries({}, {"a"}, 2)
+    assert short_tries({"x": (True, False)}, {"a"}, 2)  # try 1 has only a
+    assert not short_tries({"x": (True, True)}, {"a"}, 2)
 
 
 def test_complete_tries_and_fallback() -> None:

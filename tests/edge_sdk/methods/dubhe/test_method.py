@@ -67,6 +67,18 @@ def test_an_announce_waits_for_the_registry_then_volunteers_once_per_round(
     assert (second.draws, second.message_id) == (first.draws, first.message_id)
 
 
+def test_a_device_that_drew_no_in_every_try_stays_silent(new_context: Any) -> None:
+    ctx = new_context()
+    ctx.the_roster = Roster(3, 1, REGISTRY)
+    ctx.store.save_draws(3, 5, (False,) * TRIES)  # its coins for round 5: all no
+    _, router = attached(ctx)
+
+    router.dispatch(announce())
+
+    assert ctx.sent == []  # silence means no: the coordinator never hears it
+    assert ctx.stats.answered_rounds == [5]
+
+
 def test_the_draws_follow_eq_6(new_context: Any) -> None:
     probability = participation_probability(REGISTRY, 1, K)
     volunteered = 0
