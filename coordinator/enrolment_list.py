@@ -18,6 +18,7 @@ forgotten (`stale_devices`), so their other messages are refused too.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -30,8 +31,11 @@ __all__ = [
     "ENROLMENT_FILENAME",
     "EnrolmentList",
     "EnrolmentListError",
+    "EnrolmentWatch",
     "normalise_fingerprint",
 ]
+
+logger = logging.getLogger("ursa.coordinator")
 
 ENROLMENT_FILENAME = "enrolment.json"
 _FINGERPRINT = re.compile(r"[0-9a-f]{32}")
@@ -136,3 +140,45 @@ class EnrolmentList:
             elif self.pins.get(device_id, fingerprint) != fingerprint:
                 stale[device_id] = "enrolled again with other keys"
         return stale
+
+
+class EnrolmentWatch:
+    """The list and its merged policy, re-read only when the file changed.
+
+    The coordinator asks on every Hello of a device it does not know; with
+    100,000 pins a parse and merge per Hello would make enrolment O(N²). A
+    ``stat`` per Hello (modification time, size, inode: ``save`` replaces
+    the file, so a new inode) tells it whether to read again.
+    """
+
+    def __init__(self, state_dir: Path, config: EnrolmentConfig) -> None:
+        self._path = Path(state_dir) / ENROLMENT_FILENAME
+        self._state_dir = Path(state_dir)
+        self._config = config
+        self._seen: tuple[int, int, int] | None = None
+        self._listed = EnrolmentList()
+        self._policy = config
+        self.reads = 0
+        """How many times the file was parsed (for tests)."""
+
+    def current(self) -> tuple[EnrolmentList, EnrolmentConfig]:
+        """``(list, policy)`` as the file says now.
+
+        A file that changed and no longer parses is logged once; the list
+        read before stays in force (its revocations included) until the
+        file parses again.
+        """
+        try:
+            info = self._path.stat()
+            seen = (info.st_mtime_ns, info.st_size, info.st_ino)
+        except FileNotFoundError:
+            seen = (0, 0, 0)
+        if seen != self._seen:
+            self._seen = seen
+            self.reads += 1
+            try:
+                self._listed = EnrolmentList.load(self._state_dir)
+            except EnrolmentListError as exc:
+                logger.error("ignoring the changed enrolment list: %s", exc)
+            self._policy = self._listed.policy(self._config)
+        return self._listed, self._policy

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 
+from ursa.coordinator.config import EnrolmentConfig
 from ursa.coordinator.core import (
     REFUSING_KEY,
     SAT_OUT_KEY,
@@ -24,7 +25,10 @@ from ursa.coordinator.core import (
     EpochWork,
     RoundWork,
 )
-from ursa.coordinator.enrolment_list import EnrolmentList, EnrolmentListError
+from ursa.coordinator.enrolment_list import (
+    EnrolmentList,
+    EnrolmentWatch,
+)
 from ursa.coordinator.keys import SEAL_PAGES_KEY, EpochStages, sealed_through
 from ursa.coordinator.roundflow import RoundStages
 from ursa.coordinator.rounds import RoundState, Stage
@@ -42,13 +46,19 @@ logger = logging.getLogger("ursa.coordinator")
 class Recovery(EpochStages, RoundStages):
     """Reload and resume: the stages plus what a restart needs."""
 
+    _enrolment_watch: EnrolmentWatch | None = None
+
     def _enrolment_list(self) -> EnrolmentList:
         """The operator's ``enrolment.json``; empty (and logged) when unreadable."""
-        try:
-            return EnrolmentList.load(self._config.state_dir)
-        except EnrolmentListError as exc:
-            logger.error("ignoring the enrolment list: %s", exc)
-            return EnrolmentList()
+        return self._enrolment()[0]
+
+    def _enrolment(self) -> tuple[EnrolmentList, EnrolmentConfig]:
+        """The operator's list and the policy merged with it (re-read on change)."""
+        watch = self._enrolment_watch
+        if watch is None:
+            watch = EnrolmentWatch(self._config.state_dir, self._config.enrolment)
+            self._enrolment_watch = watch
+        return watch.current()
 
     def _forget_stale(self, listed: EnrolmentList) -> None:
         """Forget devices revoked, or enrolled again with new keys, by command."""

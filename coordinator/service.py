@@ -815,8 +815,7 @@ class CoordinatorService(Recovery):
             self._device_changed(device)
             self._store.set_meta(REFUSING_KEY, json.dumps(sorted(self._refusing)))
         known = self._enrolled.get(device)
-        listed = self._enrolment_list()
-        policy = listed.policy(self._config.enrolment)
+        listed, policy = self._enrolment()
         decision = decide_enrolment(message, known, policy, listed.revoked)
         if decision.accepted and decision.is_new and decision.identity is not None:
             self._store.enrol(

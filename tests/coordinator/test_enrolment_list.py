@@ -14,6 +14,7 @@ from ursa.coordinator.enrolment_list import (
     ENROLMENT_FILENAME,
     EnrolmentList,
     EnrolmentListError,
+    EnrolmentWatch,
     normalise_fingerprint,
 )
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
@@ -154,3 +155,27 @@ def test_a_device_enrolled_again_with_new_keys_replaces_its_old_identity(
     assert fed.devices[d0].enrolled.is_set()
     stored = DevicePublicIdentity.from_bytes(fed.coordinator.store.enrolled()[d0])
     assert stored.fingerprint() == new
+
+
+def test_the_watch_reads_the_file_only_when_it_changed(tmp_path: Path) -> None:
+    watch = EnrolmentWatch(tmp_path, EnrolmentConfig(mode="pinned"))
+    assert watch.current() == (EnrolmentList(), EnrolmentConfig(mode="pinned"))
+    for _ in range(5):
+        watch.current()
+    assert watch.reads == 1  # one stat per Hello, no parse
+    EnrolmentList().enrol("a", FP_A).save(tmp_path)
+    listed, policy = watch.current()
+    watch.current()
+    assert watch.reads == 2 and policy.pins == {"a": FP_A}
+    EnrolmentList().enrol("a", FP_A).revoke("b").save(tmp_path)
+    listed, _ = watch.current()
+    assert listed.revoked == {"b"}
+
+
+def test_a_broken_file_keeps_the_list_read_before(tmp_path: Path) -> None:
+    EnrolmentList().enrol("a", FP_A).revoke("b").save(tmp_path)
+    watch = EnrolmentWatch(tmp_path, EnrolmentConfig())
+    watch.current()
+    (tmp_path / "enrolment.json").write_text("{not json")
+    listed, policy = watch.current()
+    assert listed.revoked == {"b"} and policy.pins == {"a": FP_A}
