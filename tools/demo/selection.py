@@ -178,7 +178,7 @@ def run_selection_demo(
                     rounds=settings.rounds,
                     key_bits=settings.key_bits,
                     seed=settings.seed,
-                    deadlines=DeadlinesConfig(volunteer_s=20, distributions_s=20),
+                    deadlines=DeadlinesConfig(volunteer_s=8, distributions_s=20),
                 )
             )
             service.start()
