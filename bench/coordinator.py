@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from multiprocessing.connection import Connection
@@ -68,11 +69,11 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def _child(settings: SizeSettings, conn: Connection) -> None:
-    """One size in a fresh process: send its figures (or its error) back."""
+    """One size in a fresh process: its phases as they start, then its figures."""
     from ursa.bench.coordinator_run import measure_size
 
     try:
-        result = measure_size(settings)
+        result = measure_size(settings, lambda phase: conn.send({"phase": phase}))
     except Exception as exc:  # reported as the size's error, never a crash
         result = {"devices": settings.devices, "error": f"{type(exc).__name__}: {exc}"}
     conn.send(result)
@@ -86,21 +87,31 @@ def _measure_in_process(settings: SizeSettings, timeout_s: float) -> dict[str, A
     process = context.Process(target=_child, args=(settings, send), daemon=True)
     process.start()
     send.close()
+    deadline = time.monotonic() + timeout_s
+    phase = "start"
+    result: dict[str, Any] | None = None
     try:
-        if receive.poll(timeout_s):
-            result: dict[str, Any] = receive.recv()
-        else:
-            result = {
-                "devices": settings.devices,
-                "error": f"timed out after {timeout_s:.0f} s",
-            }
+        while result is None and receive.poll(max(0.0, deadline - time.monotonic())):
+            message: dict[str, Any] = receive.recv()
+            if set(message) == {"phase"}:
+                phase = str(message["phase"])
+            else:
+                result = message
     except EOFError:
-        result = {"devices": settings.devices, "error": "the size's process died"}
+        result = {"devices": settings.devices, "error": f"died in phase {phase}"}
     finally:
         receive.close()
         if process.is_alive():
             process.kill()
         process.join()
+    if result is None:
+        hint = ""
+        if phase == "enrolment" and settings.enrolment == "pinned":
+            hint = " (pinned enrolment: see --enrolment tofu)"
+        result = {
+            "devices": settings.devices,
+            "error": f"timed out after {timeout_s:.0f} s in phase {phase}{hint}",
+        }
     return result
 
 

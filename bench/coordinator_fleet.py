@@ -170,6 +170,8 @@ class SimulatedFleet:
         self.volunteers_sent: dict[int, int] = {}
         self.selected: dict[int, int] = {}
         """Round -> how many devices its `SelectionResult` named."""
+        self.registry_parties = 0
+        """Devices the last `RegistrySum` counts."""
         self.errors: Counter[str] = Counter()
         """`ErrorReply` codes the coordinator sent (a healthy run has none)."""
         self.finished = False
@@ -415,6 +417,7 @@ class SimulatedFleet:
         if int(registry.sum()) != message.num_parties:
             self.errors["registry_sum_mismatch"] += 1
         epoch.registry = registry
+        self.registry_parties = message.num_parties
 
     def _on_round_announce(self, message: RoundAnnounce) -> Iterator[Outgoing]:
         epoch = self._epoch

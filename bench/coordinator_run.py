@@ -100,8 +100,9 @@ class _Phase:
 class _Meter:
     """Coordinator CPU per phase: process CPU minus the fleet's thread CPU."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_phase: Callable[[str], None] | None = None) -> None:
         self.phases: defaultdict[str, _Phase] = defaultdict(_Phase)
+        self._on_phase = on_phase
         self.phase = "start"
         self._inside = 0.0
         self._mark_process = time.process_time()
@@ -139,6 +140,8 @@ class _Meter:
         figures.wall_s += wall - self._mark_wall
         self._mark_process, self._mark_outside, self._mark_wall = process, outside, wall
         self.phase = phase
+        if self._on_phase is not None:
+            self._on_phase(phase)
 
 
 def _config(settings: SizeSettings, state_dir: Path) -> CoordinatorConfig:
@@ -186,7 +189,12 @@ class _LogTail(logging.Handler):
 class _Run:
     """The message loop of one size."""
 
-    def __init__(self, settings: SizeSettings, tmp: Path) -> None:
+    def __init__(
+        self,
+        settings: SizeSettings,
+        tmp: Path,
+        on_phase: Callable[[str], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.fleet = SimulatedFleet(
             FEDERATION,
@@ -217,8 +225,9 @@ class _Run:
         self.link.subscribe(f"ursa/v1/{FEDERATION}/dev/+/down/#")
         self.link.connect()
         self.pending: list[Iterator[Outgoing]] = [iter(hello)]
-        self.meter = _Meter()
+        self.meter = _Meter(on_phase)
         self.completed = 0
+        self.admission_drops = 0
 
     def run(self) -> None:
         with self.meter.coordinator():
@@ -240,8 +249,11 @@ class _Run:
                     wait = FIRST_WAIT_S
                     continue
                 wait = self._wait(wait)
-            self.meter.switch("end")
         finally:
+            if self.meter.phase != "end":
+                self.meter.switch("end")
+            stats = self.service.admission_stats()
+            self.admission_drops = sum(stats.dropped.values())
             self.service.stop()
             self.link.close()
 
@@ -301,30 +313,35 @@ class _Run:
             meter.switch(f"round{self.completed + 1}")
 
 
-def measure_size(settings: SizeSettings) -> dict[str, Any]:
+def measure_size(
+    settings: SizeSettings, on_phase: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Run enrolment, a key epoch and the rounds at one size; its figures.
 
-    Raises:
-        BenchStalledError: the coordinator stopped making progress.
+    A run whose coordinator stops making progress returns the figures so far
+    with an ``error`` that names the phase and the coordinator's last
+    warnings. ``on_phase`` hears each phase as it starts.
     """
     tail = _LogTail()
     root = logging.getLogger("ursa")
     root.addHandler(tail)
     started = time.perf_counter()
+    error = None
     try:
         with tempfile.TemporaryDirectory(prefix="ursa-bench-coordinator-") as tmp:
-            run = _Run(settings, Path(tmp))
+            run = _Run(settings, Path(tmp), on_phase)
             try:
                 run.run()
             except BenchStalledError as exc:
-                raise BenchStalledError(
-                    f"{exc}; last warnings: {list(tail.last)}"
-                ) from None
+                error = f"{exc}; last warnings: {list(tail.last)}"
             end_rss = _rss_mib("VmRSS")
     finally:
         root.removeHandler(tail)
         gc.unfreeze()
-    return _figures(settings, run, end_rss, tail, time.perf_counter() - started)
+    figures = _figures(settings, run, end_rss, tail, time.perf_counter() - started)
+    if error is not None:
+        figures["error"] = error
+    return figures
 
 
 def _figures(
@@ -364,6 +381,8 @@ def _figures(
             run.fleet.selected.get(r, 0) for r in range(1, run.completed + 1)
         ],
         "key_epochs": run.fleet.key_epochs,
+        "registry_parties": run.fleet.registry_parties,
+        "admission_drops": run.admission_drops,
         "device_errors": dict(run.fleet.errors),
         "coordinator_warnings": tail.count,
         "k": settings.k,

@@ -64,7 +64,10 @@ def test_a_small_run_completes_three_rounds_at_each_size() -> None:
         assert figures["rounds_completed"] == 3
         assert figures["selected_per_round"] == [5, 5, 5]
         assert figures["key_epochs"] == 1
+        assert figures["registry_parties"] == figures["devices"]
+        assert figures["admission_drops"] == 0
         assert figures["device_errors"] == {}
+        assert "error" not in figures
         assert figures["key_epoch_cpu_s"] > 0
         assert figures["coordinator_inbound_per_round"] > 0
         assert figures["rss_mib"] > 0
@@ -80,6 +83,15 @@ def test_every_registered_device_answers_with_all_volunteer() -> None:
     for figures in report["runs"]:
         assert figures["rounds_completed"] == 3
         assert figures["volunteers_per_round"] == [figures["devices"]] * 3
+
+
+def test_a_size_over_its_time_says_so_and_names_its_phase() -> None:
+    result = bench._measure_in_process(
+        bench.SizeSettings(devices=50, key_bits=512), timeout_s=0.01
+    )
+
+    assert result["devices"] == 50
+    assert "timed out after 0 s in phase" in result["error"]
 
 
 def test_targets_compare_the_largest_size_with_the_smallest() -> None:
