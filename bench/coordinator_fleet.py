@@ -200,9 +200,8 @@ class SimulatedFleet:
 
     # --- what devices send on their own --------------------------------------------
 
-    def enrolment_messages(self) -> list[Outgoing]:
-        """Every device's Hello, then its retained online status (pre-generated)."""
-        out = []
+    def enrolment_messages(self) -> Iterator[Outgoing]:
+        """Every device's Hello, then its retained online status (made as sent)."""
         for i, device in enumerate(self.ids):
             x25519, ed25519 = self._public[i]
             hello = Hello(
@@ -220,14 +219,11 @@ class SimulatedFleet:
                 online=True,
                 state="online",
             )
-            hello_out = self._outgoing(hello)
-            out.append(
-                Outgoing(hello_out.topic, hello_out.payload, hello_out.qos, burst=True)
+            first = self._outgoing(hello)
+            yield Outgoing(first.topic, first.payload, first.qos, burst=True)
+            yield Outgoing(
+                status_topic(self.federation, device), encode(status), 1, True
             )
-            out.append(
-                Outgoing(status_topic(self.federation, device), encode(status), 1, True)
-            )
-        return out
 
     def _outgoing(self, message: BaseMessage) -> Outgoing:
         name = name_for(message_kind(message))
@@ -263,7 +259,7 @@ class SimulatedFleet:
         elif isinstance(message, KeyEpochStart):
             self._on_key_epoch_start(message)
         elif isinstance(message, SealRequest):
-            return kind, self._on_seal_request(message)
+            return kind, self._on_seal_request(device, message)
         elif isinstance(message, AgentPublicKey):
             return kind, self._on_agent_public_key(message)
         elif isinstance(message, SealedSecretKey) and device is not None:
@@ -310,13 +306,21 @@ class SimulatedFleet:
         self._announce = None
         self.key_epochs += 1
 
-    def _on_seal_request(self, message: SealRequest) -> Iterator[Outgoing]:
+    def _on_seal_request(
+        self, device: str | None, message: SealRequest
+    ) -> Iterator[Outgoing]:
+        """The agent's key (once per epoch), then a box per recipient of the page.
+
+        The device the page is addressed to seals it (the epoch's agent unless
+        the coordinator spreads sealing over several devices).
+        """
         epoch = self._epoch
         if epoch is None or message.epoch != epoch.notice.epoch:
             return
         notice = epoch.notice
         agent = self._identity(epoch.agent)
-        me = agent.device_id
+        sealer_index = self._index.get(device or "", epoch.agent)
+        sealer = agent if sealer_index == epoch.agent else self._identity(sealer_index)
         if epoch.secret_key is None:
             public_key, secret_key = generate_keypair(notice.key_bits)
             epoch.secret_key = secret_key
@@ -328,6 +332,7 @@ class SimulatedFleet:
                 ).to_bytes(public_key)
                 for s in epoch.slots
             ]
+            me = agent.device_id
             announce = AgentPublicKey(
                 federation=self.federation,
                 run=self.run,
@@ -341,8 +346,9 @@ class SimulatedFleet:
         secret_key = epoch.secret_key
         context = seal_context(self.federation, notice.epoch)
         plaintext = secret_key.secret_to_bytes()
+        me = sealer.device_id
         for keys in message.recipients:
-            if keys.device_id == me:
+            if keys.device_id in (me, agent.device_id):
                 continue
             receiver = DevicePublicIdentity(
                 keys.device_id, keys.x25519_public, keys.ed25519_public
@@ -355,11 +361,12 @@ class SimulatedFleet:
                 message_id=derived_id(me, "box", notice.epoch, keys.device_id),
                 epoch=notice.epoch,
                 recipient=keys.device_id,
-                box=seal(agent, receiver, context, plaintext),
+                box=seal(sealer, receiver, context, plaintext),
             )
             yield self._outgoing(box)
-        epoch.has_box[epoch.agent] = 1
-        yield from self._register(epoch, epoch.agent)
+        for holder in {epoch.agent, sealer_index}:  # they hold the key already
+            epoch.has_box[holder] = 1
+            yield from self._register(epoch, holder)
 
     def _on_agent_public_key(self, message: AgentPublicKey) -> Iterator[Outgoing]:
         epoch = self._epoch

@@ -339,6 +339,12 @@ def measure_size(
         root.removeHandler(tail)
         gc.unfreeze()
     figures = _figures(settings, run, end_rss, tail, time.perf_counter() - started)
+    parties = run.fleet.registry_parties
+    if error is None and parties < settings.devices:
+        error = (
+            f"only {parties} of {settings.devices} devices in the key epoch's "
+            f"registry ({run.admission_drops} messages dropped at admission)"
+        )
     if error is not None:
         figures["error"] = error
     return figures

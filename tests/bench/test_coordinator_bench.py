@@ -38,11 +38,11 @@ KEYS = {
 }
 
 
-def _run(*, all_volunteer: bool = False) -> dict[str, Any]:
+def _run(sizes: list[int], *, all_volunteer: bool = False) -> dict[str, Any]:
     out = io.StringIO()
     bench.run(
         as_json=True,
-        devices=[50, 100],
+        devices=sizes,
         k=5,
         tries=3,
         key_bits=512,
@@ -55,7 +55,7 @@ def _run(*, all_volunteer: bool = False) -> dict[str, Any]:
 
 
 def test_a_small_run_completes_three_rounds_at_each_size() -> None:
-    report = _run()
+    report = _run([50, 100])
 
     runs = report["runs"]
     assert [r["devices"] for r in runs] == [50, 100]
@@ -78,7 +78,7 @@ def test_a_small_run_completes_three_rounds_at_each_size() -> None:
 
 
 def test_every_registered_device_answers_with_all_volunteer() -> None:
-    report = _run(all_volunteer=True)
+    report = _run([50], all_volunteer=True)
 
     for figures in report["runs"]:
         assert figures["rounds_completed"] == 3
