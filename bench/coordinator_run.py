@@ -10,10 +10,14 @@ devices' next message is published only when the coordinator has handled
 the last (depth first: a device answers at once, the agent's stream of
 sealed keys goes on after).
 
-Time is the coordinator's clock (wall time plus a skew): when neither side
-has anything to send the coordinator waits for a deadline, so the skew jumps
-to the stage's deadline (or by 0.25 s, doubling while nothing moves) and the
-coordinator ticks, as its run loop would.
+Time, for the coordinator, is its own CPU so far (`_Clock`): the devices
+answer at once, so a window (the volunteers', say) closes early only when
+the coordinator's own work outlasts it, whatever else loads the machine.
+When neither side has anything to send the coordinator waits for a deadline:
+its clock jumps to the stage's deadline (or by 0.25 s, doubling while nothing
+moves) and it ticks, as its run loop would. The key epoch's two deadlines
+are raised to 30 minutes, so that a slow key epoch is measured, not cut
+short; the selection windows are the product's defaults.
 
 CPU: ``time.process_time()`` over each phase minus the fleet's own work on
 this thread (``time.thread_time()`` outside the coordinator's calls), so a
@@ -79,13 +83,20 @@ class SizeSettings:
 
 
 class _Clock:
-    """Wall time plus a skew the bench moves forward past deadlines."""
+    """The coordinator's time: its own CPU so far, plus jumps past deadlines.
 
-    def __init__(self) -> None:
+    The devices answer at once and the coordinator's time passes only as it
+    works, so a deadline closes a phase early only when the coordinator's own
+    work outlasts it, however loaded the machine is.
+    """
+
+    def __init__(self, cpu: Callable[[], float]) -> None:
+        self._origin = time.time()
+        self._cpu = cpu
         self.skew = 0.0
 
     def __call__(self) -> float:
-        return time.time() + self.skew
+        return self._origin + self._cpu() + self.skew
 
 
 @dataclass
@@ -128,6 +139,10 @@ class _Meter:
                 handler(topic, payload)
 
         return call
+
+    def spent(self) -> float:
+        """The coordinator's CPU on this thread so far."""
+        return self._inside
 
     def switch(self, phase: str) -> None:
         """Close the current phase's figures and open ``phase``."""
@@ -208,10 +223,11 @@ class _Run:
         if settings.enrolment == "pinned":  # as `ursa coordinator enrol` does
             EnrolmentList(pins=self.fleet.fingerprints()).save(config.state_dir)
         gc.collect()
-        gc.freeze()  # the pre-generated messages are not the coordinator's garbage
+        gc.freeze()  # the fleet's identities are not the coordinator's garbage
         self.baseline_rss_mib = _rss_mib("VmRSS")
+        self.meter = _Meter(on_phase)
         self.bus = InMemoryBus()
-        self.clock = _Clock()
+        self.clock = _Clock(self.meter.spent)
         self.coordinator_link = InMemoryTransport(self.bus, COORDINATOR)
         self.service: CoordinatorService = build_coordinator(
             config, transport=self.coordinator_link, clock=self.clock
@@ -225,7 +241,6 @@ class _Run:
         self.link.subscribe(f"ursa/v1/{FEDERATION}/dev/+/down/#")
         self.link.connect()
         self.pending: list[Iterator[Outgoing]] = [iter(hello)]
-        self.meter = _Meter(on_phase)
         self.completed = 0
         self.admission_drops = 0
 
@@ -380,7 +395,7 @@ def _figures(
         "round_inbound": inbound,
         "round_waits": [p.waits for p in rounds],
         "round_waited_s": [p.waited_s for p in rounds],
-        "volunteers_per_round": [
+        "volunteers_drawn_per_round": [
             run.fleet.volunteers_sent.get(r, 0) for r in range(1, run.completed + 1)
         ],
         "selected_per_round": [

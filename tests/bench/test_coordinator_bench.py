@@ -72,7 +72,7 @@ def test_a_small_run_completes_three_rounds_at_each_size() -> None:
         assert figures["coordinator_inbound_per_round"] > 0
         assert figures["rss_mib"] > 0
         # silence means no: a volunteer has a True draw, so fewer than all answer
-        volunteers = figures["volunteers_per_round"]
+        volunteers = figures["volunteers_drawn_per_round"]
         assert all(0 < v < figures["devices"] for v in volunteers)
     assert {"cpu_per_round_ratio", "us_per_inbound_ratio"} <= set(report["targets"])
 
@@ -82,7 +82,7 @@ def test_every_registered_device_answers_with_all_volunteer() -> None:
 
     for figures in report["runs"]:
         assert figures["rounds_completed"] == 3
-        assert figures["volunteers_per_round"] == [figures["devices"]] * 3
+        assert figures["volunteers_drawn_per_round"] == [figures["devices"]] * 3
 
 
 def test_a_size_over_its_time_says_so_and_names_its_phase() -> None:
