@@ -206,7 +206,7 @@ def _describe(result: Mapping[str, Any]) -> str:
 def _table(report: Mapping[str, Any], missed: list[str], out: TextIO) -> None:
     out.write("ursa bench coordinator\n")
     header = (
-        f"  {'devices':>8}  {'key epoch s':>11}  {'round s':>9}  "
+        f"  {'devices':>8}  {'key epoch CPU s':>15}  {'round CPU s':>11}  "
         f"{'inbound/round':>13}  {'us/message':>10}  {'RSS MiB':>8}\n"
     )
     out.write(header)
@@ -215,8 +215,8 @@ def _table(report: Mapping[str, Any], missed: list[str], out: TextIO) -> None:
             out.write(f"  {r['devices']:>8,}  {r['error']}\n")
             continue
         out.write(
-            f"  {r['devices']:>8,}  {r['key_epoch_cpu_s']:>11.4g}  "
-            f"{r['coordinator_cpu_s_per_round']:>9.4g}  "
+            f"  {r['devices']:>8,}  {r['key_epoch_cpu_s']:>15.4g}  "
+            f"{r['coordinator_cpu_s_per_round']:>11.4g}  "
             f"{r['coordinator_inbound_per_round']:>13.1f}  "
             f"{r['us_per_inbound_message']:>10.1f}  {r['rss_mib']:>8.1f}\n"
         )
