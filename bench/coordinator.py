@@ -179,7 +179,7 @@ def run(
         "runs": runs,
         "targets": ratios,
         "target_limits": {b.key: b.describe() for b in TARGETS},
-        "targets_met": not missed,
+        "targets_met": (not missed) if present else None,
         "settings": {
             key: value for key, value in asdict(base).items() if key != "devices"
         },
