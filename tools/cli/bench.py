@@ -36,6 +36,39 @@ def register(sub: Subparsers) -> None:
     protocol.add_argument("--rounds", type=int, default=3, help="rounds to time")
     protocol.add_argument("--key-bits", type=int, default=2048, help="Paillier key")
     protocol.set_defaults(handler=_run_protocol)
+    coordinator = names.add_parser(
+        "coordinator",
+        help="the real coordinator's CPU per round and message, up to 100,000 devices",
+    )
+    coordinator.add_argument("--json", action="store_true", help="one JSON object")
+    coordinator.add_argument(
+        "--devices",
+        type=_sizes,
+        default=[1000, 10_000, 100_000],
+        help="comma-separated fleet sizes, each in its own process",
+    )
+    coordinator.add_argument("--k", type=int, default=20, help="participants per round")
+    coordinator.add_argument("--tries", type=int, default=5, help="H tries per round")
+    coordinator.add_argument("--rounds", type=int, default=3, help="rounds per size")
+    coordinator.add_argument("--key-bits", type=int, default=2048, help="Paillier key")
+    coordinator.add_argument(
+        "--pool", type=int, default=64, help="distinct device ciphertexts reused"
+    )
+    coordinator.add_argument(
+        "--enrolment",
+        choices=("pinned", "tofu"),
+        default="pinned",
+        help="pinned: every device on the enrolment list first (the default mode)",
+    )
+    coordinator.add_argument(
+        "--all-volunteer",
+        action="store_true",
+        help="every registered device answers every announce (before issue 17)",
+    )
+    coordinator.add_argument(
+        "--timeout-s", type=float, default=3600.0, help="wall-time limit per size"
+    )
+    coordinator.set_defaults(handler=_run_coordinator)
     training = names.add_parser(
         "training", help="a device's peak memory while training, bytes per round"
     )
@@ -87,6 +120,32 @@ def _run_protocol(args: argparse.Namespace) -> int:
         tries=args.tries,
         rounds=args.rounds,
         key_bits=args.key_bits,
+    )
+
+
+def _sizes(text: str) -> list[int]:
+    from ursa.bench.coordinator import parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _run_coordinator(args: argparse.Namespace) -> int:
+    from ursa.bench.coordinator import run
+
+    return run(
+        as_json=args.json,
+        devices=args.devices,
+        k=args.k,
+        tries=args.tries,
+        rounds=args.rounds,
+        key_bits=args.key_bits,
+        pool=args.pool,
+        enrolment=args.enrolment,
+        all_volunteer=args.all_volunteer,
+        timeout_s=args.timeout_s,
     )
 
 
