@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -82,8 +84,16 @@ def _run_selection(args: argparse.Namespace) -> int:
 
 
 def _run_protocol(args: argparse.Namespace) -> int:
-    from ursa.bench.protocol import run
+    from ursa.bench.protocol import BenchError, run
 
+    try:
+        return _protocol(args, run)
+    except BenchError as exc:
+        print(f"ursa bench protocol: {exc}", file=sys.stderr)
+        return 2
+
+
+def _protocol(args: argparse.Namespace, run: Callable[..., int]) -> int:
     return run(
         as_json=args.json,
         devices=args.devices,
