@@ -28,7 +28,9 @@ An observer subscribed to the federation timestamps every message. Figures:
 * ``broker_deliveries_per_round``: computed from the observed traffic of
   the round: a global message reaches N devices, an up or down message one
   client (the observer's own copies are not counted);
-* ``coordinator_rss_mib``: its resident set after the last round.
+* ``coordinator_rss_mib``: its resident set after the last round;
+* per device and round: messages and payload bytes of the selection round's
+  kinds sent and received (a device receives every global message).
 """
 
 from __future__ import annotations
@@ -70,6 +72,16 @@ from ursa.tools.broker.mosquitto import MosquittoBroker
 logger = logging.getLogger(__name__)
 
 FEDERATION = "bench"
+_ROUND_KINDS = {
+    "round_announce",
+    "volunteer",
+    "try_assignment",
+    "encrypted_distribution",
+    "try_sums",
+    "agent_answer",
+    "selection_result",
+}
+"""A selection round's messages (the per-device traffic figures count these)."""
 _SERVE = "import sys; from ursa.tools.cli.app import main; sys.exit(main())"
 """`ursa coordinator serve` in a fresh interpreter (its arguments follow)."""
 OPEN_FILES = 20_000
@@ -221,6 +233,8 @@ class _Recorder:
     cpu_at: dict[tuple[str, int], float] = field(default_factory=dict)
     inbound: dict[int, int] = field(default_factory=dict)
     deliveries: dict[int, int] = field(default_factory=dict)
+    traffic: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    """(round, "sent"/"received") -> [messages, payload bytes] over all devices."""
     last_result: int = 0
     changed: threading.Condition = field(init=False)
 
@@ -248,6 +262,12 @@ class _Recorder:
                 self.inbound[rnd] = self.inbound.get(rnd, 0) + 1
             reach = self.devices if parsed.scope == "global" else 1
             self.deliveries[rnd] = self.deliveries.get(rnd, 0) + reach
+            if kind in _ROUND_KINDS:
+                tally = self.traffic.setdefault(
+                    (rnd, "sent" if up else "received"), [0, 0]
+                )
+                tally[0] += reach
+                tally[1] += reach * len(payload)
             if kind == "selection_result":
                 self.last_result = max(self.last_result, rnd)
                 self.changed.notify_all()
@@ -482,6 +502,16 @@ def _figures(
             previous = cpu
             inbound.append(recorder.inbound.get(r, 0))
             deliveries.append(recorder.deliveries.get(r, 0))
+        per = devices * max(1, len(round_s))
+        traffic = {
+            f"{unit}_{way}_per_device_round": sum(
+                recorder.traffic.get((r, way), [0, 0])[column]
+                for r in range(1, len(round_s) + 1)
+            )
+            / per
+            for way in ("sent", "received")
+            for column, unit in enumerate(("messages", "bytes"))
+        }
     registry_cpu = recorder.cpu("registry_sum")
     return {
         "devices": devices,
@@ -497,6 +527,7 @@ def _figures(
         "broker_deliveries_per_round": statistics.fmean(deliveries)
         if deliveries
         else None,
+        **traffic,
     }
 
 

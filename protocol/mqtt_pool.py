@@ -10,7 +10,8 @@ Linux) drives every paho client through paho's external-loop API
 
 Everything paho does happens on the loop's thread. Messages are queued by
 paho's callback and handed to each transport's handler after the I/O of the
-loop's iteration, so a handler runs outside paho's callbacks but on the same
+loop's iteration, for at most `DELIVERY_SLICE_S` before the sockets are
+served again, so a handler runs outside paho's callbacks but on the same
 thread: a handler must not block (it may publish; `connect` and `flush` do
 not wait there). Other threads reach the loop through `call_soon`.
 
@@ -46,7 +47,6 @@ from ursa.protocol.transport import (
     BrokerRefusedError,
     MessageHandler,
     NotConnectedError,
-    QueueFullError,
     TrafficCounter,
     TransportError,
     TransportState,
@@ -63,6 +63,15 @@ logger = logging.getLogger(__name__)
 
 MISC_INTERVAL_S = 1.0
 """How often every client's keepalive is checked (`loop_misc`)."""
+
+DELIVERY_SLICE_S = 0.05
+"""Handlers (and calls from `call_soon`) run at most this long per iteration
+before the loop turns again.
+
+A global message reaches every client of the pool at once; handing all of
+them out in one go (each device's Paillier work included) would starve the
+sockets for longer than the keepalive, and the broker would drop them all.
+"""
 
 _FATAL_REFUSALS = {"Bad user name or password", "Not authorized"}
 """CONNACK reasons that no retry can fix (MQTT 3.1.1 codes 4 and 5, v5 alike)."""
@@ -146,9 +155,11 @@ class MqttPool:
         while self._timers and self._timers[0][0] <= now:
             _, _, fn = heapq.heappop(self._timers)
             self._guarded(fn)
-        for _ in range(len(self._calls)):
+        deadline = time.monotonic() + DELIVERY_SLICE_S
+        while self._calls and time.monotonic() < deadline:
             self._guarded(self._calls.popleft())
-        for _ in range(len(self._inbox)):
+        deadline = time.monotonic() + DELIVERY_SLICE_S
+        while self._inbox and time.monotonic() < deadline:
             transport, topic, payload = self._inbox.popleft()
             transport.deliver(topic, payload)
         if now >= self._next_misc:
@@ -320,7 +331,6 @@ class PooledTransport:
         Raises:
             PayloadTooLargeError: above `max_payload_bytes` (nothing sent).
             NotConnectedError: closed, or QoS 0 while not connected.
-            QueueFullError: too many messages await acknowledgement.
         """
         check_publish_args(topic, payload, qos, self._config.max_payload_bytes)
         if self._state in (TransportState.NEW, TransportState.CLOSED) or (
@@ -432,8 +442,6 @@ class PooledTransport:
 
     def _publish_now(self, topic: str, data: bytes, qos: int, retain: bool) -> None:
         info = self._client.publish(topic, data, qos=qos, retain=retain)
-        if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
-            raise QueueFullError(f"{self.client_id}: outgoing queue full")
         if info.rc not in (
             MQTTErrorCode.MQTT_ERR_SUCCESS,
             MQTTErrorCode.MQTT_ERR_NO_CONN,
@@ -482,7 +490,10 @@ class PooledTransport:
                 cfg.will_topic, cfg.will_payload, cfg.will_qos, cfg.will_retain
             )
         client.max_inflight_messages_set(cfg.max_inflight_messages)
-        client.max_queued_messages_set(cfg.max_queued_messages)
+        # No cap on paho's queue: nothing drains it while a handler runs (on
+        # the loop's thread), so one handler's burst (an agent sealing a key
+        # to every device) would overrun `max_queued_messages`.
+        client.max_queued_messages_set(0)
         client.on_socket_open = self._on_socket_open
         client.on_socket_close = self._on_socket_close
         client.on_socket_register_write = self._on_register_write
@@ -552,7 +563,7 @@ class PooledTransport:
     ) -> None:
         if self._state in (TransportState.CLOSED, TransportState.RECONNECTING):
             return
-        logger.info(
+        logger.warning(
             "%s: connection lost (%s); reconnecting", self.client_id, reason_code
         )
         self._state = TransportState.RECONNECTING
