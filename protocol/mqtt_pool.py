@@ -230,6 +230,7 @@ class PooledTransport:
         self._counter = TrafficCounter()
         self._unacked: set[int] = set()
         self._handed = 0  # publishes from other threads not yet given to paho
+        self._subacks_due: set[int] = set()
         self._settled = threading.Condition()
         self._refusal: str | None = None
         self._on_connected: Callable[[PooledTransport], None] | None = None
@@ -254,6 +255,11 @@ class PooledTransport:
     def connections(self) -> int:
         """Connections the broker accepted so far (each reconnect adds one)."""
         return self._connections
+
+    @property
+    def subscribing(self) -> bool:
+        """True while a SUBSCRIBE of this connection awaits its SUBACK."""
+        return bool(self._subacks_due)
 
     @property
     def refusal(self) -> str | None:
@@ -356,7 +362,7 @@ class PooledTransport:
             raise NotConnectedError(f"{self.client_id} is closed")
         self._patterns[pattern] = qos
         if self.is_connected:
-            self._on_loop(lambda: self._client.subscribe(pattern, qos))
+            self._on_loop(lambda: self._send_subscribe([(pattern, qos)]))
 
     def unsubscribe(self, pattern: str) -> None:
         """Forget `pattern`."""
@@ -545,9 +551,10 @@ class PooledTransport:
             return
         self._state = TransportState.CONNECTED
         self._connections += 1
+        self._subacks_due.clear()
         self._attempts = 0
         if self._patterns:
-            client.subscribe(list(self._patterns.items()))
+            self._send_subscribe(list(self._patterns.items()))
         self._wake_waiters()
         if self._on_connected is not None:
             callback = self._on_connected
@@ -589,6 +596,11 @@ class PooledTransport:
             if not self._unacked:
                 self._settled.notify_all()
 
+    def _send_subscribe(self, patterns: list[tuple[str, int]]) -> None:
+        rc, mid = self._client.subscribe(patterns)
+        if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
+            self._subacks_due.add(mid)
+
     def _on_subscribe(
         self,
         client: paho.Client,
@@ -597,5 +609,6 @@ class PooledTransport:
         reason_codes: list[ReasonCode],
         properties: Properties | None,
     ) -> None:
+        self._subacks_due.discard(mid)
         if any(code.is_failure for code in reason_codes):
             logger.error("%s: broker refused a subscription", self.client_id)

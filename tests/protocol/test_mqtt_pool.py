@@ -35,6 +35,10 @@ def _run_until(pool: MqttPool, done: Callable[[], bool], limit_s: float = 20.0) 
     return True
 
 
+def _ready(transport: PooledTransport) -> bool:
+    return transport.is_connected and not transport.subscribing
+
+
 def _clients(pool: MqttPool, broker: MosquittoBroker) -> list[PooledTransport]:
     return [
         pool.transport(broker.mqtt_config(d).model_copy(update={"keepalive_s": 5}))
@@ -53,11 +57,10 @@ def test_many_clients_on_one_loop_each_get_their_own_messages(
         client.set_handler(lambda _t, p, own=own: got[own].append(p))
         client.subscribe(f"ursa/v1/f/dev/{own}/down/#")
         client.open()
-    assert _run_until(pool, lambda: all(c.is_connected for c in clients))
+    assert _run_until(pool, lambda: all(_ready(c) for c in clients))
     coordinator = pool.transport(broker.mqtt_config("coordinator"))
     coordinator.open()
     assert _run_until(pool, lambda: coordinator.is_connected)
-    pool.run_once(0.1)  # the SUBACKs
     for device in got:
         coordinator.publish(f"ursa/v1/f/dev/{device}/down/x", device.encode())
     assert _run_until(pool, lambda: all(got.values()))
@@ -77,11 +80,12 @@ def test_clients_reconnect_and_resubscribe_after_a_broker_restart(
         client.open()
     assert _run_until(pool, lambda: all(c.is_connected for c in clients))
     broker.restart()
-    assert _run_until(pool, lambda: all(c.connections == 2 for c in clients), 60)
+    assert _run_until(
+        pool, lambda: all(c.connections == 2 and _ready(c) for c in clients), 60
+    )
     sender = pool.transport(broker.mqtt_config("coordinator"))
     sender.open()
     assert _run_until(pool, lambda: sender.is_connected)
-    pool.run_once(0.1)
     sender.publish("ursa/v1/f/global/hello", b"x")
     assert _run_until(pool, lambda: len(got) == CLIENTS)
 
@@ -99,9 +103,11 @@ def test_a_publish_from_another_thread_waits_for_the_loop_and_flushes(
         receiver.set_handler(lambda _t, p: got.append(p))
         receiver.subscribe("ursa/v1/f/dev/+/up/#")
         receiver.connect()
+        deadline = time.monotonic() + 20
+        while receiver.subscribing and time.monotonic() < deadline:
+            time.sleep(0.01)
         device = pool.transport(broker.mqtt_config(DEVICE_IDS[0]))
         device.connect()
-        time.sleep(0.2)  # the receiver's SUBACK (no SUBACK wait in the pool)
         device.publish(f"ursa/v1/f/dev/{DEVICE_IDS[0]}/up/x", b"hi")
         device.flush(10.0)
         deadline = time.monotonic() + 10
