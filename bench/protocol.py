@@ -51,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import SecretStr
@@ -68,6 +68,10 @@ from ursa.protocol.errors import ProtocolError
 from ursa.protocol.mqtt import MqttTransport
 from ursa.protocol.topics import parse_topic
 from ursa.tools.broker.mosquitto import MosquittoBroker
+
+if TYPE_CHECKING:
+    from ursa.edge_sdk.client import EdgeClient
+    from ursa.protocol.mqtt_pool import MqttPool, PooledTransport
 
 logger = logging.getLogger(__name__)
 
@@ -137,9 +141,9 @@ def _labels(index: int, rng: np.random.Generator) -> np.ndarray:
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Build the devices, connect them at the given rate, serve until told to stop."""
-    from ursa.edge_sdk.client import EdgeClient, device_will
+    from ursa.edge_sdk.client import device_will
     from ursa.edge_sdk.config import BrokerConfig, DeviceConfig
-    from ursa.protocol.mqtt_pool import MqttPool, PooledTransport
+    from ursa.protocol.mqtt_pool import MqttPool
     from ursa.tools.compose import build_device
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
@@ -203,15 +207,21 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
 
 
 def _bind(
-    fn: Callable[[Callable[[Any], None]], None], arg: Callable[[Any], None]
+    fn: Callable[[Callable[[PooledTransport], None]], None],
+    arg: Callable[[PooledTransport], None],
 ) -> Callable[[], None]:
     return lambda: fn(arg)
 
 
-def _poller(pool: Any, chunk: list[Any], every_s: float) -> Callable[[], None]:
+def _poller(
+    pool: MqttPool, chunk: list[EdgeClient], every_s: float
+) -> Callable[[], None]:
+    """`EdgeClient.poll` for a slice of the devices every `every_s` (started ones)."""
+    from ursa.edge_sdk.client import ClientState
+
     def poll() -> None:
         for client in chunk:
-            if client.transport is not None and client.transport.connections:
+            if client.state is ClientState.RUNNING:
                 client.poll()
         pool.call_later(every_s, poll)
 
