@@ -41,6 +41,7 @@ def test_protocol_bench_on_mosquitto(mosquitto_binary: Any) -> None:
 
     figures = json.loads(out.getvalue())
     assert code == 0 and figures["budgets_met"]
-    assert figures["rounds_completed"] == 2 and figures["all_rounds_done"]
-    assert figures["messages_sent_per_device_round"] > 1
-    assert figures["selection_round_s"] > 0
+    assert figures["rounds_completed"] == 2
+    assert figures["messages_sent_per_device_round"] > 0
+    assert figures["messages_received_per_device_round"] > 1  # announce, result
+    assert figures["selection_round_s_median"] > 0

@@ -32,6 +32,7 @@ import contextlib
 import hashlib
 import os
 import re
+import resource
 import secrets
 import shutil
 import socket
@@ -470,6 +471,14 @@ def _write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
+def _raise_open_files(wanted: int) -> None:
+    """Raise the soft RLIMIT_NOFILE towards `wanted` (in the child, before exec)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """Return a TCP port that is free on `host` right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -497,6 +506,9 @@ class MosquittoBroker:
         port: the listener port; None picks a free one.
         binary: the mosquitto executable; default `find_mosquitto()`.
         startup_timeout_s: how long `start()` waits for the listener.
+        open_files: raise mosquitto's open-file limit to this (capped at the
+            hard limit) and lift the listener's connection limit: a broker
+            for thousands of clients (`ursa bench protocol`).
     """
 
     host = "127.0.0.1"
@@ -515,6 +527,7 @@ class MosquittoBroker:
         port: int | None = None,
         binary: Path | None = None,
         startup_timeout_s: float = 10.0,
+        open_files: int | None = None,
     ) -> None:
         found = binary or find_mosquitto()
         if found is None:
@@ -535,6 +548,7 @@ class MosquittoBroker:
         self._tls = tls
         self._persistence = persistence
         self.coordinator_user = coordinator_user
+        self._open_files = open_files
         self.files = self._write_files(port or free_port(self.host))
 
     @property
@@ -610,7 +624,7 @@ class MosquittoBroker:
         self.stop()
 
     def _write_files(self, port: int) -> MosquittoFiles:
-        return write_mosquitto_config(
+        files = write_mosquitto_config(
             self.work_dir,
             devices=self._devices,
             readers=self._readers,
@@ -624,14 +638,20 @@ class MosquittoBroker:
             log_dest="stderr",
             overwrite=True,
         )
+        if self._open_files is not None:  # the listener's section is last
+            with files.config_file.open("a") as config:
+                config.write("max_connections -1\n")
+        return files
 
     def _spawn(self) -> None:
         self._log = self.log_path.open("ab")
+        limit = self._open_files
         self._process = subprocess.Popen(
             [str(self._binary), "-c", str(self.files.config_file)],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            preexec_fn=None if limit is None else lambda: _raise_open_files(limit),
         )
 
     def _wait_listening(self) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,14 +29,30 @@ def register(sub: Subparsers) -> None:
     flicker.add_argument("--repeats", type=int, default=15, help="runs per median")
     flicker.set_defaults(handler=_run_flicker)
     protocol = names.add_parser(
-        "protocol", help="selection protocol on a local Mosquitto (N devices)"
+        "protocol",
+        help="a real MQTT fleet: N devices in worker processes, the coordinator, "
+        "a private Mosquitto",
     )
     protocol.add_argument("--json", action="store_true", help="one JSON object")
     protocol.add_argument("--devices", type=int, default=200, help="N devices")
+    protocol.add_argument(
+        "--processes", type=int, default=2, help="device worker processes"
+    )
     protocol.add_argument("--k", type=int, default=20, help="participants per round")
     protocol.add_argument("--tries", type=int, default=5, help="H tries per round")
-    protocol.add_argument("--rounds", type=int, default=3, help="rounds to time")
-    protocol.add_argument("--key-bits", type=int, default=2048, help="Paillier key")
+    protocol.add_argument("--rounds", type=int, default=3, help="selection rounds")
+    protocol.add_argument(
+        "--key-bits", type=int, default=1024, help="Paillier key (default 1024)"
+    )
+    protocol.add_argument(
+        "--connect-rate",
+        type=float,
+        default=500.0,
+        help="new MQTT connections per second, over all workers",
+    )
+    protocol.add_argument(
+        "--timeout", type=float, default=900.0, help="give up after this many s"
+    )
     protocol.set_defaults(handler=_run_protocol)
     coordinator = names.add_parser(
         "coordinator",
@@ -111,15 +129,26 @@ def _run_selection(args: argparse.Namespace) -> int:
 
 
 def _run_protocol(args: argparse.Namespace) -> int:
-    from ursa.bench.protocol import run
+    from ursa.bench.protocol import BenchError, run
 
+    try:
+        return _protocol(args, run)
+    except BenchError as exc:
+        print(f"ursa bench protocol: {exc}", file=sys.stderr)
+        return 2
+
+
+def _protocol(args: argparse.Namespace, run: Callable[..., int]) -> int:
     return run(
         as_json=args.json,
         devices=args.devices,
+        processes=args.processes,
         k=args.k,
         tries=args.tries,
         rounds=args.rounds,
         key_bits=args.key_bits,
+        connect_rate=args.connect_rate,
+        timeout_s=args.timeout,
     )
 
 
