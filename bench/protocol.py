@@ -342,7 +342,9 @@ def _coordinator_file(
         deadlines=DeadlinesConfig(
             key_epoch_s=600,
             registration_s=600,
-            volunteer_s=60,
+            # Silence means no: a round waits for K yes-volunteers per try or
+            # this window; 10 s leaves 2 loaded cores time to deliver N announces.
+            volunteer_s=10,
             distributions_s=60,
             agent_s=60,
             training_s=60,
