@@ -22,7 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ursa._compat import StrEnum
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """2: `KeyEpochStart` carries the federation's signed method list. 3: one
 `secure_mean` family. 4: every message carries `run`; `EnrolResult` is signed."""
 
