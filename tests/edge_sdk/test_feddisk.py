@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from ursa.edge_sdk.feddisk import (
+    crossfit_odds,
+    crossfit_parts,
     density_ratio_weights,
     feddisk_sample_weights,
     fit_density_ratio,
@@ -60,13 +62,18 @@ def test_feddisk_sample_weights_shape_and_normalisation() -> None:
         start, train_made_local(MADE, start, x, config=config).delta, 1.0
     )
 
-    weights = feddisk_sample_weights(
+    result = feddisk_sample_weights(
         MADE, start, local, x, config=config, clip=(0.2, 5.0)
     )
 
-    assert weights.shape == (40,)
+    weights = result.weights
+    assert weights.shape == result.raw.shape == (40,)
     assert weights.mean() == pytest.approx(1.0)
     assert weights.max() / weights.min() <= 25.0 + 1e-9
+    assert result.folds == 2
+    summary = result.summary()
+    assert summary["at_low"] == pytest.approx(np.mean(result.raw <= 0.2))
+    assert summary["p10"] <= 1.0 <= summary["p90"]
 
 
 def test_samples_unlike_the_global_data_get_lower_weights() -> None:
@@ -87,9 +94,40 @@ def test_samples_unlike_the_global_data_get_lower_weights() -> None:
 
     weights = feddisk_sample_weights(
         MADE, global_made, local_made, local_x, config=config, hidden_size=16
-    )
+    ).weights
 
     assert weights[:60].mean() > 1.4 * weights[60:].mean()
+
+
+def test_crossfit_parts_cover_every_row_once() -> None:
+    parts = crossfit_parts(7, 2, seed=3)
+
+    assert sorted(np.concatenate(parts).tolist()) == list(range(7))
+    assert [len(p) for p in parts] == [4, 3]
+    assert len(crossfit_parts(1, 2, seed=0)) == 1
+    with pytest.raises(TrainingError):
+        crossfit_parts(4, 1, seed=0)
+
+
+def test_crossfit_odds_score_rows_the_classifier_never_saw() -> None:
+    # fleet rows sit far from local rows: a classifier scoring its own local
+    # training rows calls them all local (odds near 0); cross-fitted, the
+    # local rows near the fleet's side get the larger odds
+    rng = np.random.default_rng(0)
+    local = rng.normal(size=(80, 1))
+    fleet = rng.normal(loc=1.0, size=(80, 1))
+    config = TrainConfig(epochs=30, batch_size=16, lr=0.05)
+
+    odds = crossfit_odds(fleet, local, config=config, hidden_size=0)
+
+    assert odds.shape == (80,)
+    order = np.argsort(local[:, 0])
+    assert odds[order[-20:]].mean() > 2.0 * odds[order[:20]].mean()
+    np.testing.assert_array_equal(
+        crossfit_odds(fleet[:1], local[:1], config=config), [1.0]
+    )
+    with pytest.raises(TrainingError):
+        crossfit_odds(fleet, local[:10], config=config)
 
 
 def test_local_made_stops_and_keeps_its_best_weights() -> None:
