@@ -21,6 +21,7 @@ from ursa.edge_sdk.training import (
 )
 from ursa.models.registry import initial_arrays
 from ursa.models.weights import add_scaled
+from ursa.tools.simulate.feddisk_quality import clean_noisy_mixture, weight_quality
 
 torch.set_num_threads(1)
 MADE = {"input_dim": 4, "hidden_sizes": [16]}
@@ -156,3 +157,42 @@ def test_local_made_without_validation_uses_the_training_loss() -> None:
 
     assert made.epochs <= 6
     assert made.nll == pytest.approx(made_nll(MADE, made.arrays, x), rel=1e-6)
+
+
+def test_weights_follow_the_true_ratio_on_a_clean_noisy_mixture() -> None:
+    # devices mix clean N(0, 1) and noisy N(0, 2.5^2) samples in different
+    # shares, so p(x)/q_k(x) is known exactly (issue 18's acceptance bar)
+    shares = (0.1, 0.35, 0.65, 0.9)
+    devices = clean_noisy_mixture(shares, 120, 4, np.random.default_rng(0))
+    made_cfg = TrainConfig(epochs=5, batch_size=16, optimizer="adam", lr=1e-2)
+    start = initial_arrays("made", MADE, seed=0)
+    pooled = np.concatenate([d.x for d in devices])
+    global_made = train_local_made(
+        MADE, start, pooled, config=made_cfg, max_epochs=40
+    ).arrays
+    clf_cfg = TrainConfig(epochs=30, batch_size=32, lr=0.01)
+    results = []
+    for i, device in enumerate(devices):
+        local = train_local_made(
+            MADE, start, device.x, config=made_cfg, max_epochs=40
+        ).arrays
+        results.append(
+            feddisk_sample_weights(
+                MADE,
+                global_made,
+                local,
+                device.x,
+                config=clf_cfg.model_copy(update={"seed": i}),
+                hidden_size=32,
+            )
+        )
+
+    quality = weight_quality(
+        [r.raw for r in results],
+        [r.weights for r in results],
+        [d.true_ratio for d in devices],
+        DEFAULT_WEIGHT_CLIP,
+    )
+
+    assert quality["spearman_mean"] >= 0.4
+    assert quality["at_low"] + quality["at_high"] < 0.10

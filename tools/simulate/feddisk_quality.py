@@ -77,7 +77,7 @@ def weight_quality(
     true_ratio: Sequence[npt.ArrayLike],
     clip: tuple[float, float],
 ) -> dict[str, float]:
-    """Mean per-device Spearman of weights vs the true ratio; shares at the bounds.
+    """Per-device Spearman of weights vs the true ratio (mean, min); bound shares.
 
     Devices whose weights are constant (nan correlation) count as 0.
     """
