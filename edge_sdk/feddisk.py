@@ -11,34 +11,41 @@ device:
 2. the federated global MADE: ordinary FedAvg rounds of `train_made_local`
    (weights by sample count, eq. 11) until the fleet's validation NLL rises
    (`ursa.edge_sdk.made_stop.MadeStopper`);
-3. `feddisk_sample_weights`: the density-ratio classifier and the weights.
+3. `feddisk_sample_weights`: the density-ratio classifier and the weights
+   (`SampleWeights`: normalised, raw, and `weight_summary`).
 
 Phase 2 is ordinary rounds of `train_local` with ``sample_weights``.
 
-**Density ratio** (§IV-C, §VI-B.4): the classifier's input ``u`` is the vector
-of per-dimension conditional log-densities ``log p(x_d | x_<d)`` from a MADE
-(the paper keeps "the output as a vector of conditional probabilities"; logs
-keep it finite), standardised with the training rows' mean and std. Training
-pairs: ``u`` from the *global* MADE on each local sample (label 1) and from the
-*local* MADE on the same sample (label 0), equal counts so the prior ratio is 1
-(eq. 14-15). A sample's raw weight is ``h/(1-h)`` with ``h`` the classifier on
-the local MADE's ``u`` (the paper's summary), then:
+**Density ratio** (§IV-C, §VI-B.4): a classifier ``h`` tells the fleet's
+data (label 1) from the device's (label 0), with equal counts so the prior
+ratio is 1 (eq. 14-15); its odds ``h/(1-h)`` at a local sample estimate
+``p(x)/q_k(x)``. The device holds no fleet data, so the fleet's side is as
+many samples drawn from the *global* MADE as the device holds
+(`ursa.edge_sdk.training.made_sample`). The classifier's input is
+`ratio_features`: per dimension, the global minus the local MADE's
+conditional log-density ``log p(x_d | x_<d)`` (the paper feeds MADE outputs
+"as a vector of conditional probabilities"; logs keep them finite, and their
+difference sums to the MADEs' own log ratio), standardised with the training
+rows' mean and std. ursa used to pair the global and the local MADE's outputs
+on the *same* local samples as the two classes; that estimates a ratio
+between the two models' outputs, not ``p/q_k`` (its weights' rank
+correlation with the exact ratio of a clean/noisy mixture was about 0). The
+raw weights are then:
 
-* **cross-fitted** (`feddisk_sample_weights`, ``folds`` parts, default 2): the
-  classifier is trained on the other parts' rows and scores only its own
-  part's, so no sample is weighted by a classifier that saw it. Scored on its
-  own training rows, the classifier has learnt exactly those rows' label 0,
-  so ``h`` collapses towards 0 and most weights sat at the clip floor (56-83%
-  on a Dirichlet split of digits);
+* **cross-fitted** (`crossfit_odds`, ``folds`` parts, default 2): each part's
+  samples are scored by a classifier fitted on the other parts only, so no
+  sample is weighted by a classifier that saw it. Scored on its own training
+  rows, a classifier learns those rows' label 0, which pushes ``h`` towards
+  0 and the weights onto the clip floor (an audit found 56-83% there on a
+  Dirichlet split of digits);
 * **clipped** to ``DEFAULT_WEIGHT_CLIP = (0.1, 10)``: ``h`` near 0 or 1 would
   otherwise give weights of 0 or 1e6 and let one sample own the device's
   gradient; a 100x band keeps every sample in play;
 * **normalised to mean 1** over the device's data: the true ratio
   ``p(x)/q_k(x)`` has mean 1 under the device's own distribution ``q_k``
-  (``E_q[p/q] = integral of p = 1``), so mean 1 is what an unbiased estimate
-  should have; the classifier's absolute calibration (its odds are off by
-  the device's unknown prior shift) is removed, and the device's share of the
-  FedAvg mean stays ``N_k / N``.
+  (``E_q[p/q] = integral of p = 1``), so mean 1 is the scale an estimate
+  should have whatever the clip and the classifier's calibration did to it;
+  it also keeps the device's share of the FedAvg mean at ``N_k / N``.
 
 `weight_summary` gives what phase 1 reports: the share of raw weights at each
 clip bound and the normalised weights' spread (std, p10, p90).
