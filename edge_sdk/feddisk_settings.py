@@ -16,13 +16,24 @@ from typing_extensions import Self
 from ursa.edge_sdk.made_loss import MadeLossCodec
 from ursa.protocol.messages import NAME_PATTERN
 
-__all__ = ["DEFAULT_MADE_HIDDEN_SIZES", "DEFAULT_WEIGHT_CLIP", "FeddiskSettings"]
+__all__ = [
+    "DEFAULT_CROSSFIT_FOLDS",
+    "DEFAULT_MADE_HIDDEN_SIZES",
+    "DEFAULT_WEIGHT_CLIP",
+    "FeddiskSettings",
+]
 
 DEFAULT_WEIGHT_CLIP = (0.1, 10.0)
 """The band sample weights are clipped to (`ursa.edge_sdk.feddisk` says why).
 
 Here, not beside the torch code that applies it, so a config is checked without
 torch.
+"""
+DEFAULT_CROSSFIT_FOLDS = 2
+"""Parts the density-ratio classifier is cross-fitted over (`ursa.edge_sdk.feddisk`).
+
+Each part's samples are weighted by a classifier fitted on the other parts; 2
+keeps the classifier's cost of the single fit it replaces (two fits on halves).
 """
 DEFAULT_MADE_HIDDEN_SIZES = (64,)
 """The MADE's hidden widths; ``ursa model init --model made`` uses them too."""
@@ -51,6 +62,8 @@ class FeddiskSettings(BaseModel):
     classifier_epochs: PositiveInt = 50
     classifier_lr: float = Field(default=0.01, gt=0.0)
     classifier_batch_size: PositiveInt = 32
+    crossfit_folds: int = Field(default=DEFAULT_CROSSFIT_FOLDS, ge=2)
+    """Parts the density-ratio classifier is cross-fitted over."""
     clip: tuple[float, float] = DEFAULT_WEIGHT_CLIP
     """Sample weights are clipped to this band before the mean-1 normalisation."""
     loss: MadeLossCodec = Field(default_factory=MadeLossCodec)

@@ -8,7 +8,7 @@ round runs `train_made_local` (Adam) with its own seed (`round_seed`), and
 rule (`ursa.edge_sdk.methods.feddisk`). `switch` then trains the local MADE
 from seeded initial weights (`train_local_made`), the density-ratio
 classifier and the per-sample weights on all local samples
-(`feddisk_sample_weights`: clipped, mean 1) and hands them to the
+(`feddisk_sample_weights`: cross-fitted, clipped, mean 1) and hands them to the
 classifier's trainer. Phase ``"classifier"``: every call goes to that
 trainer (`model` becomes its name), which weights its loss per sample.
 
@@ -132,7 +132,11 @@ class FeddiskTrainer(PhasedTrainer):
     def switch(self, global_made: Arrays | None) -> dict[str, float]:
         """Train the local MADE and the density-ratio classifier; enter phase 2.
 
-        Returns the local MADE's epochs and the weights' min, max and std.
+        Returns the local MADE's epochs and `ursa.edge_sdk.feddisk.weight_summary`
+        prefixed ``weight_``: the share of raw weights at each clip bound
+        (``weight_at_low``, ``weight_at_high``) and the weights' spread
+        (``weight_min``, ``weight_max``, ``weight_std``, ``weight_p10``,
+        ``weight_p90``).
 
         Raises:
             RuntimeError: already in phase 2.
@@ -160,7 +164,7 @@ class FeddiskTrainer(PhasedTrainer):
             max_epochs=settings.local_made_max_epochs,
             patience=settings.local_made_patience,
         )
-        weights = feddisk_sample_weights(
+        result = feddisk_sample_weights(
             self.made_config,
             global_made,
             local.arrays,
@@ -173,14 +177,11 @@ class FeddiskTrainer(PhasedTrainer):
             ),
             hidden_size=settings.classifier_hidden,
             clip=settings.clip,
+            folds=settings.crossfit_folds,
         )
-        self._enter_phase_two(weights)
-        return {
-            "local_made_epochs": float(local.epochs),
-            "weight_min": float(weights.min()),
-            "weight_max": float(weights.max()),
-            "weight_std": float(weights.std()),
-        }
+        self._enter_phase_two(result.weights)
+        summary = {f"weight_{k}": v for k, v in result.summary().items()}
+        return {"local_made_epochs": float(local.epochs), **summary}
 
     # --- phase 2 --------------------------------------------------------------
 

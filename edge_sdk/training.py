@@ -334,6 +334,22 @@ def made_conditional_log_probs(
     return out.astype(np.float64)
 
 
+def made_sample(
+    model_config: Mapping[str, Any],
+    arrays: Mapping[str, FloatArray],
+    n: int,
+    *,
+    seed: int,
+) -> npt.NDArray[np.float32]:
+    """Draw ``n`` samples from the MADE (flattened, shape ``(n, D)``), seeded."""
+    model = _model_at("made", model_config, arrays)
+    assert isinstance(model, Made)
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    out: npt.NDArray[np.float32] = model.sample(n, generator).numpy()
+    return out.astype(np.float32)
+
+
 class BinaryClassifier:
     """A trained binary classifier ``h(u) = P(positive | u)`` (torch inside)."""
 

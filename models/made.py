@@ -129,6 +129,29 @@ class Made(nn.Module):
         z = (x - mean) * torch.exp(-log_std)
         return -0.5 * z * z - log_std - _HALF_LOG_2PI
 
+    def sample(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """Draw ``n`` samples, one dimension at a time in the input ordering.
+
+        D forward passes: dimension d's conditional only depends on the
+        dimensions before it, which are filled in by then.
+        """
+        dim = self.config.input_dim
+        order = np.argsort(made_degrees(self.config)[0], kind="stable")
+        x = torch.zeros(n, dim)
+        with torch.no_grad():
+            for d in order.tolist():
+                out = self.forward(x)
+                if self.config.distribution == "bernoulli":
+                    p = torch.sigmoid(out[:, d])
+                    x[:, d] = torch.bernoulli(p, generator=generator)
+                    continue
+                mean, log_std = out[:, d], out[:, dim + d]
+                cfg = self.config
+                log_std = log_std.clamp(cfg.min_log_std, cfg.max_log_std)
+                noise = torch.randn(n, generator=generator)
+                x[:, d] = mean + torch.exp(log_std) * noise
+        return x
+
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
         """Return ``log p(x)`` per sample, shape ``(n,)``."""
         return self.conditional_log_probs(x).sum(dim=1)

@@ -128,6 +128,9 @@ def test_switch_sets_clipped_mean_one_weights_and_phase_two_dispatch() -> None:
     assert weights.max() / weights.min() <= 2.0 / 0.5 + 1e-9  # within the clip band
     assert summary["weight_min"] == pytest.approx(weights.min())
     assert summary["weight_max"] == pytest.approx(weights.max())
+    assert 0.0 <= summary["weight_at_low"] <= 1.0
+    assert 0.0 <= summary["weight_at_high"] <= 1.0
+    assert summary["weight_p10"] <= summary["weight_p90"]
     assert 0 < summary["local_made_epochs"] <= 4
     trainer.check_arrays(classifier_arrays)
     with pytest.raises(ValueError):

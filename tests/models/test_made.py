@@ -117,3 +117,23 @@ def test_training_lowers_nll_and_prefers_training_data() -> None:
         on_shifted = float(model.log_prob(data + 3.0).mean())
     assert after < before - 0.5
     assert on_data > on_shifted + 5.0
+
+
+def test_sample_draws_each_dimension_from_its_conditional() -> None:
+    # zero output weights: x_d ~ N(bias_mean[d], exp(bias_log_std[d]))
+    config = MadeConfig(input_dim=2, hidden_sizes=(4,))
+    model = Made(config)
+    out = model.net[-1]
+    assert isinstance(out, torch.nn.Linear)
+    with torch.no_grad():
+        out.weight.zero_()
+        out.bias.copy_(torch.tensor([3.0, 0.0, np.log(0.5), np.log(0.1)]))
+
+    x = model.sample(4000, torch.Generator().manual_seed(0))
+
+    assert x.shape == (4000, 2)
+    assert float(x[:, 0].mean()) == pytest.approx(3.0, abs=0.05)
+    assert float(x[:, 0].std()) == pytest.approx(0.5, abs=0.05)
+    assert float(x[:, 1].std()) == pytest.approx(0.1, abs=0.01)
+    again = model.sample(4000, torch.Generator().manual_seed(0))
+    assert torch.equal(x, again)

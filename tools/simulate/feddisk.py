@@ -9,7 +9,9 @@ training data (at least one sample) as its MADE validation split; the fleet's
 validation loss is the sample-weighted mean of the devices' NLLs (the paper
 plots one such curve, Fig. 5). MADE rounds use the run's own selector (the
 same K participants per round as the classifier rounds) and count as
-communication rounds.
+communication rounds. The weights come from the device's own
+`feddisk_sample_weights` (cross-fitted); the summary pools every device's
+`weight_summary` (share of raw weights at each clip bound, spread).
 """
 
 from __future__ import annotations
@@ -28,8 +30,13 @@ from ursa.coordinator.aggregation import (
     finalize_aggregation,
     init_aggregation,
 )
-from ursa.edge_sdk.feddisk import feddisk_sample_weights, train_local_made
-from ursa.edge_sdk.feddisk_settings import DEFAULT_WEIGHT_CLIP
+from ursa.edge_sdk.feddisk import (
+    SampleWeights,
+    feddisk_sample_weights,
+    train_local_made,
+    weight_summary,
+)
+from ursa.edge_sdk.feddisk_settings import DEFAULT_CROSSFIT_FOLDS, DEFAULT_WEIGHT_CLIP
 from ursa.edge_sdk.made_stop import (
     MadeStopper,
     apply_validation_loss,
@@ -59,6 +66,7 @@ class FeddiskSettings:
     classifier_epochs: int = 50
     classifier_lr: float = 0.01
     classifier_batch_size: int = 32
+    crossfit_folds: int = DEFAULT_CROSSFIT_FOLDS
     clip: tuple[float, float] = DEFAULT_WEIGHT_CLIP
 
 
@@ -69,6 +77,8 @@ class FeddiskPhase:
     weights: list[npt.NDArray[np.float64]]
     made_rounds: int
     summary: dict[str, Any]
+    raw: list[npt.NDArray[np.float64]]
+    """Per device, the classifier's odds before the clip and normalisation."""
 
 
 def feddisk_phase_one(
@@ -111,7 +121,7 @@ def feddisk_phase_one(
         batch_size=settings.classifier_batch_size,
         lr=settings.classifier_lr,
     )
-    weights = [
+    results: list[SampleWeights] = [
         feddisk_sample_weights(
             made_config,
             global_made,
@@ -120,10 +130,12 @@ def feddisk_phase_one(
             config=clf_cfg.model_copy(update={"seed": i}),
             hidden_size=settings.classifier_hidden,
             clip=settings.clip,
+            folds=settings.crossfit_folds,
         )
         for i, (d, lm) in enumerate(zip(fed.devices, local, strict=True))
     ]
-    flat = np.concatenate(weights)
+    weights = [r.weights for r in results]
+    raw = [r.raw for r in results]
     summary = {
         "made_rounds": stopper.rounds,
         "best_made_round": stopper.best_round,
@@ -132,16 +144,12 @@ def feddisk_phase_one(
             "mean": float(np.mean([m.epochs for m in local])),
             "max": int(max(m.epochs for m in local)),
         },
-        "weights": {
-            "min": float(flat.min()),
-            "max": float(flat.max()),
-            "std": float(flat.std()),
-            "at_clip": float(
-                np.mean(np.isclose(flat, flat.min()) | np.isclose(flat, flat.max()))
-            ),
-        },
+        "crossfit_folds": settings.crossfit_folds,
+        "weights": weight_summary(
+            np.concatenate(raw), np.concatenate(weights), settings.clip
+        ),
     }
-    return FeddiskPhase(weights, stopper.rounds, summary)
+    return FeddiskPhase(weights, stopper.rounds, summary, raw)
 
 
 def _global_made(

@@ -264,11 +264,11 @@ class FedDisk(DeviceMethod, MeanParticipant):
         ctx.forget_downloads()  # the classifier's versions restart at 0
         self._report = self.best = None
         logger.info(
-            "%s: FedDisk phase 2 from MADE version %d",
+            "%s: FedDisk phase 2 from MADE version %d; weights %s",
             ctx.device_id,
             message.made_version,
+            " ".join(f"{k}={v:.3g}" for k, v in summary.items()),
         )
-        logger.debug("%s: FedDisk weights %s", ctx.device_id, summary)
         ctx.retry_training()
 
     def _switch_made(self, version: int) -> Arrays | None:

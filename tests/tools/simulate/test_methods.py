@@ -86,6 +86,8 @@ def test_feddisk_counts_its_made_rounds() -> None:
     assert 1 <= run.extra_rounds <= 3
     assert run.extra_rounds == len(summary["validation_nll"])
     assert summary["weights"]["min"] > 0
+    assert 0.0 <= summary["weights"]["at_low"] <= 1.0
+    assert summary["weights"]["p10"] <= summary["weights"]["p90"]
     assert len(run.accuracy) == 2
 
 
