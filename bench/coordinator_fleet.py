@@ -71,6 +71,8 @@ from ursa.protocol.messages import (
     Registration,
     RegistrySum,
     RoundAnnounce,
+    SealedBox,
+    SealedKeys,
     SealedSecretKey,
     SealRequest,
     SelectionResult,
@@ -78,6 +80,7 @@ from ursa.protocol.messages import (
     TryAssignment,
     TrySums,
     Volunteer,
+    split_boxes,
 )
 from ursa.protocol.topics import name_for, parse_topic, qos_for, status_topic, up_topic
 
@@ -309,7 +312,7 @@ class SimulatedFleet:
     def _on_seal_request(
         self, device: str | None, message: SealRequest
     ) -> Iterator[Outgoing]:
-        """The agent's key (once per epoch), then a box per recipient of the page.
+        """The agent's key (once per epoch), then the page's boxes in `SealedKeys`.
 
         The device the page is addressed to seals it (the epoch's agent unless
         the coordinator spreads sealing over several devices).
@@ -347,23 +350,29 @@ class SimulatedFleet:
         context = seal_context(self.federation, notice.epoch)
         plaintext = secret_key.secret_to_bytes()
         me = sealer.device_id
+        boxes = []
         for keys in message.recipients:
             if keys.device_id in (me, agent.device_id):
                 continue
             receiver = DevicePublicIdentity(
                 keys.device_id, keys.x25519_public, keys.ed25519_public
             )
-            box = SealedSecretKey(
+            box = seal(sealer, receiver, context, plaintext)
+            boxes.append(SealedBox(recipient=keys.device_id, box=box))
+        for part, chunk in enumerate(split_boxes(boxes)):  # as the real agent does
+            page = SealedKeys(
                 federation=self.federation,
                 run=self.run,
                 round=0,
                 sender=me,
-                message_id=derived_id(me, "box", notice.epoch, keys.device_id),
+                message_id=derived_id(
+                    me, "boxes", notice.epoch, message.message_id, part
+                ),
                 epoch=notice.epoch,
-                recipient=keys.device_id,
-                box=seal(sealer, receiver, context, plaintext),
+                page=message.page,
+                boxes=chunk,
             )
-            yield self._outgoing(box)
+            yield self._outgoing(page)
         for holder in {epoch.agent, sealer_index}:  # they hold the key already
             epoch.has_box[holder] = 1
             yield from self._register(epoch, holder)

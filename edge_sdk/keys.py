@@ -36,7 +36,6 @@ from ursa.protocol.codebook import Codebook
 from ursa.protocol.envelope import encode
 from ursa.protocol.messages import (
     COORDINATOR,
-    SEALED_KEYS_BUDGET,
     AgentPublicKey,
     EnrolResult,
     ErrorCode,
@@ -47,6 +46,7 @@ from ursa.protocol.messages import (
     SealedKeys,
     SealedSecretKey,
     SealRequest,
+    split_boxes,
 )
 from ursa.protocol.router import NotReadyError
 
@@ -58,22 +58,6 @@ logger = logging.getLogger("ursa.edge_sdk")
 def _public_identity(keys: IdentityKeys) -> DevicePublicIdentity:
     """The identity behind wire keys (raises CryptoError on invalid keys)."""
     return DevicePublicIdentity(keys.device_id, keys.x25519_public, keys.ed25519_public)
-
-
-def _parts(boxes: list[SealedBox], budget: int) -> list[tuple[SealedBox, ...]]:
-    """Boxes in consecutive runs of at most `budget` box bytes (at least one each)."""
-    parts: list[tuple[SealedBox, ...]] = []
-    current: list[SealedBox] = []
-    size = 0
-    for box in boxes:
-        if current and size + len(box.box) > budget:
-            parts.append(tuple(current))
-            current, size = [], 0
-        current.append(box)
-        size += len(box.box)
-    if current:
-        parts.append(tuple(current))
-    return parts
 
 
 def _coordinator_identity(message: EnrolResult) -> DevicePublicIdentity:
@@ -309,7 +293,7 @@ class EpochSteps(DeviceCore):
         self._send(self._signed(announce))
         context = seal_context(self._config.federation, epoch.epoch)
         boxes = self._seal_page(message, context, secret_key.secret_to_bytes())
-        for part, chunk in enumerate(_parts(boxes, SEALED_KEYS_BUDGET)):
+        for part, chunk in enumerate(split_boxes(boxes)):
             self._send(
                 SealedKeys(
                     federation=self._config.federation,

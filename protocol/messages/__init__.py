@@ -112,6 +112,7 @@ from ursa.protocol.messages.keys import (
     SealedKeys,
     SealedSecretKey,
     SealRequest,
+    split_boxes,
 )
 from ursa.protocol.messages.lifecycle import END, MAX_END_METRICS, FederationEnd
 from ursa.protocol.messages.secure_mean import MeanReport, MeanRequest, MeanSum
@@ -241,6 +242,7 @@ __all__ = [
     "TrySums",
     "Volunteer",
     "fleet_eval_length",
+    "split_boxes",
 ]
 
 Message = Annotated[

@@ -115,6 +115,27 @@ class SealedBox(_Frozen):
     box: Annotated[bytes, Field(min_length=1, max_length=MAX_BOX_BYTES)]
 
 
+def split_boxes(
+    boxes: list[SealedBox], budget: int = SEALED_KEYS_BUDGET
+) -> list[tuple[SealedBox, ...]]:
+    """Boxes in consecutive runs of at most ``budget`` box bytes (at least one each).
+
+    How an agent cuts one page's boxes into `SealedKeys` messages.
+    """
+    parts: list[tuple[SealedBox, ...]] = []
+    current: list[SealedBox] = []
+    size = 0
+    for box in boxes:
+        if current and size + len(box.box) > budget:
+            parts.append(tuple(current))
+            current, size = [], 0
+        current.append(box)
+        size += len(box.box)
+    if current:
+        parts.append(tuple(current))
+    return parts
+
+
 class SealedKeys(BaseMessage):
     """Agent to coordinator: the boxes of (part of) one `SealRequest` page.
 

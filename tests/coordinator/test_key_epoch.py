@@ -88,6 +88,7 @@ def test_a_coordinator_killed_mid_paging_asks_only_for_the_open_pages(
     before = len(fed.messages("seal_request"))
     fed.coordinator = fed.new_coordinator()
     fed.coordinator.start()
+    fed.settle()  # silence means no: let the round's volunteering window close
 
     resent = [m for _, m in fed.messages("seal_request")[before:]]
     assert sorted(r.page for r in resent) == [2, 3]
@@ -112,6 +113,7 @@ def test_a_stalled_agent_is_asked_again_and_finishes_after_its_restart(
     assert fed.coordinator.state.stage is Stage.REGISTRATION
 
     fed.tick(11)  # no boxes for longer than deadlines.agent_s: pages 2, 3 again
+    fed.settle()
 
     keys = {m.public_key for _, m in fed.messages("agent_public_key")}
     assert len(keys) == 1

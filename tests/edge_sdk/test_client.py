@@ -732,16 +732,3 @@ def test_a_device_says_hello_again_until_the_coordinator_answers(
     assert d0.enrolled.is_set()
     assert hellos_after(1000.0) == first + 1  # answered: no more hellos
     assert h.coordinator.is_done  # d0 took its part in the epoch and round
-
-
-def test_the_agent_splits_a_page_of_boxes_by_its_byte_budget() -> None:
-    from ursa.edge_sdk.keys import _parts
-    from ursa.protocol.messages import MAX_BOX_BYTES, SEALED_KEYS_BUDGET, SealedBox
-
-    boxes = [SealedBox(recipient=f"d{i}", box=bytes(MAX_BOX_BYTES)) for i in range(40)]
-
-    parts = _parts(boxes, SEALED_KEYS_BUDGET)
-
-    assert [b for part in parts for b in part] == boxes
-    assert all(sum(len(b.box) for b in p) <= SEALED_KEYS_BUDGET for p in parts)
-    assert len(parts) == 3  # 16 + 16 + 8

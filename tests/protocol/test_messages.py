@@ -394,3 +394,20 @@ def test_the_run_is_a_common_field_covered_by_the_signature() -> None:
         m.Heartbeat(**DEV, run="not a run!", seq=1)
     with pytest.raises(ValidationError):
         m.Heartbeat(**DEV, run="x" * 65, seq=1)
+
+
+def test_the_agent_splits_a_page_of_boxes_by_its_byte_budget() -> None:
+    from ursa.protocol.messages import (
+        MAX_BOX_BYTES,
+        SEALED_KEYS_BUDGET,
+        SealedBox,
+        split_boxes,
+    )
+
+    boxes = [SealedBox(recipient=f"d{i}", box=bytes(MAX_BOX_BYTES)) for i in range(40)]
+
+    parts = split_boxes(boxes)
+
+    assert [b for part in parts for b in part] == boxes
+    assert all(sum(len(b.box) for b in p) <= SEALED_KEYS_BUDGET for p in parts)
+    assert len(parts) == 3  # 16 + 16 + 8
