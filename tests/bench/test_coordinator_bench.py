@@ -22,7 +22,7 @@ from ursa.protocol.messages import (
     AgentPublicKey,
     KeyEpochStart,
     Registration,
-    SealedSecretKey,
+    SealedKeys,
     SealRequest,
 )
 from ursa.protocol.topics import down_topic, global_topic
@@ -170,11 +170,13 @@ def test_the_agent_answers_each_seal_request_page_for_its_recipients() -> None:
 
     assert kind == "seal_request"
     assert isinstance(sent[0], AgentPublicKey)  # once, before the first boxes
-    boxes = [m for m in sent if isinstance(m, SealedSecretKey)]
-    assert [b.recipient for b in boxes] == [fleet.ids[1], fleet.ids[2]]
+    pages = [m for m in sent if isinstance(m, SealedKeys)]  # one per page
+    assert [b.recipient for p in pages for b in p.boxes] == [fleet.ids[1], fleet.ids[2]]
     assert [m.sender for m in sent if isinstance(m, Registration)] == [fleet.ids[0]]
-    assert [type(m) for m in later] == [SealedSecretKey] * 3
-    assert [m.recipient for m in later if isinstance(m, SealedSecretKey)] == [
+    assert [type(m) for m in later] == [SealedKeys]
+    assert [
+        b.recipient for m in later if isinstance(m, SealedKeys) for b in m.boxes
+    ] == [
         fleet.ids[3],
         fleet.ids[4],
         fleet.ids[5],

@@ -270,6 +270,7 @@ class _Client:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+        self.client.reinitialise()  # closes paho's wake-up socket pair now
 
 
 def _generate(argv: list[str]) -> None:

@@ -172,6 +172,7 @@ def _connect(port: int, ca: Path, user: str, password: str) -> int:
     finally:
         client.disconnect()
         client.loop_stop()
+        client.reinitialise()  # closes paho's wake-up socket pair now, not in a GC
     return codes[0]
 
 
