@@ -85,6 +85,11 @@ def test_malformed_input_on_the_coordinators_topics_changes_nothing(
     )
     start(run)
     run.wait_for_log(r"round 1: update 1/")
+    # Silence means no: fewer messages precede the first update than before,
+    # so wait (bounded) for the round's traffic to give REPLAYS of them.
+    deadline = time.monotonic() + 60
+    while sum(1 for _, p in captured if p) < REPLAYS and time.monotonic() < deadline:
+        time.sleep(0.1)
     rogue = run.connect(ROGUE)
     replays = [payload for _, payload in captured if payload][:REPLAYS]
     cases = malformed_payloads(
