@@ -107,6 +107,21 @@ def test_secret_from_bytes_rejects_a_foreign_factor(
         PaillierSecretKey.secret_from_bytes(spliced)
 
 
+def test_secret_from_bytes_rejects_a_composite_factor(keys: Keys) -> None:
+    # p * q == n holds, so only the primality check can refuse this key
+    p = keys[1]._p
+    fake_p, fake_q = 3 * int(p), int(keys[1]._q)
+    fields = [fake_p * fake_q, fake_p, fake_q]
+    data = b"USK1" + b"".join(
+        struct.pack(">H", (x.bit_length() + 7) // 8)
+        + x.to_bytes((x.bit_length() + 7) // 8, "big")
+        for x in fields
+    )
+
+    with pytest.raises(CryptoError, match="not prime"):
+        PaillierSecretKey.secret_from_bytes(data)
+
+
 def test_secret_key_is_never_serialised_implicitly(keys: Keys) -> None:
     _, secret = keys
 
