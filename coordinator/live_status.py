@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ursa.coordinator.site_links import SiteLink
 from ursa.coordinator.telemetry import TelemetrySnapshot
 from ursa.crypto.timing import crypto_seconds
 
@@ -44,6 +45,7 @@ class ServiceStatus:
     crypto_s: float
     telemetry: TelemetrySnapshot
     collected_at: float
+    site_links: dict[str, SiteLink] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The ``/api/status`` document (JSON-able; no secrets, no device data)."""
@@ -72,6 +74,10 @@ class ServiceStatus:
             "rounds_completed": self.rounds_completed,
             "methods": list(t.methods),
             "connected": self.connected,
+            "site_links": {
+                site: {"up": link.up, "since": link.since}
+                for site, link in sorted(self.site_links.items())
+            },
             "devices": {
                 "enrolled": len(self.enrolled),
                 "online": len(self.online & set(self.enrolled)),
@@ -124,4 +130,5 @@ def service_status(service: CoordinatorService) -> ServiceStatus:
         crypto_s=crypto_seconds(),
         telemetry=service.telemetry.snapshot(),
         collected_at=time.time(),
+        site_links=service.site_links,
     )

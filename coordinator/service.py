@@ -75,6 +75,7 @@ from ursa.coordinator.presence import Presence
 from ursa.coordinator.recovery import Recovery
 from ursa.coordinator.rounds import RoundState, Stage
 from ursa.coordinator.selection_method import SelectionMethod
+from ursa.coordinator.site_links import SiteLink, SiteLinks
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
@@ -103,10 +104,12 @@ from ursa.protocol.messages import (
 from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import Dispatch, RejectedError, Router
 from ursa.protocol.topics import (
+    BRIDGE_STATE_FILTER,
     RETAINED_GLOBAL_NAMES,
     STATUS,
     coordinator_subscriptions,
     global_topic,
+    parse_bridge_state,
     parse_topic,
 )
 from ursa.protocol.transport import Transport, TransportError, TransportStats
@@ -211,6 +214,7 @@ class CoordinatorService(Recovery):
         )
         self._held: list[tuple[str, bytes]] = []
         self._held_dropped = 0
+        self._site_links = SiteLinks()
         self._run_drops: dict[str, int] = {}
         self._run = ""
         self._router = self._routes()
@@ -393,6 +397,7 @@ class CoordinatorService(Recovery):
         transport.set_handler(self.handle)
         for pattern in coordinator_subscriptions(self._config.federation):
             transport.subscribe(pattern)
+        transport.subscribe(BRIDGE_STATE_FILTER)
 
     def _make_transport(self) -> Transport:
         from ursa.protocol.mqtt import MqttTransport
@@ -519,6 +524,10 @@ class CoordinatorService(Recovery):
     def _admit(self, topic: str, payload: bytes, now: float) -> None:
         cfg = self._config
         try:
+            link = parse_bridge_state(topic, payload)
+            if link is not None:
+                self._on_site_link(*link, now)
+                return
             parsed = parse_topic(topic)
         except TopicError as exc:
             logger.warning("rejected message on an invalid topic: %s", exc)
@@ -779,11 +788,28 @@ class CoordinatorService(Recovery):
             if self._flicker is not None:
                 self._flicker.device_left(device)
 
+    def _on_site_link(self, site: str, up: bool, now: float) -> None:
+        """A site bridge's state: log it; give open windows a link outage back."""
+        outage = self._site_links.update(site, up, now)
+        if not up:
+            logger.warning(
+                "site link %s is down: its devices cannot reach us until it is back",
+                site,
+            )
+        elif outage > 0:
+            logger.info("site link %s is back after %.0f s", site, outage)
+            self._extend_deadline(outage)
+
+    @property
+    def site_links(self) -> dict[str, SiteLink]:
+        """Every site bridge's last known state (read from any thread)."""
+        return self._site_links.snapshot()
+
     def _extend_deadline(self, outage_s: float) -> None:
         """Give the open stage back the time the broker was away."""
         deadline = self._state.deadline_at
         if outage_s > 0 and deadline is not None:
-            logger.info("broker back after %.0f s; stage deadline extended", outage_s)
+            logger.info("stage deadline extended by the outage's %.0f s", outage_s)
             self._set_state(
                 dataclasses.replace(self._state, deadline_at=deadline + outage_s)
             )

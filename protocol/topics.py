@@ -5,6 +5,10 @@
     ursa/v1/<federation>/dev/<device>/down/<name>   coordinator -> one device
     ursa/v1/<federation>/dev/<device>/status        retained online; will offline
 
+Outside the tree, each Mosquitto bridge of a site broker publishes its link
+state on ``ursa/bridge/<site>/state`` (retained ``1``, will ``0``); the
+coordinator reads it (`BRIDGE_STATE_FILTER`, `parse_bridge_state`).
+
 Federation and device ids match `[A-Za-z0-9_-]{1,64}` and names
 `[a-z][a-z0-9_]{0,31}`, so no `+`, `#`, `/` or `$` can be injected into a
 topic. A device publishes only under its own subtree; `device_acl_patterns`
@@ -41,6 +45,9 @@ GLOBAL: Final = "global"
 DEV: Final = "dev"
 UP: Final = "up"
 DOWN: Final = "down"
+BRIDGE: Final = "bridge"
+BRIDGE_STATE_FILTER: Final = f"{ROOT}/{BRIDGE}/+/state"
+"""Every site bridge's link state (outside ursa/v1/: no protocol traffic)."""
 
 RETAINED_GLOBAL_NAMES = frozenset(
     {STATUS} | {cls.topic for cls in MESSAGE_TYPES.values() if cls.retained}
@@ -49,6 +56,7 @@ RETAINED_GLOBAL_NAMES = frozenset(
 that (re)connects catches up; the coordinator's status is retained too."""
 
 __all__ = [
+    "BRIDGE_STATE_FILTER",
     "CKKS_CONTEXT",
     "CONTROL",
     "EPOCH",
@@ -62,6 +70,7 @@ __all__ = [
     "STATUS",
     "TRANSFER",
     "Topic",
+    "bridge_state_topic",
     "coordinator_subscriptions",
     "device_acl_patterns",
     "device_subscriptions",
@@ -69,6 +78,7 @@ __all__ = [
     "federation_filter",
     "global_topic",
     "name_for",
+    "parse_bridge_state",
     "parse_topic",
     "qos_for",
     "shared_subscription",
@@ -135,6 +145,28 @@ def down_topic(federation: str, device: str, name: str) -> str:
 def status_topic(federation: str, device: str) -> str:
     """`ursa/v1/<federation>/dev/<device>/status` (retained, and the last will)."""
     return f"{_device_base(federation, device)}/{STATUS}"
+
+
+def bridge_state_topic(site: str) -> str:
+    """`ursa/bridge/<site>/state`: a site bridge's link, 1 up, 0 down (retained)."""
+    return f"{ROOT}/{BRIDGE}/{_check_id(site, 'site')}/state"
+
+
+def parse_bridge_state(topic: str, payload: bytes) -> tuple[str, bool] | None:
+    """``(site, up)`` for a bridge state message; None for any other topic.
+
+    An empty payload (a cleared retain) reads as down: the link is not known up.
+
+    Raises:
+        TopicError: a bridge state topic with a bad site name or payload.
+    """
+    levels = topic.split("/")
+    if len(levels) != 4 or levels[:2] != [ROOT, BRIDGE] or levels[3] != "state":
+        return None
+    site = _check_id(levels[2], "site")
+    if payload not in (b"0", b"1", b""):
+        raise TopicError(f"bridge {site}: state payload must be 0 or 1")
+    return site, payload == b"1"
 
 
 def coordinator_subscriptions(federation: str) -> tuple[str, ...]:

@@ -366,3 +366,31 @@ def test_generated_configs_bridge_a_site_to_a_tls_core(
         for process in processes:
             process.terminate()
             process.wait(timeout=10)
+
+
+def test_the_coordinator_sees_a_site_link_go_down_and_come_back(
+    bridged: Bridged, connect_mqtt: Any, tmp_path: Path
+) -> None:
+    core = MqttFederation(bridged.core, tmp_path, "links", connect_mqtt)
+    _wait_bridge_up(core)
+    service = CoordinatorService(core.coordinator_config(N, k=2, tries=2, rounds=1))
+    service.start()
+    loop = threading.Thread(target=service.run, daemon=True)
+    loop.start()
+
+    def link_up() -> bool | None:
+        link = service.site_links.get(SITE)
+        return None if link is None else link.up
+
+    try:
+        core.capture.wait_for(lambda: link_up() is True, 20, "the link seen up")
+        bridged.site.stop()  # the site broker and its bridge go away
+        core.capture.wait_for(lambda: link_up() is False, 20, "the link seen down")
+        bridged.site.start()
+        core.capture.wait_for(lambda: link_up() is True, 30, "the link seen back")
+    finally:
+        service.stop()
+        loop.join(5)
+        core.stop()
+    states = [p for t, p in core.capture.items if t == state_topic(SITE)]
+    assert states[-3:] == [b"1", b"0", b"1"], states

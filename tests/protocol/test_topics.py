@@ -217,3 +217,22 @@ def test_each_message_class_declares_its_topic_and_retention() -> None:
         "FederationEnd",
     }
     assert {cls.topic for cls in MESSAGE_TYPES.values()} >= {t.CONTROL, t.TRANSFER}
+
+
+def test_bridge_state_topics_parse_to_site_and_state() -> None:
+    topic = t.bridge_state_topic("site-a")
+
+    assert topic == "ursa/bridge/site-a/state"
+    assert t.parse_bridge_state(topic, b"1") == ("site-a", True)
+    assert t.parse_bridge_state(topic, b"0") == ("site-a", False)
+    assert t.parse_bridge_state(topic, b"") == ("site-a", False)
+    assert t.parse_bridge_state("ursa/v1/fed/dev/d1/status", b"1") is None
+
+
+@pytest.mark.parametrize(
+    ("topic", "payload"),
+    [("ursa/bridge/a.b/state", b"1"), ("ursa/bridge/site-a/state", b"up")],
+)
+def test_a_bad_bridge_state_is_a_topic_error(topic: str, payload: bytes) -> None:
+    with pytest.raises(TopicError):
+        t.parse_bridge_state(topic, payload)

@@ -117,9 +117,10 @@ def check_name(value: str, what: str) -> str:
 def state_topic(name: str) -> str:
     """Where the bridge publishes its connection state: 1 up, 0 down (retained).
 
-    Outside ursa/v1/, so no ursa client mistakes it for protocol traffic.
+    Outside ursa/v1/, so no ursa client mistakes it for protocol traffic; the
+    coordinator reads it (`ursa.coordinator.site_links`).
     """
-    return f"ursa/bridge/{name}/state"
+    return f"ursa/bridge/{name}/state"  # name may be "+": the readers' ACL
 
 
 def bridge_section(

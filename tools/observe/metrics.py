@@ -58,6 +58,14 @@ class StatusCollector(Collector):
         yield _gauge(
             "ursa_broker_connected", "1 while the broker link is up.", s.connected
         )
+        links = GaugeMetricFamily(
+            "ursa_site_link_up",
+            "1 while a site broker's bridge to the core is up, 0 while down.",
+            labels=["site"],
+        )
+        for site, link in sorted(s.site_links.items()):
+            links.add_metric([site], float(link.up))
+        yield links
         info = GaugeMetricFamily(
             "ursa_federation_info",
             "The federation and the methods it runs (value 1).",

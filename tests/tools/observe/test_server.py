@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ursa.coordinator.live_status import ServiceStatus
+from ursa.coordinator.site_links import SiteLink
 from ursa.coordinator.telemetry import Telemetry
 from ursa.tools.observe.server import (
     Listen,
@@ -41,6 +42,7 @@ def _status(telemetry: Telemetry, round_index: int = 2) -> ServiceStatus:
         crypto_s=0.5,
         telemetry=telemetry.snapshot(),
         collected_at=time.time(),
+        site_links={"site-a": SiteLink(True, 1.0), "site-b": SiteLink(False, 2.0)},
     )
 
 
@@ -125,6 +127,8 @@ def test_metrics_are_prometheus_text_with_the_ursa_families(
     assert samples[("ursa_round_duration_seconds_count", ())] == 1
     assert samples[("ursa_updates_total", ())] == 0
     assert samples[("ursa_stage", (("stage", "training"),))] == 1
+    assert samples[("ursa_site_link_up", (("site", "site-a"),))] == 1
+    assert samples[("ursa_site_link_up", (("site", "site-b"),))] == 0
 
 
 def test_two_views_in_one_process_keep_their_own_registries(
