@@ -152,7 +152,6 @@ class EnrolmentWatch:
     """
 
     def __init__(self, state_dir: Path, config: EnrolmentConfig) -> None:
-        self._path = Path(state_dir) / ENROLMENT_FILENAME
         self._state_dir = Path(state_dir)
         self._config = config
         self._seen: tuple[int, int, int] | None = None
@@ -169,7 +168,7 @@ class EnrolmentWatch:
         file parses again.
         """
         try:
-            info = self._path.stat()
+            info = (self._state_dir / ENROLMENT_FILENAME).stat()
             seen = (info.st_mtime_ns, info.st_size, info.st_ino)
         except FileNotFoundError:
             seen = (0, 0, 0)
