@@ -33,7 +33,8 @@ from pathlib import Path
 
 from ursa.bench.common import Budget, report
 from ursa.coordinator.natural_keys import natural_key
-from ursa.coordinator.store import CommitPolicy, CoordinatorStore
+from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store_batches import CommitPolicy
 from ursa.protocol.messages import BaseMessage, Heartbeat, Volunteer
 
 __all__ = ["MODES", "StoreRun", "measure", "run"]

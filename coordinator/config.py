@@ -123,7 +123,7 @@ from ursa.coordinator.methods_config import (
     selection_spec,
     training_spec,
 )
-from ursa.coordinator.store import (
+from ursa.coordinator.store_batches import (
     DEFAULT_COMMIT_INTERVAL_S,
     DEFAULT_COMMIT_MAX_RECORDS,
     CommitPolicy,

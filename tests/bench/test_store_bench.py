@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ursa.bench.store import MODES, measure, run
-from ursa.coordinator.store import CommitPolicy
+from ursa.coordinator.store_batches import CommitPolicy
 
 LONG = CommitPolicy(interval_s=3600.0, max_records=10_000)
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from ursa.coordinator.natural_keys import natural_key
-from ursa.coordinator.store import CommitPolicy, CoordinatorStore, NaturalKey
+from ursa.coordinator.store import CoordinatorStore, NaturalKey
+from ursa.coordinator.store_batches import CommitPolicy
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import Heartbeat, Registration, Volunteer
 from ursa.protocol.outbox import Outbox
@@ -158,7 +159,8 @@ def test_the_outbox_gate_commits_what_was_written_before_a_message(
 _CRASH = """
 import os, signal, sys
 from pathlib import Path
-from ursa.coordinator.store import CommitPolicy, CoordinatorStore
+from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store_batches import CommitPolicy
 store = CoordinatorStore(
     Path(sys.argv[1]), commit=CommitPolicy(interval_s=3600.0, max_records=10_000)
 )
