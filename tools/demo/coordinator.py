@@ -21,6 +21,7 @@ from ursa.tools.demo.settings import (
     DUAL_TIMEOUT_S,
     FEDERATION,
     UPDATE_TIMEOUT_S,
+    VOLUNTEER_S,
     DemoError,
     TrainingDemoSettings,
 )
@@ -106,7 +107,7 @@ def coordinator_config(
         deadlines=DeadlinesConfig(
             key_epoch_s=120,
             registration_s=120,
-            volunteer_s=60,
+            volunteer_s=VOLUNTEER_S,
             distributions_s=60,
             agent_s=60,
             training_s=UPDATE_TIMEOUT_S + 3 * DUAL_TIMEOUT_S + 60,

@@ -41,6 +41,7 @@ from ursa.protocol.mqtt import MqttConfig, MqttTransport
 from ursa.protocol.topics import global_topic, name_for
 from ursa.tools.data.metrics import distance_to_uniform, distributions
 from ursa.tools.data.partition import dubhe_partition
+from ursa.tools.demo.settings import VOLUNTEER_S
 
 __all__ = ["DemoSettings", "run_selection_demo"]
 
@@ -178,7 +179,9 @@ def run_selection_demo(
                     rounds=settings.rounds,
                     key_bits=settings.key_bits,
                     seed=settings.seed,
-                    deadlines=DeadlinesConfig(volunteer_s=8, distributions_s=20),
+                    deadlines=DeadlinesConfig(
+                        volunteer_s=VOLUNTEER_S, distributions_s=20
+                    ),
                 )
             )
             service.start()

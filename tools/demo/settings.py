@@ -13,6 +13,11 @@ ARCHITECTURE = "mlp"
 SELECTIONS = ("dubhe", "random")
 UPDATE_TIMEOUT_S = 120.0
 DUAL_TIMEOUT_S = 60.0
+VOLUNTEER_S = 3.0
+"""Dubhe's volunteering window: silence means no, so nearly every round waits
+it out (it ends early only when every try already has K yes-draws). The
+demo's devices are idle on one machine when a round is announced and
+answer within a second; a late yes-volunteer is only replaced by a top-up."""
 WEIGHTINGS = ("none", "climb", "feddisk")
 BALANCES = ("none", "flicker")
 
