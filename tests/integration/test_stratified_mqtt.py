@@ -10,10 +10,12 @@ import pytest
 
 from ursa.coordinator.methods_config import DubheSpec
 from ursa.coordinator.service import CoordinatorService
+from ursa.coordinator.store import DB_FILENAME
 from ursa.crypto.identity import verify_signature
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.methods.dubhe import Dubhe
-from ursa.edge_sdk.methods.dubhe.ranks import shared_seed
+from ursa.edge_sdk.methods.dubhe import method as device_dubhe
+from ursa.edge_sdk.methods.dubhe.ranks import new_one_time_key, shared_seed
 from ursa.edge_sdk.methods_config import DubheSpec as DeviceDubheSpec
 from ursa.edge_sdk.registration import stratified_volunteers
 from ursa.protocol.envelope import signing_bytes
@@ -46,8 +48,16 @@ def _start(fed: Any) -> list[EdgeClient]:
 
 
 def test_the_served_federation_selects_exactly_the_pure_stratified_sets(
-    mqtt_federation: Any,
+    mqtt_federation: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    made: list[bytes] = []
+
+    def recorded() -> bytes:
+        key = new_one_time_key()
+        made.append(key)
+        return key
+
+    monkeypatch.setattr(device_dubhe, "new_one_time_key", recorded)
     fed = mqtt_federation("itstrat")
     config = fed.coordinator_config(
         N, k=K, tries=H, rounds=ROUNDS, methods=(DubheSpec(draw="stratified"),)
@@ -94,6 +104,29 @@ def test_the_served_federation_selects_exactly_the_pure_stratified_sets(
         ]
         assert chosen == tries[try_index]  # the agent's pick among the pure tries
         assert spoke[r] == set().union(*tries)  # and nobody else spoke
+
+    # Nothing private in the traffic or the coordinator's database: not the
+    # one-time keys, the shared seed, the epoch's secret key; no selection
+    # broadcast; the rank pages name no device.
+    assert len(made) == N
+    needles = [str(seed).encode(), seed.to_bytes(8, "big"), secret.secret_to_bytes()]
+    needles += [k for key in made for k in (key, key.hex().encode())]
+    with fed.capture.lock:
+        traffic = b"\x00".join(p for _, p in fed.capture.items)
+    service.stop()
+    database = b"".join(
+        p.read_bytes()
+        for p in config.state_dir.iterdir()
+        if p.name.startswith(DB_FILENAME)
+    )
+    assert traffic and database
+    for needle in needles:
+        assert needle not in traffic and needle not in database
+    assert fed.capture.messages("rank_request") and fed.capture.messages("sealed_rank")
+    for _, request in fed.capture.messages("rank_request"):
+        assert all(
+            set(e.model_dump()) == {"registry", "rank_key"} for e in request.entries
+        )
 
     # balance: the served sets vs the simulator's stratified draw, same registry
     dists = np.stack(
