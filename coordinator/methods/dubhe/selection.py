@@ -605,6 +605,8 @@ class DubheSelection(SelectionMethod):
                 handout.paging.num_pages,
             )
         self._handout = handout
+        if handout.is_complete:
+            self._entries = {}  # nothing left to send: not kept in memory
         return handout
 
     def _send_rank_pages(
