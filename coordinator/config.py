@@ -112,6 +112,7 @@ from ursa._compat import tomllib
 from ursa.coordinator.methods_config import (
     DEFAULT_METHODS,
     ClimbSpec,
+    DubheSpec,
     FedAvgSpec,
     FeddiskSpec,
     FlickerSpec,
@@ -463,6 +464,11 @@ class CoordinatorConfig(_Frozen):
     def selection_method(self) -> SelectionSpec:
         """The selection method (exactly one, checked at load)."""
         return selection_spec(self.methods)
+
+    def stratified_draw(self) -> bool:
+        """Whether Dubhe runs the stratified draw (ranks, private selections)."""
+        method = self.selection_method()
+        return isinstance(method, DubheSpec) and method.draw == "stratified"
 
     def training_method(self) -> FedAvgSpec | ClimbSpec | FeddiskSpec | None:
         """The training method; None for a selection-only federation."""

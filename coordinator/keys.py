@@ -19,7 +19,10 @@ pages again.
 Registration: each recipient's encrypted one-hot registry (one party, the
 epoch key, the codebook's length) joins a running sum, once per device; when
 every online recipient has registered, or at the deadline, the encrypted
-`RegistrySum` is published (retained) and the first round opens. Whom it
+`RegistrySum` is published (retained) and the first round opens. Under
+Dubhe's stratified draw a registration carries a one-time public key, kept
+with its ciphertext for the rank hand-out (`ursa.coordinator.methods.dubhe.
+ranks`); a registration whose draw differs is refused (``method_mismatch``). Whom it
 still waits for is a pending set built once when registration opens and
 shrunk by each registration, departure and sit-out, so a message costs the
 same at any fleet size. Each completed page pushes the deadline out to a full
@@ -436,6 +439,14 @@ class EpochStages(ServiceCore):
             return
         if self._state.stage is not Stage.REGISTRATION or work.public_key is None:
             raise RejectedError(ErrorCode.LATE, "registration is closed")
+        stratified = self._config.stratified_draw()
+        if stratified != (message.rank_key is not None):
+            raise RejectedError(
+                ErrorCode.METHOD_MISMATCH,
+                "the federation runs Dubhe's "
+                f"{'stratified' if stratified else 'paper'} draw; configure the "
+                "device's dubhe [[methods]] entry with the same draw",
+            )
         registry = self._config.registry
         length = Codebook(registry.num_classes, registry.groups).length
         try:
@@ -453,8 +464,11 @@ class EpochStages(ServiceCore):
             total = vector
         else:
             total = add_encrypted(work.public_key, work.running_sum, vector)
+        rank_entry = (
+            None if message.rank_key is None else (message.registry, message.rank_key)
+        )
         self._store.add_registration(
-            work.epoch, device, total.to_bytes(work.public_key)
+            work.epoch, device, total.to_bytes(work.public_key), rank_entry
         )
         work.running_sum = total
         work.registered.add(device)

@@ -5,6 +5,7 @@ fields refused)::
 
     [[methods]]
     kind = "dubhe"                    # selection: the encrypted registry (or "random")
+    draw = "paper"                    # or "stratified" (ursa's option)
 
     [[methods]]
     kind = "climb"                    # training: FedAvg weighted by CLIMB's duals
@@ -38,7 +39,9 @@ from ursa.protocol.methods import MethodRole, MethodsError, check_method_list
 
 __all__ = [
     "DEFAULT_METHODS",
+    "DRAWS",
     "ClimbSpec",
+    "Draw",
     "DubheSpec",
     "FedAvgSpec",
     "FeddiskSpec",
@@ -61,11 +64,25 @@ class _Spec(BaseModel):
     role: ClassVar[MethodRole]
 
 
+Draw = Literal["paper", "stratified"]
+"""Dubhe's volunteer draw (`ursa.edge_sdk.registration`)."""
+
+DRAWS: tuple[Draw, ...] = ("paper", "stratified")
+
+
 class DubheSpec(_Spec):
-    """Dubhe: devices self-select from the Paillier-encrypted registry."""
+    """Dubhe: devices self-select from the Paillier-encrypted registry.
+
+    ``draw``: ``"paper"``, the paper's independent coins, or
+    ``"stratified"``, ursa's draw with exact per-category quotas from the
+    epoch's shared seed (ranks handed out once per key epoch; each round's
+    selection goes to each selected device alone). Devices must be
+    configured with the same draw.
+    """
 
     role: ClassVar[MethodRole] = MethodRole.SELECTION
     kind: Literal["dubhe"] = "dubhe"
+    draw: Draw = "paper"
 
 
 class RandomSpec(_Spec):

@@ -162,7 +162,7 @@ class Recovery(EpochStages, RoundStages):
             return
         last = self._store.last_result()
         if last is not None:
-            self._send_raw(last, "selection_result", None)
+            self._deliver_selection(last)
         work, current = self._epoch, self._round
         if work is not None:
             self._send_raw(work.notice, "key_epoch_start", None)

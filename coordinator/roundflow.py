@@ -8,7 +8,9 @@ method looks at them, `LazyDevices`); the
 method's own steps and windows (Dubhe's volunteers, distributions and agent)
 are its business (`ursa.coordinator.methods`). The runtime checks the
 answer (K distinct eligible devices), signs the `SelectionResult`, stores
-it with the round and publishes it.
+it with the round and publishes it; when the method says the selection is
+private (Dubhe's stratified draw), each selected device instead gets its own
+signed `SelectionResult` naming only itself, on its down topic.
 
 TRAINING: the `RoundPlugin` runs until complete (or the training deadline),
 then the round is marked complete in the store (once) and the next one opens.
@@ -19,13 +21,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Set
 
-from ursa.coordinator.core import RoundWork, ServiceCore
+from ursa.coordinator.core import RoundWork, ServiceCore, derived_id
 from ursa.coordinator.device_sets import LazyDevices
 from ursa.coordinator.federation_end import end_message, write_final_model
 from ursa.coordinator.presence import fleet_change
 from ursa.coordinator.rounds import Stage, advance
 from ursa.coordinator.selection import SelectionError
 from ursa.coordinator.selection_method import Selection, SelectionRequest
+from ursa.protocol.envelope import decode
 from ursa.protocol.messages import COORDINATOR, RoundAnnounce, SelectionResult
 
 __all__ = ["MIN_ANNOUNCE_INTERVAL_S", "RoundStages"]
@@ -228,8 +231,25 @@ class RoundStages(ServiceCore):
             len(selected),
             selection.try_index,
         )
-        self._send_raw(payload, "selection_result", None)
+        self._deliver_selection(payload)
         self._plugin.on_selected(work.round, work.selected, self._send)
+
+    def _deliver_selection(self, payload: bytes) -> None:
+        """Publish the signed selection, or under a private one tell each alone."""
+        if not self._selection.private_selection:
+            self._send_raw(payload, "selection_result", None)
+            return
+        result = decode(payload)
+        assert isinstance(result, SelectionResult)
+        for device in result.selected:
+            own = result.model_copy(
+                update={
+                    "selected": (device,),
+                    "message_id": derived_id(result.message_id, device),
+                    "signature": b"",
+                }
+            )
+            self._send(self._sign(own), device)
 
     def _stage_training(self, now: float) -> None:
         work = self._round

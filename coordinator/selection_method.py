@@ -122,6 +122,16 @@ class SelectionMethod(ABC):
     name: ClassVar[str]
     """The method's ``[[methods]]`` kind (signed into each key epoch)."""
 
+    @property
+    def private_selection(self) -> bool:
+        """Whether each selected device alone hears its selection (default: no).
+
+        True when publishing the set would let devices link ids to private
+        data (Dubhe's stratified draw): the runtime then signs a
+        `SelectionResult` naming only its device and sends it to that device.
+        """
+        return False
+
     def attach(self, ctx: SelectionContext) -> None:  # noqa: B027 - optional hook
         """Keep the runtime's context (once, when the service starts)."""
 

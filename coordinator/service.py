@@ -18,8 +18,11 @@ The protocol as the coordinator runs it (SPEC §2, §3, §5; Dubhe Fig. 3-5)::
     5  RoundAnnounce(round, K, H, deadline) -> all (retained)
        SELECTING: the selection method's own messages and windows (Dubhe:
        Volunteer, TryAssignment, EncryptedDistribution, TrySums, AgentAnswer;
-       `ursa.coordinator.methods.dubhe`), until it names the participants
-       SelectionResult (signed, K) -> all; RoundPlugin trains
+       with the stratified draw first RankRequest/SealedRanks/SealedRank once
+       per key epoch; `ursa.coordinator.methods.dubhe`), until it names the
+       participants
+       SelectionResult (signed, K) -> all (a private selection: to each
+       selected device alone, naming only it); RoundPlugin trains
        round complete (persisted once) -> next round, or a new key epoch
 
 Phases close early once every *online* device they wait on has answered (a

@@ -30,7 +30,9 @@ messages by a ``seen`` row of their message id.
 What is stored is what the coordinator may know (SPEC §2): device public
 identities, who is online, the agent, public keys, ciphertexts (running
 registry sum, encrypted distributions), volunteers' draws, tentative sets,
-the selection and the signed notices it published. Never a plaintext
+the selection and the signed notices it published; under the stratified
+draw each registrant's registry ciphertext and one-time public key (for the
+rank hand-out). Never a plaintext
 distribution, category, registry or secret key: the coordinator has none.
 """
 
@@ -89,6 +91,9 @@ CREATE TABLE IF NOT EXISTS epochs (
 CREATE TABLE IF NOT EXISTS registrations (
     epoch INTEGER NOT NULL, device_id TEXT NOT NULL,
     PRIMARY KEY (epoch, device_id));
+CREATE TABLE IF NOT EXISTS rank_entries (
+    epoch INTEGER NOT NULL, device_id TEXT NOT NULL, registry BLOB NOT NULL,
+    rank_key BLOB NOT NULL, PRIMARY KEY (epoch, device_id));
 CREATE TABLE IF NOT EXISTS rounds (
     round INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, announce BLOB NOT NULL,
     tries TEXT, candidates TEXT, selected TEXT, try_index INTEGER,
@@ -426,11 +431,15 @@ class CoordinatorStore:
     def add_epoch(
         self, epoch: int, agent: str, recipients: tuple[str, ...], notice: bytes
     ) -> None:
-        """A new key epoch with its agent, recipients and signed notice."""
+        """A new key epoch with its agent, recipients and signed notice.
+
+        The earlier epochs' rank entries go: their hand-out is over.
+        """
         self._write(
             "INSERT INTO epochs (epoch, agent, recipients, notice) VALUES (?, ?, ?, ?)",
             (epoch, agent, json.dumps(list(recipients)), notice),
         )
+        self._write("DELETE FROM rank_entries WHERE epoch < ?", (epoch,))
 
     def set_public_key(self, epoch: int, message: bytes) -> None:
         """The agent's signed public-key message, as relayed."""
@@ -438,14 +447,37 @@ class CoordinatorStore:
             "UPDATE epochs SET public_key_msg = ? WHERE epoch = ?", (message, epoch)
         )
 
-    def add_registration(self, epoch: int, device_id: str, running_sum: bytes) -> None:
-        """One more registrant and the new running sum."""
+    def add_registration(
+        self,
+        epoch: int,
+        device_id: str,
+        running_sum: bytes,
+        rank_entry: tuple[bytes, bytes] | None = None,
+    ) -> None:
+        """One more registrant and the new running sum.
+
+        ``rank_entry``: the stratified draw's (registry ciphertext, one-time
+        public key), kept for the epoch's rank hand-out.
+        """
         with self.transaction():
             self._write("INSERT INTO registrations VALUES (?, ?)", (epoch, device_id))
             self._write(
                 "UPDATE epochs SET running_sum = ? WHERE epoch = ?",
                 (running_sum, epoch),
             )
+            if rank_entry is not None:
+                self._write(
+                    "INSERT INTO rank_entries VALUES (?, ?, ?, ?)",
+                    (epoch, device_id, *rank_entry),
+                )
+
+    def rank_entries(self, epoch: int) -> dict[str, tuple[bytes, bytes]]:
+        """Device -> (registry ciphertext, one-time key) of an epoch's registrants."""
+        rows = self._exec(
+            "SELECT device_id, registry, rank_key FROM rank_entries WHERE epoch = ?",
+            (epoch,),
+        ).fetchall()
+        return {str(r[0]): (bytes(r[1]), bytes(r[2])) for r in rows}
 
     def set_registry_sum(self, epoch: int, message: bytes) -> None:
         """The published RegistrySum message (closes registration)."""

@@ -644,6 +644,14 @@ class EdgeClient(EpochSteps, EndSteps):
         elif outcome is Dispatch.HANDLED:
             self._router.retry_parked(self._refused)
 
+    def _registration_key(self, epoch: int) -> bytes | None:
+        """The first method's key for this epoch's registration (None: none)."""
+        for method in self._methods:
+            key = method.registration_key(epoch)
+            if key is not None:
+                return key
+        return None
+
     def methods(self) -> tuple[str, ...]:
         """Selection, training (when the trainer trains models), balancing."""
         roles = [(m.role, m.name) for m in self._methods]

@@ -333,6 +333,10 @@ class DeviceCore:
     def _maybe_register(self, *, resend: bool) -> None:
         raise NotImplementedError
 
+    def _registration_key(self, epoch: int) -> bytes | None:
+        """The first method's key for this epoch's registration (None: none)."""
+        raise NotImplementedError
+
     def _forget_run_state(self) -> None:
         """Drop the in-memory state of the old run (the client's, every method's)."""
         raise NotImplementedError

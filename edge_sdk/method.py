@@ -291,6 +291,14 @@ class DeviceMethod(ABC):
         """
         return False
 
+    def registration_key(self, epoch: int) -> bytes | None:
+        """A public key to send with this epoch's registration (default: none).
+
+        Dubhe's stratified draw sends a one-time X25519 key; the runtime puts
+        the first method's key into `Registration.rank_key`.
+        """
+        return None
+
     def replace_data(self) -> LocalData | None:
         """The data to use instead of the device's own, or None (default: keep).
 

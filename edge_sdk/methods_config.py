@@ -49,11 +49,17 @@ __all__ = [
 
 
 class DubheSpec(BaseModel):
-    """Dubhe: register the encrypted class counts, volunteer, report."""
+    """Dubhe: register the encrypted class counts, volunteer, report.
+
+    ``draw`` must equal the coordinator's: ``"paper"`` (independent coins)
+    or ``"stratified"`` (a one-time key with the registration, a rank from
+    the agent, exact per-category quotas from the epoch's shared seed).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     role: ClassVar[MethodRole] = MethodRole.SELECTION
     kind: Literal["dubhe"] = "dubhe"
+    draw: Literal["paper", "stratified"] = "paper"
 
 
 class RandomSpec(BaseModel):

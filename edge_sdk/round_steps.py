@@ -66,6 +66,7 @@ class RoundSteps(DeviceCore):
             obfuscators=self._pool,
         )
         self.stats.crypto_s += time.perf_counter() - started
+        rank_key = self._registration_key(epoch.epoch)
         self._send(
             Registration(
                 federation=self._config.federation,
@@ -74,6 +75,7 @@ class RoundSteps(DeviceCore):
                 message_id=derived_id(self.device_id, "registration", epoch.epoch),
                 epoch=epoch.epoch,
                 registry=vector.to_bytes(public_key),
+                rank_key=rank_key,
             )
         )
         self._registered_epoch = epoch.epoch

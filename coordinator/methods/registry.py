@@ -25,6 +25,7 @@ def _dubhe(config: CoordinatorConfig) -> SelectionMethod:
         volunteer_s=d.volunteer_s,
         distributions_s=d.distributions_s,
         agent_s=d.agent_s,
+        draw="stratified" if config.stratified_draw() else "paper",
     )
 
 

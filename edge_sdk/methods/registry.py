@@ -23,6 +23,7 @@ from ursa.edge_sdk.methods.flicker.method import Flicker
 from ursa.edge_sdk.methods_config import (
     ClimbSpec,
     DeviceMethodSpec,
+    DubheSpec,
     flicker_spec,
     selection_kind,
     training_spec,
@@ -60,7 +61,8 @@ def _defaults(
 ) -> list[_Factory]:
     defaults: list[_Factory] = []
     if selection_kind(specs) == "dubhe":
-        defaults.append((Dubhe.name, Dubhe))
+        draw = next((s.draw for s in specs if isinstance(s, DubheSpec)), "paper")
+        defaults.append((Dubhe.name, lambda: Dubhe(draw)))
     if isinstance(trainer, PhasedTrainer):
         defaults.append((FedDisk.name, lambda: FedDisk(trainer)))
     else:

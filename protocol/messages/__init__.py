@@ -66,10 +66,17 @@ from ursa.protocol.messages.base import (
 )
 from ursa.protocol.messages.climb import CLIMB_DUAL, CLIMB_DUAL_LENGTH
 from ursa.protocol.messages.dubhe import (
+    RANK_PAGE_BUDGET,
+    RANK_PAGE_SIZE,
     AgentAnswer,
     EncryptedDistribution,
+    RankBox,
+    RankEntry,
+    RankRequest,
     Registration,
     RegistrySum,
+    SealedRank,
+    SealedRanks,
     TryAssignment,
     TrySums,
     Volunteer,
@@ -169,6 +176,8 @@ __all__ = [
     "PHASE",
     "PROTOCOL_VERSION",
     "PUBLIC_KEY",
+    "RANK_PAGE_BUDGET",
+    "RANK_PAGE_SIZE",
     "REDUNDANCY_SCALE_BITS",
     "REGISTRY",
     "ROUND",
@@ -214,6 +223,9 @@ __all__ = [
     "ModelUpdate",
     "Name",
     "Positive",
+    "RankBox",
+    "RankEntry",
+    "RankRequest",
     "RedundancyAsk",
     "RedundancyOffer",
     "RedundancyReply",
@@ -230,6 +242,8 @@ __all__ = [
     "SealRequest",
     "SealedBox",
     "SealedKeys",
+    "SealedRank",
+    "SealedRanks",
     "SealedSecretKey",
     "SelectionResult",
     "Sha256Hex",
@@ -258,6 +272,9 @@ Message = Annotated[
     | SealedKeys
     | Registration
     | RegistrySum
+    | RankRequest
+    | SealedRanks
+    | SealedRank
     | RoundAnnounce
     | Volunteer
     | TryAssignment

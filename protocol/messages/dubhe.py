@@ -2,6 +2,13 @@
 
 The parameter search of §5.3.2 (sigma grid) has no messages: it ran in the
 simulator only and, measured there, a fixed sigma did as well (README).
+
+The stratified draw adds the rank hand-out, once per key epoch: a device's
+`Registration` carries a one-time X25519 key (`rank_key`); the coordinator
+sends the agent the (registry, one-time key) pairs in a shuffled order, in
+`RankRequest` pages; the agent answers each page with `SealedRanks` (one box
+per entry, by position: it never learns a device id) and the coordinator
+relays each box to its device as a `SealedRank`.
 """
 
 from __future__ import annotations
@@ -18,10 +25,22 @@ from ursa.protocol.messages.base import (
     BaseMessage,
     Blob,
     Count,
+    Key32,
     Positive,
     Signature,
     TryIndices,
+    _Frozen,
 )
+
+RANK_PAGE_SIZE = 256
+"""Most entries in one `RankRequest` page (as `SEAL_PAGE_SIZE` for sealing)."""
+
+RANK_PAGE_BUDGET = 256 * 1024
+"""Most registry ciphertext bytes in one `RankRequest` (a quarter of the cap):
+pages are cut smaller when the epoch's registries are long."""
+
+MAX_RANK_BOX_BYTES = 256
+"""Longest sealed rank (8 bytes of slot and rank, sealed: 69)."""
 
 
 class Registration(BaseMessage):
@@ -31,6 +50,9 @@ class Registration(BaseMessage):
     epoch: Count
     candidate: Count = 0
     registry: Blob
+    rank_key: Key32 | None = None
+    """Stratified draw only: a one-time X25519 public key, fresh per key
+    epoch, that the agent seals this registration's rank to."""
 
 
 class RegistrySum(BaseMessage):
@@ -89,3 +111,67 @@ class AgentAnswer(BaseMessage):
     kind: Literal["agent_answer"] = "agent_answer"
     best_try: Count
     signature: Signature = b""
+
+
+class RankEntry(_Frozen):
+    """One anonymous registration in a `RankRequest` (not a message)."""
+
+    registry: Blob
+    rank_key: Key32
+
+
+class RankRequest(BaseMessage):
+    """Coordinator to agent: one page of the epoch's registrations, shuffled.
+
+    Entries carry no device id; their order over all pages is a uniformly
+    random permutation of the registered devices, fixed once per key epoch.
+    `page` counts from 0 up to `pages` - 1; the agent ranks pages in order.
+    """
+
+    kind: Literal["rank_request"] = "rank_request"
+    epoch: Count
+    page: Count = 0
+    pages: Positive = 1
+    entries: Annotated[
+        tuple[RankEntry, ...], Field(min_length=1, max_length=RANK_PAGE_SIZE)
+    ]
+
+    @_model_validator(mode="after")
+    def _page_in_range(self) -> Self:
+        if self.page >= self.pages:
+            raise ValueError(f"page {self.page} of {self.pages} pages")
+        return self
+
+
+class RankBox(_Frozen):
+    """One entry's sealed rank in a `SealedRanks` (not a message)."""
+
+    entry: Count
+    """The entry's position in its `RankRequest` page."""
+    box: Annotated[bytes, Field(min_length=1, max_length=MAX_RANK_BOX_BYTES)]
+
+
+class SealedRanks(BaseMessage):
+    """Agent to coordinator: one page's ranks, each sealed to its one-time key."""
+
+    kind: Literal["sealed_ranks"] = "sealed_ranks"
+    epoch: Count
+    page: Count
+    boxes: Annotated[
+        tuple[RankBox, ...], Field(min_length=1, max_length=RANK_PAGE_SIZE)
+    ]
+
+    @_model_validator(mode="after")
+    def _unique_entries(self) -> Self:
+        entries = [b.entry for b in self.boxes]
+        if len(set(entries)) != len(entries):
+            raise ValueError("one box per entry")
+        return self
+
+
+class SealedRank(BaseMessage):
+    """Coordinator to one device: its sealed rank (unopenable by the coordinator)."""
+
+    kind: Literal["sealed_rank"] = "sealed_rank"
+    epoch: Count
+    box: Annotated[bytes, Field(min_length=1, max_length=MAX_RANK_BOX_BYTES)]

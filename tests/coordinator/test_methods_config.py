@@ -45,6 +45,16 @@ def test_toml_methods_become_typed_specs(tmp_path: Path) -> None:
     assert (made.model, made.weighting) == ("made", "fedavg")
 
 
+def test_the_dubhe_draw_is_paper_unless_the_table_says_stratified(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('federation = "f"\nstate_dir = "s"\n[[methods]]\nkind = "dubhe"\n')
+    assert not load_coordinator_config(path, {}).stratified_draw()
+    path.write_text(path.read_text() + 'draw = "stratified"\n')
+    assert load_coordinator_config(path, {}).stratified_draw()
+
+
 @pytest.mark.parametrize(
     ("methods", "says"),
     [
@@ -57,6 +67,7 @@ def test_toml_methods_become_typed_specs(tmp_path: Path) -> None:
         ),
         ([{"kind": "sgd"}], "does not match any of the expected tags"),
         ([{"kind": "dubhe", "tries": 3}], "Extra inputs are not permitted"),
+        ([{"kind": "dubhe", "draw": "coins"}], "'paper' or 'stratified'"),
         (
             [{"kind": "dubhe"}, {"kind": "flicker"}, {"kind": "flicker"}],
             "lists flicker more than once",

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from ursa.coordinator.config import CoordinatorConfig, DeadlinesConfig, EnrolmentConfig
 from ursa.coordinator.methods_config import ClimbSpec, DubheSpec
@@ -21,6 +22,7 @@ from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.config import DeviceConfig, load_device_config
 from ursa.edge_sdk.method import DeviceMethod, LocalData
 from ursa.edge_sdk.methods.climb import Climb
+from ursa.edge_sdk.methods.dubhe import Dubhe
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer, NoOpTrainer
 from ursa.models.weights import Arrays
 from ursa.protocol.admission_limits import AdmissionLimits, DropReason
@@ -489,6 +491,21 @@ def test_an_app_names_its_methods_and_its_trainer_must_agree(tmp_path: Path) -> 
     assert EdgeClient(config("random"), labels).methods() == ("random",)
     with pytest.raises(ValueError, match="the trainer runs random"):
         EdgeClient(config("random", "climb"), labels, trainer=NoOpTrainer(3))
+
+
+def test_the_dubhe_table_names_the_draw_the_device_runs(tmp_path: Path) -> None:
+    def client(table: dict[str, str]) -> EdgeClient:
+        config = DeviceConfig.model_validate(
+            {"device_id": "a", "federation": "f", "state_dir": tmp_path,
+             "methods": [table]}
+        )  # fmt: skip
+        return EdgeClient(config, np.array([0, 1, 1]))
+
+    assert client({"kind": "dubhe"}).method(Dubhe).draw == "paper"
+    stratified = client({"kind": "dubhe", "draw": "stratified"})
+    assert stratified.method(Dubhe).draw == "stratified"
+    with pytest.raises(ValidationError, match="'paper' or 'stratified'"):
+        client({"kind": "dubhe", "draw": "coins"})
 
 
 def test_a_climb_table_gives_an_app_trainer_the_dual_steps(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from ursa.protocol import messages as m
 from ursa.protocol.envelope import (
@@ -81,6 +82,15 @@ def _examples() -> list[m.BaseMessage]:
             **DEV, epoch=1, page=0, boxes=(m.SealedBox(recipient="dev-02", box=CT),)
         ),
         m.Registration(**DEV, epoch=1, registry=CT),
+        m.RankRequest(
+            **COORD,
+            epoch=1,
+            page=1,
+            pages=2,
+            entries=(m.RankEntry(registry=CT, rank_key=bytes(range(32))),),
+        ),
+        m.SealedRanks(**DEV, epoch=1, page=1, boxes=(m.RankBox(entry=0, box=CT[:69]),)),
+        m.SealedRank(**COORD, epoch=1, box=CT[:69]),
         m.RegistrySum(**COORD, epoch=1, registry_sum=CT, num_parties=30),
         m.RoundAnnounce(
             **COORD,
@@ -224,6 +234,16 @@ def test_every_kind_round_trips_through_the_envelope(message: m.BaseMessage) -> 
     assert type(decoded) is type(message)
     assert encode(decoded) == data
     assert signing_bytes(decoded) == signing_bytes(message)
+
+
+def test_a_registration_carries_a_one_time_key_only_under_the_stratified_draw() -> None:
+    key = bytes(range(32))
+    with_key = m.Registration(**DEV, epoch=2, registry=CT, rank_key=key)
+    assert decode(encode(with_key)) == with_key
+    assert key in encode(with_key)
+    assert m.Registration(**DEV, epoch=2, registry=CT).rank_key is None
+    with pytest.raises(ValidationError):
+        m.Registration(**DEV, epoch=2, registry=CT, rank_key=key[:31])
 
 
 def test_bytes_travel_raw_not_base64() -> None:

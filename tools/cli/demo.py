@@ -57,6 +57,13 @@ def register(sub: Subparsers) -> None:
         "--selection", choices=("dubhe", "random"), default="dubhe", help="selection"
     )
     demo.add_argument(
+        "--draw",
+        choices=("paper", "stratified"),
+        default="paper",
+        help="Dubhe's volunteer draw: the paper's coins, or stratified (exact "
+        "per-category quotas from the key epoch's shared seed)",
+    )
+    demo.add_argument(
         "--weighting",
         choices=("none", "climb", "feddisk"),
         default="climb",
@@ -155,6 +162,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         rho=args.rho,
         emd=args.emd,
         selection=chosen["selection"],
+        draw="stratified" if args.draw == "stratified" else "paper",
         weighting=chosen["weighting"],
         balance=chosen["balance"],
         key_bits=args.key_bits,
@@ -199,6 +207,7 @@ def _run_selection(args: argparse.Namespace) -> int:
         key_bits=args.key_bits,
         seed=args.seed,
         broker_url=args.broker,
+        draw="stratified" if args.draw == "stratified" else "paper",
     )
     result = run_selection_demo(settings, as_json=args.json)
     return 0 if result["completed"] else 1

@@ -82,7 +82,7 @@ def coordinator_config(
     )
 
     random = s.selection == "random"
-    methods: list[MethodSpec] = [RandomSpec() if random else DubheSpec()]
+    methods: list[MethodSpec] = [RandomSpec() if random else DubheSpec(draw=s.draw)]
     training = None
     if initial is not None:
         methods.append(_training_method(s, made_initial))

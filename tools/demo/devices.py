@@ -144,7 +144,10 @@ def _methods(spec: FleetSpec) -> tuple[DeviceMethodSpec, ...]:
         training = {"kind": "climb", **spec.climb}
     else:
         training = {"kind": "fedavg"}
-    tables = [{"kind": spec.selection}, training]
+    selection: dict[str, Any] = {"kind": spec.selection}
+    if spec.selection == "dubhe":
+        selection["draw"] = spec.draw
+    tables = [selection, training]
     if "flicker" in spec.extra:
         tables.append({"kind": "flicker"})
     adapter = TypeAdapter(tuple[DeviceMethodSpec, ...])

@@ -40,6 +40,8 @@ class FleetSpec:
     wire_dtype: Literal["float32", "float16"] = "float32"
     selection: str = "dubhe"
     """The selection method's ``[[methods]]`` kind (``dubhe`` or ``random``)."""
+    draw: str = "paper"
+    """Dubhe's volunteer draw (``paper`` or ``stratified``)."""
     obfuscator_pool_size: int = 4
     eval_fraction: float = 0.0
     """Samples each device holds out for federated evaluation."""

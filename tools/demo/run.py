@@ -514,6 +514,7 @@ def _fleet(
         "feddisk": {} if s.weighting == "feddisk" else None,
         "wire_dtype": s.wire_dtype,
         "selection": s.selection,
+        "draw": s.draw,
         "eval_fraction": s.eval_fraction,
     }
 

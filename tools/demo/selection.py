@@ -31,14 +31,16 @@ from ursa.coordinator.config import (
     DeadlinesConfig,
     EnrolmentConfig,
 )
+from ursa.coordinator.methods_config import Draw, DubheSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.config import BrokerConfig, DeviceConfig
+from ursa.edge_sdk.methods_config import DubheSpec as DeviceDubheSpec
 from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import SelectionResult
 from ursa.protocol.mqtt import MqttConfig, MqttTransport
-from ursa.protocol.topics import global_topic, name_for
+from ursa.protocol.topics import down_topic, global_topic, name_for
 from ursa.tools.data.metrics import distance_to_uniform, distributions
 from ursa.tools.data.partition import dubhe_partition
 from ursa.tools.demo.settings import VOLUNTEER_S
@@ -64,14 +66,23 @@ class DemoSettings:
     seed: int = 0
     broker_url: str | None = None
     timeout_s: float = 600.0
+    draw: Draw = "paper"
+    """Dubhe's volunteer draw: ``paper`` or ``stratified``."""
 
 
 class _Selections:
-    """Observer handler: the signed selections, as they are published."""
+    """Observer handler: the signed selections, as they are published.
 
-    def __init__(self, on_result: Callable[[SelectionResult], None]) -> None:
+    Under the stratified draw each selected device gets a result naming only
+    itself; the demo's observer (the operator, who may read every topic)
+    gathers a round's K of them into one.
+    """
+
+    def __init__(self, k: int, on_result: Callable[[SelectionResult], None]) -> None:
         self.lock = threading.Lock()
         self.by_round: dict[int, SelectionResult] = {}
+        self._parts: dict[int, set[str]] = {}
+        self._k = k
         self._on_result = on_result
 
     def __call__(self, topic: str, payload: bytes) -> None:
@@ -84,8 +95,13 @@ class _Selections:
         with self.lock:
             if message.round in self.by_round:
                 return
-            self.by_round[message.round] = message
-        self._on_result(message)
+            parts = self._parts.setdefault(message.round, set())
+            parts.update(message.selected)
+            if len(parts) < self._k:
+                return
+            whole = message.model_copy(update={"selected": tuple(sorted(parts))})
+            self.by_round[message.round] = whole
+        self._on_result(whole)
 
 
 def _random_baseline(
@@ -160,12 +176,15 @@ def run_selection_demo(
         try:
             host_port = url.split("://", 1)[1]
             host, port = host_port.rsplit(":", 1)
-            selections = _Selections(on_result)
+            selections = _Selections(settings.k, on_result)
             observer = MqttTransport(
                 MqttConfig(host=host, port=int(port), client_id="demo-observer")
             )
             observer.set_handler(selections)
-            observer.subscribe(global_topic(FEDERATION, name_for("selection_result")))
+            result_name = name_for("selection_result")
+            observer.subscribe(global_topic(FEDERATION, result_name))
+            any_device = down_topic(FEDERATION, "any", result_name)
+            observer.subscribe(any_device.replace("/any/", "/+/"))
             observer.connect()
             service = CoordinatorService(
                 CoordinatorConfig(
@@ -182,6 +201,7 @@ def run_selection_demo(
                     deadlines=DeadlinesConfig(
                         volunteer_s=VOLUNTEER_S, distributions_s=20
                     ),
+                    methods=(DubheSpec(draw=settings.draw),),
                 )
             )
             service.start()
@@ -202,6 +222,7 @@ def run_selection_demo(
                         state_dir=Path(tmp) / device_id,
                         broker=BrokerConfig(url=url),
                         obfuscator_pool_size=2,
+                        methods=(DeviceDubheSpec(draw=settings.draw),),
                     ),
                     labels,
                     rng=np.random.default_rng([settings.seed, i]),

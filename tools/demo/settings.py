@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ursa.coordinator.methods_config import Draw
+
 __all__ = ["DemoError", "TrainingDemoSettings", "methods_options"]
 
 FEDERATION = "demo"
@@ -66,6 +68,8 @@ class TrainingDemoSettings:
     rho: float = 10.0
     emd: float = 1.5
     selection: str = "dubhe"
+    draw: Draw = "paper"
+    """Dubhe's volunteer draw: ``paper`` or ``stratified``."""
     weighting: str = "climb"
     balance: str = "none"
     key_bits: int = 2048

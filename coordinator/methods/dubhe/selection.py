@@ -27,6 +27,17 @@ selected, logged, and the runtime starts a new key epoch before the next
 round (the agent holds the only answer the protocol trusts). With no
 complete try, try 0 is repaired from devices that did deliver, topped up to K.
 
+RANKS (stratified draw, the epoch's first round only): before its devices
+can draw, each registrant needs its rank. The coordinator sends the agent
+the epoch's anonymous registrations in `RankRequest` pages and relays each
+sealed rank back (`ursa.coordinator.methods.dubhe.ranks`); volunteers that
+arrive meanwhile count as in VOLUNTEERING, whose window opens when every
+page is done. A stalled agent is asked again after ``agent_s``; an agent
+gone offline ends the step with a uniform selection and a new key epoch.
+Under this draw the selection is sent to each selected device alone
+(`private_selection`): every device knows the shared seed, and a broadcast
+set would let it link device ids to categories.
+
 Progress lives in the store's round record (volunteers' draws, tentative
 sets, encrypted distributions, candidates), written in the transaction of
 the message that changed it; the step is read back from what is there, so a
@@ -42,6 +53,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ursa._compat import StrEnum
+from ursa.coordinator.core import derived_id
+from ursa.coordinator.methods.dubhe.ranks import (
+    RANKS_DONE_KEY,
+    RANKS_KEY,
+    RankHandout,
+)
 from ursa.coordinator.methods.dubhe.tries import (
     complete_tries,
     fallback_selection,
@@ -49,6 +66,7 @@ from ursa.coordinator.methods.dubhe.tries import (
     short_tries,
 )
 from ursa.coordinator.plugin import EpochView
+from ursa.coordinator.seal_pages import BoxVerdict
 from ursa.coordinator.selection_method import (
     Selection,
     SelectionContext,
@@ -66,6 +84,8 @@ from ursa.protocol.messages import (
     BaseMessage,
     EncryptedDistribution,
     ErrorCode,
+    SealedRank,
+    SealedRanks,
     TryAssignment,
     TrySums,
     Volunteer,
@@ -83,6 +103,8 @@ MAX_BACKOFF = 16
 class DubheStep(StrEnum):
     """Where Dubhe is in the open round."""
 
+    RANKS = "ranks"
+    """Stratified draw: the epoch's ranks are being handed out."""
     VOLUNTEERING = "volunteering"
     DISTRIBUTIONS = "distributions"
     AGENT = "agent"
@@ -130,6 +152,7 @@ class DubheSelection(SelectionMethod):
         volunteer_s: The volunteering window (and each re-announce's).
         distributions_s: The window for the members' distributions.
         agent_s: The window for the agent's answer.
+        draw: ``"paper"`` or ``"stratified"`` (the devices' volunteer draw).
     """
 
     name: ClassVar[str] = "dubhe"
@@ -142,7 +165,13 @@ class DubheSelection(SelectionMethod):
         volunteer_s: float,
         distributions_s: float,
         agent_s: float,
+        draw: str = "paper",
     ) -> None:
+        if draw not in ("paper", "stratified"):
+            raise ValueError(f"unknown draw {draw!r}: 'paper' or 'stratified'")
+        self._stratified = draw == "stratified"
+        self._handout: RankHandout | None = None
+        self._entries: dict[str, tuple[bytes, bytes]] = {}
         self._tries = tries
         self._num_classes = num_classes
         self._volunteer_s = volunteer_s
@@ -150,6 +179,11 @@ class DubheSelection(SelectionMethod):
         self._agent_s = agent_s
         self._ctx: SelectionContext | None = None
         self._round: _Round | None = None
+
+    @property
+    def private_selection(self) -> bool:
+        """Under the stratified draw each selected device alone hears its selection."""
+        return self._stratified
 
     @property
     def step(self) -> DubheStep | None:
@@ -167,6 +201,7 @@ class DubheSelection(SelectionMethod):
         router.register(Volunteer, self._on_volunteer, owner=self.name)
         router.register(EncryptedDistribution, self._on_distribution, owner=self.name)
         router.register(AgentAnswer, self._on_agent_answer, owner=self.name)
+        router.register(SealedRanks, self._on_sealed_ranks, owner=self.name)
 
     def extend_deadlines(self, seconds: float) -> None:
         """The open step's window waits ``seconds`` longer (the broker was away)."""
@@ -180,13 +215,16 @@ class DubheSelection(SelectionMethod):
         return None
 
     def open_round(self, request: SelectionRequest) -> None:
-        """A new round: collect volunteers for one window."""
+        """A new round: collect volunteers for one window (ranks first if owed)."""
         self._round = _Round(
             request.round,
             request.epoch,
             DubheStep.VOLUNTEERING,
             request.now + self._volunteer_s,
         )
+        if self._ranks_owed(request):
+            self._round.step = DubheStep.RANKS
+            self._send_rank_pages(request.round, request.now, again=True)
 
     def resume(self, request: SelectionRequest) -> None:
         """Reload the round from the store; re-send what its step waits on."""
@@ -196,7 +234,10 @@ class DubheSelection(SelectionMethod):
             return
         work = self._restored(record, request.now)
         self._round = work
-        if work.step is DubheStep.DISTRIBUTIONS:
+        if work.step is DubheStep.VOLUNTEERING and self._ranks_owed(request):
+            work.step = DubheStep.RANKS
+            self._send_rank_pages(request.round, request.now, again=True)
+        elif work.step is DubheStep.DISTRIBUTIONS:
             self._send_assignments(
                 work, sorted(work.members() - set(work.distributions))
             )
@@ -212,6 +253,7 @@ class DubheSelection(SelectionMethod):
             assert work is not None
         steps: dict[DubheStep, Callable[[_Round, SelectionRequest], Selection | None]]
         steps = {
+            DubheStep.RANKS: self._ranking,
             DubheStep.VOLUNTEERING: self._volunteering,
             DubheStep.DISTRIBUTIONS: self._distributions,
             DubheStep.AGENT: self._agent,
@@ -227,6 +269,36 @@ class DubheSelection(SelectionMethod):
         return None
 
     # --- steps ----------------------------------------------------------------------
+
+    def _ranking(self, work: _Round, request: SelectionRequest) -> Selection | None:
+        handout = self._handout
+        if handout is None or handout.is_complete:
+            work.step = DubheStep.VOLUNTEERING
+            work.deadline_at = request.now + self._volunteer_s
+            self._entries = {}
+            return None
+        ctx = self._context()
+        epoch = ctx.epoch_view()
+        if epoch is None or epoch.agent not in ctx.online_devices():
+            eligible = sorted(request.eligible)
+            chosen = request.rng.permutation(len(eligible))[: request.k]
+            logger.warning(
+                "round %d: agent offline before every rank was handed out; "
+                "a uniform selection and a new key epoch before the next round",
+                work.round,
+            )
+            return Selection(tuple(eligible[int(i)] for i in chosen), None, rekey=True)
+        if handout.sent_at is None:  # pages went out while a message was handled
+            handout.sent_at = request.now
+        elif request.now - handout.sent_at >= self._agent_s:
+            logger.warning(
+                "key epoch %d: no ranks from agent %s for %.0f s; asking again",
+                handout.epoch,
+                epoch.agent,
+                request.now - handout.sent_at,
+            )
+            self._send_rank_pages(request.round, request.now, again=True)
+        return None
 
     def _volunteering(
         self, work: _Round, request: SelectionRequest
@@ -384,12 +456,16 @@ class DubheSelection(SelectionMethod):
     def _on_volunteer(self, message: Volunteer) -> None:
         device = message.sender  # admission checked it is the topic's device
         work = self._round
-        closed = work is not None and work.step is not DubheStep.VOLUNTEERING
+        drawing = (DubheStep.RANKS, DubheStep.VOLUNTEERING)
+        closed = work is not None and work.step not in drawing
         if work is not None and closed and message.round == work.round:
             # The window closed early (K per try): a normal, honest answer.
             logger.debug("round %d: late volunteer of %s", work.round, device)
             return
-        work = self._open(message, DubheStep.VOLUNTEERING)
+        ranking = work is not None and work.step is DubheStep.RANKS
+        work = self._open(
+            message, DubheStep.RANKS if ranking else DubheStep.VOLUNTEERING
+        )
         ctx = self._context()
         epoch = ctx.epoch_view()
         if epoch is None or device not in epoch.registered:
@@ -454,6 +530,97 @@ class DubheSelection(SelectionMethod):
             )
         h = candidates[message.best_try]
         work.answer = Selection(work.tentative[h], h)
+
+    def _on_sealed_ranks(self, message: SealedRanks) -> None:
+        """A page's sealed ranks: relay each entry's first box to its device."""
+        ctx = self._context()
+        epoch = ctx.epoch_view()
+        handout = self._handout
+        if epoch is None or message.sender != epoch.agent:
+            raise RejectedError(ErrorCode.UNAUTHORISED, "only the agent ranks")
+        if handout is None or handout.epoch != message.epoch:
+            raise RejectedError(
+                ErrorCode.WRONG_EPOCH, f"no rank hand-out for epoch {message.epoch}"
+            )
+        devices = [handout.device_at(message.page, b.entry) for b in message.boxes]
+        if None in devices:
+            raise RejectedError(
+                ErrorCode.MALFORMED, f"an entry outside page {message.page}"
+            )
+        completed = False
+        for device, box in zip(devices, message.boxes, strict=True):
+            assert device is not None
+            verdict, page = handout.record(device)
+            if verdict is not BoxVerdict.NEW:
+                continue
+            relayed = SealedRank(
+                federation=ctx.federation,
+                round=0,
+                sender=COORDINATOR,
+                message_id=derived_id("rank", handout.epoch, device),
+                epoch=handout.epoch,
+                box=box.box,
+            )
+            ctx.send(relayed, device)
+            completed |= page is not None
+        if not completed:
+            return
+        ctx.store.set_method_state(self.name, RANKS_DONE_KEY, handout.done_record())
+        logger.info(
+            "key epoch %d: ranks of %d of %d pages handed out",
+            handout.epoch,
+            handout.paging.pages_done,
+            handout.paging.num_pages,
+        )
+        work = self._round
+        if work is not None and not handout.is_complete:
+            self._send_rank_pages(work.round, None, again=False)
+
+    # --- the rank hand-out ------------------------------------------------------------
+
+    def _ranks_owed(self, request: SelectionRequest) -> bool:
+        """Whether the epoch's ranks are still to hand out (loads or starts them)."""
+        if not self._stratified:
+            return False
+        handout = self._handout
+        if handout is None or handout.epoch != request.epoch:
+            handout = self._load_handout(request)
+        return not handout.is_complete
+
+    def _load_handout(self, request: SelectionRequest) -> RankHandout:
+        store = self._context().store
+        self._entries = store.rank_entries(request.epoch)
+        handout = RankHandout.restored(
+            store.method_state(self.name, RANKS_KEY),
+            store.method_state(self.name, RANKS_DONE_KEY),
+        )
+        if handout is None or handout.epoch != request.epoch:
+            handout = RankHandout.start(request.epoch, self._entries, request.rng)
+            store.set_method_state(self.name, RANKS_KEY, handout.plan_record())
+            store.set_method_state(self.name, RANKS_DONE_KEY, handout.done_record())
+            logger.info(
+                "key epoch %d: handing out %d ranks in %d pages",
+                request.epoch,
+                len(handout.order),
+                handout.paging.num_pages,
+            )
+        self._handout = handout
+        if handout.is_complete:
+            self._entries = {}  # nothing left to send: not kept in memory
+        return handout
+
+    def _send_rank_pages(
+        self, round_index: int, now: float | None, *, again: bool
+    ) -> None:
+        """Send the agent its next rank pages (and, `again`, the open ones)."""
+        ctx, handout = self._context(), self._handout
+        epoch = ctx.epoch_view()
+        if handout is None or epoch is None or epoch.agent is None:
+            return
+        handout.sent_at = now
+        for page in handout.pages_to_send(again=again):
+            message = handout.request(page, self._entries, ctx.federation, round_index)
+            ctx.send(message, epoch.agent)
 
     # --- plumbing ---------------------------------------------------------------------
 
