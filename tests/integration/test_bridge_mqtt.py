@@ -86,19 +86,25 @@ def bridged(
         yield Bridged(core, site)
 
 
-def _wait_bridge_up(fed: MqttFederation) -> None:
-    """The bridge's retained connection state on the core says it is up."""
-    fed.capture.wait_for(
-        lambda: (state_topic(SITE), b"1") in fed.capture.items, 20, "the bridge"
+def _split(
+    bridged: Bridged, tmp_path: Path, federation: str, connect_mqtt: Any
+) -> tuple[MqttFederation, MqttFederation]:
+    """The federation on the core and on the site, once the bridge is up.
+
+    Up: the bridge's retained connection state on the core says so.
+    """
+    core = MqttFederation(bridged.core, tmp_path, federation, connect_mqtt)
+    site = MqttFederation(bridged.site, tmp_path, federation, connect_mqtt)
+    core.capture.wait_for(
+        lambda: (state_topic(SITE), b"1") in core.capture.items, 20, "the bridge"
     )
+    return core, site
 
 
 def test_a_federation_trains_with_half_its_devices_behind_a_site_bridge(
     bridged: Bridged, connect_mqtt: Any, tmp_path: Path
 ) -> None:
-    core = MqttFederation(bridged.core, tmp_path, "split", connect_mqtt)
-    site = MqttFederation(bridged.site, tmp_path, "split", connect_mqtt)
-    _wait_bridge_up(core)
+    core, site = _split(bridged, tmp_path, "split", connect_mqtt)
     data = load_digits()
     x, y = data.flat(), data.y
     order = np.random.default_rng(0).permutation(len(y))
@@ -174,9 +180,7 @@ def test_a_federation_trains_with_half_its_devices_behind_a_site_bridge(
 def test_a_site_devices_last_will_reaches_the_coordinator(
     bridged: Bridged, connect_mqtt: Any, tmp_path: Path
 ) -> None:
-    core = MqttFederation(bridged.core, tmp_path, "wills", connect_mqtt)
-    site = MqttFederation(bridged.site, tmp_path, "wills", connect_mqtt)
-    _wait_bridge_up(core)
+    core, site = _split(bridged, tmp_path, "wills", connect_mqtt)
     config = core.coordinator_config(N, k=2, tries=2, rounds=100)
     service = CoordinatorService(config)
     service.start()
