@@ -10,19 +10,16 @@ from dataclasses import dataclass, field
 
 from ursa.protocol.transport import (
     DEFAULT_MAX_PAYLOAD_BYTES,
-    MessageHandler,
     NotConnectedError,
-    TrafficCounter,
     TransportError,
     TransportState,
-    TransportStats,
     TransportTimeoutError,
     call_handler,
     check_publish_args,
     topic_matches,
-    validate_filter,
     validate_topic,
 )
+from ursa.protocol.transport_base import TransportBase
 
 __all__ = ["DropFilter", "InMemoryBus", "InMemoryTransport"]
 
@@ -251,7 +248,7 @@ class InMemoryBus:
                 self._deliver(*item)
 
 
-class InMemoryTransport:
+class InMemoryTransport(TransportBase):
     """A `Transport` on an `InMemoryBus`: what unit tests and simulations use.
 
     Args:
@@ -260,6 +257,8 @@ class InMemoryTransport:
         will: last will `(topic, payload, retain)`, published by `kill()`.
         clean_session: False (default) keeps subscriptions and queued QoS >= 1
             messages across connections, like the MQTT transport.
+
+    It never reconnects: `connections` is 1 once connected.
     """
 
     def __init__(
@@ -274,51 +273,17 @@ class InMemoryTransport:
             raise ValueError("client_id must not be empty")
         if will is not None:
             validate_topic(will[0])
+        super().__init__(client_id)
         self._bus = bus
-        self._client_id = client_id
         self._will = will
         self._clean_session = clean_session
-        self._handler: MessageHandler | None = None
-        self._patterns: dict[str, int] = {}
-        self._counter = TrafficCounter()
-        self._state = TransportState.NEW
-        self._connections = 0
-
-    @property
-    def client_id(self) -> str:
-        """The client id this transport connects with."""
-        return self._client_id
-
-    @property
-    def is_connected(self) -> bool:
-        """True between `connect()` and `close()` / `kill()` / a takeover."""
-        return self._state is TransportState.CONNECTED
-
-    @property
-    def state(self) -> TransportState:
-        """The lifecycle state."""
-        return self._state
-
-    @property
-    def connections(self) -> int:
-        """1 once connected (an in-memory transport never reconnects)."""
-        return self._connections
-
-    @property
-    def stats(self) -> TransportStats:
-        """Messages and payload bytes sent and received so far."""
-        return self._counter.snapshot()
-
-    def set_handler(self, handler: MessageHandler | None) -> None:
-        """Route every received message to `handler`."""
-        self._handler = handler
 
     def connect(self) -> None:
         """Attach to the bus, resume the session and subscribe to known filters."""
         if self._state is not TransportState.NEW:
             raise TransportError(f"connect() in state {self._state}; make a new one")
         self._bus._attach(self, self._clean_session)
-        for pattern, qos in self._patterns.items():
+        for pattern, qos in self._subscriptions.filters():
             self._bus._subscribe(self, pattern, qos)
 
     def publish(
@@ -334,16 +299,13 @@ class InMemoryTransport:
 
     def subscribe(self, pattern: str, qos: int = 1) -> None:
         """Subscribe to `pattern`; retained matches are delivered at once."""
-        validate_filter(pattern)
-        if qos not in (0, 1, 2):
-            raise ValueError(f"qos must be 0, 1 or 2, got {qos}")
-        self._patterns[pattern] = qos
+        self._subscriptions.add(pattern, qos)
         if self.is_connected:
             self._bus._subscribe(self, pattern, qos)
 
     def unsubscribe(self, pattern: str) -> None:
         """Forget `pattern`."""
-        self._patterns.pop(pattern, None)
+        self._subscriptions.remove(pattern)
         if self.is_connected:
             self._bus._unsubscribe(self, pattern)
 

@@ -12,46 +12,37 @@ above the broker's limit is retried forever after every reconnect, so
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import queue
 import socket
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
-from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from ursa.protocol.mqtt_config import DEFAULT_TIMEOUT_S, MqttConfig, TlsContext
+from ursa.protocol.paho_client import check_publish_rc, new_client, start_connect
 from ursa.protocol.transport import (
     BrokerRefusedError,
-    MessageHandler,
     NotConnectedError,
     QueueFullError,
-    SubscriptionRefusedError,
-    TrafficCounter,
     TransportError,
     TransportState,
-    TransportStats,
     TransportTimeoutError,
     call_handler,
-    check_publish_args,
-    validate_filter,
 )
+from ursa.protocol.transport_base import TransportBase
+from ursa.protocol.unacked import Unacked
 
 __all__ = ["MqttConfig", "MqttTransport"]  # MqttConfig re-exported for callers
 
 logger = logging.getLogger(__name__)
 
 _MQTT_OK = MQTTErrorCode.MQTT_ERR_SUCCESS
-_SUBACK_MEMORY = 256  # SUBACK results kept for waiters (older ones age out)
-_new_properties: Callable[[int], Properties] = Properties
-"""`Properties(packet_type)`, whose ``__init__`` paho leaves unannotated."""
 
 
 class _PahoNoise(logging.Filter):
@@ -68,7 +59,7 @@ _PAHO_LOGGER = logging.getLogger(f"{__name__}.paho")
 _PAHO_LOGGER.addFilter(_PahoNoise())
 
 
-class MqttTransport:
+class MqttTransport(TransportBase):
     """A `Transport` over MQTT (paho-mqtt 2.x, `CallbackAPIVersion.VERSION2`).
 
     Lifecycle: NEW -> `connect()` -> CONNECTED <-> RECONNECTING -> `close()` /
@@ -78,59 +69,21 @@ class MqttTransport:
     """
 
     def __init__(self, config: MqttConfig) -> None:
+        super().__init__(config.client_id)
         self._config = config
-        self._state = TransportState.NEW
-        self._connections = 0
-        self._lock = threading.Condition()
-        self._handler: MessageHandler | None = None
-        self._patterns: dict[str, int] = {}
-        self._counter = TrafficCounter()
+        self._lock = threading.Condition()  # guards and signals the CONNACK
         self._inbox: queue.SimpleQueue[tuple[str, bytes] | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._connack: ReasonCode | None = None
-        self._connect_sub_mid: int | None = None
-        self._subacks: collections.OrderedDict[int, list[ReasonCode]] = (
-            collections.OrderedDict()
-        )
-        self._unacked: set[int] = set()
-        self._qos0_mids: set[int] = set()
-        self._early_acks: set[int] = set()
+        self._connect_sub: tuple[int, list[str]] | None = None
+        self._unacked = Unacked()
         self._tls_context = TlsContext.from_config(config) if config.tls else None
         self._client = self._make_client()
-
-    @property
-    def client_id(self) -> str:
-        """The MQTT client id."""
-        return self._config.client_id
 
     @property
     def config(self) -> MqttConfig:
         """The configuration this transport was made with."""
         return self._config
-
-    @property
-    def state(self) -> TransportState:
-        """The lifecycle state."""
-        return self._state
-
-    @property
-    def is_connected(self) -> bool:
-        """True while the broker link is up (CONNACK accepted, not lost)."""
-        return self._state is TransportState.CONNECTED
-
-    @property
-    def connections(self) -> int:
-        """Connections the broker accepted so far (each reconnect adds one)."""
-        return self._connections
-
-    @property
-    def stats(self) -> TransportStats:
-        """Messages and payload bytes sent and received so far."""
-        return self._counter.snapshot()
-
-    def set_handler(self, handler: MessageHandler | None) -> None:
-        """Route every received message to `handler` (on the delivery thread)."""
-        self._handler = handler
 
     def connect(self) -> None:
         """Open the connection and wait for CONNACK and the initial SUBACK.
@@ -153,20 +106,7 @@ class MqttTransport:
         self._worker.start()
         cfg = self._config
         try:
-            if cfg.protocol == "5":
-                props = _new_properties(PacketTypes.CONNECT)
-                props.SessionExpiryInterval = (
-                    0 if cfg.clean_start else cfg.session_expiry_s
-                )
-                self._client.connect(
-                    cfg.host,
-                    cfg.port,
-                    cfg.keepalive_s,
-                    clean_start=cfg.clean_start,
-                    properties=props,
-                )
-            else:
-                self._client.connect(cfg.host, cfg.port, cfg.keepalive_s)
+            start_connect(self._client, cfg, now=True)
         except (OSError, ValueError) as exc:
             self._abort()
             if self._tls_context is not None:
@@ -188,10 +128,10 @@ class MqttTransport:
             raise BrokerRefusedError(
                 f"{cfg.host}:{cfg.port} refused client {self.client_id}: {connack}"
             )
-        mid = self._connect_sub_mid
-        if mid is not None:
+        renewal = self._connect_sub
+        if renewal is not None:
             try:
-                self._check_suback(mid, list(self._patterns))
+                self._subscriptions.wait(*renewal, cfg.timeout_s)
             except TransportError:
                 self._abort()
                 raise
@@ -206,11 +146,7 @@ class MqttTransport:
             NotConnectedError: closed, or QoS 0 while not connected.
             QueueFullError: `max_queued_messages` unacknowledged already.
         """
-        check_publish_args(topic, payload, qos, self._config.max_payload_bytes)
-        if self._state in (TransportState.NEW, TransportState.CLOSED) or (
-            qos == 0 and not self.is_connected
-        ):
-            raise NotConnectedError(f"{self.client_id} is {self._state}")
+        self._check_paho_publish(topic, payload, qos, self._config.max_payload_bytes)
         try:
             info = self._client.publish(topic, bytes(payload), qos=qos, retain=retain)
         except ValueError as exc:
@@ -220,20 +156,10 @@ class MqttTransport:
                 f"{self.client_id}: {self._config.max_queued_messages} messages "
                 "already await acknowledgement"
             )
-        if info.rc not in (
-            MQTTErrorCode.MQTT_ERR_SUCCESS,
-            MQTTErrorCode.MQTT_ERR_NO_CONN,
-        ):
-            raise TransportError(f"publish failed: {paho.error_string(info.rc)}")
+        check_publish_rc(info.rc)
         if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN and qos == 0:
             raise NotConnectedError(f"{self.client_id} lost its connection")
-        with self._lock:
-            if info.mid in self._early_acks:
-                self._early_acks.discard(info.mid)
-            elif qos > 0:
-                self._unacked.add(info.mid)
-            else:
-                self._qos0_mids.add(info.mid)
+        self._unacked.published(info.mid, qos)
         self._counter.count_sent(len(payload))
 
     def subscribe(self, pattern: str, qos: int = 1) -> None:
@@ -245,37 +171,29 @@ class MqttTransport:
             TransportTimeoutError: no SUBACK in time (the filter stays in the
                 table and is renewed on the next reconnect).
         """
-        validate_filter(pattern)
-        if qos not in (0, 1, 2):
-            raise ValueError(f"qos must be 0, 1 or 2, got {qos}")
         if self._state is TransportState.CLOSED:
             raise NotConnectedError(f"{self.client_id} is closed")
-        self._patterns[pattern] = qos
+        self._subscriptions.add(pattern, qos)
         if not self.is_connected:
             return
         rc, mid = self._client.subscribe(pattern, qos)
         if rc == _MQTT_OK and mid is not None:
-            self._check_suback(mid, [pattern])
+            self._subscriptions.wait(mid, [pattern], self._config.timeout_s)
 
     def unsubscribe(self, pattern: str) -> None:
         """Forget `pattern` (no wait for the UNSUBACK)."""
-        self._patterns.pop(pattern, None)
+        self._subscriptions.remove(pattern)
         if self.is_connected:
             self._client.unsubscribe(pattern)
 
     def flush(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        """Wait until every QoS >= 1 publish so far has been acknowledged."""
-        closed = TransportState.CLOSED
-        with self._lock:
-            done = self._lock.wait_for(
-                lambda: not self._unacked or self._state is closed, timeout_s
-            )
-            if self._unacked:
-                if done:
-                    raise NotConnectedError(f"{self.client_id} closed before PUBACKs")
-                raise TransportTimeoutError(
-                    f"{len(self._unacked)} publishes unacknowledged after {timeout_s} s"
-                )
+        """Wait until every QoS >= 1 publish so far has been acknowledged.
+
+        Raises:
+            NotConnectedError: closed before every PUBACK came.
+            TransportTimeoutError: some unacknowledged after `timeout_s`.
+        """
+        self._unacked.wait(timeout_s, self.client_id)
 
     def close(self) -> None:
         """Send DISCONNECT (the broker drops the will) and stop; idempotent.
@@ -303,6 +221,7 @@ class MqttTransport:
         worker = self._worker
         if worker is not None and worker is not threading.current_thread():
             worker.join()
+        self._unacked.close()
         with self._lock:
             self._lock.notify_all()
 
@@ -312,43 +231,13 @@ class MqttTransport:
         self._client.disconnect()
         self._shutdown()
 
-    def _check_suback(self, mid: int, patterns: list[str]) -> None:
-        timeout_s = self._config.timeout_s
-        with self._lock:
-            if not self._lock.wait_for(lambda: mid in self._subacks, timeout_s):
-                raise TransportTimeoutError(
-                    f"no SUBACK for {patterns} within {timeout_s} s"
-                )
-            codes = self._subacks.pop(mid)
-        refused = [
-            p for p, code in zip(patterns, codes, strict=False) if code.is_failure
-        ]
-        if refused:
-            for pattern in refused:
-                self._patterns.pop(pattern, None)
-            raise SubscriptionRefusedError(f"broker refused the filter(s) {refused}")
-
     def _make_client(self) -> paho.Client:
         cfg = self._config
-        v5 = cfg.protocol == "5"
-        client = paho.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=cfg.client_id,
-            clean_session=None if v5 else cfg.clean_start,
-            protocol=MQTTProtocolVersion.MQTTv5 if v5 else MQTTProtocolVersion.MQTTv311,
-        )
+        client = new_client(cfg)
         client.enable_logger(_PAHO_LOGGER)
-        if cfg.username is not None:
-            password = cfg.password.get_secret_value() if cfg.password else None
-            client.username_pw_set(cfg.username, password)
         if self._tls_context is not None:
             client.tls_set_context(self._tls_context)
-        if cfg.will_topic is not None:
-            client.will_set(
-                cfg.will_topic, cfg.will_payload, cfg.will_qos, cfg.will_retain
-            )
         client.reconnect_delay_set(cfg.reconnect_min_delay_s, cfg.reconnect_max_delay_s)
-        client.max_inflight_messages_set(cfg.max_inflight_messages)
         client.max_queued_messages_set(cfg.max_queued_messages)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
@@ -371,10 +260,11 @@ class MqttTransport:
             if not reason_code.is_failure and self._state is not TransportState.CLOSED:
                 self._state = TransportState.CONNECTED
                 self._connections += 1
-                patterns = list(self._patterns.items())
-                if patterns:
-                    _, mid = client.subscribe(patterns)
-                    self._connect_sub_mid = mid
+                filters = self._subscriptions.filters()
+                if filters:
+                    _, mid = client.subscribe(filters)
+                    if mid is not None:
+                        self._connect_sub = (mid, [p for p, _ in filters])
                 logger.info(
                     "%s connected (session present: %s)",
                     self.client_id,
@@ -426,14 +316,7 @@ class MqttTransport:
         properties: Properties,
     ) -> None:
         try:
-            with self._lock:
-                if mid in self._unacked:
-                    self._unacked.discard(mid)
-                    self._lock.notify_all()
-                elif mid in self._qos0_mids:
-                    self._qos0_mids.discard(mid)
-                else:
-                    self._early_acks.add(mid)
+            self._unacked.acked(mid)
         except Exception:
             logger.exception("on_publish failed")
 
@@ -446,11 +329,7 @@ class MqttTransport:
         properties: Properties | None,
     ) -> None:
         try:
-            with self._lock:
-                self._subacks[mid] = list(reason_codes)
-                while len(self._subacks) > _SUBACK_MEMORY:
-                    self._subacks.popitem(last=False)
-                self._lock.notify_all()
+            self._subscriptions.acked(mid, [c.is_failure for c in reason_codes])
             if any(code.is_failure for code in reason_codes):
                 logger.warning("%s: subscription refused", self.client_id)
         except Exception:

@@ -37,25 +37,22 @@ from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
-from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from ursa.protocol.mqtt_config import MqttConfig
+from ursa.protocol.paho_client import check_publish_rc, new_client, start_connect
 from ursa.protocol.transport import (
     BrokerRefusedError,
-    MessageHandler,
     NotConnectedError,
-    TrafficCounter,
     TransportError,
     TransportState,
-    TransportStats,
     TransportTimeoutError,
     call_handler,
-    check_publish_args,
-    validate_filter,
 )
+from ursa.protocol.transport_base import TransportBase
+from ursa.protocol.unacked import Unacked
 
 __all__ = ["MqttPool", "PooledTransport"]
 
@@ -75,8 +72,6 @@ sockets for longer than the keepalive, and the broker would drop them all.
 
 _FATAL_REFUSALS = {"Bad user name or password", "Not authorized"}
 """CONNACK reasons that no retry can fix (MQTT 3.1.1 codes 4 and 5, v5 alike)."""
-
-_new_properties: Callable[[int], Properties] = Properties
 
 
 class MqttPool:
@@ -211,7 +206,7 @@ class MqttPool:
             logger.exception("MqttPool: a scheduled call failed")
 
 
-class PooledTransport:
+class PooledTransport(TransportBase):
     """A `Transport` whose network I/O runs on its `MqttPool`'s loop.
 
     Lifecycle as `MqttTransport`: NEW -> `open()`/`connect()` -> CONNECTED <->
@@ -220,60 +215,25 @@ class PooledTransport:
     """
 
     def __init__(self, pool: MqttPool, config: MqttConfig) -> None:
+        super().__init__(config.client_id)
         self._pool = pool
         self._config = config
-        self._state = TransportState.NEW
-        self._connections = 0
         self._attempts = 0
-        self._handler: MessageHandler | None = None
-        self._patterns: dict[str, int] = {}
-        self._counter = TrafficCounter()
-        self._unacked: set[int] = set()
-        self._handed = 0  # publishes from other threads not yet given to paho
-        self._subacks_due: set[int] = set()
-        self._settled = threading.Condition()
+        self._unacked = Unacked()
+        self._settled = threading.Condition()  # signals the CONNACK or the close
         self._refusal: str | None = None
         self._on_connected: Callable[[PooledTransport], None] | None = None
         self._client = self._make_client()
 
     @property
-    def client_id(self) -> str:
-        """The MQTT client id."""
-        return self._config.client_id
-
-    @property
-    def state(self) -> TransportState:
-        """The lifecycle state."""
-        return self._state
-
-    @property
-    def is_connected(self) -> bool:
-        """True while the broker link is up."""
-        return self._state is TransportState.CONNECTED
-
-    @property
-    def connections(self) -> int:
-        """Connections the broker accepted so far (each reconnect adds one)."""
-        return self._connections
-
-    @property
     def subscribing(self) -> bool:
         """True while a SUBSCRIBE of this connection awaits its SUBACK."""
-        return bool(self._subacks_due)
+        return self._subscriptions.is_due
 
     @property
     def refusal(self) -> str | None:
         """Why the broker refused this client for good (None: it did not)."""
         return self._refusal
-
-    @property
-    def stats(self) -> TransportStats:
-        """Messages and payload bytes sent and received so far."""
-        return self._counter.snapshot()
-
-    def set_handler(self, handler: MessageHandler | None) -> None:
-        """Route every received message to `handler` (on the loop's thread)."""
-        self._handler = handler
 
     def open(
         self, on_connected: Callable[[PooledTransport], None] | None = None
@@ -286,19 +246,7 @@ class PooledTransport:
             raise TransportError(f"open() in state {self._state}; make a new one")
         self._on_connected = on_connected
         self._state = TransportState.CONNECTING
-        cfg = self._config
-        if cfg.protocol == "5":
-            props = _new_properties(PacketTypes.CONNECT)
-            props.SessionExpiryInterval = 0 if cfg.clean_start else cfg.session_expiry_s
-            self._client.connect_async(
-                cfg.host,
-                cfg.port,
-                cfg.keepalive_s,
-                clean_start=cfg.clean_start,
-                properties=props,
-            )
-        else:
-            self._client.connect_async(cfg.host, cfg.port, cfg.keepalive_s)
+        start_connect(self._client, self._config, now=False)
         self._attempt()
 
     def connect(self) -> None:
@@ -338,15 +286,10 @@ class PooledTransport:
             PayloadTooLargeError: above `max_payload_bytes` (nothing sent).
             NotConnectedError: closed, or QoS 0 while not connected.
         """
-        check_publish_args(topic, payload, qos, self._config.max_payload_bytes)
-        if self._state in (TransportState.NEW, TransportState.CLOSED) or (
-            qos == 0 and not self.is_connected
-        ):
-            raise NotConnectedError(f"{self.client_id} is {self._state}")
+        self._check_paho_publish(topic, payload, qos, self._config.max_payload_bytes)
         data = bytes(payload)
         if not self._pool.in_loop():
-            with self._settled:
-                self._handed += 1
+            self._unacked.hand_off()
             self._pool.call_soon(lambda: self._publish_logged(topic, data, qos, retain))
             self._counter.count_sent(len(data))
             return
@@ -355,40 +298,22 @@ class PooledTransport:
 
     def subscribe(self, pattern: str, qos: int = 1) -> None:
         """Subscribe to `pattern` (renewed on every connection; no wait for SUBACK)."""
-        validate_filter(pattern)
-        if qos not in (0, 1, 2):
-            raise ValueError(f"qos must be 0, 1 or 2, got {qos}")
         if self._state is TransportState.CLOSED:
             raise NotConnectedError(f"{self.client_id} is closed")
-        self._patterns[pattern] = qos
+        self._subscriptions.add(pattern, qos)
         if self.is_connected:
             self._on_loop(lambda: self._send_subscribe([(pattern, qos)]))
 
     def unsubscribe(self, pattern: str) -> None:
         """Forget `pattern`."""
-        self._patterns.pop(pattern, None)
+        self._subscriptions.remove(pattern)
         if self.is_connected:
             self._on_loop(lambda: self._client.unsubscribe(pattern))
 
     def flush(self, timeout_s: float = 10.0) -> None:
         """Wait for every PUBACK; on the loop's thread it cannot wait, and returns."""
-        if self._pool.in_loop():
-            return
-        with self._settled:
-            done = self._settled.wait_for(
-                lambda: (
-                    not (self._unacked or self._handed)
-                    or self._state is TransportState.CLOSED
-                ),
-                timeout_s,
-            )
-            if self._unacked or self._handed:
-                if done:
-                    raise NotConnectedError(f"{self.client_id} closed before PUBACKs")
-                waiting = len(self._unacked) + self._handed
-                raise TransportTimeoutError(
-                    f"{waiting} publishes unacknowledged after {timeout_s} s"
-                )
+        if not self._pool.in_loop():
+            self._unacked.wait(timeout_s, self.client_id)
 
     def close(self) -> None:
         """Send DISCONNECT (the broker drops the will); idempotent."""
@@ -396,6 +321,7 @@ class PooledTransport:
             return
         self._state = TransportState.CLOSED
         self._on_loop(self._client.disconnect)
+        self._unacked.close()
         self._wake_waiters()
 
     def drop(self) -> None:
@@ -405,6 +331,7 @@ class PooledTransport:
         if isinstance(sock, socket.socket):
             self._pool.unwatch(sock)
             sock.close()
+        self._unacked.close()
         self._wake_waiters()
 
     # --- the loop's side -----------------------------------------------------
@@ -442,20 +369,12 @@ class PooledTransport:
         except TransportError as exc:
             logger.error("%s: publish to %s failed: %s", self.client_id, topic, exc)
         finally:
-            with self._settled:
-                self._handed -= 1
-                self._settled.notify_all()
+            self._unacked.handed()
 
     def _publish_now(self, topic: str, data: bytes, qos: int, retain: bool) -> None:
         info = self._client.publish(topic, data, qos=qos, retain=retain)
-        if info.rc not in (
-            MQTTErrorCode.MQTT_ERR_SUCCESS,
-            MQTTErrorCode.MQTT_ERR_NO_CONN,
-        ):
-            raise TransportError(f"publish failed: {paho.error_string(info.rc)}")
-        if qos > 0:  # its PUBACK is read on this thread, later
-            with self._settled:
-                self._unacked.add(info.mid)
+        check_publish_rc(info.rc)
+        self._unacked.published(info.mid, qos)  # its ack is read here, later
 
     def _attempt(self) -> None:
         """One connection attempt; a failure schedules the next."""
@@ -480,22 +399,7 @@ class PooledTransport:
             self._settled.notify_all()
 
     def _make_client(self) -> paho.Client:
-        cfg = self._config
-        v5 = cfg.protocol == "5"
-        client = paho.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=cfg.client_id,
-            clean_session=None if v5 else cfg.clean_start,
-            protocol=MQTTProtocolVersion.MQTTv5 if v5 else MQTTProtocolVersion.MQTTv311,
-        )
-        if cfg.username is not None:
-            password = cfg.password.get_secret_value() if cfg.password else None
-            client.username_pw_set(cfg.username, password)
-        if cfg.will_topic is not None:
-            client.will_set(
-                cfg.will_topic, cfg.will_payload, cfg.will_qos, cfg.will_retain
-            )
-        client.max_inflight_messages_set(cfg.max_inflight_messages)
+        client = new_client(self._config)
         # No cap on paho's queue: nothing drains it while a handler runs (on
         # the loop's thread), so one handler's burst (an agent sealing a key
         # to every device) would overrun `max_queued_messages`.
@@ -545,16 +449,18 @@ class PooledTransport:
                 logger.error("%s: broker refused: %s", self.client_id, text)
                 self._refusal = text
                 self._state = TransportState.CLOSED
+                self._unacked.close()
                 self._wake_waiters()
             else:
                 logger.info("%s: CONNACK %s; retrying", self.client_id, text)
             return
         self._state = TransportState.CONNECTED
         self._connections += 1
-        self._subacks_due.clear()
+        self._subscriptions.new_connection()
         self._attempts = 0
-        if self._patterns:
-            self._send_subscribe(list(self._patterns.items()))
+        filters = self._subscriptions.filters()
+        if filters:
+            self._send_subscribe(filters)
         self._wake_waiters()
         if self._on_connected is not None:
             callback = self._on_connected
@@ -591,15 +497,12 @@ class PooledTransport:
         reason_code: ReasonCode,
         properties: Properties | None,
     ) -> None:
-        with self._settled:
-            self._unacked.discard(mid)
-            if not self._unacked:
-                self._settled.notify_all()
+        self._unacked.acked(mid)
 
     def _send_subscribe(self, patterns: list[tuple[str, int]]) -> None:
         rc, mid = self._client.subscribe(patterns)
         if rc == MQTTErrorCode.MQTT_ERR_SUCCESS and mid is not None:
-            self._subacks_due.add(mid)
+            self._subscriptions.sent(mid)
 
     def _on_subscribe(
         self,
@@ -609,6 +512,6 @@ class PooledTransport:
         reason_codes: list[ReasonCode],
         properties: Properties | None,
     ) -> None:
-        self._subacks_due.discard(mid)
+        self._subscriptions.acked(mid, [code.is_failure for code in reason_codes])
         if any(code.is_failure for code in reason_codes):
             logger.error("%s: broker refused a subscription", self.client_id)

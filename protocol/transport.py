@@ -2,9 +2,12 @@
 
 A transport moves raw bytes: `(topic, payload, qos, retain)` out, `(topic,
 payload)` in through one handler. It knows nothing about messages, envelopes or
-chunks (those sit on top, in `ursa.protocol`). Two implementations:
-`ursa.protocol.mqtt.MqttTransport` (paho-mqtt, a real broker) and
-`ursa.protocol.inmemory.InMemoryTransport` (unit tests and simulation).
+chunks (those sit on top, in `ursa.protocol`). Three implementations, each a
+`ursa.protocol.transport_base.TransportBase`:
+`ursa.protocol.mqtt.MqttTransport` (paho-mqtt, a real broker),
+`ursa.protocol.mqtt_pool.PooledTransport` (many paho clients on one loop, for
+the load generator) and `ursa.protocol.inmemory.InMemoryTransport` (unit tests
+and simulation).
 
 Errors (every failure at the transport edge is one of these)::
 

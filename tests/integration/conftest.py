@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,11 @@ from ursa.coordinator.config import (
     DeadlinesConfig,
     EnrolmentConfig,
 )
+from ursa.edge_sdk.callbacks import DeviceCallbacks
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.config import BrokerConfig, DeviceConfig
+from ursa.edge_sdk.method import DeviceMethod
+from ursa.edge_sdk.trainer import Trainer
 from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
 from ursa.tools.broker.mosquitto import MosquittoBroker
@@ -194,18 +197,41 @@ class MqttFederation:
             obfuscator_pool_size=2,
         )
 
+    def start_device(
+        self,
+        device_id: str,
+        labels: Sequence[int] | np.ndarray,
+        *,
+        seed: int,
+        trainer: Trainer | None = None,
+        method_specs: tuple[Any, ...] | None = None,
+        methods: Sequence[DeviceMethod] | None = None,
+        callbacks: DeviceCallbacks | None = None,
+    ) -> EdgeClient:
+        """Start an EdgeClient of this federation (its rng seeded with `seed`).
+
+        `method_specs` replaces the methods its config names; `stop` stops it.
+        """
+        config = self.device_config(device_id)
+        if method_specs is not None:
+            config = config.model_copy(update={"methods": method_specs})
+        client = EdgeClient(
+            config,
+            labels,
+            trainer=trainer,
+            methods=methods,
+            rng=np.random.default_rng(seed),
+            callbacks=callbacks,
+        )
+        self.clients[device_id] = client
+        client.start()
+        return client
+
     def start_devices(self, n: int) -> list[EdgeClient]:
-        started = []
-        for index, device_id in enumerate(self.device_ids(n)):
-            client = EdgeClient(
-                self.device_config(device_id),
-                device_labels(index),
-                rng=np.random.default_rng(index),
-            )
-            client.start()
-            self.clients[device_id] = client
-            started.append(client)
-        return started
+        return [
+            self.start_device(device_id, device_labels(index), seed=index)
+            for index, device_id in enumerate(self.device_ids(n))
+        ]
 
     def stop(self) -> None:
         for client in self.clients.values():

@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import paho.mqtt.client as mqtt
 import pytest
 
+from tests.paho_client import PahoClient
 from ursa.coordinator.methods_config import DubheSpec, FedAvgSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
-from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.training import TrainConfig
 from ursa.models.registry import initial_arrays
@@ -87,19 +86,25 @@ def bridged(
         yield Bridged(core, site)
 
 
-def _wait_bridge_up(fed: MqttFederation) -> None:
-    """The bridge's retained connection state on the core says it is up."""
-    fed.capture.wait_for(
-        lambda: (state_topic(SITE), b"1") in fed.capture.items, 20, "the bridge"
+def _split(
+    bridged: Bridged, tmp_path: Path, federation: str, connect_mqtt: Any
+) -> tuple[MqttFederation, MqttFederation]:
+    """The federation on the core and on the site, once the bridge is up.
+
+    Up: the bridge's retained connection state on the core says so.
+    """
+    core = MqttFederation(bridged.core, tmp_path, federation, connect_mqtt)
+    site = MqttFederation(bridged.site, tmp_path, federation, connect_mqtt)
+    core.capture.wait_for(
+        lambda: (state_topic(SITE), b"1") in core.capture.items, 20, "the bridge"
     )
+    return core, site
 
 
 def test_a_federation_trains_with_half_its_devices_behind_a_site_bridge(
     bridged: Bridged, connect_mqtt: Any, tmp_path: Path
 ) -> None:
-    core = MqttFederation(bridged.core, tmp_path, "split", connect_mqtt)
-    site = MqttFederation(bridged.site, tmp_path, "split", connect_mqtt)
-    _wait_bridge_up(core)
+    core, site = _split(bridged, tmp_path, "split", connect_mqtt)
     data = load_digits()
     x, y = data.flat(), data.y
     order = np.random.default_rng(0).permutation(len(y))
@@ -133,15 +138,9 @@ def test_a_federation_trains_with_half_its_devices_behind_a_site_bridge(
             train=TrainConfig(epochs=1, batch_size=16, lr=0.1),
             seed=i,
         )
-        client = EdgeClient(
-            fed.device_config(device_id),
-            y[parts[i]],
-            trainer=trainer,
-            rng=np.random.default_rng(i),
+        clients.append(
+            fed.start_device(device_id, y[parts[i]], seed=i, trainer=trainer)
         )
-        fed.clients[device_id] = client
-        client.start()
-        clients.append(client)
     try:
         with polling(clients):
             deadline = time.monotonic() + 90
@@ -181,9 +180,7 @@ def test_a_federation_trains_with_half_its_devices_behind_a_site_bridge(
 def test_a_site_devices_last_will_reaches_the_coordinator(
     bridged: Bridged, connect_mqtt: Any, tmp_path: Path
 ) -> None:
-    core = MqttFederation(bridged.core, tmp_path, "wills", connect_mqtt)
-    site = MqttFederation(bridged.site, tmp_path, "wills", connect_mqtt)
-    _wait_bridge_up(core)
+    core, site = _split(bridged, tmp_path, "wills", connect_mqtt)
     config = core.coordinator_config(N, k=2, tries=2, rounds=100)
     service = CoordinatorService(config)
     service.start()
@@ -192,14 +189,7 @@ def test_a_site_devices_last_will_reaches_the_coordinator(
     clients = []
     for i, device_id in enumerate(CORE_DEVICES + SITE_DEVICES):
         fed = core if device_id in CORE_DEVICES else site
-        client = EdgeClient(
-            fed.device_config(device_id),
-            device_labels(i),
-            rng=np.random.default_rng(i),
-        )
-        fed.clients[device_id] = client
-        client.start()
-        clients.append(client)
+        clients.append(fed.start_device(device_id, device_labels(i), seed=i))
     try:
         with polling(clients):
             core.capture.wait_for(
@@ -226,51 +216,6 @@ def test_a_site_devices_last_will_reaches_the_coordinator(
         if m.sender == SITE_DEVICES[0] and not m.online
     ]
     assert wills and wills[0][0] == status_topic("wills", SITE_DEVICES[0])
-
-
-class _Client:
-    """A bare paho client that records what it receives (topic, payload, retain)."""
-
-    def __init__(self, port: int, user: str, password: str, ca: Path | None) -> None:
-        self.received: list[tuple[str, bytes, bool]] = []
-        self.client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2, client_id=user, protocol=mqtt.MQTTv311
-        )
-        self.client.username_pw_set(user, password)
-        if ca is not None:
-            self.client.tls_set(ca_certs=str(ca))
-        self.client.on_message = lambda c, u, m: self.received.append(
-            (m.topic, m.payload, bool(m.retain))
-        )
-        connected = threading.Event()
-        self.client.on_connect = lambda c, u, f, rc, p: connected.set()
-        self.client.connect("127.0.0.1", port)
-        self.client.loop_start()
-        assert connected.wait(10), f"{user} could not connect"
-
-    def subscribe(self, topic_filter: str) -> None:
-        done = threading.Event()
-        self.client.on_subscribe = lambda c, u, mid, rc, p: done.set()
-        self.client.subscribe(topic_filter, qos=1)
-        assert done.wait(10)
-
-    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
-        self.client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(10)
-
-    def wait_for(self, topic: str, payload: bytes) -> bool:
-        """Wait until (topic, payload) arrives; return its retain flag."""
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            for got, body, retain in list(self.received):
-                if (got, body) == (topic, payload):
-                    return retain
-            time.sleep(0.05)
-        raise AssertionError(f"{topic} {payload!r} never arrived: {self.received}")
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-        self.client.reinitialise()  # closes paho's wake-up socket pair now
 
 
 def _generate(argv: list[str]) -> None:
@@ -330,9 +275,11 @@ def test_generated_configs_bridge_a_site_to_a_tls_core(
         _start(mosquitto_binary, core_dir / "mosquitto.conf", core_port),
         _start(mosquitto_binary, site_dir / "mosquitto.conf", site_port),
     ]
-    clients: list[_Client] = []
+    clients: list[PahoClient] = []
     try:
-        coordinator = _Client(core_port, "coordinator", core_users["coordinator"], ca)
+        coordinator = PahoClient(
+            core_port, "coordinator", core_users["coordinator"], ca
+        )
         clients.append(coordinator)
         coordinator.subscribe("ursa/bridge/+/state")
         coordinator.wait_for(state_topic(SITE), b"1")
@@ -340,7 +287,7 @@ def test_generated_configs_bridge_a_site_to_a_tls_core(
         # A retained notice published before the site device subscribes ...
         notice = "ursa/v1/f/global/epoch"
         coordinator.publish(notice, b"epoch-1", retain=True)
-        device = _Client(site_port, "d3", site_users["d3"], None)
+        device = PahoClient(site_port, "d3", site_users["d3"], None)
         clients.append(device)
         device.subscribe("ursa/v1/f/dev/d3/down/#")
         device.subscribe("ursa/v1/f/global/#")
@@ -352,7 +299,7 @@ def test_generated_configs_bridge_a_site_to_a_tls_core(
         device.wait_for("ursa/v1/f/dev/d3/down/control", b"for-d3")
 
         # The bridge user may carry only its site's devices into the core.
-        forger = _Client(core_port, SITE, core_users[SITE], ca)
+        forger = PahoClient(core_port, SITE, core_users[SITE], ca)
         clients.append(forger)
         forger.publish("ursa/v1/f/dev/d1/up/control", b"forged")
         forger.publish("ursa/v1/f/dev/d3/up/control", b"carried")

@@ -13,7 +13,6 @@ from ursa.coordinator.config import DeadlinesConfig
 from ursa.coordinator.methods_config import FedAvgSpec, RandomSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
-from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.methods_config import FedAvgSpec as DeviceFedAvgSpec
 from ursa.edge_sdk.methods_config import RandomSpec as DeviceRandomSpec
 from ursa.models.weights import arrays_to_bytes
@@ -50,12 +49,9 @@ def test_a_misfit_device_answers_data_mismatch_and_is_never_selected(
         labels = (
             np.r_[np.arange(10), 12] if device_id == misfit else device_labels(index)
         )
-        device_config = fed.device_config(device_id).model_copy(
-            update={"methods": (DeviceRandomSpec(),)}
+        fed.start_device(
+            device_id, labels, seed=index, method_specs=(DeviceRandomSpec(),)
         )
-        client = EdgeClient(device_config, labels, rng=np.random.default_rng(index))
-        fed.clients[device_id] = client
-        client.start()
 
     thread.join(timeout=60)
     assert service.is_done, f"stuck at {service.state}"
@@ -115,15 +111,11 @@ def test_a_device_with_32_features_sits_out_of_a_64_feature_federation(
             seed=index,
         )
         methods = (DeviceRandomSpec(), DeviceFedAvgSpec())
-        device_config = fed.device_config(device_id).model_copy(
-            update={"methods": methods}
+        clients.append(
+            fed.start_device(
+                device_id, y, seed=index, trainer=trainer, method_specs=methods
+            )
         )
-        client = EdgeClient(
-            device_config, y, trainer=trainer, rng=np.random.default_rng(index)
-        )
-        fed.clients[device_id] = client
-        clients.append(client)
-        client.start()
 
     with polling(clients):
         thread.join(timeout=60)

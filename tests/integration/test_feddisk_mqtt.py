@@ -16,7 +16,6 @@ from ursa.coordinator.methods_config import DubheSpec, FeddiskSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.identity import verify_signature
-from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.training import TrainConfig, evaluate
@@ -104,15 +103,10 @@ def test_feddisk_trains_the_made_then_the_weighted_classifier_over_mosquitto(
             train=TrainConfig(epochs=2, batch_size=8, lr=0.1),
             seed=i,
         )
-        client = EdgeClient(
-            fed.device_config(device_id),
-            y[parts[i]],
-            trainer=FeddiskTrainer(classifier, settings=SETTINGS, seed=i),
-            rng=np.random.default_rng(i),
+        trainer = FeddiskTrainer(classifier, settings=SETTINGS, seed=i)
+        clients.append(
+            fed.start_device(device_id, y[parts[i]], seed=i, trainer=trainer)
         )
-        fed.clients[device_id] = client
-        client.start()
-        clients.append(client)
     stop = threading.Event()
 
     def poll() -> None:  # what EdgeClient.run does for each device

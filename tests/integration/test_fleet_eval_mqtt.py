@@ -90,16 +90,8 @@ def test_fleet_accuracy_is_the_sum_of_the_devices_counts_and_no_device_is_seen(
             eval_x=xe if len(ye) else None,
             eval_y=ye if len(ye) else None,
         )
-        client = EdgeClient(
-            fed.device_config(device_id),
-            yt,
-            trainer=trainer,
-            rng=np.random.default_rng(i),
-        )
-        fed.clients[device_id] = client
-        client.start()
         trainers.append(trainer)
-        clients.append(client)
+        clients.append(fed.start_device(device_id, yt, seed=i, trainer=trainer))
     stop = threading.Event()
 
     def poll() -> None:

@@ -26,7 +26,6 @@ from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.store import DB_FILENAME
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.edge_sdk import methods_config as device_methods
-from ursa.edge_sdk.client import EdgeClient
 
 from .conftest import polling, serve_coordinator
 
@@ -116,18 +115,14 @@ def test_dubhe_climb_flicker_trains_after_flicker_balanced_the_images(
             extractor=extractor,
             rng=np.random.default_rng([i, 5]),
         )
-        device_config = fed.device_config(device_id).model_copy(
-            update={"methods": device_list}
-        )
-        client = EdgeClient(
-            device_config,
+        client = fed.start_device(
+            device_id,
             ys,
+            seed=i,
             trainer=trainer,
-            rng=np.random.default_rng(i),
+            method_specs=device_list,
             methods=[flicker],
         )
-        fed.clients[device_id] = client
-        client.start()
         clients.append(client)
     try:
         with polling(clients):
@@ -196,12 +191,7 @@ def test_coordinator_killed_in_flickers_loop_resumes_the_same_run(
     methods = (device_methods.DubheSpec(), device_methods.FlickerSpec())
     try:
         for i, device_id in enumerate(fed.device_ids(n)):
-            config = fed.device_config(device_id).model_copy(
-                update={"methods": methods}
-            )
-            client = EdgeClient(config, _skewed(i), rng=np.random.default_rng(i))
-            fed.clients[device_id] = client
-            client.start()
+            fed.start_device(device_id, _skewed(i), seed=i, method_specs=methods)
         fed.capture.wait_for(killed.is_set, 120, "a resample request")
         process.wait(timeout=10)
         assert process.returncode == -signal.SIGKILL

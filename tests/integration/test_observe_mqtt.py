@@ -31,7 +31,6 @@ from ursa.coordinator.methods_config import DubheSpec, FedAvgSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.telemetry import Telemetry
 from ursa.coordinator.training import RoundRecord
-from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.training import TrainConfig, evaluate
 from ursa.models.registry import initial_arrays
@@ -162,15 +161,9 @@ def test_metrics_status_and_dashboard_follow_a_live_federation(
             train=TrainConfig(epochs=1, batch_size=8, lr=0.1),
             seed=i,
         )
-        client = EdgeClient(
-            fed.device_config(device_id),
-            y[parts[i]],
-            trainer=trainer,
-            rng=np.random.default_rng(i),
+        clients.append(
+            fed.start_device(device_id, y[parts[i]], seed=i, trainer=trainer)
         )
-        fed.clients[device_id] = client
-        client.start()
-        clients.append(client)
     try:
         with polling(clients):
             _wait(

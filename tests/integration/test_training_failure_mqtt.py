@@ -99,15 +99,13 @@ def test_a_failing_trainer_closes_the_round_before_its_deadline(
     recorder = Recorder()
     clients = []
     for i, device_id in enumerate(ids):
-        client = EdgeClient(
-            fed.device_config(device_id),
+        client = fed.start_device(
+            device_id,
             np.arange(10).repeat(3),
+            seed=i,
             trainer=ShiftTrainer(fails=device_id == failing),
-            rng=np.random.default_rng(i),
             callbacks=recorder if device_id == failing else None,
         )
-        fed.clients[device_id] = client
-        client.start()
         clients.append(client)
     try:
         with polling(clients):

@@ -14,7 +14,6 @@ from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import ClimbSpec, DubheSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
-from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.climb import ClimbConfig
 from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.torch_trainer import TorchTrainer
@@ -78,15 +77,9 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
             wire_dtype="float16" if i % 2 else "float32",
             seed=i,
         )
-        client = EdgeClient(
-            fed.device_config(device_id),
-            y[parts[i]],
-            trainer=trainer,
-            rng=np.random.default_rng(i),
+        clients.append(
+            fed.start_device(device_id, y[parts[i]], seed=i, trainer=trainer)
         )
-        fed.clients[device_id] = client
-        client.start()
-        clients.append(client)
     stop = threading.Event()
 
     def poll() -> None:  # what EdgeClient.run does for each device

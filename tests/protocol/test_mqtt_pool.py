@@ -10,7 +10,12 @@ import pytest
 
 from tests.conftest import DEVICE_IDS, MosquittoFactory
 from ursa.protocol.mqtt_pool import MqttPool, PooledTransport
-from ursa.protocol.transport import BrokerRefusedError, TransportError
+from ursa.protocol.transport import (
+    BrokerRefusedError,
+    NotConnectedError,
+    TransportError,
+    TransportTimeoutError,
+)
 from ursa.tools.broker.mosquitto import MosquittoBroker
 
 pytestmark = pytest.mark.integration
@@ -23,6 +28,17 @@ def pool() -> Iterator[MqttPool]:
     made = MqttPool()
     yield made
     made.close()
+
+
+@pytest.fixture
+def running_pool(pool: MqttPool) -> Iterator[MqttPool]:
+    """The pool served on its own thread (callers block, as a coordinator does)."""
+    stop = threading.Event()
+    loop = threading.Thread(target=pool.run, args=(stop,))
+    loop.start()
+    yield pool
+    stop.set()
+    loop.join()
 
 
 def _run_until(pool: MqttPool, done: Callable[[], bool], limit_s: float = 20.0) -> bool:
@@ -91,52 +107,38 @@ def test_clients_reconnect_and_resubscribe_after_a_broker_restart(
 
 
 def test_a_publish_from_another_thread_waits_for_the_loop_and_flushes(
-    pool: MqttPool, mosquitto_factory: MosquittoFactory
+    running_pool: MqttPool, mosquitto_factory: MosquittoFactory
 ) -> None:
-    broker = mosquitto_factory()
-    stop = threading.Event()
-    loop = threading.Thread(target=pool.run, args=(stop,))
-    loop.start()
-    try:
-        receiver = pool.transport(broker.mqtt_config("coordinator"))
-        got: list[bytes] = []
-        receiver.set_handler(lambda _t, p: got.append(p))
-        receiver.subscribe("ursa/v1/f/dev/+/up/#")
-        receiver.connect()
-        deadline = time.monotonic() + 20
-        while receiver.subscribing and time.monotonic() < deadline:
-            time.sleep(0.01)
-        device = pool.transport(broker.mqtt_config(DEVICE_IDS[0]))
-        device.connect()
-        device.publish(f"ursa/v1/f/dev/{DEVICE_IDS[0]}/up/x", b"hi")
-        device.flush(10.0)
-        deadline = time.monotonic() + 10
-        while not got and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert got == [b"hi"]
-        with pytest.raises(TransportError):
-            device.connect()  # not NEW any more
-    finally:
-        stop.set()
-        loop.join()
+    pool, broker = running_pool, mosquitto_factory()
+    receiver = pool.transport(broker.mqtt_config("coordinator"))
+    got: list[bytes] = []
+    receiver.set_handler(lambda _t, p: got.append(p))
+    receiver.subscribe("ursa/v1/f/dev/+/up/#")
+    receiver.connect()
+    deadline = time.monotonic() + 20
+    while receiver.subscribing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    device = pool.transport(broker.mqtt_config(DEVICE_IDS[0]))
+    device.connect()
+    device.publish(f"ursa/v1/f/dev/{DEVICE_IDS[0]}/up/x", b"hi")
+    device.flush(10.0)
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert got == [b"hi"]
+    with pytest.raises(TransportError):
+        device.connect()  # not NEW any more
 
 
 def test_bad_credentials_close_the_transport_for_good(
-    pool: MqttPool, mosquitto_factory: MosquittoFactory
+    running_pool: MqttPool, mosquitto_factory: MosquittoFactory
 ) -> None:
     broker = mosquitto_factory()
-    stop = threading.Event()
-    loop = threading.Thread(target=pool.run, args=(stop,))
-    loop.start()
-    try:
-        config = broker.mqtt_config(DEVICE_IDS[0]).model_copy(
-            update={"password": None, "username": DEVICE_IDS[0]}
-        )
-        with pytest.raises(BrokerRefusedError):
-            pool.transport(config).connect()
-    finally:
-        stop.set()
-        loop.join()
+    config = broker.mqtt_config(DEVICE_IDS[0]).model_copy(
+        update={"password": None, "username": DEVICE_IDS[0]}
+    )
+    with pytest.raises(BrokerRefusedError):
+        running_pool.transport(config).connect()
 
 
 def test_tls_is_refused_up_front(
@@ -145,3 +147,17 @@ def test_tls_is_refused_up_front(
     broker = mosquitto_factory(tls=True)
     with pytest.raises(ValueError, match="TLS"):
         pool.transport(broker.mqtt_config(DEVICE_IDS[0]))
+
+
+def test_flush_counts_hand_offs_to_the_loop_and_ends_at_close(
+    pool: MqttPool, mosquitto: MosquittoBroker
+) -> None:
+    transport = pool.transport(mosquitto.mqtt_config(DEVICE_IDS[0]))
+    transport.open()  # connecting; the loop is not turning, so nothing is sent
+    transport.publish(f"ursa/v1/f/dev/{DEVICE_IDS[0]}/up/x", b"hi")
+
+    with pytest.raises(TransportTimeoutError, match="1 publishes unacknowledged"):
+        transport.flush(0.0)  # the publish still waits for the loop
+    transport.close()
+    with pytest.raises(NotConnectedError, match="closed before PUBACKs"):
+        transport.flush(10.0)

@@ -13,15 +13,13 @@ import socket
 import stat
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
 
+from tests.paho_client import PahoClient
 from ursa.tools.broker.mosquitto import free_port
 from ursa.tools.cli import broker as cli_broker
 from ursa.tools.cli.broker import read_devices, register
@@ -152,28 +150,8 @@ def _broker_user_and_dir(tmp_path: Path) -> tuple[str, Path]:
 
 def _connect(port: int, ca: Path, user: str, password: str) -> int:
     """CONNECT over TLS as `user`; return the CONNACK reason code (0: accepted)."""
-    client = mqtt.Client(
-        mqtt.CallbackAPIVersion.VERSION2, client_id=user, protocol=mqtt.MQTTv311
-    )
-    client.username_pw_set(user, password)
-    client.tls_set(ca_certs=str(ca))
-    codes: list[int] = []
-    done = threading.Event()
-
-    def on_connect(c: mqtt.Client, u: object, f: object, rc: Any, p: object) -> None:
-        codes.append(rc.value)
-        done.set()
-
-    client.on_connect = on_connect
-    client.connect("127.0.0.1", port)
-    client.loop_start()
-    try:
-        assert done.wait(10.0), "no CONNACK"
-    finally:
-        client.disconnect()
-        client.loop_stop()
-        client.reinitialise()  # closes paho's wake-up socket pair now, not in a GC
-    return codes[0]
+    with PahoClient(port, user, password, ca) as client:
+        return client.connack
 
 
 def _listening(port: int, process: subprocess.Popen[bytes]) -> None:
