@@ -318,8 +318,7 @@ def test_generated_configs_bridge_a_site_to_a_tls_core(
 def test_the_coordinator_sees_a_site_link_go_down_and_come_back(
     bridged: Bridged, connect_mqtt: Any, tmp_path: Path
 ) -> None:
-    core = MqttFederation(bridged.core, tmp_path, "links", connect_mqtt)
-    _wait_bridge_up(core)
+    core, _ = _split(bridged, tmp_path, "links", connect_mqtt)
     service = CoordinatorService(core.coordinator_config(N, k=2, tries=2, rounds=1))
     service.start()
     loop = threading.Thread(target=service.run, daemon=True)
