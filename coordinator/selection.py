@@ -10,11 +10,16 @@ For parameter search it walks a grid of sigma values.
 
 Every function takes the coordinator's own random generator, so a seeded run
 reproduces the same sets whatever computes the sums (plaintext or encrypted).
+`draw_tries` does the per-try trim and top-up on a live coordinator: it draws
+the top-up by position from an indexed set of the eligible devices, so a
+round costs O(H·K + volunteers) whatever the fleet's size.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,6 +29,96 @@ from ursa.protocol.codebook import Codebook
 
 class SelectionError(ValueError):
     """A selection request that cannot be met (too few online devices, bad shapes)."""
+
+
+class Drawable(Protocol):
+    """Devices one can test and draw by position (`IndexedDevices`)."""
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, device: object, /) -> bool: ...
+
+    def at(self, position: int) -> str:
+        """The member at ``position`` (0 <= position < len)."""
+        ...
+
+
+REJECTION_BATCH = 64
+"""Random positions drawn at a time by `draw_tries`'s rejection sampling."""
+
+
+def draw_tries(
+    volunteers: Mapping[str, Sequence[bool]],
+    eligible: Drawable,
+    k: int,
+    tries: int,
+    rng: np.random.Generator,
+) -> tuple[tuple[str, ...], ...]:
+    """Per try, exactly K devices: trim the volunteers or top them up (uniformly).
+
+    A device in try h's pool drew yes in try h (kept even if it went offline
+    since: it is in its own tries only). Per try: K of the pool uniformly if
+    it has at least K, else the whole pool plus a uniform subset of the
+    ``eligible`` devices outside it (the same distribution as
+    `finalize_selections`). The top-up draws random positions of
+    ``eligible`` and rejects members of the pool or repeats, so its cost is
+    O(K) draws while most of ``eligible`` is outside the pool; when it is
+    not, the few candidates are listed instead. Volunteers are sorted by id,
+    so a seeded generator reproduces the sets for the same ``eligible``
+    order.
+
+    Returns:
+        H tuples of K device ids, each sorted.
+
+    Raises:
+        SelectionError: fewer than K devices to choose from in some try.
+    """
+    if k < 1:
+        raise SelectionError(f"K={k} must be at least 1")
+    ordered = sorted(volunteers)
+    sets: list[tuple[str, ...]] = []
+    for h in range(tries):
+        pool = [d for d in ordered if _drew(volunteers[d], h)]
+        if len(pool) >= k:
+            picked = rng.choice(len(pool), size=k, replace=False)
+            sets.append(tuple(sorted(pool[int(i)] for i in picked)))
+            continue
+        taken = set(pool)
+        outside = len(eligible) - sum(1 for d in pool if d in eligible)
+        need = k - len(pool)
+        if outside < need:
+            raise SelectionError(
+                f"try {h}: {len(pool) + outside} devices to choose from, K={k}"
+            )
+        sets.append(tuple(sorted(pool + _top_up(eligible, taken, need, rng))))
+    return tuple(sets)
+
+
+def _drew(draws: Sequence[bool], h: int) -> bool:
+    return h < len(draws) and bool(draws[h])
+
+
+def _top_up(
+    eligible: Drawable, taken: set[str], need: int, rng: np.random.Generator
+) -> list[str]:
+    """``need`` uniform distinct members of ``eligible`` not in ``taken``."""
+    size = len(eligible)
+    if 2 * (len(taken) + need) > size:  # crowded: list the candidates
+        free = [eligible.at(i) for i in range(size)]
+        free = [d for d in free if d not in taken]
+        picked = rng.choice(len(free), size=need, replace=False)
+        return [free[int(i)] for i in picked]
+    chosen: list[str] = []
+    seen = set(taken)
+    while len(chosen) < need:  # each draw is accepted with probability >= 1/2
+        for position in rng.integers(0, size, size=REJECTION_BATCH):
+            device = eligible.at(int(position))
+            if device not in seen:
+                seen.add(device)
+                chosen.append(device)
+                if len(chosen) == need:
+                    break
+    return chosen
 
 
 def finalize_selections(
