@@ -240,3 +240,19 @@ def test_a_round_costs_the_same_work_at_1000_and_50000_devices(fleet: Any) -> No
 
     assert events_large <= 1.2 * events_small + 200, (events_small, events_large)
     assert bytes_large <= 2 * bytes_small + 64 * 1024, (bytes_small, bytes_large)
+
+
+def test_the_epoch_sets_follow_departures_and_returns(fleet: Any) -> None:
+    service, devices = fleet(50)
+    sets = service._epoch_sets()
+    assert sets is not None and set(sets.eligible) == set(devices)
+    assert sets.members_online == {devices[0]}  # the only recipient
+
+    service.handle(*_wire(service, *last_will(devices[5])))
+    service.handle(*_wire(service, *last_will(devices[0])))
+    assert set(sets.eligible) == set(devices) - {devices[0], devices[5]}
+    assert sets.members_online == set()
+    back = Status(federation=FED, round=0, sender=devices[5], online=True, state="idle")
+    service.handle(*_wire(service, status_topic(FED, devices[5]), back))
+    assert devices[5] in sets.eligible and len(sets.eligible) == 49
+    assert service._epoch_sets() is sets  # kept, not rebuilt

@@ -3,9 +3,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ursa.coordinator.device_sets import IndexedDevices
 from ursa.coordinator.selection import (
     SelectionError,
     choose_try,
+    draw_tries,
     finalize_selections,
     sigma_grid,
 )
@@ -92,3 +94,63 @@ def test_sigma_grid() -> None:
     assert sigma_grid(Codebook(52, (1, 52)), 4) == [(0.25,), (0.5,), (0.75,), (1.0,)]
     with pytest.raises(SelectionError):
         sigma_grid(Codebook.default(10), 0)
+
+
+class CountingDevices(IndexedDevices):
+    """An `IndexedDevices` that counts the positions read (the draw's work)."""
+
+    reads = 0
+
+    def at(self, position: int) -> str:
+        self.reads += 1
+        return super().at(position)
+
+
+def test_draw_tries_trims_and_tops_up_uniformly() -> None:
+    # try 0: 4 volunteers, K=2, each kept half the time; try 1: 1 volunteer
+    # (v0), each of the 8 other eligible devices topped up 2/8 of the time
+    volunteers = {f"v{i}": (True, i == 0) for i in range(4)}
+    eligible = IndexedDevices([f"v{i}" for i in range(4)] + [f"s{i}" for i in range(5)])
+    rng = np.random.default_rng(5)
+    kept: dict[str, int] = {}
+    topped: dict[str, int] = {}
+    for _ in range(4000):
+        first, second = draw_tries(volunteers, eligible, 2, 2, rng)
+        for d in first:
+            kept[d] = kept.get(d, 0) + 1
+        assert "v0" in second
+        for d in second:
+            topped[d] = topped.get(d, 0) + 1
+    assert set(kept) == {"v0", "v1", "v2", "v3"}
+    np.testing.assert_allclose([kept[d] / 4000 for d in sorted(kept)], 0.5, atol=0.03)
+    others = sorted(set(topped) - {"v0"})
+    assert others == sorted({"v1", "v2", "v3", "s0", "s1", "s2", "s3", "s4"})
+    np.testing.assert_allclose([topped[d] / 4000 for d in others], 1 / 8, atol=0.02)
+
+
+def test_draw_tries_reads_o_k_positions_of_a_large_eligible_set() -> None:
+    eligible = CountingDevices(f"d{i:06d}" for i in range(50_000))
+    volunteers = {"d000001": (True, False, True)}
+    tries = draw_tries(volunteers, eligible, 20, 3, np.random.default_rng(0))
+    assert [len(set(t)) for t in tries] == [20, 20, 20]
+    assert "d000001" in tries[0] and "d000001" in tries[2]
+    assert eligible.reads < 3 * 64 * 2  # a few batches, not 50,000
+
+
+def test_draw_tries_lists_a_crowded_pool_and_refuses_too_few() -> None:
+    eligible = IndexedDevices(["a", "b", "c", "d"])
+    volunteers = {"a": (True,), "b": (True,), "gone": (True,)}  # gone: offline
+    for seed in range(20):
+        (chosen,) = draw_tries(volunteers, eligible, 4, 1, np.random.default_rng(seed))
+        assert set(chosen) in ({"a", "b", "gone", "c"}, {"a", "b", "gone", "d"})
+    with pytest.raises(SelectionError):
+        draw_tries(volunteers, eligible, 6, 1, np.random.default_rng(0))
+
+
+def test_draw_tries_is_reproducible_for_the_same_order() -> None:
+    eligible = IndexedDevices(f"d{i}" for i in range(1000))
+    volunteers = {"d3": (True, False), "d7": (False, True)}
+    a = draw_tries(volunteers, eligible, 5, 2, np.random.default_rng(11))
+    b = draw_tries(dict(reversed(volunteers.items())), eligible, 5, 2,
+                   np.random.default_rng(11))  # fmt: skip
+    assert a == b
