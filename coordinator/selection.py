@@ -45,6 +45,8 @@ class Drawable(Protocol):
 
 REJECTION_BATCH = 64
 """Random positions drawn at a time by `draw_tries`'s rejection sampling."""
+DENSE_FACTOR = 4
+"""`draw_tries` draws as `finalize_selections` below ``DENSE_FACTOR``·H·K eligible."""
 
 
 def draw_tries(
@@ -59,13 +61,16 @@ def draw_tries(
     A device in try h's pool drew yes in try h (kept even if it went offline
     since: it is in its own tries only). Per try: K of the pool uniformly if
     it has at least K, else the whole pool plus a uniform subset of the
-    ``eligible`` devices outside it (the same distribution as
-    `finalize_selections`). The top-up draws random positions of
-    ``eligible`` and rejects members of the pool or repeats, so its cost is
-    O(K) draws while most of ``eligible`` is outside the pool; when it is
-    not, the few candidates are listed instead. Volunteers are sorted by id,
-    so a seeded generator reproduces the sets for the same ``eligible``
-    order.
+    ``eligible`` devices outside it.
+
+    A fleet of fewer than `DENSE_FACTOR`·H·K eligible devices is drawn as
+    `finalize_selections` draws it, over every device sorted by id (O(H·K)
+    there, and the same sets as before for a seeded generator). A larger one
+    is drawn sparsely: the pool from the volunteers (sorted by id), the
+    top-up from random positions of ``eligible``, rejecting the pool and
+    repeats (each draw is accepted with probability above 1/2), so the cost
+    is O(H·K + volunteers) whatever the fleet's size. Either way a seeded
+    generator reproduces the sets for the same ``eligible`` order.
 
     Returns:
         H tuples of K device ids, each sorted.
@@ -75,50 +80,49 @@ def draw_tries(
     """
     if k < 1:
         raise SelectionError(f"K={k} must be at least 1")
+    size = len(eligible)
+    if size < DENSE_FACTOR * k * tries:
+        return _dense_tries(volunteers, eligible, k, tries, rng)
     ordered = sorted(volunteers)
     sets: list[tuple[str, ...]] = []
     for h in range(tries):
-        pool = [d for d in ordered if _drew(volunteers[d], h)]
+        pool = [d for d in ordered if h < len(volunteers[d]) and volunteers[d][h]]
         if len(pool) >= k:
             picked = rng.choice(len(pool), size=k, replace=False)
             sets.append(tuple(sorted(pool[int(i)] for i in picked)))
             continue
-        taken = set(pool)
-        outside = len(eligible) - sum(1 for d in pool if d in eligible)
-        need = k - len(pool)
-        if outside < need:
-            raise SelectionError(
-                f"try {h}: {len(pool) + outside} devices to choose from, K={k}"
-            )
-        sets.append(tuple(sorted(pool + _top_up(eligible, taken, need, rng))))
+        taken, chosen = set(pool), list(pool)
+        while len(chosen) < k:
+            for position in rng.integers(0, size, size=REJECTION_BATCH):
+                device = eligible.at(int(position))
+                if device not in taken:
+                    taken.add(device)
+                    chosen.append(device)
+                    if len(chosen) == k:
+                        break
+        sets.append(tuple(sorted(chosen)))
     return tuple(sets)
 
 
-def _drew(draws: Sequence[bool], h: int) -> bool:
-    return h < len(draws) and bool(draws[h])
-
-
-def _top_up(
-    eligible: Drawable, taken: set[str], need: int, rng: np.random.Generator
-) -> list[str]:
-    """``need`` uniform distinct members of ``eligible`` not in ``taken``."""
-    size = len(eligible)
-    if 2 * (len(taken) + need) > size:  # crowded: list the candidates
-        free = [eligible.at(i) for i in range(size)]
-        free = [d for d in free if d not in taken]
-        picked = rng.choice(len(free), size=need, replace=False)
-        return [free[int(i)] for i in picked]
-    chosen: list[str] = []
-    seen = set(taken)
-    while len(chosen) < need:  # each draw is accepted with probability >= 1/2
-        for position in rng.integers(0, size, size=REJECTION_BATCH):
-            device = eligible.at(int(position))
-            if device not in seen:
-                seen.add(device)
-                chosen.append(device)
-                if len(chosen) == need:
-                    break
-    return chosen
+def _dense_tries(
+    volunteers: Mapping[str, Sequence[bool]],
+    eligible: Drawable,
+    k: int,
+    tries: int,
+    rng: np.random.Generator,
+) -> tuple[tuple[str, ...], ...]:
+    """`draw_tries` of a small fleet: every device sorted, `finalize_selections`."""
+    online = {eligible.at(i) for i in range(len(eligible))}
+    devices = sorted(online.union(volunteers))
+    draws = np.zeros((tries, len(devices)), dtype=bool)
+    up = np.zeros(len(devices), dtype=bool)
+    for i, device in enumerate(devices):
+        up[i] = device in online
+        said = volunteers.get(device)
+        if said is not None:
+            draws[:, i] = list(said)[:tries]
+    chosen = finalize_selections(draws, k, rng, draws | up)
+    return tuple(tuple(devices[i] for i in row) for row in chosen)
 
 
 def finalize_selections(
