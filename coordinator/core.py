@@ -22,7 +22,7 @@ import numpy as np
 
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
-from ursa.coordinator.device_sets import OnlineDevices
+from ursa.coordinator.device_sets import IndexedDevices, OnlineDevices
 from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import Presence
@@ -46,6 +46,7 @@ from ursa.protocol.topics import (
 from ursa.protocol.transport import Transport
 
 __all__ = [
+    "EpochSets",
     "EpochWork",
     "RoundWork",
     "ServiceCore",
@@ -101,6 +102,22 @@ class EpochWork:
 
 
 @dataclass
+class EpochSets:
+    """Who a key epoch's rounds draw from, kept per device event (O(1) each).
+
+    Built once per key epoch (or restart), then updated on every presence,
+    enrolment, refusal, sit-out and registration change, so opening a round
+    and topping it up never pass over the fleet.
+    """
+
+    work: EpochWork
+    eligible: IndexedDevices
+    """Registered in the epoch and in the online view (who a top-up draws)."""
+    members_online: set[str]
+    """The epoch's recipients (its starting fleet) that are online: churn."""
+
+
+@dataclass
 class RoundWork:
     """The current round, as the coordinator works on it."""
 
@@ -145,6 +162,8 @@ class ServiceCore:
     _final_output: FinalOutput | None = None
     """The architecture and ONNX exporter for the final model's files, if known."""
     _telemetry: Telemetry
+    _epoch_sets_cache: EpochSets | None = None
+    """`_epoch_sets`' current value (None: build it at the next call)."""
 
     # --- state --------------------------------------------------------------
 
@@ -203,6 +222,7 @@ class ServiceCore:
             self._ready.add(device)
         else:
             self._ready.discard(device)
+        self._epoch_device_changed(device)
 
     def _rebuild_ready(self) -> None:
         """Recompute `_ready` from scratch (start-up and restore only: O(N))."""
@@ -211,6 +231,47 @@ class ServiceCore:
             d for d in self._online if d in self._enrolled and d not in self._refusing
         )
         self._online_view.forget()
+        self._epoch_sets_cache = None
+
+    def _epoch_sets(self) -> EpochSets | None:
+        """The current key epoch's `EpochSets` (None without an epoch).
+
+        Built on the first call after a new key epoch or a restore: O(N) once
+        per epoch, sorted by id so the order does not depend on string
+        hashing. Kept per event afterwards (`_epoch_device_changed`).
+        """
+        work = self._epoch
+        if work is None:
+            return None
+        sets = self._epoch_sets_cache
+        if sets is None or sets.work is not work:
+            online, view = self._online, self._online_view
+            sets = EpochSets(
+                work,
+                IndexedDevices(sorted(d for d in work.registered if d in view)),
+                {d for d in work.members if d in online},
+            )
+            self._epoch_sets_cache = sets
+        return sets
+
+    def _epoch_device_changed(self, device: str) -> None:
+        """Bring `device`'s membership of the `EpochSets` up to date (O(1)).
+
+        For a presence, enrolment, refusal or sit-out change, and for a
+        registration in the current key epoch.
+        """
+        sets = self._epoch_sets_cache
+        if sets is None or sets.work is not self._epoch:
+            return  # built from scratch at the next `_epoch_sets`
+        work = sets.work
+        if device in work.registered and device in self._online_view:
+            sets.eligible.add(device)
+        else:
+            sets.eligible.discard(device)
+        if device in work.members and device in self._online:
+            sets.members_online.add(device)
+        else:
+            sets.members_online.discard(device)
 
     def _sitting_out(self) -> set[str]:
         """Devices that told us they sit the current key epoch out."""
@@ -224,6 +285,7 @@ class ServiceCore:
         self._store.set_meta(SAT_OUT_KEY, json.dumps(self._sat_out))
         if self._epoch is not None:
             self._epoch.left(device)
+        self._epoch_device_changed(device)
 
     # --- sending ------------------------------------------------------------
 

@@ -4,8 +4,10 @@ A coordinator of 100,000 devices cannot rebuild "who is online" or "who may
 be selected" after every message: each rebuild copies O(N) set elements. The
 service keeps `OnlineDevices` per device as presence, enrolment and refusals
 change, and hands out a read-only view of it; a set only needed once per
-stage (a round's eligible devices, for its top-up) is a `LazyDevices`, built
-the first time someone looks at it.
+stage is a `LazyDevices`, built the first time someone looks at it. A set a
+round draws from (a key epoch's eligible devices, for Dubhe's top-up) is an
+`IndexedDevices`: kept per device like `OnlineDevices`, and indexable, so a
+uniform draw of a few of its members costs O(draws), not a sort of N ids.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from typing import TypeVar
 
-__all__ = ["CHANGE_LOG", "LazyDevices", "OnlineDevices"]
+__all__ = ["CHANGE_LOG", "IndexedDevices", "LazyDevices", "OnlineDevices"]
 
 _S = TypeVar("_S")
 
@@ -142,3 +144,52 @@ class LazyDevices(_DeviceSet):
 
     def __repr__(self) -> str:
         return f"LazyDevices({set(self._built())!r})"
+
+
+class IndexedDevices(_DeviceSet):
+    """A device set with O(1) add, discard, membership and access by position.
+
+    An indexed list with swap-remove: `at` gives the member at a position in
+    ``0 .. len - 1``, so a uniform random member is one random integer away.
+    The order depends only on the sequence of adds and discards (never on
+    string hashing), so a seeded draw is reproducible for a given sequence of
+    events.
+    """
+
+    def __init__(self, devices: Iterable[str] = ()) -> None:
+        self._ids: list[str] = []
+        self._index: dict[str, int] = {}
+        for device in devices:
+            self.add(device)
+
+    def add(self, device: str) -> None:
+        """Make ``device`` a member (O(1); no-op if it is one)."""
+        if device not in self._index:
+            self._index[device] = len(self._ids)
+            self._ids.append(device)
+
+    def discard(self, device: str) -> None:
+        """Remove ``device`` if present: the last member takes its position (O(1))."""
+        position = self._index.pop(device, None)
+        if position is None:
+            return
+        last = self._ids.pop()
+        if position < len(self._ids):
+            self._ids[position] = last
+            self._index[last] = position
+
+    def at(self, position: int) -> str:
+        """The member at ``position`` (0 <= position < len)."""
+        return self._ids[position]
+
+    def __contains__(self, device: object) -> bool:
+        return device in self._index
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids)
+
+    def __repr__(self) -> str:
+        return f"IndexedDevices({len(self)} devices)"

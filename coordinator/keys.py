@@ -472,5 +472,6 @@ class EpochStages(ServiceCore):
         )
         work.running_sum = total
         work.registered.add(device)
+        self._epoch_device_changed(device)
         if work.pending is not None:
             work.pending.discard(device)

@@ -26,7 +26,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable
 
-__all__ = ["Presence", "fleet_change"]
+__all__ = ["Presence", "churn", "fleet_change"]
 
 logger = logging.getLogger("ursa.coordinator")
 
@@ -161,5 +161,14 @@ def fleet_change(
     devices as it can seal to).
     """
     before, now = set(registered), set(online)
-    moved = len(before ^ now) if joiners else len(before - now)
-    return moved / len(before) if before else float(moved > 0)
+    return churn(len(before), len(before & now), len(now), joiners=joiners)
+
+
+def churn(started: int, stayed: int, online: int, *, joiners: bool = True) -> float:
+    """`fleet_change` from counts kept per event, so a round's check is O(1).
+
+    ``started``: the devices the key epoch started with; ``stayed``: those of
+    them online now; ``online``: every device online now.
+    """
+    moved = (started - stayed) + (online - stayed if joiners else 0)
+    return moved / started if started else float(moved > 0)

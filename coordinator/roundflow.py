@@ -3,8 +3,8 @@
 SELECTING: the runtime publishes the round's retained `RoundAnnounce`, then
 asks the federation's `SelectionMethod` at every step (every tick and after
 every admitted message) until it names the round's K participants (a step
-costs O(1) in the fleet's size: the eligible devices are built only if the
-method looks at them, `LazyDevices`); the
+costs O(1) in the fleet's size: the eligible devices are kept per event,
+`ursa.coordinator.core.EpochSets`); the
 method's own steps and windows (Dubhe's volunteers, distributions and agent)
 are its business (`ursa.coordinator.methods`). The runtime checks the
 answer (K distinct eligible devices), signs the `SelectionResult`, stores
@@ -22,9 +22,8 @@ import logging
 from collections.abc import Set
 
 from ursa.coordinator.core import RoundWork, ServiceCore, derived_id
-from ursa.coordinator.device_sets import LazyDevices
 from ursa.coordinator.federation_end import end_message, write_final_model
-from ursa.coordinator.presence import fleet_change
+from ursa.coordinator.presence import churn
 from ursa.coordinator.rounds import Stage, advance
 from ursa.coordinator.selection import SelectionError
 from ursa.coordinator.selection_method import Selection, SelectionRequest
@@ -58,9 +57,8 @@ class RoundStages(ServiceCore):
         assert work is not None, "a round needs a key epoch"
         view = self._epoch_view()
         assert view is not None
-        online = frozenset(self._online)
-        unusable = self._selection.epoch_unusable(view, online) or self._churned(
-            frozenset(work.recipients), online
+        unusable = self._selection.epoch_unusable(view, self._online) or (
+            self._churned()
         )
         epoch_full = (
             cfg.rounds_per_epoch > 0
@@ -86,21 +84,26 @@ class RoundStages(ServiceCore):
         if request is not None:
             self._selection.open_round(request)
 
-    def _churned(self, at_start: frozenset[str], online: frozenset[str]) -> str | None:
+    def _churned(self) -> str | None:
         """Why the fleet's churn needs a new key epoch (None: it does not).
 
-        ``at_start``: the devices online when the key epoch started (its
-        recipients), so a device that sits out does not count as churn.
+        Measured against the devices online when the key epoch started (its
+        recipients), so a device that sits out does not count as churn; the
+        counts are kept per event (`EpochSets`), so the check is O(1).
 
         Only with a quorum online: short of one, the current epoch goes on
         rather than wait in enrolment for devices that may never come back.
         """
         cfg = self._config
-        full = len(at_start) >= cfg.registry.max_parties  # joiners could not join
-        change = fleet_change(at_start, online, joiners=not full)
+        sets = self._epoch_sets()
+        if sets is None:
+            return None
+        started, online = len(sets.work.members), len(self._online)
+        full = started >= cfg.registry.max_parties  # joiners could not join
+        change = churn(started, len(sets.members_online), online, joiners=not full)
         if cfg.rekey_on_churn <= 0 or change <= cfg.rekey_on_churn:
             return None
-        if len(online) < cfg.epoch_quorum():
+        if online < cfg.epoch_quorum():
             return None
         return f"the online fleet changed by {change:.0%} since the key epoch"
 
@@ -183,12 +186,13 @@ class RoundStages(ServiceCore):
         work, epoch = self._round, self._epoch
         if work is None or epoch is None:
             return None
-        registered, online = epoch.registered, self._online_view
+        sets = self._epoch_sets()
+        assert sets is not None
         return SelectionRequest(
             round=work.round,
             epoch=work.epoch,
             k=self._config.k,
-            eligible=LazyDevices(lambda: {d for d in registered if d in online}),
+            eligible=sets.eligible,
             rng=self._rng,
             now=now,
         )

@@ -31,7 +31,7 @@ from ursa.coordinator.before_training import (
     StepPhase,
 )
 from ursa.coordinator.encrypted_sum import EncryptedSum
-from ursa.coordinator.gather import Gather
+from ursa.coordinator.gather import Gather, save_gather
 from ursa.coordinator.phase import PhaseStatus
 from ursa.coordinator.secure_mean import MeanHead, MeanWire, secure_mean
 from ursa.protocol.messages import ErrorCode, MeanReport
@@ -175,7 +175,7 @@ class SecureMeanStep(BeforeTraining):
                 device,
             )
             return
-        self._changed(mean)
+        self._changed(mean, device)
 
     def _open_mean(self, round_index: int) -> Gather[MeanReport, EncryptedSum] | None:
         mean = self._mean
@@ -183,9 +183,14 @@ class SecureMeanStep(BeforeTraining):
             return None
         return mean
 
-    def _changed(self, mean: Gather[MeanReport, EncryptedSum]) -> None:
-        """Save the mean in the message's transaction; tell the step once closed."""
+    def _changed(
+        self, mean: Gather[MeanReport, EncryptedSum], replied: str | None = None
+    ) -> None:
+        """Save the mean in the message's transaction; tell the step once closed.
+
+        ``replied``: the device whose report it was (saved as one row).
+        """
         assert self._ctx is not None and self._round is not None
-        self._ctx.view.store.save_phase(mean.key, self._round, mean.to_record())
+        save_gather(self._ctx.view.store, mean, self._round, replied)
         if not mean.is_open and self._head is not None:
             self.closed(self._head, mean)

@@ -10,11 +10,16 @@ For parameter search it walks a grid of sigma values.
 
 Every function takes the coordinator's own random generator, so a seeded run
 reproduces the same sets whatever computes the sums (plaintext or encrypted).
+`draw_tries` does the per-try trim and top-up on a live coordinator: it draws
+the top-up by position from an indexed set of the eligible devices, so a
+round costs O(H·K + volunteers) whatever the fleet's size.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,6 +29,100 @@ from ursa.protocol.codebook import Codebook
 
 class SelectionError(ValueError):
     """A selection request that cannot be met (too few online devices, bad shapes)."""
+
+
+class Drawable(Protocol):
+    """Devices one can test and draw by position (`IndexedDevices`)."""
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, device: object, /) -> bool: ...
+
+    def at(self, position: int) -> str:
+        """The member at ``position`` (0 <= position < len)."""
+        ...
+
+
+REJECTION_BATCH = 64
+"""Random positions drawn at a time by `draw_tries`'s rejection sampling."""
+DENSE_FACTOR = 4
+"""`draw_tries` draws as `finalize_selections` below ``DENSE_FACTOR``·H·K eligible."""
+
+
+def draw_tries(
+    volunteers: Mapping[str, Sequence[bool]],
+    eligible: Drawable,
+    k: int,
+    tries: int,
+    rng: np.random.Generator,
+) -> tuple[tuple[str, ...], ...]:
+    """Per try, exactly K devices: trim the volunteers or top them up (uniformly).
+
+    A device in try h's pool drew yes in try h (kept even if it went offline
+    since: it is in its own tries only). Per try: K of the pool uniformly if
+    it has at least K, else the whole pool plus a uniform subset of the
+    ``eligible`` devices outside it.
+
+    A fleet of fewer than `DENSE_FACTOR`·H·K eligible devices is drawn as
+    `finalize_selections` draws it, over every device sorted by id (O(H·K)
+    there, and the same sets as before for a seeded generator). A larger one
+    is drawn sparsely: the pool from the volunteers (sorted by id), the
+    top-up from random positions of ``eligible``, rejecting the pool and
+    repeats (each draw is accepted with probability above 1/2), so the cost
+    is O(H·K + volunteers) whatever the fleet's size. Either way a seeded
+    generator reproduces the sets for the same ``eligible`` order.
+
+    Returns:
+        H tuples of K device ids, each sorted.
+
+    Raises:
+        SelectionError: fewer than K devices to choose from in some try.
+    """
+    if k < 1:
+        raise SelectionError(f"K={k} must be at least 1")
+    size = len(eligible)
+    if size < DENSE_FACTOR * k * tries:
+        return _dense_tries(volunteers, eligible, k, tries, rng)
+    ordered = sorted(volunteers)
+    sets: list[tuple[str, ...]] = []
+    for h in range(tries):
+        pool = [d for d in ordered if h < len(volunteers[d]) and volunteers[d][h]]
+        if len(pool) >= k:
+            picked = rng.choice(len(pool), size=k, replace=False)
+            sets.append(tuple(sorted(pool[int(i)] for i in picked)))
+            continue
+        taken, chosen = set(pool), list(pool)
+        while len(chosen) < k:
+            for position in rng.integers(0, size, size=REJECTION_BATCH):
+                device = eligible.at(int(position))
+                if device not in taken:
+                    taken.add(device)
+                    chosen.append(device)
+                    if len(chosen) == k:
+                        break
+        sets.append(tuple(sorted(chosen)))
+    return tuple(sets)
+
+
+def _dense_tries(
+    volunteers: Mapping[str, Sequence[bool]],
+    eligible: Drawable,
+    k: int,
+    tries: int,
+    rng: np.random.Generator,
+) -> tuple[tuple[str, ...], ...]:
+    """`draw_tries` of a small fleet: every device sorted, `finalize_selections`."""
+    online = {eligible.at(i) for i in range(len(eligible))}
+    devices = sorted(online.union(volunteers))
+    draws = np.zeros((tries, len(devices)), dtype=bool)
+    up = np.zeros(len(devices), dtype=bool)
+    for i, device in enumerate(devices):
+        up[i] = device in online
+        said = volunteers.get(device)
+        if said is not None:
+            draws[:, i] = list(said)[:tries]
+    chosen = finalize_selections(draws, k, rng, draws | up)
+    return tuple(tuple(devices[i] for i in row) for row in chosen)
 
 
 def finalize_selections(

@@ -144,7 +144,7 @@ class SelectionMethod(ABC):
     def resume(self, request: SelectionRequest) -> None:  # noqa: B027
         """After a restart in SELECTING: reload progress, re-send what it waits on."""
 
-    def epoch_unusable(self, epoch: EpochView, online: frozenset[str]) -> str | None:
+    def epoch_unusable(self, epoch: EpochView, online: Set[str]) -> str | None:
         """Why the next round needs a new key epoch first (None: it does not)."""
         return None
 

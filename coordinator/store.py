@@ -4,8 +4,13 @@ Core tables (devices, key epochs, rounds, seen ids), each method's progress
 (``method_state``: one JSON value per method and key) and the records of live
 phases (``phases``: `ursa.coordinator.gather.Gather`,
 `ursa.coordinator.wait.Wait`, `ursa.coordinator.relay.Relay` as JSON), so no
-method keeps files of its own. Model checkpoints are artefacts, not state:
-they stay files (`ursa.coordinator.models`).
+method keeps files of its own. A gather over the whole fleet saves its full
+record when it opens and closes; between, each reply adds one row of its
+device (``phase_replies``) and replaces the record's few changing fields
+(``phase_progress``), so a reply costs O(1) writes, not a record of every
+answered id (`save_phase_reply`); `phase` merges them back. Model
+checkpoints are artefacts, not state: they stay files
+(`ursa.coordinator.models`).
 
 One file, ``<state_dir>/coordinator.sqlite3`` (WAL, ``synchronous=NORMAL``:
 a committed transaction survives a process kill; a power cut may lose the
@@ -110,6 +115,9 @@ CREATE TABLE IF NOT EXISTS method_state (
     PRIMARY KEY (method, key));
 CREATE TABLE IF NOT EXISTS phases (
     key TEXT PRIMARY KEY, round INTEGER NOT NULL, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS phase_progress (key TEXT PRIMARY KEY, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS phase_replies (
+    key TEXT NOT NULL, device_id TEXT NOT NULL, PRIMARY KEY (key, device_id));
 CREATE TABLE IF NOT EXISTS errors (
     id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, device TEXT,
     what TEXT NOT NULL, code TEXT NOT NULL, reason TEXT NOT NULL);
@@ -338,7 +346,10 @@ class CoordinatorStore:
         )
 
     def phase(self, key: str) -> dict[str, Any] | None:
-        """A live phase's record, or None.
+        """A live phase's record, or None (with the replies saved since, merged).
+
+        The fields saved by `save_phase_reply` replace the record's, and
+        its devices join the record's ``answered``.
 
         Raises:
             ValueError: the saved record is not a JSON object.
@@ -349,18 +360,61 @@ class CoordinatorStore:
         record = json.loads(row[0])
         if not isinstance(record, dict):
             raise ValueError(f"phase {key}: the record is not an object")
+        progress = self._exec(
+            "SELECT record FROM phase_progress WHERE key = ?", (key,)
+        ).fetchone()
+        if progress is not None:
+            fields = json.loads(progress[0])
+            if not isinstance(fields, dict):
+                raise ValueError(f"phase {key}: the progress is not an object")
+            record.update(fields)
+        replies = self._exec(
+            "SELECT device_id FROM phase_replies WHERE key = ? ORDER BY device_id",
+            (key,),
+        ).fetchall()
+        if replies:
+            answered = record.get("answered")
+            if not isinstance(answered, list):
+                raise ValueError(f"phase {key}: replies saved, but no 'answered'")
+            record["answered"] = sorted({*answered, *(str(r[0]) for r in replies)})
         return record
 
     def save_phase(self, key: str, round_index: int, record: dict[str, Any]) -> None:
-        """Save (or replace) a live phase's record, opened in ``round_index``."""
-        self._write(
-            "INSERT OR REPLACE INTO phases VALUES (?, ?, ?)",
-            (key, round_index, json.dumps(record)),
-        )
+        """Save (or replace) a live phase's whole record, opened in ``round_index``.
+
+        Replies saved by `save_phase_reply` are in ``record`` now: they go.
+        """
+        with self.transaction():
+            self._write(
+                "INSERT OR REPLACE INTO phases VALUES (?, ?, ?)",
+                (key, round_index, json.dumps(record)),
+            )
+            self._forget_replies(key)
+
+    def save_phase_reply(self, key: str, device: str, fields: dict[str, Any]) -> None:
+        """One more reply of a saved phase: ``device`` answered; ``fields`` changed.
+
+        O(1) in the phase's size: one row of the device, and the record's
+        changing fields (``fields``, e.g. a gather's folded state) replaced.
+        """
+        with self.transaction():
+            self._write(
+                "INSERT OR IGNORE INTO phase_replies VALUES (?, ?)", (key, device)
+            )
+            self._write(
+                "INSERT OR REPLACE INTO phase_progress VALUES (?, ?)",
+                (key, json.dumps(fields)),
+            )
 
     def drop_phase(self, key: str) -> None:
         """Forget a finished phase."""
-        self._write("DELETE FROM phases WHERE key = ?", (key,))
+        with self.transaction():
+            self._write("DELETE FROM phases WHERE key = ?", (key,))
+            self._forget_replies(key)
+
+    def _forget_replies(self, key: str) -> None:
+        self._write("DELETE FROM phase_progress WHERE key = ?", (key,))
+        self._write("DELETE FROM phase_replies WHERE key = ?", (key,))
 
     def phase_keys(self) -> list[str]:
         """The keys of the live phases (inspection, tests)."""

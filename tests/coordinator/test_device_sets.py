@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from ursa.coordinator.device_sets import CHANGE_LOG, LazyDevices, OnlineDevices
+from ursa.coordinator.device_sets import (
+    CHANGE_LOG,
+    IndexedDevices,
+    LazyDevices,
+    OnlineDevices,
+)
 
 
 def view(ready: set[str], sat_out: dict[str, int], epoch: int = 1) -> OnlineDevices:
@@ -54,3 +59,17 @@ def test_a_lazy_set_is_built_once_on_first_use() -> None:
     assert not lazy.is_built and calls == []
     assert "a" in lazy and len(lazy) == 2 and sorted(lazy) == ["a", "b"]
     assert lazy.is_built and calls == [1]
+
+
+def test_indexed_devices_swap_remove_keeps_every_position_a_member() -> None:
+    devices = IndexedDevices(["a", "b", "c", "d"])
+    devices.add("b")  # already there: no-op
+    devices.discard("b")  # "d" takes its position
+    devices.discard("x")  # absent: no-op
+    devices.discard("d")  # now the last: popped
+    devices.add("e")
+    assert len(devices) == 3 and set(devices) == {"a", "c", "e"}
+    assert {devices.at(i) for i in range(len(devices))} == {"a", "c", "e"}
+    assert [devices.at(i) for i in range(3)] == ["a", "c", "e"]
+    assert "b" not in devices and "e" in devices and 3 not in devices
+    assert devices & {"a", "z"} == frozenset({"a"})

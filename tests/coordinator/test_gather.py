@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ursa.coordinator.aggregation import UpdateOutcome
 from ursa.coordinator.device_sets import OnlineDevices
-from ursa.coordinator.gather import Fold, Gather
+from ursa.coordinator.gather import Fold, Gather, save_gather
 from ursa.coordinator.phase import PhaseRecordError, PhaseStatus
+from ursa.coordinator.store import CoordinatorStore
 from ursa.protocol.messages import (
     COORDINATOR,
     BaseMessage,
@@ -234,3 +236,52 @@ def test_tracking_the_services_view_follows_its_changes_not_the_fleet() -> None:
     online.forget()  # everything may have changed: one rescan
     gather.track_online(online, out)
     assert gather.pending == {"d0"}
+
+
+class CountingStore:
+    """A `GatherStore` that keeps what each save wrote (its JSON size)."""
+
+    def __init__(self, store: CoordinatorStore) -> None:
+        self.store = store
+        self.writes: list[tuple[str, int]] = []
+
+    def save_phase(self, key: str, round_index: int, record: dict[str, Any]) -> None:
+        self.writes.append(("record", len(json.dumps(record))))
+        self.store.save_phase(key, round_index, record)
+
+    def save_phase_reply(self, key: str, device: str, fields: dict[str, Any]) -> None:
+        self.writes.append(("reply", len(json.dumps(fields)) + len(device)))
+        self.store.save_phase_reply(key, device, fields)
+
+
+def test_a_reply_saves_one_row_and_a_restart_resumes_from_the_rows(
+    tmp_path: Path,
+) -> None:
+    fleet = [f"d{i:05d}" for i in range(5000)]
+    out, store = Outbox(), CoordinatorStore(tmp_path / "db.sqlite3")
+    saves = CountingStore(store)
+    gather = Gather.open(
+        "toy/4", SumFold(), expected=fleet, online=frozenset(fleet), now=100.0,
+        timeout_s=10.0, send=out,
+    )  # fmt: skip
+    save_gather(saves, gather, 4)  # opened: the whole record, once
+    for i, device in enumerate(fleet[:3]):
+        gather.offer(device, report(device, i + 1), out)
+        save_gather(saves, gather, 4, device)
+    kinds = [kind for kind, _ in saves.writes]
+    assert kinds == ["record", "reply", "reply", "reply"]
+    assert max(size for kind, size in saves.writes if kind == "reply") < 200
+    assert saves.writes[0][1] > 5000 * 8  # every expected id, at open only
+    store.close()
+
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    saved = store.phase("toy/4")
+    assert saved is not None
+    restored = Gather.from_record(saved, SumFold())
+    restored.restarted(200.0, out)
+    assert restored.answered == set(fleet[:3]) and restored.state == 6
+    assert restored.offer(fleet[0], report(fleet[0], 9), out) is (
+        UpdateOutcome.DUPLICATE
+    )
+    assert len(restored.pending) == len(fleet) - 3
+    store.close()

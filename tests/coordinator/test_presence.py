@@ -65,6 +65,15 @@ def test_fleet_change_counts_departures_and_joiners_over_the_starting_fleet() ->
     assert fleet_change(set(), {"a"}) == 1.0 and fleet_change(set(), set()) == 0.0
 
 
+def test_churn_from_counts_is_the_fleet_change() -> None:
+    from ursa.coordinator.presence import churn
+
+    # started with 4, 3 of them online, 6 online in all: 1 left, 3 joined
+    assert churn(4, 3, 6) == 1.0
+    assert churn(4, 3, 6, joiners=False) == 0.25
+    assert churn(0, 0, 1) == 1.0 and churn(0, 0, 0) == 0.0
+
+
 def test_on_change_hears_every_device_entering_or_leaving() -> None:
     mirror = set(FLEET)
 

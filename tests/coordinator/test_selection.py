@@ -3,9 +3,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ursa.coordinator.device_sets import IndexedDevices
 from ursa.coordinator.selection import (
     SelectionError,
     choose_try,
+    draw_tries,
     finalize_selections,
     sigma_grid,
 )
@@ -92,3 +94,68 @@ def test_sigma_grid() -> None:
     assert sigma_grid(Codebook(52, (1, 52)), 4) == [(0.25,), (0.5,), (0.75,), (1.0,)]
     with pytest.raises(SelectionError):
         sigma_grid(Codebook.default(10), 0)
+
+
+class CountingDevices(IndexedDevices):
+    """An `IndexedDevices` that counts the positions read (the draw's work)."""
+
+    reads = 0
+
+    def at(self, position: int) -> str:
+        self.reads += 1
+        return super().at(position)
+
+
+def test_draw_tries_trims_and_tops_up_uniformly() -> None:
+    # 20 eligible (sparse: at least 4·H·K). Try 0: 4 volunteers, K=2, each
+    # kept half the time; try 1: 1 volunteer (v0), each of the 19 others
+    # topped up 1/19 of the time.
+    volunteers = {f"v{i}": (True, i == 0) for i in range(4)}
+    ids = [f"v{i}" for i in range(4)] + [f"s{i:02d}" for i in range(16)]
+    eligible = CountingDevices(ids)
+    rng = np.random.default_rng(5)
+    kept: dict[str, int] = dict.fromkeys(ids, 0)
+    topped: dict[str, int] = dict.fromkeys(ids, 0)
+    for _ in range(4000):
+        first, second = draw_tries(volunteers, eligible, 2, 2, rng)
+        assert "v0" in second and len(set(first)) == len(set(second)) == 2
+        for d in first:
+            kept[d] += 1
+        for d in second:
+            topped[d] += 1
+    assert eligible.reads > 0  # the sparse draw, by position
+    np.testing.assert_allclose([kept[d] / 4000 for d in ids[:4]], 0.5, atol=0.03)
+    assert sum(kept[d] for d in ids[4:]) == 0
+    others = [topped[d] / 4000 for d in ids[1:]]
+    np.testing.assert_allclose(others, 1 / 19, atol=0.015)
+
+
+def test_draw_tries_reads_o_k_positions_of_a_large_eligible_set() -> None:
+    eligible = CountingDevices(f"d{i:06d}" for i in range(50_000))
+    volunteers = {"d000001": (True, False, True)}
+    tries = draw_tries(volunteers, eligible, 20, 3, np.random.default_rng(0))
+    assert [len(set(t)) for t in tries] == [20, 20, 20]
+    assert "d000001" in tries[0] and "d000001" in tries[2]
+    assert eligible.reads < 3 * 64 * 2  # a few batches, not 50,000
+
+
+def test_draw_tries_of_a_small_fleet_ignores_order_and_refuses_too_few() -> None:
+    eligible = IndexedDevices(["a", "b", "c", "d"])
+    volunteers = {"a": (True,), "b": (True,), "gone": (True,)}  # gone: offline
+    shuffled = IndexedDevices(["d", "c", "b", "a"])
+    for seed in range(20):
+        (chosen,) = draw_tries(volunteers, eligible, 4, 1, np.random.default_rng(seed))
+        assert set(chosen) in ({"a", "b", "gone", "c"}, {"a", "b", "gone", "d"})
+        again = draw_tries(volunteers, shuffled, 4, 1, np.random.default_rng(seed))
+        assert again == (chosen,)  # a small fleet: whatever its order
+    with pytest.raises(SelectionError):
+        draw_tries(volunteers, eligible, 6, 1, np.random.default_rng(0))
+
+
+def test_draw_tries_is_reproducible_for_the_same_order() -> None:
+    eligible = IndexedDevices(f"d{i}" for i in range(1000))
+    volunteers = {"d3": (True, False), "d7": (False, True)}
+    a = draw_tries(volunteers, eligible, 5, 2, np.random.default_rng(11))
+    b = draw_tries(dict(reversed(volunteers.items())), eligible, 5, 2,
+                   np.random.default_rng(11))  # fmt: skip
+    assert a == b

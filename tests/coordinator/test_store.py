@@ -162,3 +162,28 @@ def test_unenrol_forgets_identity_and_presence(tmp_path: Path) -> None:
     store.unenrol("a")
     assert (set(store.enrolled()), store.online()) == ({"b"}, set())
     store.close()
+
+
+def test_a_phase_reply_is_a_row_merged_into_the_record(tmp_path: Path) -> None:
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    expected = [f"d{i}" for i in range(100)]
+    store.save_phase("mean/3", 3, {"answered": ["d5"], "expected": expected, "n": 0})
+    store.save_phase_reply("mean/3", "d1", {"n": 1})
+    store.save_phase_reply("mean/3", "d9", {"n": 2})
+    with pytest.raises(RuntimeError), store.transaction():
+        store.save_phase_reply("mean/3", "d7", {"n": 3})  # rolled back with its message
+        raise RuntimeError("crash before commit")
+    store.close()
+
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    saved = {"answered": ["d1", "d5", "d9"], "expected": expected, "n": 2}
+    assert store.phase("mean/3") == saved
+    raw = store._exec("SELECT record FROM phases WHERE key = 'mean/3'").fetchone()
+    assert '"answered": ["d5"]' in raw[0]  # the big record was not rewritten
+    store.save_phase("mean/3", 3, {"answered": ["d1"], "expected": [], "n": 9})
+    assert store.phase("mean/3") == {"answered": ["d1"], "expected": [], "n": 9}
+    store.save_phase_reply("mean/3", "d2", {"n": 10})
+    store.drop_phase("mean/3")
+    store.save_phase("mean/3", 3, {"answered": [], "n": 0})  # a new one: no leftovers
+    assert store.phase("mean/3") == {"answered": [], "n": 0}
+    store.close()

@@ -48,7 +48,7 @@ on. The coordinator sees draws and ciphertexts only: never a distribution.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -208,7 +208,7 @@ class DubheSelection(SelectionMethod):
         if self._round is not None and seconds > 0:
             self._round.deadline_at += seconds
 
-    def epoch_unusable(self, epoch: EpochView, online: frozenset[str]) -> str | None:
+    def epoch_unusable(self, epoch: EpochView, online: Set[str]) -> str | None:
         """With H > 1 every round needs the agent: a new epoch when it is gone."""
         if self._tries > 1 and epoch.agent not in online:
             return "agent offline"

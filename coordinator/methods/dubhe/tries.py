@@ -9,11 +9,12 @@ generator and touch no network, clock or database.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 
 import numpy as np
 
-from ursa.coordinator.selection import finalize_selections
+from ursa.coordinator.device_sets import IndexedDevices
+from ursa.coordinator.selection import draw_tries
 
 __all__ = ["complete_tries", "fallback_selection", "make_tries", "short_tries"]
 
@@ -32,30 +33,27 @@ def make_tries(
     uniformly, or top up uniformly from the ``eligible`` devices (online and
     registered) that did not volunteer in that try (`finalize_selections`).
     A volunteer that went offline since is kept in its own tries only.
-    Devices are sorted by id first, so a seeded generator is reproducible.
-    O(N) per round (at the step's close), never per message.
+    The runtime's eligible devices are an `IndexedDevices` kept per event,
+    so the top-up draws by position: O(H·K + volunteers) per round whatever
+    the fleet's size (`draw_tries`). Any other collection is sorted by id
+    first (O(N log N)), so a seeded generator is reproducible.
 
     Raises:
         SelectionError: fewer than K devices to choose from in some try.
     """
-    online = set(eligible)
-    devices = sorted(online.union(volunteers))
-    draws = np.zeros((tries, len(devices)), dtype=bool)
-    up = np.zeros(len(devices), dtype=bool)
-    for i, device in enumerate(devices):
-        up[i] = device in online
-        said = volunteers.get(device)
-        if said is not None:
-            draws[:, i] = list(said)[:tries]
-    chosen = finalize_selections(draws, k, rng, draws | up)
-    return tuple(tuple(devices[i] for i in row) for row in chosen)
+    indexed = (
+        eligible
+        if isinstance(eligible, IndexedDevices)
+        else IndexedDevices(sorted(set(eligible)))
+    )
+    return draw_tries(volunteers, indexed, k, tries, rng)
 
 
 def short_tries(
     volunteers: Mapping[str, Sequence[bool]], eligible: Iterable[str], k: int
 ) -> bool:
     """Whether some try has fewer than K devices to choose from (then wait)."""
-    online = set(eligible)
+    online = eligible if isinstance(eligible, Set) else set(eligible)
     if len(online) >= k:
         return False
     extra = [d for d in volunteers if d not in online]

@@ -20,7 +20,7 @@ from collections.abc import Set
 from ursa.coordinator.aggregation import UpdateOutcome
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.encrypted_sum import EncryptedSum
-from ursa.coordinator.gather import Gather
+from ursa.coordinator.gather import Gather, save_gather
 from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.state import FeddiskState, Role
 from ursa.coordinator.methods.feddisk.steps import (
@@ -167,16 +167,23 @@ class FeddiskJudging(RoundPlugin):
                 message.sender,
             )
             return
-        self._after_loss_event(loss, self._clock(), send)
+        self._after_loss_event(loss, self._clock(), send, message.sender)
 
     def _after_loss_event(
-        self, loss: Gather[MeanReport, EncryptedSum], now: float, send: Send
+        self,
+        loss: Gather[MeanReport, EncryptedSum],
+        now: float,
+        send: Send,
+        replied: str | None = None,
     ) -> None:
-        """Save the loss step; once closed, wait for the verdict (or train on)."""
+        """Save the loss step; once closed, wait for the verdict (or train on).
+
+        ``replied``: the device whose report it was (saved as one row).
+        """
         head = self._head
         assert head is not None and self._view is not None
         store = self._view.store
-        store.save_phase(loss.key, head.round, loss.to_record())
+        save_gather(store, loss, head.round, replied)
         if loss.is_open:
             return
         if loss.status is PhaseStatus.FALLBACK:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import ClassVar
 
+from ursa.coordinator.device_sets import IndexedDevices
+from ursa.coordinator.selection import draw_tries
 from ursa.coordinator.selection_method import (
     Selection,
     SelectionMethod,
@@ -42,11 +44,20 @@ class RandomSelection(SelectionMethod):
         self._waiting_since = request.now
 
     def select(self, request: SelectionRequest) -> Selection | None:
-        """K ids drawn from the sorted eligible set; None while fewer are online."""
-        eligible = sorted(request.eligible)
+        """K ids drawn uniformly; None while fewer are online.
+
+        The runtime's eligible set is indexed, so the draw is O(K) (random
+        positions, `draw_tries`); any other set is sorted by id first.
+        """
+        eligible = request.eligible
         if len(eligible) >= request.k:
-            picked = request.rng.choice(len(eligible), size=request.k, replace=False)
-            return Selection(tuple(sorted(eligible[int(i)] for i in picked)))
+            indexed = (
+                eligible
+                if isinstance(eligible, IndexedDevices)
+                else IndexedDevices(sorted(eligible))
+            )
+            (picked,) = draw_tries({}, indexed, request.k, 1, request.rng)
+            return Selection(picked)
         since = self._waiting_since
         if since is None or request.now - since >= self._window_s:
             if since is not None:
