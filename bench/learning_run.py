@@ -469,7 +469,10 @@ def run_federation(
             run.execute(on_round)
         finally:
             run.close()
-    return run_figures(combination, seed, run.rounds, run.initial, run.traffic)
+    figures = run_figures(combination, seed, run.rounds, run.initial, run.traffic)
+    # messages whose handler raised on the bus: 0 in a healthy run
+    figures["handler_errors"] = run.bus.handler_errors
+    return figures
 
 
 def run_figures(

@@ -49,6 +49,7 @@ def test_a_tiny_run_pairs_its_starts_and_summarises_its_runs() -> None:
         assert 0.0 <= row["final_accuracy"] <= 1.0
         assert 0.0 <= row["selection_l1_mean"] <= 2.0
         assert row["bytes_per_device"] > 0
+        assert row["handler_errors"] == 0
     # paired starts: the same seed, the same version 0 for every combination
     assert runs[0]["initial_accuracy"] == runs[1]["initial_accuracy"]
     assert runs[0]["accuracy_per_round"] != runs[1]["accuracy_per_round"]
