@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     # argparse has no public name for the object add_subparsers() returns.
@@ -114,6 +115,35 @@ def register(sub: Subparsers) -> None:
         help="a commit per message, group commit, or both side by side",
     )
     store.set_defaults(handler=_run_store)
+    learning = names.add_parser(
+        "learning",
+        help="the demo's federation (real coordinator and devices, in memory) "
+        "once per method combination, over paired seeds",
+    )
+    learning.add_argument("--json", action="store_true", help="one JSON object")
+    learning.add_argument(
+        "--seeds", type=_seeds, default=[0, 1, 2], help="comma-separated seeds"
+    )
+    learning.add_argument("--rounds", type=int, default=25, help="rounds per run")
+    learning.add_argument(
+        "--combinations",
+        type=_combinations,
+        help="';'-separated method lists, '+stratified' for Dubhe's stratified "
+        "draw, e.g. 'random;dubhe,climb;dubhe+stratified' (default: issue 18's 7)",
+    )
+    learning.add_argument(
+        "--key-bits", type=int, default=1024, help="Paillier key (default 1024)"
+    )
+    learning.add_argument(
+        "--made-rounds", type=int, default=50, help="FedDisk: MADE rounds at most"
+    )
+    learning.add_argument("--plot", type=Path, help="write the curves as a PNG")
+    learning.add_argument(
+        "--progress",
+        action="store_true",
+        help="the progress bar even when stderr is not a terminal",
+    )
+    learning.set_defaults(handler=_run_learning)
 
 
 def _run_crypto(args: argparse.Namespace) -> int:
@@ -201,3 +231,40 @@ def _run_store(args: argparse.Namespace) -> int:
 
     modes = MODES if args.commit == "both" else (args.commit,)
     return run(as_json=args.json, messages=args.messages, modes=modes)
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text}") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("no seed given")
+    return seeds
+
+
+def _combinations(text: str) -> list[Any]:
+    from ursa.bench.learning import parse_combinations
+
+    try:
+        return list(parse_combinations(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _run_learning(args: argparse.Namespace) -> int:
+    from ursa.bench.learning import COMBINATIONS, run
+
+    if args.rounds < 1:
+        print("ursa bench learning: --rounds must be at least 1", file=sys.stderr)
+        return 2
+    return run(
+        combinations=args.combinations or COMBINATIONS,
+        seeds=args.seeds,
+        rounds=args.rounds,
+        key_bits=args.key_bits,
+        made_rounds=args.made_rounds,
+        as_json=args.json,
+        plot=args.plot,
+        progress=args.progress or sys.stderr.isatty(),
+    )
