@@ -83,10 +83,10 @@ class Combination:
 
     @property
     def draw(self) -> str:
-        """Dubhe's draw (``independent`` unless an option says otherwise)."""
+        """Dubhe's draw: ``paper`` (its config default) unless an option says."""
         if self.methods[0] != "dubhe":
             return "-"
-        return str(self.options.get("draw", "independent"))
+        return str(self.options.get("draw", "paper"))
 
 
 class SteppedClock:

@@ -5,12 +5,15 @@ the default dynamo exporter of torch >= 2.9 needs the ``onnxscript`` package,
 which the ``train`` extra does not install. The legacy exporter's
 DeprecationWarnings are silenced inside the call only. The graph has one input
 ``"x"`` of shape ``(batch, *input_shape)`` (batch dynamic) and one output
-``"logits"``.
+``"logits"``. The exporter keeps global state (``GLOBALS.in_onnx_export``),
+so exports in one process are serialised: several devices in one process (a
+gateway app, `ursa bench learning`) otherwise fail each other's export.
 """
 
 from __future__ import annotations
 
 import tempfile
+import threading
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +28,7 @@ from ursa.models.weights import FloatArray
 DEFAULT_OPSET = 17
 INPUT_NAME = "x"
 OUTPUT_NAME = "logits"
+_EXPORT_LOCK = threading.Lock()
 
 
 class OnnxExportError(RuntimeError):
@@ -53,7 +57,7 @@ def export_onnx(
     with tempfile.TemporaryDirectory(prefix="ursa-onnx-") as folder:
         path = Path(folder) / "model.onnx"
         try:
-            with warnings.catch_warnings():
+            with _EXPORT_LOCK, warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
                 torch.onnx.export(
                     model,

@@ -42,7 +42,8 @@ def test_a_tiny_run_pairs_its_starts_and_summarises_its_runs() -> None:
     result = json.loads(out.getvalue())
     assert code == 0, result["failed"]
     runs = result["runs"]
-    assert [r["methods"] for r in runs] == ["random", "dubhe,climb"]
+    labels = ["random", "dubhe,climb", "dubhe[draw=stratified]"]
+    assert [r["methods"] for r in runs] == labels
     for row in runs:
         assert set(row) >= KEYS
         assert row["rounds_completed"] == 2
@@ -52,11 +53,11 @@ def test_a_tiny_run_pairs_its_starts_and_summarises_its_runs() -> None:
         assert row["handler_errors"] == 0
     # paired starts: the same seed, the same version 0 for every combination
     assert runs[0]["initial_accuracy"] == runs[1]["initial_accuracy"]
+    assert runs[2]["initial_accuracy"] == runs[0]["initial_accuracy"]
     assert runs[0]["accuracy_per_round"] != runs[1]["accuracy_per_round"]
-    assert [s["methods"] for s in result["summary"]] == ["random", "dubhe,climb"]
-    assert runs[1]["draw"] == "independent" and runs[0]["draw"] == "-"
-    # until the stratified draw is in the config, it is skipped, saying why
-    assert "draw" in result["skipped"]["dubhe[draw=stratified]"]
+    assert [s["methods"] for s in result["summary"]] == labels
+    assert [r["draw"] for r in runs] == ["-", "paper", "stratified"]
+    assert not result["skipped"]
 
 
 def _row(label: str, seed: int, accuracy: list[float], l1: float) -> dict[str, object]:
@@ -109,6 +110,6 @@ def test_combinations_parse_with_the_stratified_draw() -> None:
         "dubhe,climb,flicker",
         "dubhe[draw=stratified]",
     ]
-    assert parsed[2].draw == "stratified" and parsed[1].draw == "independent"
+    assert parsed[2].draw == "stratified" and parsed[1].draw == "paper"
     with pytest.raises(ValueError):
         parse_combinations(" ; ")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,29 @@ def test_export_from_arrays_and_flattened_input() -> None:
     np.testing.assert_array_equal(classifier.predict(x.reshape(5, 64)), proba.argmax(1))
     np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-5)
     assert classifier.predict(x[0]).shape == (1,)
+
+
+def test_exports_from_several_threads_all_succeed() -> None:
+    # torch's exporter keeps global state: unserialised, most of these fail
+    config = {"input_dim": 64, "num_classes": 10, "hidden_sizes": [16]}
+    arrays = initial_arrays("mlp", config, seed=0)
+    results: list[bytes | Exception] = []
+
+    def export() -> None:
+        try:
+            results.append(export_arrays_to_onnx("mlp", config, arrays))
+        except Exception as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=export) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert len(results) == 6
+    assert all(isinstance(r, bytes) for r in results), results
+    assert len(set(results)) == 1
 
 
 def test_bad_input_and_bad_model_raise() -> None:
