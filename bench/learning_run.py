@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -446,6 +448,18 @@ class _Run:
         return float(np.mean(totals)) if totals else 0.0
 
 
+def _await_final_exports(timeout_s: float = 120.0) -> None:
+    """Let the devices' final-model exports end before the run's folder goes.
+
+    Each device exports in a thread of its own, and exports in one process
+    run one at a time.
+    """
+    deadline = time.monotonic() + timeout_s
+    for thread in threading.enumerate():
+        if thread.name.startswith("ursa-final-"):
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
 def _no_switch(round_index: int, made_version: int) -> None:
     """FedDisk's switch to classifier rounds needs no action here."""
 
@@ -469,6 +483,7 @@ def run_federation(
             run.execute(on_round)
         finally:
             run.close()
+            _await_final_exports()
     figures = run_figures(combination, seed, run.rounds, run.initial, run.traffic)
     # messages whose handler raised on the bus: 0 in a healthy run
     figures["handler_errors"] = run.bus.handler_errors
