@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from ursa.edge_sdk.client import EdgeClient
     from ursa.edge_sdk.method import DeviceMethod
     from ursa.tools.demo.settings import TrainingDemoSettings
-    from ursa.tools.simulate.federation import Federation
 
 __all__ = [
     "Combination",
@@ -134,23 +133,6 @@ def demo_settings(
     return settings
 
 
-def _federation(s: TrainingDemoSettings) -> Federation:
-    """The demo's population for ``s.seed`` (`ursa.tools.demo.run.DemoRun`)."""
-    from ursa.tools.data.loaders import load_dataset
-    from ursa.tools.simulate.federation import PartitionSpec, build_federation
-
-    spec = PartitionSpec(
-        kind="dubhe",
-        num_devices=s.devices,
-        rho=s.rho,
-        emd=s.emd,
-        test_fraction=s.test_fraction,
-    )
-    return build_federation(
-        load_dataset("digits"), spec, np.random.default_rng([s.seed, 0])
-    )
-
-
 def _selection_spec(
     config: CoordinatorConfig, options: dict[str, Any]
 ) -> CoordinatorConfig:
@@ -219,10 +201,11 @@ class _Run:
         self, s: TrainingDemoSettings, options: dict[str, Any], workdir: Path
     ) -> None:
         from ursa.tools.data.metrics import distance_to_uniform
+        from ursa.tools.demo.population import demo_population
 
         self.s = s
         self.workdir = workdir
-        self.fed = _federation(s)
+        self.fed = demo_population(s)
         self.counts = np.asarray(self.fed.counts, dtype=np.float64)
         self.ids = [f"dev{i:03d}" for i in range(s.devices)]
         self.index = {d: i for i, d in enumerate(self.ids)}

@@ -27,6 +27,7 @@ from ursa.tools.demo.coordinator import (
 )
 from ursa.tools.demo.devices import spawn_devices, wait_for_reports
 from ursa.tools.demo.fleet import DeviceSpec
+from ursa.tools.demo.population import demo_population
 from ursa.tools.demo.settings import (
     ARCHITECTURE,
     FEDERATION,
@@ -106,21 +107,8 @@ class DemoRun:
     # --- data ----------------------------------------------------------------
 
     def _federation(self) -> Federation:
-        from ursa.tools.data.loaders import load_dataset
-        from ursa.tools.simulate.federation import PartitionSpec, build_federation
-
-        s = self.settings
-        spec = PartitionSpec(
-            kind="dubhe",
-            num_devices=s.devices,
-            rho=s.rho,
-            emd=s.emd,
-            test_fraction=s.test_fraction,
-        )
         try:
-            return build_federation(
-                load_dataset("digits"), spec, np.random.default_rng([s.seed, 0])
-            )
+            return demo_population(self.settings)
         except ValueError as exc:  # PartitionError, FederationError
             raise DemoError(f"cannot deal the data out: {exc}") from None
 
