@@ -12,25 +12,15 @@ import pytest
 
 from ursa.models.inference import OnnxClassifier
 from ursa.tools.cli.app import build_parser, main
-from ursa.tools.data.loaders import load_dataset
+from ursa.tools.demo.population import demo_population
 from ursa.tools.demo.settings import TrainingDemoSettings
 from ursa.tools.demo.training import run_training_demo
-from ursa.tools.simulate.federation import PartitionSpec, build_federation
 
 pytestmark = pytest.mark.integration
 
 
 def _held_out_split(settings: TrainingDemoSettings) -> Any:
-    spec = PartitionSpec(
-        kind="dubhe",
-        num_devices=settings.devices,
-        rho=settings.rho,
-        emd=settings.emd,
-        test_fraction=settings.test_fraction,
-    )
-    return build_federation(
-        load_dataset("digits"), spec, np.random.default_rng([settings.seed, 0])
-    )
+    return demo_population(settings)
 
 
 def test_tiny_demo_reports_held_out_accuracy_and_identical_onnx(

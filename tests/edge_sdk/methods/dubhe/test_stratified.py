@@ -188,10 +188,9 @@ def test_a_device_opens_its_rank_forgets_its_key_and_draws_from_the_shared_seed(
     router.retry_parked(lambda message, exc: None)
 
     seed = shared_seed(keys[1].secret_to_bytes(), FED, EPOCH)
-    spoke = {m.round: m.draws for m in ctx.sent if isinstance(m, Volunteer)}
     for r in range(2, 12):
         router.dispatch(announce(r))
-        spoke = {m.round: m.draws for m in ctx.sent if isinstance(m, Volunteer)}
+    spoke = {m.round: m.draws for m in ctx.sent if isinstance(m, Volunteer)}
     for r in range(1, 12):
         draws = tuple(
             stratified_volunteer(REGISTRY, 4, 1, 2, seed, r, h) for h in range(3)
