@@ -1,0 +1,1 @@
+"""Secure aggregation on the coordinator."""
