@@ -66,6 +66,11 @@ class FixedPoint:
             raise ValueError(f"scale_bits must be in [0, {MAX_SCALE_BITS}]")
         if not (math.isfinite(self.bound) and self.bound > 0):
             raise ValueError(f"bound must be finite and positive, not {self.bound}")
+        if math.ceil(self.bound * (1 << self.scale_bits)) >= _SIGNED_LIMIT:
+            raise ValueError(
+                f"bound {self.bound} at {self.scale_bits} fractional bits does not "
+                f"fit one signed {RING_BITS}-bit value"
+            )
 
     @classmethod
     def for_sum(cls, bound: float, parties: int, headroom: float = 0.0) -> FixedPoint:
@@ -104,10 +109,13 @@ class FixedPoint:
         array = np.asarray(values, dtype=np.float64).ravel()
         if not np.isfinite(array).all():
             raise ValueError("cannot encode NaN or infinite values")
-        scaled = np.clip(array, -self.bound, self.bound) * float(1 << self.scale_bits)
-        floor = np.floor(scaled)
-        rounded = floor + (rng.random(scaled.shape) < (scaled - floor))
-        return rounded.astype(np.int64).astype(np.uint32)
+        scaled = np.clip(array, -self.bound, self.bound)
+        scaled *= float(1 << self.scale_bits)
+        # floor(x + U), U ~ Uniform[0, 1), rounds up with probability frac(x).
+        scaled += rng.random(scaled.shape)
+        np.floor(scaled, out=scaled)
+        # |scaled| <= ceil(bound * 2**s) < 2**31 (for_sum), so int32 is exact.
+        return scaled.astype(np.int32).view(np.uint32)
 
     def decode(self, total: ArrayLike) -> NDArray[np.float64]:
         """Map a ring sum to floats: two's complement, then divide by ``2**s``."""

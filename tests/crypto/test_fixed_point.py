@@ -138,3 +138,8 @@ def test_layout_bytes_are_little_endian_and_size_checked() -> None:
 def test_layout_refuses_duplicate_names() -> None:
     with pytest.raises(ValueError, match="duplicate"):
         VectorLayout([Segment("a", 1, 1.0), Segment("a", 2, 1.0)], parties=2)
+
+
+def test_codec_refuses_a_bound_that_does_not_fit_one_value() -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        FixedPoint(scale_bits=24, bound=1000.0)
