@@ -24,7 +24,7 @@ import hashlib
 import hmac
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = [
     "SPARSE_DEGREE_BASE",
@@ -80,7 +80,7 @@ def neighbours(
     return graph
 
 
-def share_holders(graph: dict[str, tuple[str, ...]], owner: str) -> tuple[str, ...]:
+def share_holders(graph: Mapping[str, tuple[str, ...]], owner: str) -> tuple[str, ...]:
     """Who holds ``owner``'s shares, in index order: sorted(N(owner) + owner).
 
     Share index ``i`` (1-based) goes to ``share_holders(...)[i - 1]``, so the

@@ -211,7 +211,7 @@ def _owner_shares(
     revealed: Sequence[UnmaskShare],
     alive: set[str],
 ) -> list[Share]:
-    holders = share_holders(dict(graph), owner)
+    holders = share_holders(graph, owner)
     picked: dict[int, Share] = {}
     for item in revealed:
         if item.owner != owner:
