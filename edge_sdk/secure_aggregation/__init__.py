@@ -1,0 +1,21 @@
+"""Device side of secure aggregation: the pure per-round masking state machine."""
+
+from ursa.edge_sdk.secure_aggregation.participant import (
+    KeyAdvert,
+    MaskingParticipant,
+    PeerAdvert,
+    SecAggError,
+    Stage,
+    UnmaskShare,
+    advert_transcript,
+)
+
+__all__ = [
+    "KeyAdvert",
+    "MaskingParticipant",
+    "PeerAdvert",
+    "SecAggError",
+    "Stage",
+    "UnmaskShare",
+    "advert_transcript",
+]
