@@ -124,6 +124,7 @@ from ursa.coordinator.methods_config import (
     selection_spec,
     training_spec,
 )
+from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.store_batches import (
     DEFAULT_COMMIT_INTERVAL_S,
     DEFAULT_COMMIT_MAX_RECORDS,
@@ -368,6 +369,8 @@ class CoordinatorConfig(_Frozen):
     enrolment: EnrolmentConfig = Field(default_factory=EnrolmentConfig)
     deadlines: DeadlinesConfig = Field(default_factory=DeadlinesConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    """How training rounds sum model updates: securely (default) or plain."""
     min_devices: int = Field(default=20, ge=1)
     """Enrolled online devices needed before the first key epoch starts."""
     quorum: int | None = Field(default=None, ge=1)

@@ -72,6 +72,19 @@ class Fold(ABC, Generic[ReplyT, StateT]):
     def result(self, state: StateT) -> BaseMessage | None:
         """What to send to all when the gather closes (None: nothing)."""
 
+    def requests(self) -> Iterable[tuple[BaseMessage, str | None]]:
+        """What the gather sends when it opens: (message, device or None: all).
+
+        Default: `request` to all. A fold whose request differs per device
+        (secure aggregation's rosters) overrides this instead.
+        """
+        return ((self.request(), None),)
+
+    def results(self, state: StateT) -> Iterable[tuple[BaseMessage, str | None]]:
+        """What the gather sends when it closes done (default: `result` to all)."""
+        result = self.result(state)
+        return () if result is None else ((result, None),)
+
     @abstractmethod
     def dump(self, state: StateT) -> Any:
         """The state as JSON-able data."""
@@ -146,7 +159,8 @@ class Gather(Generic[ReplyT, StateT]):
             min_replies,
             absent={d for d in wanted if d not in online},
         )
-        send(fold.request(), None)
+        for message, device in fold.requests():
+            send(message, device)
         gather._close_if_answered(send)
         return gather
 
@@ -228,11 +242,11 @@ class Gather(Generic[ReplyT, StateT]):
     def republish(self, send: Send) -> None:
         """Send again what the devices wait on: the request, or the result."""
         if self.is_open:
-            send(self.fold.request(), None)
+            for message, device in self.fold.requests():
+                send(message, device)
         elif self.status is PhaseStatus.DONE:
-            result = self.fold.result(self.state)
-            if result is not None:
-                send(result, None)
+            for message, device in self.fold.results(self.state):
+                send(message, device)
 
     def restarted(self, now: float, send: Send) -> None:
         """After a coordinator restart: a fresh deadline, then `republish`.
@@ -252,9 +266,8 @@ class Gather(Generic[ReplyT, StateT]):
             self.status = PhaseStatus.FALLBACK
             return
         self.status = PhaseStatus.DONE
-        result = self.fold.result(self.state)
-        if result is not None:
-            send(result, None)
+        for message, device in self.fold.results(self.state):
+            send(message, device)
 
     # --- records ----------------------------------------------------------------
 

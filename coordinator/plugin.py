@@ -25,13 +25,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ursa.coordinator.federation_end import FinalModel
 from ursa.coordinator.store import CoordinatorStore
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierPublicKey
 from ursa.protocol.messages import BaseMessage
+
+SignedT = TypeVar("SignedT", bound=BaseMessage)
+"""A message the coordinator signs (returned as the same type)."""
 
 __all__ = ["CoordinatorView", "EpochView", "NoTraining", "RoundPlugin", "Send"]
 
@@ -67,6 +70,14 @@ class CoordinatorView(Protocol):
         """The coordinator's store (method state and phase records go here)."""
         ...
 
+    def sign(self, message: SignedT) -> SignedT:
+        """``message`` stamped with the run and signed by the coordinator."""
+        ...
+
+    def device_identity(self, device: str) -> DevicePublicIdentity | None:
+        """An enrolled device's identity keys, or None."""
+        ...
+
 
 class RoundPlugin(ABC):
     """Training phase of a round (after the exactly-K selection)."""
@@ -94,6 +105,10 @@ class RoundPlugin(ABC):
     def methods(self) -> tuple[str, ...]:
         """Methods this plugin needs devices to run (signed into each key epoch)."""
         return ()
+
+    def aggregation_mode(self) -> str:
+        """How its rounds sum updates, signed into each key epoch (``secure``)."""
+        return "secure"
 
     def extend_deadlines(self, seconds: float) -> None:  # noqa: B027 - optional hook
         """The broker was away ``seconds``: give open windows that time back."""

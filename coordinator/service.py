@@ -73,7 +73,7 @@ from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.registry import selection_method
 from ursa.coordinator.natural_keys import natural_key
-from ursa.coordinator.plugin import EpochView, NoTraining, RoundPlugin
+from ursa.coordinator.plugin import EpochView, NoTraining, RoundPlugin, SignedT
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.recovery import Recovery
 from ursa.coordinator.rounds import RoundState, Stage
@@ -134,7 +134,14 @@ _SITS_OUT = frozenset(
 
 MAX_HELD = 10_000
 """Messages held while the coordinator restores its stage (as `admission.burst`)."""
-_FAILED = frozenset({ErrorCode.TRAINING_FAILED, ErrorCode.EVALUATION_FAILED})
+_FAILED = frozenset(
+    {
+        ErrorCode.TRAINING_FAILED,
+        ErrorCode.EVALUATION_FAILED,
+        ErrorCode.PLAIN_REFUSED,
+        ErrorCode.SECURE_AGGREGATION_FAILED,
+    }
+)
 """A selected device's own work failed: the open round stops waiting for it."""
 
 IDENTITY_PUBLIC_FILENAME = "coordinator.pub"
@@ -302,6 +309,14 @@ class CoordinatorService(Recovery):
     def send(self, message: BaseMessage, device: str | None) -> None:
         """Queue a message (for methods: flushed after the current step)."""
         self._send(message, device)
+
+    def sign(self, message: SignedT) -> SignedT:
+        """``message`` in this run, signed by the coordinator (for the plugin)."""
+        return self._sign(message)
+
+    def device_identity(self, device: str) -> DevicePublicIdentity | None:
+        """An enrolled device's identity keys (its peers verify it with them)."""
+        return self._enrolled.get(device)
 
     def epoch_view(self) -> EpochView | None:
         """The current key epoch's public data (for the round plugin)."""

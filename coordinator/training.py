@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ursa.coordinator.aggregation import (
     Weighting,
     finalize_aggregation,
@@ -67,6 +69,7 @@ from ursa.coordinator.model_transfer import (
 )
 from ursa.coordinator.models import ModelStore
 from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
+from ursa.coordinator.secure_aggregation.session import SecureAggregation
 from ursa.coordinator.store import LAST_ROUND_PREFIX
 from ursa.coordinator.training_round import (
     WRONG_VERSION,
@@ -83,11 +86,17 @@ from ursa.protocol.messages import (
     Chunk,
     ChunkRequest,
     ErrorCode,
+    MaskedUpdate,
     ModelAvailable,
     TransferManifest,
 )
 from ursa.protocol.messages import ModelUpdate as UpdateMessage
 from ursa.protocol.router import Dispatch, RejectedError, Router
+from ursa.protocol.secure_aggregation import (
+    MODEL_SEGMENT,
+    WEIGHT_SEGMENT,
+    float_names,
+)
 
 __all__ = [
     "WRONG_VERSION",
@@ -156,7 +165,23 @@ class TrainingPlugin(RoundPlugin):
         before_training: Sequence[BeforeTraining] = (),
     ) -> None:
         self.config = config or TrainingConfig()
-        self._steps = tuple(before_training)
+        steps = tuple(before_training)
+        self._secure: SecureAggregation | None = None
+        if self.config.aggregation.secure:
+            self._secure = SecureAggregation(
+                self.config.aggregation,
+                model=self.config.model,
+                state_dir=state_dir,
+                weighting=lambda: self._weighting.value,
+            )
+            steps = (*steps, self._secure)
+        else:
+            logger.warning(
+                '%s: [aggregation] mode = "plain": the coordinator sees every '
+                "device's model update (for debugging only)",
+                self.config.model,
+            )
+        self._steps = steps
         self._step_router = Router(COORDINATOR)
         for step in self._steps:
             step.register(self._step_router)
@@ -207,6 +232,11 @@ class TrainingPlugin(RoundPlugin):
     def weighting(self) -> Weighting:
         """How the rounds average updates (the config's, or a step's)."""
         return self._weighting
+
+    @property
+    def secure_aggregation(self) -> SecureAggregation | None:
+        """The rounds' secure aggregation (None: plain sums)."""
+        return self._secure
 
     @property
     def before_training(self) -> tuple[BeforeTraining, ...]:
@@ -274,12 +304,32 @@ class TrainingPlugin(RoundPlugin):
         if self._step_router.dispatch(message) is not Dispatch.UNHANDLED:
             self._after_step_event(work, self._clock())
         elif isinstance(message, UpdateMessage):
+            if self._secure is not None:
+                raise RejectedError(
+                    ErrorCode.UNAUTHORISED,
+                    "this federation sums updates securely: send a masked_update",
+                )
             if work.receive_update(device, message, self._clock()):
                 self._accepted(work, device, message)
+        elif isinstance(message, MaskedUpdate):
+            secure = self._secure
+            if secure is None:
+                raise RejectedError(
+                    ErrorCode.UNAUTHORISED, "this federation sums plain updates"
+                )
+            payload = work.receive_masked(
+                device, message, self._clock(), secure.contributors(work.index)
+            )
+            if payload is not None:
+                self._add_masked(work, device, payload)
         elif isinstance(message, TransferManifest | Chunk):
             completed = work.receive_upload(device, message)
             if completed is not None:
                 self._accepted(work, device, completed)
+            if work.completed_masked is not None:
+                sender, payload = work.completed_masked
+                work.completed_masked = None
+                self._add_masked(work, sender, payload)
         else:
             kind = message_kind(message)
             raise RejectedError(
@@ -297,10 +347,15 @@ class TrainingPlugin(RoundPlugin):
             self._steps[work.step].on_tick(round_index, now)
             self._after_step_event(work, now)
             return
+        if work.phase is Phase.UNMASK:
+            assert self._secure is not None
+            self._secure.on_tick(round_index, now)
+            self._maybe_finish(work)
+            return
         if work.phase is not Phase.TRAIN:
             return
         if now >= work.deadline_at:
-            self._finish(work, "the update deadline passed")
+            self._updates_closed(work, "the update deadline passed")
             return
         self._maybe_finish(work)
         for device, request in work.stale_uploads(
@@ -315,6 +370,8 @@ class TrainingPlugin(RoundPlugin):
             return
         if work.phase is Phase.BEFORE:
             self._steps[work.step].extend_deadlines(seconds)
+        elif work.phase is Phase.UNMASK and self._secure is not None:
+            self._secure.extend_deadlines(seconds)
         work.deadline_at += seconds
 
     def on_device_failed(self, round_index: int, device: str, code: str) -> None:
@@ -346,6 +403,10 @@ class TrainingPlugin(RoundPlugin):
             dict(self._arrays),
             metrics,
         )
+
+    def aggregation_mode(self) -> str:
+        """``secure`` (masked sums) or ``plain``, as its configuration says."""
+        return self.config.aggregation.mode
 
     def methods(self) -> tuple[str, ...]:
         """The training method devices must run: the steps' methods, else fedavg."""
@@ -403,6 +464,15 @@ class TrainingPlugin(RoundPlugin):
             self._send(message, device)
 
     def _start_training(self, work: OpenRound, now: float) -> None:
+        secure = self._secure
+        why = None if secure is None else secure.abandoned(work.index)
+        if why is not None:
+            work.phase = Phase.TRAIN
+            self._finish(work, f"secure aggregation abandoned: {why}")
+            return
+        if secure is not None and secure.unmasking(work.index):
+            work.phase = Phase.UNMASK  # resumed after a restart
+            return
         work.phase = Phase.TRAIN
         work.deadline_at = now + self.config.update_timeout_s
         self._emit(self._notice(work), None)
@@ -448,32 +518,100 @@ class TrainingPlugin(RoundPlugin):
             message.num_examples,
         )
 
+    def _add_masked(self, work: OpenRound, device: str, payload: bytes) -> None:
+        """One masked vector into the round's sum (never decoded alone)."""
+        assert self._secure is not None
+        values = sum(int(np.size(self._arrays[n])) for n in float_names(self._arrays))
+        if self._secure.add(work.index, device, payload, values):
+            logger.info(
+                "round %d: masked update %d/%d from %s",
+                work.index,
+                len(self._secure.contributors(work.index)),
+                len(self._secure.expected(work.index)),
+                device,
+            )
+
     def _maybe_finish(self, work: OpenRound) -> None:
+        if work.phase is Phase.UNMASK:
+            assert self._secure is not None
+            if not self._secure.unmasking(work.index):
+                self._finish(work, "the survivors' shares unmasked the sum")
+            return
         if work.phase is not Phase.TRAIN:
             return
         online = None if self._view is None else self._online()
-        if not work.waiting(online):
+        secure = self._secure
+        if secure is None:
+            waiting = work.waiting(online)
+        else:
+            waiting = work.waiting(
+                online,
+                expected=secure.expected(work.index),
+                answered=secure.contributors(work.index),
+            )
+        if not waiting:
             why = "every selected online device answered"
             if work.failed:
                 why += f" or failed ({len(work.failed)} failed)"
+            self._updates_closed(work, why)
+
+    def _updates_closed(self, work: OpenRound, why: str) -> None:
+        """No more updates: finish (plain), or unmask what arrived (secure)."""
+        secure = self._secure
+        if secure is None:
             self._finish(work, why)
+            return
+        secure.begin_unmask(work.index, self._clock())
+        if secure.unmasking(work.index):
+            work.phase = Phase.UNMASK
+            logger.info(
+                "round %d: %s; unmasking the sum of %d devices",
+                work.index,
+                why,
+                len(secure.contributors(work.index)),
+            )
+            return
+        self._finish(work, why)
 
     def _finish(self, work: OpenRound, why: str) -> None:
         """Aggregate what arrived, checkpoint, evaluate; the round is done."""
         state = work.aggregation
-        contributed = tuple(sorted(state.device_ids))
-        failed = tuple(sorted(work.failed - state.device_ids))
-        dropped = tuple(sorted(set(work.selected) - state.device_ids - work.failed))
-        version = work.base_version
-        if state.num_updates:
-            new = finalize_aggregation(
-                state, work.base_arrays, server_lr=self.config.server_lr
+        secure_sums: Mapping[str, Any] | None = None
+        if self._secure is None:
+            counted = set(state.device_ids)
+            new = (
+                finalize_aggregation(
+                    state, work.base_arrays, server_lr=self.config.server_lr
+                )
+                if state.num_updates
+                else None
             )
+        else:
+            unmasked = self._secure.unmasked(work.index)
+            counted = set(unmasked.survivors) if unmasked.sums is not None else set()
+            new = None
+            if unmasked.sums is not None:
+                secure_sums = unmasked.sums
+                new = self._secure_model(work, unmasked.sums)
+                if new is None:
+                    counted = set()
+            elif unmasked.survivors or "abandoned" in why:
+                logger.warning(
+                    "round %d: no secure sum (%s); the model stays at version %d",
+                    work.index,
+                    unmasked.why,
+                    work.base_version,
+                )
+        contributed = tuple(sorted(counted))
+        failed = tuple(sorted(work.failed - counted))
+        dropped = tuple(sorted(set(work.selected) - counted - work.failed))
+        version = work.base_version
+        if new is not None:
             version = work.base_version + 1
             self._latest = self._store.save(version, new, round_index=work.index)
             self._arrays = new
             self._payload = self._store.load_bytes(self._latest)
-        else:
+        elif self._secure is None:
             logger.warning(
                 "round %d: no update arrived; the model stays at version %d",
                 work.index,
@@ -489,6 +627,10 @@ class TrainingPlugin(RoundPlugin):
             step.close(work.index)
         if work.device_metrics:
             metrics["devices"] = summarise_device_metrics(work.device_metrics)
+        if secure_sums is not None:
+            fleet = fleet_metrics(secure_sums)
+            if fleet:
+                metrics["devices"] = fleet
         if self._evaluate is not None:
             try:
                 metrics.update(self._evaluate(work.index, version, self._arrays))
@@ -525,6 +667,36 @@ class TrainingPlugin(RoundPlugin):
             except Exception:
                 logger.exception("round %d: on_round callback failed", work.index)
 
+    def _secure_model(
+        self, work: OpenRound, sums: Mapping[str, Any]
+    ) -> Arrays | None:
+        """``global + server_lr * model_sum / weight_sum``, or None if unusable."""
+        weight = float(np.asarray(sums[WEIGHT_SEGMENT]).sum())
+        flat = np.asarray(sums[MODEL_SEGMENT], dtype=np.float64)
+        if not (weight > 0 and np.isfinite(weight) and np.all(np.isfinite(flat))):
+            logger.warning(
+                "round %d: the secure sum is unusable (weight %.3g); the model "
+                "stays at version %d",
+                work.index,
+                weight,
+                work.base_version,
+            )
+            return None
+        step = self.config.server_lr * flat / weight
+        out: Arrays = {}
+        offset = 0
+        floats = set(float_names(work.base_arrays))
+        for name, base in work.base_arrays.items():
+            arr = np.asarray(base)
+            if name not in floats:
+                out[name] = arr.copy()
+                continue
+            size = int(arr.size)
+            delta = step[offset : offset + size].reshape(arr.shape)
+            offset += size
+            out[name] = (arr.astype(np.float64) + delta).astype(arr.dtype)
+        return out
+
     # --- downloads ----------------------------------------------------------------
 
     def _on_chunk_request(self, device: str, request: ChunkRequest, send: Send) -> None:
@@ -546,6 +718,24 @@ def _weighting(configured: Weighting, steps: Sequence[BeforeTraining]) -> Weight
     if len(said) > 1:
         raise ValueError(f"before-training steps disagree on weighting: {said}")
     return said.pop() if said else configured
+
+
+def fleet_metrics(sums: Mapping[str, Any]) -> dict[str, float]:
+    """The fleet's training figures out of a secure sum (none under DP).
+
+    The same shape as plain rounds' `summarise_device_metrics`: mean loss and
+    training time over the reporting devices, total samples.
+    """
+    if "reporting" not in sums:
+        return {}
+    reporting = float(np.asarray(sums["reporting"]).sum())
+    if reporting < 0.5:
+        return {}
+    out = {"reporting": float(round(reporting))}
+    for name in ("loss", "train_s"):
+        out[name] = float(np.asarray(sums[name]).sum()) / reporting
+    out["samples"] = float(np.asarray(sums["samples"]).sum())
+    return out
 
 
 def round_figures(record: RoundRecord) -> dict[str, Any]:

@@ -27,12 +27,14 @@ from ursa.coordinator.aggregation import (
 from ursa.coordinator.before_training import StepPhase
 from ursa.coordinator.model_transfer import TransferRejectedError, Uploads
 from ursa.coordinator.models import DEFAULT_KEEP_VERSIONS
+from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes
 from ursa.protocol.messages import (
     NAME_PATTERN,
     Chunk,
     ChunkRequest,
     ErrorCode,
+    MaskedUpdate,
     TransferManifest,
 )
 from ursa.protocol.messages import ModelUpdate as UpdateMessage
@@ -61,6 +63,8 @@ class TrainingConfig(BaseModel):
     retry_s: float = Field(default=5.0, gt=0.0)
     max_update_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     keep_versions: int = Field(default=DEFAULT_KEEP_VERSIONS, ge=1)
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    """How updates are summed: under masks (the default) or in the clear."""
 
     @field_validator("weighting")
     @classmethod
@@ -79,6 +83,8 @@ class Phase(StrEnum):
     BEFORE = "before_training"
     """The round's before-training steps run (`ursa.coordinator.before_training`)."""
     TRAIN = "train"
+    UNMASK = "unmask"
+    """Secure aggregation: the survivors' shares remove the masks from the sum."""
     DONE = "done"
 
 
@@ -100,7 +106,11 @@ class OpenRound:
     """The before-training step that runs (or ran last)."""
     phases: dict[str, StepPhase] = field(default_factory=dict)
     """The phases the round's before-training steps opened, by method name."""
-    pending: dict[str, tuple[UpdateMessage, float]] = field(default_factory=dict)
+    pending: dict[str, tuple[UpdateMessage | MaskedUpdate, float]] = field(
+        default_factory=dict
+    )
+    completed_masked: tuple[str, bytes] | None = None
+    """A masked vector whose last chunk just arrived: (device, bytes)."""
     device_metrics: dict[str, Mapping[str, float]] = field(default_factory=dict)
     """What each counted device said of its training (`ModelUpdate.metrics`)."""
     failed: set[str] = field(default_factory=set)
@@ -148,10 +158,46 @@ class OpenRound:
         self.pending[device] = (message, now)  # its chunks are still coming
         return False
 
+    def receive_masked(
+        self, device: str, message: MaskedUpdate, now: float, done: Set[str]
+    ) -> bytes | None:
+        """Take a `MaskedUpdate`: its vector, or None while its chunks are coming.
+
+        ``done``: the devices whose masked vector is already in the sum.
+        """
+        self.check_participant(device)
+        if message.model != self.model:
+            raise RejectedError(
+                ErrorCode.MALFORMED, f"model {message.model!r}, training {self.model!r}"
+            )
+        if message.base_version != self.base_version:
+            raise RejectedError(
+                WRONG_VERSION,
+                f"update from version {message.base_version}; round {self.index} "
+                f"trains version {self.base_version}",
+            )
+        if device in done or device in self.pending:
+            raise RejectedError(
+                ErrorCode.LATE,
+                f"a second update for round {self.index} is ignored (the first counts)",
+            )
+        if message.vector is not None:
+            return message.vector
+        assert message.transfer_id is not None
+        payload = self.uploads.payload(device, message.transfer_id)
+        if payload is not None:
+            self.uploads.forget(message.transfer_id)
+            return payload
+        self.pending[device] = (message, now)  # its chunks are still coming
+        return None
+
     def receive_upload(
         self, device: str, message: TransferManifest | Chunk
     ) -> UpdateMessage | None:
-        """Take an upload manifest or chunk; the update it completed, if any."""
+        """Take an upload manifest or chunk; the plain update it completed, if any.
+
+        A masked update it completed is in `completed_masked` until taken.
+        """
         self.check_participant(device)
         try:
             if isinstance(message, TransferManifest):
@@ -167,7 +213,12 @@ class OpenRound:
         payload = self.uploads.payload(device, message.transfer_id)
         assert payload is not None
         del self.pending[device]
-        return pending[0] if self.apply(device, pending[0], payload) else None
+        update = pending[0]
+        if isinstance(update, MaskedUpdate):
+            self.uploads.forget(message.transfer_id)
+            self.completed_masked = (device, payload)
+            return None
+        return update if self.apply(device, update, payload) else None
 
     def apply(self, device: str, message: UpdateMessage, payload: bytes) -> bool:
         """Add a delta to the running sum; False for a device's repeat."""
@@ -183,15 +234,24 @@ class OpenRound:
             ) from None
         return outcome is UpdateOutcome.ACCEPTED
 
-    def waiting(self, online: Set[str] | None) -> set[str]:
+    def waiting(
+        self,
+        online: Set[str] | None,
+        *,
+        expected: Set[str] | None = None,
+        answered: Set[str] | None = None,
+    ) -> set[str]:
         """Selected devices (online ones, if known) whose update has not counted.
 
-        O(K): only the selected devices are looked up in ``online``.
+        O(K): only the selected devices are looked up in ``online``. A secure
+        round passes ``expected`` (who shared keys) and ``answered`` (whose
+        masked vector is in the sum).
         """
-        answered = self.aggregation.device_ids
+        if answered is None:
+            answered = self.aggregation.device_ids
         return {
             d
-            for d in self.selected
+            for d in (self.selected if expected is None else expected)
             if (online is None or d in online)
             and d not in answered
             and d not in self.failed

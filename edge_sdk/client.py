@@ -92,6 +92,10 @@ from ursa.protocol.messages import (
     Relay,
     SealedSecretKey,
     SealRequest,
+    SecAggRoster,
+    SecAggSetup,
+    SecAggShareBundle,
+    SecAggUnmask,
     SelectionResult,
     Status,
     TransferManifest,
@@ -626,6 +630,10 @@ class EdgeClient(EpochSteps, EndSteps):
         router.register(TransferManifest, self._on_manifest, owner=model)
         router.register(Chunk, self._on_any_chunk, owner=model)
         router.register(ChunkRequest, self._on_chunk_request, owner=model)
+        router.register(SecAggSetup, self._on_secagg_setup, owner=model)
+        router.register(SecAggRoster, self._on_secagg_roster, owner=model)
+        router.register(SecAggShareBundle, self._on_secagg_bundle, owner=model)
+        router.register(SecAggUnmask, self._on_secagg_unmask, owner=model)
         router.register(FederationEnd, self._on_federation_end, owner="end")
         context = _Context(self)
         for method in self._methods:

@@ -145,6 +145,11 @@ class DeviceConfig(_Frozen):
     admission: AdmissionLimits = Field(default_factory=AdmissionLimits)
     """Rate limit on incoming messages per topic scope (global, own),
     checked before decoding (`ursa.protocol.admission_limits`)."""
+    allow_plain_aggregation: bool = False
+    """Send a plain model update when the signed key epoch says the coordinator
+    sums in the clear (``[aggregation] mode = "plain"``, for debugging). False:
+    the device reports ``plain_refused`` instead, and its update never leaves it
+    unmasked."""
     eval_min_parties: int = Field(default=2, ge=1)
     """As the key epoch's agent, disclose a federated evaluation sum to the
     coordinator only if it has at least this many reports."""

@@ -51,6 +51,8 @@ from ursa.edge_sdk.data_check import (
 from ursa.edge_sdk.device_core import TrainingStats, derived_id
 from ursa.edge_sdk.method import DeviceMethod, TrainPlan
 from ursa.edge_sdk.round_steps import RoundSteps
+from ursa.edge_sdk.secure_aggregation.participant import SecAggError
+from ursa.edge_sdk.secure_aggregation.rounds import Contribution, MaskingRounds
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
 from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes, arrays_to_bytes
 from ursa.protocol.chunking import Reassembler, split
@@ -63,10 +65,17 @@ from ursa.protocol.messages import (
     Chunk,
     ChunkRequest,
     ErrorCode,
+    ErrorReply,
+    MaskedUpdate,
     ModelAvailable,
     ModelUpdate,
+    SecAggRoster,
+    SecAggSetup,
+    SecAggShareBundle,
+    SecAggUnmask,
     TransferManifest,
 )
+from ursa.protocol.router import NotReadyError
 
 __all__ = ["ModelSteps", "model_transfer_id"]
 
@@ -115,6 +124,7 @@ class ModelSteps(RoundSteps):
     _pending_rounds: set[int]
     _sent_updates: OrderedDict[int, list[BaseMessage]]
     _uploads: OrderedDict[str, tuple[TransferManifest, list[Chunk]]]
+    _masking: MaskingRounds | None
 
     def _init_model_steps(self) -> None:
         self.training_stats = TrainingStats()
@@ -132,6 +142,7 @@ class ModelSteps(RoundSteps):
         self._pending_rounds = set()
         self._sent_updates = OrderedDict()
         self._uploads = OrderedDict()
+        self._masking = None
 
     @property
     def model_version(self) -> int | None:
@@ -142,6 +153,49 @@ class ModelSteps(RoundSteps):
     def model_arrays(self) -> Arrays | None:
         """The latest global model downloaded (e.g. to serve inference)."""
         return self._model_arrays
+
+    def _masking_rounds(self) -> MaskingRounds:
+        """The device's secure-aggregation rounds (made once the identity is loaded)."""
+        if self._masking is None:
+            self._masking = MaskingRounds(
+                identity=self._identity,
+                federation=self._config.federation,
+                send=self._send,
+                verify_coordinator=self._verify_coordinator,
+                message_id=lambda step, r: derived_id(self.device_id, step, r),
+                rng=self._rng,
+            )
+        return self._masking
+
+    def _verify_coordinator(self, message: BaseMessage) -> None:
+        """The pinned coordinator's signature on ``message`` (parked until pinned)."""
+        coordinator = self._coordinator
+        if coordinator is None:
+            raise NotReadyError
+        self._verify(coordinator, message)
+
+    def _secure_epoch(self) -> bool:
+        """Whether the adopted key epoch sums updates under masks."""
+        epoch = self._epoch
+        return epoch is None or epoch.aggregation == "secure"
+
+    # --- secure aggregation ---------------------------------------------------
+
+    def _on_secagg_setup(self, message: SecAggSetup) -> None:
+        if self._model_trainer() is not None:
+            self._masking_rounds().on_setup(message)
+
+    def _on_secagg_roster(self, message: SecAggRoster) -> None:
+        if self._masking is not None:
+            self._masking.on_roster(message)
+
+    def _on_secagg_bundle(self, message: SecAggShareBundle) -> None:
+        if self._masking is not None and self._masking.on_bundle(message):
+            self._maybe_train()
+
+    def _on_secagg_unmask(self, message: SecAggUnmask) -> None:
+        if self._masking is not None:
+            self._masking.on_unmask(message)
 
     def _model_trainer(self) -> ModelTrainer | None:
         trainer = self._trainer
@@ -206,6 +260,10 @@ class ModelSteps(RoundSteps):
                 continue
             if not all(m.ready_to_train(round_index) for m in self._methods):
                 continue
+            if self._secure_epoch() and not self._masking_rounds().ready(
+                round_index, trainer.model, notice.model_version
+            ):
+                continue  # its shares have not arrived (or it is not in the sum)
             self._pending_rounds.discard(round_index)
             self._train_round(trainer, notice)
 
@@ -227,8 +285,34 @@ class ModelSteps(RoundSteps):
             return
         train_s = time.perf_counter() - started
         self.training_stats.train_s += train_s
-        payload = arrays_to_bytes(result.delta, dtype=trainer.wire_dtype)
         fed, me = self._config.federation, self.device_id
+        secure = self._secure_epoch()
+        if not secure and not self._config.allow_plain_aggregation:
+            reply = self._plain_refused(notice)
+            self._sent_updates[notice.round] = [reply]
+            return
+        if secure:
+            contribution = Contribution(
+                result.delta,
+                result.num_examples,
+                loss=float(result.metrics.get("loss", 0.0)),
+                train_s=train_s,
+            )
+            try:
+                payload = self._masking_rounds().masked_vector(
+                    notice.round, contribution
+                )
+            except SecAggError as exc:
+                reply = self._report_failure(
+                    ErrorCode.SECURE_AGGREGATION_FAILED,
+                    notice.round,
+                    exc,
+                    notice.message_id,
+                )
+                self._sent_updates[notice.round] = [reply]
+                return
+        else:
+            payload = arrays_to_bytes(result.delta, dtype=trainer.wire_dtype)
         messages: list[BaseMessage] = []
         inline = len(payload) <= self.inline_limit
         transfer_id = None
@@ -247,8 +331,20 @@ class ModelSteps(RoundSteps):
             while len(self._uploads) > KEPT_UPLOADS:
                 self._uploads.popitem(last=False)
             messages += [manifest, *chunks]
-        messages.append(
-            ModelUpdate(
+        update: BaseMessage
+        if secure:
+            update = MaskedUpdate(
+                federation=fed,
+                round=notice.round,
+                sender=me,
+                message_id=derived_id(me, "update", notice.round),
+                model=trainer.model,
+                base_version=notice.model_version,
+                transfer_id=transfer_id,
+                vector=payload if inline else None,
+            )
+        else:
+            update = ModelUpdate(
                 federation=fed,
                 round=notice.round,
                 sender=me,
@@ -261,7 +357,7 @@ class ModelSteps(RoundSteps):
                 weights=payload if inline else None,
                 metrics=update_metrics(result, train_s),
             )
-        )
+        messages.append(update)
         self._sent_updates[notice.round] = messages
         while len(self._sent_updates) > KEPT_UPLOADS:
             self._sent_updates.popitem(last=False)
@@ -287,6 +383,26 @@ class ModelSteps(RoundSteps):
             scale,
             len(payload),
         )
+
+    def _plain_refused(self, notice: ModelAvailable) -> ErrorReply:
+        """The epoch sums in the clear and this device does not allow it: say so."""
+        logger.error(
+            "%s: round %d: the coordinator sums plain updates ([aggregation] mode "
+            '= "plain"); this device sends none (allow_plain_aggregation = false)',
+            self.device_id,
+            notice.round,
+        )
+        reply = ErrorReply(
+            federation=self._config.federation,
+            round=notice.round,
+            sender=self.device_id,
+            message_id=derived_id(self.device_id, "plain-refused", notice.round),
+            code=ErrorCode.PLAIN_REFUSED,
+            reason="this device sends no plain model update",
+            in_reply_to=notice.message_id,
+        )
+        self._send(reply)
+        return reply
 
     # --- download -------------------------------------------------------------
 

@@ -132,7 +132,9 @@ def training_plugin(
             )
         )
     try:
-        training = section.training_config(method)
+        training = section.training_config(method).model_copy(
+            update={"aggregation": config.aggregation}
+        )
         initial = coordinator_initial_weights(config, training.model)
         classifier = TrainingPlugin(
             federation=config.federation,
@@ -148,7 +150,9 @@ def training_plugin(
         made = TrainingPlugin(
             federation=config.federation,
             state_dir=config.state_dir,
-            config=section.made_training_config(method),
+            config=section.made_training_config(method).model_copy(
+                update={"aggregation": config.aggregation}
+            ),
             initial_weights=method.made_initial_weights,
             evaluate=hooks.made.evaluate,
             on_round=hooks.made.on_round,

@@ -84,6 +84,7 @@ from ursa.crypto.neighbour_graph import (
     share_threshold,
 )
 from ursa.crypto.shamir import SecretKind, Share, ShareError, UnmaskShare, split_secret
+from ursa.protocol.secure_aggregation import advert_transcript
 
 __all__ = [
     "KEY_BYTES",
@@ -103,7 +104,6 @@ _SECRET_BYTES = 32
 _VERSION = 1
 _NONCE_BYTES = 12
 _TAG_BYTES = 16
-_ADVERT_LABEL = b"ursa-secagg-advert-v1"
 _BOX_LABEL = b"ursa-secagg-box-v1"
 _PLAINTEXT_BYTES = 1 + 2 + 2 * _SECRET_BYTES
 SHARE_BOX_BYTES = 1 + _NONCE_BYTES + _PLAINTEXT_BYTES + _TAG_BYTES
@@ -122,31 +122,6 @@ class Stage(StrEnum):
     SHARED = "shared"
     RECEIVED = "received"
     MASKED = "masked"
-
-
-def advert_transcript(
-    federation: str,
-    run: str,
-    round_index: int,
-    device_id: str,
-    c_public: bytes,
-    s_public: bytes,
-) -> bytes:
-    """The bytes a device signs to advertise its round keys.
-
-    ``"ursa-secagg-advert-v1" | lp(federation) | lp(run) | round (8, BE) |
-    lp(device_id) | lp(c_public) | lp(s_public)``: binding the round stops a
-    coordinator from replaying last round's keys (and so last round's masks).
-    """
-    return _framed(
-        _ADVERT_LABEL,
-        federation.encode(),
-        run.encode(),
-        struct.pack(">Q", round_index),
-        device_id.encode(),
-        c_public,
-        s_public,
-    )
 
 
 @dataclass(frozen=True)

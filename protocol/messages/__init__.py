@@ -122,6 +122,21 @@ from ursa.protocol.messages.keys import (
     split_boxes,
 )
 from ursa.protocol.messages.lifecycle import END, MAX_END_METRICS, FederationEnd
+from ursa.protocol.messages.secure_aggregation import (
+    MAX_SHARE_INDEX,
+    SHARE_BYTES,
+    MaskedUpdate,
+    PeerKeys,
+    RevealedShare,
+    SecAggKeys,
+    SecAggRoster,
+    SecAggSetup,
+    SecAggShareBundle,
+    SecAggShares,
+    SecAggUnmask,
+    SecAggUnmaskShares,
+    ShareBox,
+)
 from ursa.protocol.messages.secure_mean import MeanReport, MeanRequest, MeanSum
 from ursa.protocol.messages.session import (
     DeviceKeys,
@@ -164,6 +179,7 @@ __all__ = [
     "MAX_END_METRICS",
     "MAX_EVAL_COUNT",
     "MAX_REDUNDANCY_CIPHERTEXTS",
+    "MAX_SHARE_INDEX",
     "MAX_SIGNATURE_BYTES",
     "MAX_TRANSFER_BYTES",
     "MAX_TRIES",
@@ -184,6 +200,7 @@ __all__ = [
     "RUN_PATTERN",
     "SEALED_KEYS_BUDGET",
     "SEAL_PAGE_SIZE",
+    "SHARE_BYTES",
     "STATUS",
     "TRANSFER",
     "AgentAnswer",
@@ -214,6 +231,7 @@ __all__ = [
     "Key32",
     "KeyEpochStart",
     "MadeVerdict",
+    "MaskedUpdate",
     "MeanReport",
     "MeanRequest",
     "MeanResult",
@@ -222,6 +240,7 @@ __all__ = [
     "ModelAvailable",
     "ModelUpdate",
     "Name",
+    "PeerKeys",
     "Positive",
     "RankBox",
     "RankEntry",
@@ -234,6 +253,7 @@ __all__ = [
     "RegistrySum",
     "Relay",
     "ResampleRequest",
+    "RevealedShare",
     "RingHop",
     "RingResult",
     "RingStart",
@@ -245,8 +265,16 @@ __all__ = [
     "SealedRank",
     "SealedRanks",
     "SealedSecretKey",
+    "SecAggKeys",
+    "SecAggRoster",
+    "SecAggSetup",
+    "SecAggShareBundle",
+    "SecAggShares",
+    "SecAggUnmask",
+    "SecAggUnmaskShares",
     "SelectionResult",
     "Sha256Hex",
+    "ShareBox",
     "Signature",
     "Status",
     "Text",
@@ -287,6 +315,14 @@ Message = Annotated[
     | ChunkRequest
     | ModelAvailable
     | ModelUpdate
+    | SecAggSetup
+    | SecAggKeys
+    | SecAggRoster
+    | SecAggShares
+    | SecAggShareBundle
+    | MaskedUpdate
+    | SecAggUnmask
+    | SecAggUnmaskShares
     | MeanRequest
     | MeanReport
     | MeanSum

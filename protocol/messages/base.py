@@ -22,9 +22,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ursa._compat import StrEnum
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """2: `KeyEpochStart` carries the federation's signed method list. 3: one
-`secure_mean` family. 4: every message carries `run`; `EnrolResult` is signed."""
+`secure_mean` family. 4: every message carries `run`; `EnrolResult` is signed.
+6: model updates are summed under masks (`secure_aggregation`); `KeyEpochStart`
+signs the aggregation mode."""
 
 COORDINATOR = "coordinator"
 """The `sender` of coordinator messages; reserved, never a device id."""
@@ -97,6 +99,12 @@ class ErrorCode(StrEnum):
     """The message belongs to another run of the federation (a reset coordinator)."""
     TRAINING_FAILED = "training_failed"
     """The device's trainer raised in this round: the coordinator stops waiting."""
+    PLAIN_REFUSED = "plain_refused"
+    """The device does not send a plain update (the epoch sums in the clear and
+    its config does not allow it): not waited for in the round."""
+    SECURE_AGGREGATION_FAILED = "secure_aggregation_failed"
+    """The device refused a secure-aggregation step (a bad roster, survivor list
+    or box): it says why, and sits the round out."""
     EVALUATION_FAILED = "evaluation_failed"
     """The device's evaluation raised in this round (same handling)."""
     INTERNAL = "internal"

@@ -55,6 +55,9 @@ class KeyEpochStart(BaseMessage):
         Field(min_length=1, max_length=16),
         AfterValidator(unique_entries),
     ]
+    aggregation: Literal["secure", "plain"] = "secure"
+    """How the rounds sum model updates: under masks, or in the clear (a device
+    sends a plain update only if its own config allows it)."""
     signature: Signature = b""
 
     @_model_validator(mode="after")

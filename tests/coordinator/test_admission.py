@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.training import TrainingConfig
 from ursa.models.weights import arrays_to_bytes
 from ursa.protocol.admission_limits import AdmissionLimits, DropReason
@@ -23,6 +24,9 @@ from .test_training import INITIAL, fedavg_oracle, selections, start_training
 FED = "fed"
 FLOOD = 3000
 LIMITS = AdmissionLimits(messages_per_s=5.0, burst=200)
+
+PLAIN = AggregationConfig(mode="plain")
+"""These tests check the plain path's wire (updates in the clear, by design)."""
 
 
 def _flood(device_id: str, round_index: int) -> list[tuple[str, bytes]]:
@@ -75,7 +79,7 @@ def test_a_flood_from_one_device_is_dropped_and_the_round_completes_unchanged(
     flooder.connect()
     caplog.set_level(logging.INFO, logger="ursa.coordinator")
 
-    plugin = start_training(fed, tmp_path, TrainingConfig())
+    plugin = start_training(fed, tmp_path, TrainingConfig(aggregation=PLAIN))
     for _ in range(30):  # the flooder's own volunteer for round 2 was dropped too:
         if fed.coordinator.is_done:  # its window runs to the deadline
             break
@@ -108,7 +112,10 @@ def test_default_limits_pass_a_whole_run_with_chunked_uploads(
         client.chunk_size = 1  # one chunk per byte: ~50 per upload, all at once
 
     plugin = start_training(
-        fed, tmp_path, TrainingConfig(chunk_size=1024), prepare=small_chunks
+        fed,
+        tmp_path,
+        TrainingConfig(aggregation=PLAIN, chunk_size=1024),
+        prepare=small_chunks,
     )
 
     assert fed.coordinator.is_done and plugin.version == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from ursa.coordinator.before_training import BeforeTraining
 from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import ClimbSpec, DubheSpec, FedAvgSpec
 from ursa.coordinator.models import ModelStore
+from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.edge_sdk.client import EdgeClient, device_will
@@ -24,10 +26,14 @@ from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
 from ursa.models.spec import check_fits
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.envelope import decode
+from ursa.protocol.errors import ProtocolError
 from ursa.protocol.inmemory import InMemoryTransport
 from ursa.protocol.messages import ModelUpdate
 
 FED = "fed"
+
+PLAIN = AggregationConfig(mode="plain")
+"""These tests check the plain path's wire (updates in the clear, by design)."""
 
 
 class LinearTrainer(ModelTrainer):
@@ -96,7 +102,9 @@ def start_training(
     )
     fed.coordinator.start()
     for index, device_id in enumerate(fed.device_ids):
-        device_config = fed.device_config(device_id)
+        device_config = fed.device_config(device_id).model_copy(
+            update={"allow_plain_aggregation": not config.aggregation.secure}
+        )
         topic, payload = device_will(device_config)
         device_transport = InMemoryTransport(
             fed.bus, device_id, will=(topic, payload, True)
@@ -146,7 +154,7 @@ def test_fedavg_rounds_equal_the_plaintext_running_sum(
 ) -> None:
     fed = federation(num_devices=6, k=3, tries=1, rounds=3)
 
-    plugin = start_training(fed, tmp_path, TrainingConfig())
+    plugin = start_training(fed, tmp_path, TrainingConfig(aggregation=PLAIN))
 
     assert fed.coordinator.is_done
     assert plugin.version == 3
@@ -191,7 +199,9 @@ def test_climb_over_he_equals_the_plaintext_dual_path(
     fed = federation(num_devices=6, k=3, tries=1, rounds=3)
     climb = ClimbConfig(eta_d=0.5, epsilon=0.01)
 
-    plugin = start_training(fed, tmp_path, TrainingConfig(), climb=climb)
+    plugin = start_training(
+        fed, tmp_path, TrainingConfig(aggregation=PLAIN), climb=climb
+    )
 
     assert fed.coordinator.is_done and plugin.version == 3
     assert plugin.weighting is Weighting.CLIMB and plugin.methods() == ("climb",)
@@ -231,7 +241,7 @@ def test_silent_device_is_dropped_at_the_deadline(
 ) -> None:
     fed = federation(num_devices=6, k=3, tries=1, rounds=1)
     fed.bus.drop_filter = drop_first_selected_update(fed)
-    config = TrainingConfig(update_timeout_s=5.0)
+    config = TrainingConfig(aggregation=PLAIN, update_timeout_s=5.0)
     caplog.set_level(logging.WARNING, logger="ursa.coordinator.training")
 
     plugin = start_training(fed, tmp_path, config)
@@ -252,7 +262,7 @@ def test_wrong_version_and_duplicate_updates_are_refused_with_a_reason(
     fed = federation(num_devices=6, k=3, tries=1, rounds=1)
     fed.bus.drop_filter = drop_first_selected_update(fed)
     caplog.set_level(logging.INFO, logger="ursa.coordinator")
-    plugin = start_training(fed, tmp_path, TrainingConfig())
+    plugin = start_training(fed, tmp_path, TrainingConfig(aggregation=PLAIN))
     chosen = selections(fed)[1]
     silent, other = chosen[0], chosen[1]
     assert not fed.coordinator.is_done
@@ -298,7 +308,10 @@ def test_chunked_uploads_and_a_missed_download_are_recovered(
         client.retry_s = 0.0
 
     plugin = start_training(
-        fed, tmp_path, TrainingConfig(chunk_size=1024), prepare=small_messages
+        fed,
+        tmp_path,
+        TrainingConfig(aggregation=PLAIN, chunk_size=1024),
+        prepare=small_messages,
     )
     for _ in range(10):
         if fed.coordinator.is_done:
@@ -321,7 +334,7 @@ def test_a_restarted_plugin_resumes_from_the_latest_checkpoint(
     federation: Any, tmp_path: Path
 ) -> None:
     fed = federation(num_devices=6, k=3, tries=1, rounds=2)
-    plugin = start_training(fed, tmp_path, TrainingConfig())
+    plugin = start_training(fed, tmp_path, TrainingConfig(aggregation=PLAIN))
     assert plugin.version == 2
 
     again = TrainingPlugin(federation=FED, state_dir=fed.config.state_dir)
@@ -344,7 +357,9 @@ def test_float16_deltas_are_half_the_bytes_and_still_aggregate(
     def half_precision(client: EdgeClient) -> None:
         client._trainer.wire_dtype = "float16"  # type: ignore[attr-defined]
 
-    plugin = start_training(fed, tmp_path, TrainingConfig(), prepare=half_precision)
+    plugin = start_training(
+        fed, tmp_path, TrainingConfig(aggregation=PLAIN), prepare=half_precision
+    )
 
     assert plugin.version == 2
     expected = fedavg_oracle(fed, 2)
@@ -383,11 +398,11 @@ def test_a_coordinator_restart_mid_round_keeps_the_updates_already_counted(
 ) -> None:
     fed = federation(num_devices=6, k=3, tries=1, rounds=1)
     fed.bus.drop_filter = drop_first_selected_update(fed)
-    start_training(fed, tmp_path, TrainingConfig())
+    start_training(fed, tmp_path, TrainingConfig(aggregation=PLAIN))
     chosen = selections(fed)[1]
     silent = chosen[0]
     assert not fed.coordinator.is_done
-    plugin = restart_coordinator(fed, TrainingConfig())
+    plugin = restart_coordinator(fed, TrainingConfig(aggregation=PLAIN))
     fed.bus.drop_filter = None
     fed.coordinator.start()  # resumes round 1; the silent device re-sends
 
@@ -411,7 +426,7 @@ def test_a_coordinator_restart_mid_dual_step_resumes_its_encrypted_sum(
         return sender == late and decode(payload).kind == "mean_report"
 
     fed.bus.drop_filter = drop
-    config = TrainingConfig()
+    config = TrainingConfig(aggregation=PLAIN)
     start_training(fed, tmp_path, config, climb=climb)
     assert not fed.coordinator.is_done and fed.messages("mean_sum") == []
     assert fed.coordinator.store.phase_keys() == ["climb.dual/classifier/1"]
@@ -457,7 +472,9 @@ def test_a_selected_device_whose_features_do_not_fit_sits_out_without_a_wait(
         index = fed.device_ids.index(client.device_id)
         client._trainer = ShapedTrainer(index, client.device_id, misfit)
 
-    plugin = start_training(fed, tmp_path, TrainingConfig(), prepare=shaped)
+    plugin = start_training(
+        fed, tmp_path, TrainingConfig(aggregation=PLAIN), prepare=shaped
+    )
 
     assert fed.coordinator.is_done and plugin.version == 3  # the clock never moved
     bad = misfit()
@@ -502,7 +519,9 @@ def test_a_device_with_another_model_answers_model_mismatch_naming_the_tensor(
         index = fed.device_ids.index(client.device_id)
         client._trainer = OtherModelTrainer(index, client.device_id, misfit)
 
-    plugin = start_training(fed, tmp_path, TrainingConfig(), prepare=other)
+    plugin = start_training(
+        fed, tmp_path, TrainingConfig(aggregation=PLAIN), prepare=other
+    )
 
     assert fed.coordinator.is_done and plugin.version == 2
     bad = misfit()
@@ -534,7 +553,9 @@ def test_an_outage_gives_the_round_its_time_back(
 ) -> None:
     fed = federation(num_devices=6, k=3, tries=1, rounds=1)
     fed.bus.drop_filter = drop_first_selected_update(fed)
-    plugin = start_training(fed, tmp_path, TrainingConfig(update_timeout_s=5.0))
+    plugin = start_training(
+        fed, tmp_path, TrainingConfig(aggregation=PLAIN, update_timeout_s=5.0)
+    )
     plugin.extend_deadlines(30.0)  # what the service does when the broker is back
     fed.tick(6.0)
     assert not fed.coordinator.is_done  # the update may still be queued
@@ -562,7 +583,9 @@ def test_a_failed_device_is_not_waited_for_and_the_end_names_the_final_model(
             failing.append(client.device_id)
             client._trainer = FailingTrainer(0)
 
-    plugin = start_training(fed, tmp_path, TrainingConfig(), prepare=fail_first)
+    plugin = start_training(
+        fed, tmp_path, TrainingConfig(aggregation=PLAIN), prepare=fail_first
+    )
 
     assert fed.coordinator.is_done and plugin.version == 2
     (bad,) = failing
@@ -598,7 +621,9 @@ def test_the_federation_ends_once_the_target_accuracy_is_reached(
     def evaluate(round_index: int, version: int, arrays: Arrays) -> dict[str, float]:
         return {"accuracy": 0.2 * round_index}
 
-    plugin = start_training(fed, tmp_path, TrainingConfig(), evaluate=evaluate)
+    plugin = start_training(
+        fed, tmp_path, TrainingConfig(aggregation=PLAIN), evaluate=evaluate
+    )
 
     assert fed.coordinator.is_done
     assert [r.round for r in plugin.history] == [1, 2, 3]
@@ -617,7 +642,7 @@ def test_status_shows_the_last_training_rounds_figures(
     def evaluate(round_index: int, version: int, arrays: Arrays) -> dict[str, float]:
         return {"accuracy": 0.25 * round_index}
 
-    start_training(fed, tmp_path, TrainingConfig(), evaluate=evaluate)
+    start_training(fed, tmp_path, TrainingConfig(aggregation=PLAIN), evaluate=evaluate)
     assert fed.coordinator.is_done
     figures = read_status(fed.config.state_dir).trained["classifier"]
     assert (figures["round"], figures["version"], figures["updates"]) == (2, 2, 2)
@@ -626,3 +651,101 @@ def test_status_shows_the_last_training_rounds_figures(
     line = _trained_line("classifier", figures)
     assert line.startswith("last classifier round 2: 2/2 updates -> version 2")
     assert "accuracy 0.5000 (federated -)" in line
+
+
+# --- secure aggregation (the default): the same rounds, summed under masks ----------
+
+
+def _survivor_oracle(fed: Any, survivors: dict[int, tuple[str, ...]]) -> Arrays:
+    """FedAvg over only the given devices of each round (the plaintext truth)."""
+    arrays = {k: v.astype(np.float64) for k, v in INITIAL.items()}
+    for r in sorted(survivors):
+        trainers = [fed.devices[d]._trainer for d in survivors[r]]
+        total = sum(t.num_examples for t in trainers)
+        step = {k: np.zeros_like(v) for k, v in arrays.items()}
+        for t in trainers:
+            delta = t.delta({k: v.astype(np.float32) for k, v in arrays.items()})
+            for k in step:
+                step[k] += t.num_examples * delta[k].astype(np.float64) / total
+        arrays = {k: arrays[k] + step[k] for k in arrays}
+    return arrays
+
+
+def test_secure_rounds_equal_the_plaintext_sum_and_no_update_crosses_in_clear(
+    federation: Any, tmp_path: Path
+) -> None:
+    fed = federation(num_devices=6, k=3, tries=1, rounds=3)
+    kinds: list[str] = []
+
+    def record(sender: str, receiver: str, topic: str, payload: bytes) -> bool:
+        if receiver == "coordinator":
+            with contextlib.suppress(ProtocolError):
+                kinds.append(decode(payload).kind)
+        return False
+
+    fed.bus.drop_filter = record
+
+    plugin = start_training(fed, tmp_path, TrainingConfig())
+
+    assert fed.coordinator.is_done and plugin.version == 3
+    expected = fedavg_oracle(fed, 3)
+    for name, value in plugin.global_arrays.items():
+        # quantisation: K * 2^-(s+1) / sum(n) with s = 12 here, far below 1e-4
+        np.testing.assert_allclose(value, expected[name], rtol=0, atol=1e-4)
+    assert "model_update" not in kinds and kinds.count("masked_update") == 9
+    record_1 = plugin.history[0]
+    assert record_1.metrics["secure_aggregation"]["masked"] == 3
+    assert record_1.metrics["devices"]["reporting"] == 3.0
+    assert record_1.metrics["devices"]["samples"] == sum(
+        fed.devices[d]._trainer.num_examples for d in record_1.selected
+    )
+
+
+def test_a_device_lost_after_sharing_keys_is_unmasked_from_the_others_shares(
+    federation: Any, tmp_path: Path
+) -> None:
+    fed = federation(num_devices=6, k=3, tries=1, rounds=1)
+
+    def drop(sender: str, receiver: str, topic: str, payload: bytes) -> bool:
+        chosen = selections(fed).get(1)
+        return (
+            chosen is not None
+            and sender == chosen[0]
+            and decode(payload).kind == "masked_update"
+        )
+
+    fed.bus.drop_filter = drop
+    config = TrainingConfig(update_timeout_s=5.0)
+
+    plugin = start_training(fed, tmp_path, config)
+    assert not fed.coordinator.is_done
+    fed.tick(6.0)  # the update deadline: unmask the two that arrived
+
+    chosen = selections(fed)[1]
+    assert fed.coordinator.is_done and plugin.version == 1
+    expected = _survivor_oracle(fed, {1: chosen[1:]})
+    for name, value in plugin.global_arrays.items():
+        np.testing.assert_allclose(value, expected[name], rtol=0, atol=1e-4)
+    assert plugin.history[0].contributed == tuple(sorted(chosen[1:]))
+
+
+def test_fewer_masked_updates_than_the_threshold_abandon_the_round(
+    federation: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=6, k=3, tries=1, rounds=1)
+
+    def fail_first(client: EdgeClient) -> None:
+        if client.device_id == fed.device_ids[0]:
+            client._trainer = FailingTrainer(0)  # type: ignore[attr-defined]
+
+    caplog.set_level(logging.WARNING, logger="ursa.coordinator.training")
+    config = TrainingConfig(aggregation=AggregationConfig(threshold=3))
+
+    plugin = start_training(fed, tmp_path, config, prepare=fail_first)
+
+    if fed.device_ids[0] in selections(fed)[1]:
+        assert fed.coordinator.is_done and plugin.version == 0
+        assert plugin.history[0].contributed == ()
+        assert "the threshold is 3" in caplog.text
+    else:  # the failing device was not selected: all three summed
+        assert plugin.version == 1

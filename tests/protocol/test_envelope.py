@@ -201,6 +201,54 @@ def _examples() -> list[m.BaseMessage]:
             box=CT,
             signs=CT,
         ),
+        *_secure_aggregation_examples(keys),
+    ]
+
+
+def _secure_aggregation_examples(keys: m.DeviceKeys) -> list[m.BaseMessage]:
+    head = {"model": "classifier", "model_version": 3}
+    sig = b"\x07" * 64
+    return [
+        m.SecAggSetup(
+            **COORD,
+            **head,
+            participants=("dev-01", "dev-02", "dev-03"),
+            threshold=2,
+            degree=2,
+            weighting="fedavg",
+            max_examples=100,
+            clip_norm=10.0,
+            signature=sig,
+        ),
+        m.SecAggKeys(
+            **DEV, **head, c_public=KEY, s_public=b"\x02" * 32, advert_signature=sig
+        ),
+        m.SecAggRoster(
+            **COORD,
+            **head,
+            participants=("dev-01", "dev-02"),
+            peers=(
+                m.PeerKeys(
+                    identity=keys, c_public=KEY, s_public=KEY, advert_signature=sig
+                ),
+            ),
+        ),
+        m.SecAggShares(**DEV, **head, boxes=(m.ShareBox(peer="dev-02", box=CT),)),
+        m.SecAggShareBundle(
+            **COORD, **head, boxes=(m.ShareBox(peer="dev-02", box=CT),)
+        ),
+        m.MaskedUpdate(**DEV, model="classifier", base_version=3, vector=CT),
+        m.SecAggUnmask(
+            **COORD, **head, survivors=("dev-01", "dev-02"), dropped=("dev-03",)
+        ),
+        m.SecAggUnmaskShares(
+            **DEV,
+            **head,
+            shares=(
+                m.RevealedShare(owner="dev-02", secret="b", index=2, data=KEY),
+                m.RevealedShare(owner="dev-03", secret="s", index=1, data=KEY),
+            ),
+        ),
     ]
 
 
@@ -309,12 +357,12 @@ def test_missing_kind_raises_decode_error() -> None:
         decode(_envelope(m.Heartbeat(**DEV, seq=1), kind=_DROP))
 
 
-@pytest.mark.parametrize("version", [0, 1, 2, 3, 99])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, 99])
 def test_other_protocol_version_raises_version_error(version: int) -> None:
     with pytest.raises(VersionError) as info:
         decode(_envelope(m.Heartbeat(**DEV, seq=1), protocol_version=version))
     assert info.value.version == version
-    assert info.value.supported == m.PROTOCOL_VERSION == 5
+    assert info.value.supported == m.PROTOCOL_VERSION == 6
 
 
 @pytest.mark.parametrize("version", ["1", 1.0, True, None])

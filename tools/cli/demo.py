@@ -103,6 +103,19 @@ def register(sub: Subparsers) -> None:
         "--float16", action="store_true", help="send model deltas as float16"
     )
     demo.add_argument(
+        "--aggregation",
+        choices=("secure", "plain"),
+        default="secure",
+        help="sum updates under masks (default) or in the clear (debugging: the "
+        "coordinator then sees every update)",
+    )
+    demo.add_argument(
+        "--noise-multiplier",
+        type=float,
+        default=0.0,
+        help="distributed DP on the secure sums: noise std over sensitivity (0: off)",
+    )
+    demo.add_argument(
         "--processes", type=int, help="device processes (default: one per device)"
     )
     demo.add_argument(
@@ -174,6 +187,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         eval_fraction=args.eval_fraction,
         made_rounds=args.made_rounds,
         wire_dtype="float16" if args.float16 else "float32",
+        aggregation=args.aggregation,
+        noise_multiplier=args.noise_multiplier,
         seed=args.seed,
         processes=args.processes,
         report_dir=args.report_dir,

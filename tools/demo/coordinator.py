@@ -80,6 +80,7 @@ def coordinator_config(
         EvaluationConfig,
         TrainingSection,
     )
+    from ursa.coordinator.secure_aggregation.config import AggregationConfig
 
     random = s.selection == "random"
     methods: list[MethodSpec] = [RandomSpec() if random else DubheSpec(draw=s.draw)]
@@ -115,6 +116,10 @@ def coordinator_config(
         methods=tuple(methods),
         training=training,
         evaluation=EvaluationConfig(every=s.eval_every, timeout_s=DUAL_TIMEOUT_S),
+        aggregation=AggregationConfig(
+            mode="plain" if s.aggregation == "plain" else "secure",
+            noise_multiplier=s.noise_multiplier,
+        ),
     )
 
 

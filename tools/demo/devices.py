@@ -97,6 +97,7 @@ def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> Edg
         state_dir=state_dir,
         broker=BrokerConfig(url=spec.broker_url),
         obfuscator_pool_size=spec.obfuscator_pool_size,
+        allow_plain_aggregation=spec.allow_plain_aggregation,
         methods=_methods(spec),
         training=DeviceTrainingConfig(
             data_file=str(data_file),

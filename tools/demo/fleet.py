@@ -45,6 +45,8 @@ class FleetSpec:
     obfuscator_pool_size: int = 4
     eval_fraction: float = 0.0
     """Samples each device holds out for federated evaluation."""
+    allow_plain_aggregation: bool = False
+    """The devices send plain updates if the coordinator sums in the clear."""
     log_level: int = logging.WARNING
     extra: dict[str, Any] = field(default_factory=dict)
 

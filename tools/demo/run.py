@@ -504,6 +504,7 @@ def _fleet(
         "selection": s.selection,
         "draw": s.draw,
         "eval_fraction": s.eval_fraction,
+        "allow_plain_aggregation": s.aggregation == "plain",
     }
 
 

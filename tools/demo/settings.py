@@ -88,6 +88,10 @@ class TrainingDemoSettings:
     """FedDisk: the cap on MADE rounds (the phase stops earlier when the
     fleet's validation loss rises)."""
     wire_dtype: str = "float32"
+    aggregation: str = "secure"
+    """How the rounds sum updates: ``secure`` (masked) or ``plain`` (debugging)."""
+    noise_multiplier: float = 0.0
+    """Distributed DP on the secure sums (0: off)."""
     test_fraction: float = 0.25
     seed: int = 0
     processes: int | None = None

@@ -219,6 +219,10 @@ class FeddiskPlugin(FeddiskJudging):
         """The active model's round stops waiting for a device whose training failed."""
         self._active().on_device_failed(round_index, device, code)
 
+    def aggregation_mode(self) -> str:
+        """The classifier's (both phases are built from one ``[aggregation]``)."""
+        return self.classifier.aggregation_mode()
+
     def methods(self) -> tuple[str, ...]:
         """FedDisk: devices judge the MADE rounds and weight their samples."""
         return ("feddisk",)

@@ -15,6 +15,7 @@ from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.model_transfer import model_transfer_id
 from ursa.coordinator.plugin import EpochView
+from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.identity import DeviceIdentity
@@ -37,6 +38,9 @@ from ursa.protocol.messages import (
     ModelUpdate,
 )
 from ursa.protocol.router import RejectedError
+
+PLAIN = AggregationConfig(mode="plain")
+"""These tests hand the plugin plain updates: the rounds sum in the clear."""
 
 FED = "fed"
 DEVICES = ("d0", "d1", "d2")
@@ -113,7 +117,9 @@ class Harness:
             return TrainingPlugin(
                 federation=FED,
                 state_dir=state,
-                config=TrainingConfig(model=model, update_timeout_s=5.0),
+                config=TrainingConfig(
+                    model=model, update_timeout_s=5.0, aggregation=PLAIN
+                ),
                 initial_weights=initial,
                 clock=self.clock,
             )

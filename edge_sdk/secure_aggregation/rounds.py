@@ -1,0 +1,405 @@
+"""A device's side of secure aggregation, round by round (the runtime adapter).
+
+`MaskingRounds` is a component the device's training steps own: it answers
+the coordinator's secure-aggregation messages with a fresh
+`MaskingParticipant` per round, and turns a trained delta into the round's
+masked vector. Only what the device itself checked leaves it:
+
+* ``SecAggSetup`` and ``SecAggUnmask`` must carry the pinned coordinator's
+  signature (they bound what the device adds and what it reveals);
+* peers' keys must carry the peer's own signature (checked by the
+  participant against the enrolled identity the roster names);
+* a round's masks are used once, and a device never reveals both shares of
+  one peer (the participant refuses).
+
+What the device adds is bounded by the signed setup: its delta is clipped to
+``clip_norm``, its weight to ``max_examples``, the vector's fixed point keeps
+every honest sum inside the ring; under distributed DP it adds its share of
+discrete Gaussian noise before masking. The secrets of a round live only in
+memory: a device restarted mid-round has none, answers nothing for that
+round (the coordinator recovers its masks from the others' shares, or the
+round is abandoned) and so never reuses a mask.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ursa.crypto.discrete_gaussian import sample_discrete_gaussian
+from ursa.crypto.errors import CryptoError
+from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
+from ursa.edge_sdk.secure_aggregation.participant import (
+    MaskingParticipant,
+    PeerAdvert,
+    SecAggError,
+)
+from ursa.protocol.messages import (
+    BaseMessage,
+    ErrorCode,
+    ErrorReply,
+    MaskedUpdate,
+    RevealedShare,
+    SecAggKeys,
+    SecAggRoster,
+    SecAggSetup,
+    SecAggShareBundle,
+    SecAggShares,
+    SecAggUnmask,
+    SecAggUnmaskShares,
+    ShareBox,
+)
+from ursa.protocol.secure_aggregation import (
+    METRIC_SLOTS,
+    MODEL_SEGMENT,
+    WEIGHT_SEGMENT,
+    contribution_layout,
+    float_names,
+    masked_bytes,
+    noise_sigmas,
+)
+
+__all__ = ["Contribution", "MaskingRounds"]
+
+logger = logging.getLogger("ursa.edge_sdk")
+
+KEPT_ROUNDS = 4
+"""Rounds whose secrets and answers a device keeps (a re-sent request of an
+older round gets no answer)."""
+
+Send = Callable[[BaseMessage], None]
+Verify = Callable[[BaseMessage], None]
+MessageId = Callable[[str, int], str]
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """What a device puts into a round's secure sum (before clipping)."""
+
+    delta: Mapping[str, NDArray[Any]]
+    """``local - global`` (already scaled by a method, e.g. CLIMB's w_i)."""
+    num_examples: int
+    loss: float = 0.0
+    train_s: float = 0.0
+
+
+@dataclass
+class _Round:
+    setup: SecAggSetup
+    participant: MaskingParticipant
+    answers: dict[str, BaseMessage] = field(default_factory=dict)
+    """The message sent at each step (a re-sent request gets the same one)."""
+    ready: bool = False
+    """The share bundle arrived: the round may train."""
+
+
+class MaskingRounds:
+    """The device's secure-aggregation rounds (see the module docstring).
+
+    Args:
+        identity: The device's identity (signs its per-round keys).
+        federation: The federation's name.
+        send: Queues a message on the device's up topic.
+        verify_coordinator: Checks the pinned coordinator's signature.
+        message_id: ``message_id(step, round)``: stable ids, so a re-sent
+            answer is the same message.
+        rng: Rounding and DP noise.
+    """
+
+    def __init__(
+        self,
+        *,
+        identity: DeviceIdentity,
+        federation: str,
+        send: Send,
+        verify_coordinator: Verify,
+        message_id: MessageId,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        self._identity = identity
+        self._federation = federation
+        self._send = send
+        self._verify = verify_coordinator
+        self._message_id = message_id
+        self._rng = rng if rng is not None else np.random.default_rng()
+        self._rounds: OrderedDict[int, _Round] = OrderedDict()
+
+    @property
+    def device_id(self) -> str:
+        """This device's id."""
+        return self._identity.device_id
+
+    def ready(self, round_index: int, model: str, version: int) -> bool:
+        """Whether the round's shares arrived for this model version."""
+        work = self._rounds.get(round_index)
+        return (
+            work is not None
+            and work.ready
+            and work.setup.model == model
+            and work.setup.model_version == version
+        )
+
+    def knows(self, round_index: int) -> bool:
+        """Whether this device takes part in the round's secure sum (so far)."""
+        return round_index in self._rounds
+
+    # --- messages -------------------------------------------------------------
+
+    def on_setup(self, message: SecAggSetup) -> None:
+        """Give this round's signed keys (again, the same, if asked again)."""
+        if self.device_id not in message.participants:
+            return
+        self._verify(message)  # CryptoError / NotReadyError: refused upstream
+        work = self._rounds.get(message.round)
+        if work is not None and work.setup.model_version == message.model_version:
+            self._resend(work, "keys")
+            return
+        participant = MaskingParticipant(
+            identity=self._identity,
+            federation=self._federation,
+            run=message.run,
+            round_index=message.round,
+            threshold=message.threshold,
+            degree=message.degree,
+        )
+        work = _Round(message, participant)
+        self._rounds[message.round] = work
+        while len(self._rounds) > KEPT_ROUNDS:
+            self._rounds.popitem(last=False)
+        advert = participant.advertise()
+        self._answer(
+            work,
+            "keys",
+            SecAggKeys(
+                federation=self._federation,
+                round=message.round,
+                sender=self.device_id,
+                message_id=self._message_id("secagg-keys", message.round),
+                model=message.model,
+                model_version=message.model_version,
+                c_public=advert.c_public,
+                s_public=advert.s_public,
+                advert_signature=advert.signature,
+            ),
+        )
+
+    def on_roster(self, message: SecAggRoster) -> None:
+        """Seal a share pair to each neighbour on the roster."""
+        work = self._current(message.round, message.model_version)
+        if work is None or self._resend(work, "shares"):
+            return
+        peers = [
+            PeerAdvert(
+                identity=DevicePublicIdentity(
+                    peer.identity.device_id,
+                    peer.identity.x25519_public,
+                    peer.identity.ed25519_public,
+                ),
+                c_public=peer.c_public,
+                s_public=peer.s_public,
+                signature=peer.advert_signature,
+            )
+            for peer in message.peers
+        ]
+        try:
+            boxes = work.participant.share(peers, message.participants)
+        except (SecAggError, CryptoError, ValueError) as exc:
+            self._refuse(work, "roster", exc)
+            return
+        self._answer(
+            work,
+            "shares",
+            SecAggShares(
+                federation=self._federation,
+                round=message.round,
+                sender=self.device_id,
+                message_id=self._message_id("secagg-shares", message.round),
+                model=work.setup.model,
+                model_version=work.setup.model_version,
+                boxes=tuple(ShareBox(peer=p, box=b) for p, b in boxes),
+            ),
+        )
+
+    def on_bundle(self, message: SecAggShareBundle) -> bool:
+        """Open the neighbours' boxes; True once the round may train."""
+        work = self._current(message.round, message.model_version)
+        if work is None:
+            return False
+        if work.ready:
+            return True
+        try:
+            work.participant.receive_shares([(b.peer, b.box) for b in message.boxes])
+        except (SecAggError, CryptoError, ValueError) as exc:
+            self._refuse(work, "share bundle", exc)
+            return False
+        work.ready = True
+        return True
+
+    def on_unmask(self, message: SecAggUnmask) -> None:
+        """Reveal the shares the signed survivor list asks for (never both of one)."""
+        if self.device_id not in message.survivors:
+            return
+        work = self._current(message.round, message.model_version)
+        if work is None:
+            return
+        self._verify(message)
+        if self._resend(work, "unmask"):
+            return
+        try:
+            revealed = work.participant.unmask(message.survivors, message.dropped)
+        except (SecAggError, CryptoError, ValueError) as exc:
+            self._refuse(work, "survivor list", exc)
+            return
+        shares = tuple(
+            RevealedShare(
+                owner=r.owner, secret=r.kind, index=r.share.index, data=r.share.data
+            )
+            for r in revealed
+        )
+        self._answer(
+            work,
+            "unmask",
+            SecAggUnmaskShares(
+                federation=self._federation,
+                round=message.round,
+                sender=self.device_id,
+                message_id=self._message_id("secagg-unmask", message.round),
+                model=work.setup.model,
+                model_version=work.setup.model_version,
+                shares=shares,
+            ),
+        )
+
+    # --- the masked vector --------------------------------------------------------
+
+    def masked_vector(self, round_index: int, contribution: Contribution) -> bytes:
+        """The round's masked contribution as it travels (little-endian uint32).
+
+        Raises:
+            SecAggError: the round has no shares yet, or its mask was used.
+        """
+        work = self._rounds.get(round_index)
+        if work is None or not work.ready:
+            raise SecAggError(f"round {round_index} has no secure-aggregation keys")
+        setup = work.setup
+        names = float_names(contribution.delta)
+        flat = np.concatenate(
+            [np.asarray(contribution.delta[n], np.float64).ravel() for n in names]
+            or [np.zeros(0)]
+        )
+        norm = float(np.linalg.norm(flat))
+        if not math.isfinite(norm):
+            raise SecAggError("the delta holds NaN or inf")
+        if norm > setup.clip_norm:
+            logger.info(
+                "%s: round %d: delta norm %.3g clipped to %.3g",
+                self.device_id,
+                round_index,
+                norm,
+                setup.clip_norm,
+            )
+            flat = flat * (setup.clip_norm / norm)
+        weight = (
+            float(min(contribution.num_examples, setup.max_examples))
+            if setup.weighting == "fedavg"
+            else 1.0
+        )
+        parts: dict[str, NDArray[np.float64]] = {
+            MODEL_SEGMENT: weight * flat,
+            WEIGHT_SEGMENT: np.array([weight]),
+        }
+        layout = contribution_layout(setup, flat.size)
+        if any(s.name == METRIC_SLOTS[0] for s in layout.segments):
+            parts["loss"] = np.array([_finite(contribution.loss)])
+            parts["train_s"] = np.array([_finite(contribution.train_s)])
+            parts["samples"] = np.array([float(contribution.num_examples)])
+            parts["reporting"] = np.array([1.0])
+        vector = layout.encode(parts, self._rng)
+        if setup.noise_multiplier > 0:
+            vector = self._add_noise(vector, setup, layout)
+        return masked_bytes(work.participant.mask(vector))
+
+    def _add_noise(
+        self, vector: NDArray[np.uint32], setup: SecAggSetup, layout: Any
+    ) -> NDArray[np.uint32]:
+        """This device's share of the round's discrete Gaussian noise, in the ring."""
+        sigmas = noise_sigmas(setup, layout)
+        noise = np.empty(vector.size, dtype=np.int64)
+        offset = 0
+        for segment in layout.segments:
+            size = segment.length
+            noise[offset : offset + size] = sample_discrete_gaussian(
+                sigmas[segment.name], size, self._rng
+            )
+            offset += size
+        return (vector + noise.astype(np.uint32)).astype(np.uint32)
+
+    def masked_update(
+        self,
+        round_index: int,
+        *,
+        model: str,
+        base_version: int,
+        contribution: Contribution,
+        message_id: str,
+    ) -> tuple[MaskedUpdate, bytes]:
+        """The `MaskedUpdate` (vector inline) and the vector's bytes."""
+        payload = self.masked_vector(round_index, contribution)
+        update = MaskedUpdate(
+            federation=self._federation,
+            round=round_index,
+            sender=self.device_id,
+            message_id=message_id,
+            model=model,
+            base_version=base_version,
+            vector=payload,
+        )
+        return update, payload
+
+    # --- helpers ------------------------------------------------------------------
+
+    def _current(self, round_index: int, version: int) -> _Round | None:
+        work = self._rounds.get(round_index)
+        if work is None or work.setup.model_version != version:
+            return None
+        return work
+
+    def _answer(self, work: _Round, step: str, message: BaseMessage) -> None:
+        work.answers[step] = message
+        self._send(message)
+
+    def _resend(self, work: _Round, step: str) -> bool:
+        sent = work.answers.get(step)
+        if sent is not None:
+            self._send(sent)
+        return sent is not None
+
+    def _refuse(self, work: _Round, what: str, exc: Exception) -> None:
+        """Sit the round out and say why (no secret in the reason)."""
+        logger.error(
+            "%s: round %d: secure aggregation refused the %s: %s",
+            self.device_id,
+            work.setup.round,
+            what,
+            exc,
+        )
+        reply = ErrorReply(
+            federation=self._federation,
+            round=work.setup.round,
+            sender=self.device_id,
+            message_id=self._message_id("secagg-refused", work.setup.round),
+            code=ErrorCode.SECURE_AGGREGATION_FAILED,
+            reason=f"refused the {what}: {exc}"[:256],
+        )
+        self._answer(work, "refused", reply)
+
+
+def _finite(value: float) -> float:
+    return float(value) if math.isfinite(value) else 0.0
