@@ -144,6 +144,42 @@ def register(sub: Subparsers) -> None:
         help="the progress bar even when stderr is not a terminal",
     )
     learning.set_defaults(handler=_run_learning)
+    secagg = names.add_parser(
+        "secagg",
+        help="one real secure-aggregation round per (K, params), beside plain "
+        "FedAvg: device CPU, bytes, messages, exactness",
+    )
+    secagg.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per setting, then a summary object",
+    )
+    secagg.add_argument(
+        "--k",
+        type=_secagg_ks,
+        default=[8, 32, 100],
+        help="comma-separated numbers of selected devices",
+    )
+    secagg.add_argument(
+        "--params",
+        type=_secagg_params,
+        default=[100_000, 1_000_000],
+        help="comma-separated model sizes (float values)",
+    )
+    secagg.add_argument(
+        "--dropout",
+        type=float,
+        default=0.1,
+        help="share of the devices that drop after sharing (before the masked vector)",
+    )
+    secagg.add_argument("--seed", type=int, default=0, help="data and dropout seed")
+    secagg.add_argument(
+        "--sparse-above",
+        type=int,
+        default=32,
+        help="[aggregation] sparse_above: the SecAgg+ graph above this K",
+    )
+    secagg.set_defaults(handler=_run_secagg)
 
 
 def _run_crypto(args: argparse.Namespace) -> int:
@@ -268,3 +304,40 @@ def _run_learning(args: argparse.Namespace) -> int:
         plot=args.plot,
         progress=args.progress or sys.stderr.isatty(),
     )
+
+
+def _secagg_ints(text: str, *, least: int, what: str) -> list[int]:
+    from ursa.bench.secagg import parse_ints
+
+    try:
+        return parse_ints(text, least=least, what=what)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _secagg_ks(text: str) -> list[int]:
+    return _secagg_ints(text, least=2, what="--k")
+
+
+def _secagg_params(text: str) -> list[int]:
+    return _secagg_ints(text, least=11, what="--params")
+
+
+def _run_secagg(args: argparse.Namespace) -> int:
+    from ursa.bench.secagg import BenchError, run
+
+    if not 0.0 <= args.dropout < 1.0:
+        print("ursa bench secagg: --dropout must be in [0, 1)", file=sys.stderr)
+        return 2
+    try:
+        return run(
+            ks=args.k,
+            params=args.params,
+            dropout=args.dropout,
+            seed=args.seed,
+            sparse_above=args.sparse_above,
+            as_json=args.json,
+        )
+    except BenchError as exc:
+        print(f"ursa bench secagg: {exc}", file=sys.stderr)
+        return 2
