@@ -240,8 +240,11 @@ class TrainingPlugin(RoundPlugin):
 
     @property
     def before_training(self) -> tuple[BeforeTraining, ...]:
-        """The steps each round runs before it trains."""
-        return self._steps
+        """The methods' steps each round runs before it trains.
+
+        Secure aggregation's key steps run after them (`secure_aggregation`).
+        """
+        return tuple(s for s in self._steps if s is not self._secure)
 
     def attach(self, view: CoordinatorView) -> None:
         """Keep the service's view (key epoch, who is online); attach the steps."""
