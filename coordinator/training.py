@@ -490,8 +490,8 @@ class TrainingPlugin(RoundPlugin):
             step = self._steps[index]
             work.step = index
             phase = step.open(info, now)
-            if phase is not None:
-                work.phases[step.name] = phase
+            if phase is not None and step is not self._secure:
+                work.phases[step.name] = phase  # its figures are in the metrics
             if not step.is_done(work.index):
                 return
         self._start_training(work, now)

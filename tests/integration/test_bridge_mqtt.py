@@ -167,7 +167,7 @@ def test_a_federation_trains_with_half_its_devices_behind_a_site_bridge(
     down = {t.split("/")[4] for t, _ in site.capture.items if "/down/" in t}
     assert down and down <= set(SITE_DEVICES)
     # The site's devices' updates crossed the bridge, each on its own topic.
-    updates = core.capture.messages("model_update")
+    updates = core.capture.messages("masked_update")
     crossed = [(t, m.sender) for t, m in updates if m.sender in SITE_DEVICES]
     assert crossed
     for topic, sender in crossed:

@@ -192,7 +192,7 @@ def test_metrics_status_and_dashboard_follow_a_live_federation(
     hello = _value(after, "ursa_messages_total", kind="hello", direction="in")
     assert hello >= N
     updates_in = {
-        _value(m, "ursa_messages_total", kind="model_update", direction="in")
+        _value(m, "ursa_messages_total", kind="masked_update", direction="in")
         for m in (during, after)
     }
     assert min(updates_in) >= K and max(updates_in) >= K * ROUNDS

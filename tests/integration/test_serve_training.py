@@ -105,7 +105,7 @@ def test_serve_and_device_run_train_two_climb_rounds(
     }
     assert sorted(selected) == list(range(1, ROUNDS + 1))
     updates: dict[int, set[str]] = {}
-    for _, update in fed.capture.messages("model_update"):
+    for _, update in fed.capture.messages("masked_update"):
         assert update.base_version == update.round - 1
         updates.setdefault(update.round, set()).add(update.sender)
     assert updates == selected  # every selected device trained and uploaded
@@ -149,7 +149,7 @@ def test_serve_and_device_run_feddisk_made_then_classifier(
     assert [(m.purpose, m.round, m.num_parties) for _, m in sums] == [
         ("feddisk.made_loss", 2, N)
     ]
-    for _, update in fed.capture.messages("model_update"):
+    for _, update in fed.capture.messages("masked_update"):
         made_round = update.round == 1
         assert update.model == ("made" if made_round else "classifier")
         assert update.base_version == (0 if made_round else update.round - 2)
@@ -177,7 +177,7 @@ def test_serve_and_device_run_random_selection_with_fedavg(
     assert sorted({r.round for r in results}) == list(range(1, ROUNDS + 1))
     assert all(len(set(r.selected)) == K and r.try_index is None for r in results)
     updates: dict[int, set[str]] = {}
-    for _, update in fed.capture.messages("model_update"):
+    for _, update in fed.capture.messages("masked_update"):
         updates.setdefault(update.round, set()).add(update.sender)
     assert updates == {r.round: set(r.selected) for r in results}
     assert not fed.capture.messages("volunteer")  # nothing of Dubhe ran
