@@ -135,18 +135,8 @@ def selections(fed: Any) -> dict[int, tuple[str, ...]]:
 
 
 def fedavg_oracle(fed: Any, rounds: int) -> Arrays:
-    arrays = {k: v.astype(np.float64) for k, v in INITIAL.items()}
     chosen = selections(fed)
-    for r in range(1, rounds + 1):
-        trainers = [fed.devices[d]._trainer for d in chosen[r]]
-        total = sum(t.num_examples for t in trainers)
-        step = {k: np.zeros_like(v) for k, v in arrays.items()}
-        for t in trainers:
-            delta = t.delta({k: v.astype(np.float32) for k, v in arrays.items()})
-            for k in step:
-                step[k] += t.num_examples * delta[k].astype(np.float64) / total
-        arrays = {k: arrays[k] + step[k] for k in arrays}
-    return arrays
+    return _survivor_oracle(fed, {r: chosen[r] for r in range(1, rounds + 1)})
 
 
 def test_fedavg_rounds_equal_the_plaintext_running_sum(
