@@ -51,9 +51,12 @@ from ursa.coordinator.secure_aggregation.unmasking import add_masked, unmask_sum
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity, verify_signature
 from ursa.crypto.neighbour_graph import share_threshold, sparse_degree
 from ursa.crypto.shamir import Share, UnmaskShare
-from ursa.edge_sdk.secure_aggregation.participant import (
-    MaskingParticipant,
-    PeerAdvert,
+from ursa.edge_sdk.secure_aggregation.participant import MaskingParticipant
+from ursa.edge_sdk.secure_aggregation.rounds import (
+    Contribution,
+    clipped_delta,
+    encode_contribution,
+    peer_adverts,
 )
 from ursa.models.weights import arrays_from_bytes, arrays_to_bytes
 from ursa.protocol.chunking import Reassembler, split
@@ -79,7 +82,6 @@ from ursa.protocol.secure_aggregation import (
     WEIGHT_SEGMENT,
     contribution_layout,
     float_names,
-    masked_bytes,
 )
 
 __all__ = [
@@ -267,48 +269,6 @@ def _flat(delta: Mapping[str, NDArray[Any]]) -> NDArray[np.float64]:
     return np.concatenate(
         [np.asarray(delta[name], np.float64).ravel() for name in float_names(delta)]
     )
-
-
-def _contribution(
-    setup: SecAggSetup,
-    delta: Mapping[str, NDArray[Any]],
-    trained: _Trained,
-    rng: np.random.Generator,
-) -> NDArray[np.uint32]:
-    """The encoded vector, as `MaskingRounds.masked_vector` builds it (FedAvg)."""
-    flat = _clipped(_flat(delta), setup.clip_norm)
-    weight = float(min(trained.num_examples, setup.max_examples))
-    layout = contribution_layout(setup, flat.size)
-    parts: dict[str, NDArray[np.float64]] = {
-        MODEL_SEGMENT: weight * flat,
-        WEIGHT_SEGMENT: np.array([weight]),
-        "loss": np.array([trained.loss]),
-        "train_s": np.array([trained.train_s]),
-        "samples": np.array([float(trained.num_examples)]),
-        "reporting": np.array([1.0]),
-    }
-    return layout.encode(parts, rng)
-
-
-def _peer_adverts(roster: SecAggRoster) -> list[PeerAdvert]:
-    return [
-        PeerAdvert(
-            identity=DevicePublicIdentity(
-                peer.identity.device_id,
-                peer.identity.x25519_public,
-                peer.identity.ed25519_public,
-            ),
-            c_public=peer.c_public,
-            s_public=peer.s_public,
-            signature=peer.advert_signature,
-        )
-        for peer in roster.peers
-    ]
-
-
-def _clipped(flat: NDArray[np.float64], clip_norm: float) -> NDArray[np.float64]:
-    norm = float(np.linalg.norm(flat))
-    return flat * (clip_norm / norm) if norm > clip_norm else flat
 
 
 def _keys_message(
@@ -507,7 +467,7 @@ def measure_setting(
         got_roster = secure.carry(d, roster)
         with device_cpu[d].on("share"):
             sealed = participants[d].share(
-                _peer_adverts(got_roster), got_roster.participants
+                peer_adverts(got_roster), got_roster.participants
             )
             shares = _shares_message(d, got_roster, sealed)
         got_shares = secure.carry(d, shares)
@@ -551,13 +511,22 @@ def measure_setting(
             plain_weight += update.num_examples
 
         with device_cpu[d].on("mask"):
-            vector = _contribution(setup, delta, trained, device_rng)
-            vector_bytes = masked_bytes(participants[d].mask(vector))
+            encoded = encode_contribution(
+                setup,
+                Contribution(
+                    delta,
+                    trained.num_examples,
+                    loss=trained.loss,
+                    train_s=trained.train_s,
+                ),
+                device_rng,
+            )
+            vector_bytes = layout.to_bytes(participants[d].mask(encoded.vector))
         _, received = secure.upload(d, vector_bytes, _masked_update(d))
         with coord.on("sum"):
             masked_total = add_masked(masked_total, layout.from_bytes(received))
 
-        flat = _clipped(_flat(delta), config.clip_norm)
+        flat, _ = clipped_delta(delta, config.clip_norm)
         weight = float(min(trained.num_examples, config.max_examples))
         reference += weight * flat
         reference_weight += weight

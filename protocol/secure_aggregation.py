@@ -37,7 +37,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from ursa.crypto.fixed_point import Segment, VectorLayout
 from ursa.protocol.messages.secure_aggregation import SecAggSetup
@@ -52,7 +51,6 @@ __all__ = [
     "advert_transcript",
     "contribution_layout",
     "float_names",
-    "masked_bytes",
     "noise_sigmas",
     "weight_bound",
 ]
@@ -146,8 +144,3 @@ def advert_transcript(
         s_public,
     )
     return _ADVERT_LABEL + b"".join(struct.pack(">I", len(p)) + p for p in parts)
-
-
-def masked_bytes(vector: NDArray[np.uint32]) -> bytes:
-    """A ring vector as it travels (little-endian uint32)."""
-    return np.ascontiguousarray(vector, dtype="<u4").tobytes()

@@ -28,24 +28,25 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ursa.crypto.discrete_gaussian import sample_discrete_gaussian
 from ursa.crypto.errors import CryptoError
+from ursa.crypto.fixed_point import VectorLayout
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.edge_sdk.secure_aggregation.participant import (
     MaskingParticipant,
     PeerAdvert,
     SecAggError,
 )
+from ursa.models.weights import flatten
 from ursa.protocol.messages import (
     BaseMessage,
     ErrorCode,
     ErrorReply,
-    MaskedUpdate,
     RevealedShare,
     SecAggKeys,
     SecAggRoster,
@@ -62,11 +63,17 @@ from ursa.protocol.secure_aggregation import (
     WEIGHT_SEGMENT,
     contribution_layout,
     float_names,
-    masked_bytes,
     noise_sigmas,
 )
 
-__all__ = ["Contribution", "MaskingRounds"]
+__all__ = [
+    "Contribution",
+    "EncodedContribution",
+    "MaskingRounds",
+    "clipped_delta",
+    "encode_contribution",
+    "peer_adverts",
+]
 
 logger = logging.getLogger("ursa.edge_sdk")
 
@@ -178,12 +185,7 @@ class MaskingRounds:
             work,
             "keys",
             SecAggKeys(
-                federation=self._federation,
-                round=message.round,
-                sender=self.device_id,
-                message_id=self._message_id("secagg-keys", message.round),
-                model=message.model,
-                model_version=message.model_version,
+                **self._head(work, "secagg-keys"),
                 c_public=advert.c_public,
                 s_public=advert.s_public,
                 advert_signature=advert.signature,
@@ -195,19 +197,7 @@ class MaskingRounds:
         work = self._current(message.round, message.model_version)
         if work is None or self._resend(work, "shares"):
             return
-        peers = [
-            PeerAdvert(
-                identity=DevicePublicIdentity(
-                    peer.identity.device_id,
-                    peer.identity.x25519_public,
-                    peer.identity.ed25519_public,
-                ),
-                c_public=peer.c_public,
-                s_public=peer.s_public,
-                signature=peer.advert_signature,
-            )
-            for peer in message.peers
-        ]
+        peers = peer_adverts(message)
         try:
             boxes = work.participant.share(peers, message.participants)
         except (SecAggError, CryptoError, ValueError) as exc:
@@ -217,12 +207,7 @@ class MaskingRounds:
             work,
             "shares",
             SecAggShares(
-                federation=self._federation,
-                round=message.round,
-                sender=self.device_id,
-                message_id=self._message_id("secagg-shares", message.round),
-                model=work.setup.model,
-                model_version=work.setup.model_version,
+                **self._head(work, "secagg-shares"),
                 boxes=tuple(ShareBox(peer=p, box=b) for p, b in boxes),
             ),
         )
@@ -267,12 +252,7 @@ class MaskingRounds:
             work,
             "unmask",
             SecAggUnmaskShares(
-                federation=self._federation,
-                round=message.round,
-                sender=self.device_id,
-                message_id=self._message_id("secagg-unmask", message.round),
-                model=work.setup.model,
-                model_version=work.setup.model_version,
+                **self._head(work, "secagg-unmask"),
                 shares=shares,
             ),
         )
@@ -283,85 +263,23 @@ class MaskingRounds:
         """The round's masked contribution as it travels (little-endian uint32).
 
         Raises:
-            SecAggError: the round has no shares yet, or its mask was used.
+            SecAggError: the round has no shares yet, its mask was used, or the
+                delta is not finite.
         """
         work = self._rounds.get(round_index)
         if work is None or not work.ready:
             raise SecAggError(f"round {round_index} has no secure-aggregation keys")
         setup = work.setup
-        names = float_names(contribution.delta)
-        flat = np.concatenate(
-            [np.asarray(contribution.delta[n], np.float64).ravel() for n in names]
-            or [np.zeros(0)]
-        )
-        norm = float(np.linalg.norm(flat))
-        if not math.isfinite(norm):
-            raise SecAggError("the delta holds NaN or inf")
-        if norm > setup.clip_norm:
+        encoded = encode_contribution(setup, contribution, self._rng)
+        if encoded.norm > setup.clip_norm:
             logger.info(
                 "%s: round %d: delta norm %.3g clipped to %.3g",
                 self.device_id,
                 round_index,
-                norm,
+                encoded.norm,
                 setup.clip_norm,
             )
-            flat = flat * (setup.clip_norm / norm)
-        weight = (
-            float(min(contribution.num_examples, setup.max_examples))
-            if setup.weighting == "fedavg"
-            else 1.0
-        )
-        parts: dict[str, NDArray[np.float64]] = {
-            MODEL_SEGMENT: weight * flat,
-            WEIGHT_SEGMENT: np.array([weight]),
-        }
-        layout = contribution_layout(setup, flat.size)
-        if any(s.name == METRIC_SLOTS[0] for s in layout.segments):
-            parts["loss"] = np.array([_finite(contribution.loss)])
-            parts["train_s"] = np.array([_finite(contribution.train_s)])
-            parts["samples"] = np.array([float(contribution.num_examples)])
-            parts["reporting"] = np.array([1.0])
-        vector = layout.encode(parts, self._rng)
-        if setup.noise_multiplier > 0:
-            vector = self._add_noise(vector, setup, layout)
-        return masked_bytes(work.participant.mask(vector))
-
-    def _add_noise(
-        self, vector: NDArray[np.uint32], setup: SecAggSetup, layout: Any
-    ) -> NDArray[np.uint32]:
-        """This device's share of the round's discrete Gaussian noise, in the ring."""
-        sigmas = noise_sigmas(setup, layout)
-        noise = np.empty(vector.size, dtype=np.int64)
-        offset = 0
-        for segment in layout.segments:
-            size = segment.length
-            noise[offset : offset + size] = sample_discrete_gaussian(
-                sigmas[segment.name], size, self._rng
-            )
-            offset += size
-        return (vector + noise.astype(np.uint32)).astype(np.uint32)
-
-    def masked_update(
-        self,
-        round_index: int,
-        *,
-        model: str,
-        base_version: int,
-        contribution: Contribution,
-        message_id: str,
-    ) -> tuple[MaskedUpdate, bytes]:
-        """The `MaskedUpdate` (vector inline) and the vector's bytes."""
-        payload = self.masked_vector(round_index, contribution)
-        update = MaskedUpdate(
-            federation=self._federation,
-            round=round_index,
-            sender=self.device_id,
-            message_id=message_id,
-            model=model,
-            base_version=base_version,
-            vector=payload,
-        )
-        return update, payload
+        return encoded.layout.to_bytes(work.participant.mask(encoded.vector))
 
     # --- helpers ------------------------------------------------------------------
 
@@ -370,6 +288,18 @@ class MaskingRounds:
         if work is None or work.setup.model_version != version:
             return None
         return work
+
+    def _head(self, work: _Round, step: str) -> dict[str, Any]:
+        """The fields every answer of the round shares (a stable id per step)."""
+        setup = work.setup
+        return {
+            "federation": self._federation,
+            "round": setup.round,
+            "sender": self.device_id,
+            "message_id": self._message_id(step, setup.round),
+            "model": setup.model,
+            "model_version": setup.model_version,
+        }
 
     def _answer(self, work: _Round, step: str, message: BaseMessage) -> None:
         work.answers[step] = message
@@ -399,6 +329,96 @@ class MaskingRounds:
             reason=f"refused the {what}: {exc}"[:256],
         )
         self._answer(work, "refused", reply)
+
+
+def clipped_delta(
+    delta: Mapping[str, NDArray[Any]], clip_norm: float
+) -> tuple[NDArray[np.float64], float]:
+    """The delta's float arrays as one vector clipped to ``clip_norm``, and its norm.
+
+    Raises:
+        SecAggError: the delta holds NaN or inf.
+    """
+    floats = {name: delta[name] for name in float_names(delta)}
+    flat = flatten(floats)[0].astype(np.float64)
+    norm = float(np.linalg.norm(flat))
+    if not math.isfinite(norm):
+        raise SecAggError("the delta holds NaN or inf")
+    return (flat * (clip_norm / norm) if norm > clip_norm else flat), norm
+
+
+class EncodedContribution(NamedTuple):
+    """A device's unmasked ring vector, its layout, and the delta's norm."""
+
+    vector: NDArray[np.uint32]
+    layout: VectorLayout
+    norm: float
+    """Before clipping (above ``clip_norm``: the delta was clipped)."""
+
+
+def encode_contribution(
+    setup: SecAggSetup, contribution: Contribution, rng: np.random.Generator
+) -> EncodedContribution:
+    """A device's unmasked ring vector for the round (see `EncodedContribution`).
+
+    Clipped to ``clip_norm``, weighted by the signed weighting (FedAvg's weight
+    capped at ``max_examples``), encoded in the round's layout and, under DP,
+    with this device's share of the noise: what the mask then hides.
+    """
+    flat, norm = clipped_delta(contribution.delta, setup.clip_norm)
+    weight = (
+        float(min(contribution.num_examples, setup.max_examples))
+        if setup.weighting == "fedavg"
+        else 1.0
+    )
+    parts: dict[str, NDArray[np.float64]] = {
+        MODEL_SEGMENT: weight * flat,
+        WEIGHT_SEGMENT: np.array([weight]),
+    }
+    layout = contribution_layout(setup, flat.size)
+    if any(segment.name == METRIC_SLOTS[0] for segment in layout.segments):
+        parts["loss"] = np.array([_finite(contribution.loss)])
+        parts["train_s"] = np.array([_finite(contribution.train_s)])
+        parts["samples"] = np.array([float(contribution.num_examples)])
+        parts["reporting"] = np.array([1.0])
+    vector = layout.encode(parts, rng)
+    if setup.noise_multiplier > 0:
+        vector = _with_noise(vector, setup, layout, rng)
+    return EncodedContribution(vector, layout, norm)
+
+
+def peer_adverts(roster: SecAggRoster) -> list[PeerAdvert]:
+    """The roster's neighbours as the participant checks them."""
+    return [
+        PeerAdvert(
+            identity=DevicePublicIdentity(
+                peer.identity.device_id,
+                peer.identity.x25519_public,
+                peer.identity.ed25519_public,
+            ),
+            c_public=peer.c_public,
+            s_public=peer.s_public,
+            signature=peer.advert_signature,
+        )
+        for peer in roster.peers
+    ]
+
+
+def _with_noise(
+    vector: NDArray[np.uint32],
+    setup: SecAggSetup,
+    layout: VectorLayout,
+    rng: np.random.Generator,
+) -> NDArray[np.uint32]:
+    """This device's share of the round's discrete Gaussian noise, in the ring."""
+    sigmas = noise_sigmas(setup, layout)
+    noise = np.concatenate(
+        [
+            sample_discrete_gaussian(sigmas[segment.name], segment.length, rng)
+            for segment in layout.segments
+        ]
+    )
+    return (vector + noise.astype(np.uint32)).astype(np.uint32)
 
 
 def _finite(value: float) -> float:
