@@ -527,7 +527,7 @@ class TrainingPlugin(RoundPlugin):
         values = sum(int(np.size(self._arrays[n])) for n in float_names(self._arrays))
         if self._secure.add(work.index, device, payload, values):
             logger.info(
-                "round %d: masked update %d/%d from %s",
+                "round %d: update %d/%d from %s (masked)",
                 work.index,
                 len(self._secure.contributors(work.index)),
                 len(self._secure.expected(work.index)),
