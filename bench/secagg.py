@@ -35,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO, TypeVar, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -168,7 +168,7 @@ class _Wire:
             isinstance(decoded, type(message)),
             f"{type(message).__name__} came out of the wire as another kind",
         )
-        return decoded  # type: ignore[return-value]
+        return cast(_M, decoded)
 
     def upload(
         self,

@@ -133,7 +133,7 @@ class EpochStages(ServiceCore):
                 max_parties=registry.max_parties,
                 key_bits=cfg.key_bits,
                 methods=cfg.method_names(),
-                aggregation=self._plugin.aggregation_mode(),  # type: ignore[arg-type]
+                aggregation=self._plugin.aggregation_mode(),
             )
         )
         payload = self._encode(notice)

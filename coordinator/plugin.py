@@ -25,7 +25,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from ursa.coordinator.federation_end import FinalModel
 from ursa.coordinator.store import CoordinatorStore
@@ -106,7 +106,7 @@ class RoundPlugin(ABC):
         """Methods this plugin needs devices to run (signed into each key epoch)."""
         return ()
 
-    def aggregation_mode(self) -> str:
+    def aggregation_mode(self) -> Literal["secure", "plain"]:
         """How its rounds sum updates, signed into each key epoch (``secure``)."""
         return "secure"
 

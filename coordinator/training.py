@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -78,7 +78,7 @@ from ursa.coordinator.training_round import (
     TrainingConfig,
     summarise_device_metrics,
 )
-from ursa.models.weights import Arrays
+from ursa.models.weights import Arrays, spec_of, unflatten
 from ursa.protocol.envelope import message_kind
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -306,33 +306,27 @@ class TrainingPlugin(RoundPlugin):
             raise RejectedError(ErrorCode.LATE, f"round {round_index} is not training")
         if self._step_router.dispatch(message) is not Dispatch.UNHANDLED:
             self._after_step_event(work, self._clock())
-        elif isinstance(message, UpdateMessage):
-            if self._secure is not None:
-                raise RejectedError(
-                    ErrorCode.UNAUTHORISED,
-                    "this federation sums updates securely: send a masked_update",
-                )
-            if work.receive_update(device, message, self._clock()):
-                self._accepted(work, device, message)
-        elif isinstance(message, MaskedUpdate):
+        elif isinstance(message, UpdateMessage | MaskedUpdate):
             secure = self._secure
-            if secure is None:
-                raise RejectedError(
-                    ErrorCode.UNAUTHORISED, "this federation sums plain updates"
+            if (secure is None) != isinstance(message, UpdateMessage):
+                why = (
+                    "this federation sums plain updates"
+                    if secure is None
+                    else "this federation sums updates securely: send a masked_update"
                 )
-            payload = work.receive_masked(
-                device, message, self._clock(), secure.contributors(work.index)
+                raise RejectedError(ErrorCode.UNAUTHORISED, why)
+            counted = (
+                work.aggregation.device_ids
+                if secure is None
+                else secure.contributors(work.index)
             )
+            payload = work.receive(device, message, self._clock(), counted)
             if payload is not None:
-                self._add_masked(work, device, payload)
+                self._take(work, device, message, payload)
         elif isinstance(message, TransferManifest | Chunk):
             completed = work.receive_upload(device, message)
             if completed is not None:
-                self._accepted(work, device, completed)
-            if work.completed_masked is not None:
-                sender, payload = work.completed_masked
-                work.completed_masked = None
-                self._add_masked(work, sender, payload)
+                self._take(work, device, *completed)
         else:
             kind = message_kind(message)
             raise RejectedError(
@@ -407,7 +401,7 @@ class TrainingPlugin(RoundPlugin):
             metrics,
         )
 
-    def aggregation_mode(self) -> str:
+    def aggregation_mode(self) -> Literal["secure", "plain"]:
         """``secure`` (masked sums) or ``plain``, as its configuration says."""
         return self.config.aggregation.mode
 
@@ -521,6 +515,19 @@ class TrainingPlugin(RoundPlugin):
             message.num_examples,
         )
 
+    def _take(
+        self,
+        work: OpenRound,
+        device: str,
+        message: UpdateMessage | MaskedUpdate,
+        payload: bytes,
+    ) -> None:
+        """A complete update into the round's sum: masked, or a plain delta."""
+        if isinstance(message, MaskedUpdate):
+            self._add_masked(work, device, payload)
+        elif work.apply(device, message, payload):
+            self._accepted(work, device, message)
+
     def _add_masked(self, work: OpenRound, device: str, payload: bytes) -> None:
         """One masked vector into the round's sum (never decoded alone)."""
         assert self._secure is not None
@@ -598,7 +605,7 @@ class TrainingPlugin(RoundPlugin):
                 new = self._secure_model(work, unmasked.sums)
                 if new is None:
                     counted = set()
-            elif unmasked.survivors or "abandoned" in why:
+            else:
                 logger.warning(
                     "round %d: no secure sum (%s); the model stays at version %d",
                     work.index,
@@ -685,18 +692,12 @@ class TrainingPlugin(RoundPlugin):
                 work.base_version,
             )
             return None
-        step = self.config.server_lr * flat / weight
-        out: Arrays = {}
-        offset = 0
-        floats = set(float_names(work.base_arrays))
-        for name, base in work.base_arrays.items():
-            arr = np.asarray(base)
-            if name not in floats:
-                out[name] = arr.copy()
-                continue
-            size = int(arr.size)
-            delta = step[offset : offset + size].reshape(arr.shape)
-            offset += size
+        base = work.base_arrays
+        floats = {name: base[name] for name in float_names(base)}
+        step = unflatten(self.config.server_lr * flat / weight, spec_of(floats))
+        out: Arrays = {name: np.asarray(a).copy() for name, a in base.items()}
+        for name, delta in step.items():
+            arr = np.asarray(base[name])
             out[name] = (arr.astype(np.float64) + delta).astype(arr.dtype)
         return out
 

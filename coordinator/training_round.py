@@ -109,8 +109,6 @@ class OpenRound:
     pending: dict[str, tuple[UpdateMessage | MaskedUpdate, float]] = field(
         default_factory=dict
     )
-    completed_masked: tuple[str, bytes] | None = None
-    """A masked vector whose last chunk just arrived: (device, bytes)."""
     device_metrics: dict[str, Mapping[str, float]] = field(default_factory=dict)
     """What each counted device said of its training (`ModelUpdate.metrics`)."""
     failed: set[str] = field(default_factory=set)
@@ -131,39 +129,17 @@ class OpenRound:
                 ErrorCode.LATE, f"round {self.index} is still in a before-training step"
             )
 
-    def receive_update(self, device: str, message: UpdateMessage, now: float) -> bool:
-        """Take a `ModelUpdate`; True if it was added to the sum (else pending)."""
-        self.check_participant(device)
-        if message.model != self.model:
-            raise RejectedError(
-                ErrorCode.MALFORMED, f"model {message.model!r}, training {self.model!r}"
-            )
-        if message.base_version != self.base_version:
-            raise RejectedError(
-                WRONG_VERSION,
-                f"update from version {message.base_version}; round {self.index} "
-                f"trains version {self.base_version}",
-            )
-        if device in self.aggregation.device_ids or device in self.pending:
-            raise RejectedError(
-                ErrorCode.LATE,
-                f"a second update for round {self.index} is ignored (the first counts)",
-            )
-        if message.weights is not None:
-            return self.apply(device, message, message.weights)
-        assert message.transfer_id is not None
-        payload = self.uploads.payload(device, message.transfer_id)
-        if payload is not None:
-            return self.apply(device, message, payload)
-        self.pending[device] = (message, now)  # its chunks are still coming
-        return False
-
-    def receive_masked(
-        self, device: str, message: MaskedUpdate, now: float, done: Set[str]
+    def receive(
+        self,
+        device: str,
+        message: UpdateMessage | MaskedUpdate,
+        now: float,
+        counted: Set[str],
     ) -> bytes | None:
-        """Take a `MaskedUpdate`: its vector, or None while its chunks are coming.
+        """Take an update, plain or masked: its payload, or None while it uploads.
 
-        ``done``: the devices whose masked vector is already in the sum.
+        ``counted``: the devices whose update is already in the round's sum.
+        The caller adds the payload (`apply` for a plain delta).
         """
         self.check_participant(device)
         if message.model != self.model:
@@ -176,28 +152,28 @@ class OpenRound:
                 f"update from version {message.base_version}; round {self.index} "
                 f"trains version {self.base_version}",
             )
-        if device in done or device in self.pending:
+        if device in counted or device in self.pending:
             raise RejectedError(
                 ErrorCode.LATE,
                 f"a second update for round {self.index} is ignored (the first counts)",
             )
-        if message.vector is not None:
-            return message.vector
+        inline = (
+            message.weights if isinstance(message, UpdateMessage) else message.vector
+        )
+        if inline is not None:
+            return inline
         assert message.transfer_id is not None
         payload = self.uploads.payload(device, message.transfer_id)
-        if payload is not None:
-            self.uploads.forget(message.transfer_id)
-            return payload
-        self.pending[device] = (message, now)  # its chunks are still coming
-        return None
+        if payload is None:
+            self.pending[device] = (message, now)  # its chunks are still coming
+            return None
+        self.uploads.forget(message.transfer_id)
+        return payload
 
     def receive_upload(
         self, device: str, message: TransferManifest | Chunk
-    ) -> UpdateMessage | None:
-        """Take an upload manifest or chunk; the plain update it completed, if any.
-
-        A masked update it completed is in `completed_masked` until taken.
-        """
+    ) -> tuple[UpdateMessage | MaskedUpdate, bytes] | None:
+        """Take an upload manifest or chunk: the update it completed, and its bytes."""
         self.check_participant(device)
         try:
             if isinstance(message, TransferManifest):
@@ -213,17 +189,11 @@ class OpenRound:
         payload = self.uploads.payload(device, message.transfer_id)
         assert payload is not None
         del self.pending[device]
-        update = pending[0]
-        if isinstance(update, MaskedUpdate):
-            self.uploads.forget(message.transfer_id)
-            self.completed_masked = (device, payload)
-            return None
-        return update if self.apply(device, update, payload) else None
+        self.uploads.forget(message.transfer_id)
+        return pending[0], payload
 
     def apply(self, device: str, message: UpdateMessage, payload: bytes) -> bool:
         """Add a delta to the running sum; False for a device's repeat."""
-        if message.transfer_id is not None:
-            self.uploads.forget(message.transfer_id)
         try:
             delta = arrays_from_bytes(payload)
             update = ModelUpdate(device, delta, message.num_examples)

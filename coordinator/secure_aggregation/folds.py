@@ -25,13 +25,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ursa.coordinator.enrolment import device_keys_of
 from ursa.coordinator.gather import Fold
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DevicePublicIdentity, verify_signature
 from ursa.crypto.neighbour_graph import graph_seed, neighbours
 from ursa.protocol.messages import (
     BaseMessage,
-    DeviceKeys,
     ErrorCode,
     PeerKeys,
     RevealedShare,
@@ -99,14 +99,6 @@ def _b64(data: bytes) -> str:
 
 def _unb64(text: Any) -> bytes:
     return base64.b64decode(str(text), validate=True)
-
-
-def _device_keys(identity: DevicePublicIdentity) -> DeviceKeys:
-    return DeviceKeys(
-        device_id=identity.device_id,
-        x25519_public=identity.x25519_public,
-        ed25519_public=identity.ed25519_public,
-    )
 
 
 class KeysFold(Fold[SecAggKeys, dict[str, Advert]]):
@@ -194,7 +186,7 @@ class KeysFold(Fold[SecAggKeys, dict[str, Advert]]):
                 advert = state[peer]
                 peers.append(
                     PeerKeys(
-                        identity=_device_keys(identity),
+                        identity=device_keys_of(identity),
                         c_public=advert.c_public,
                         s_public=advert.s_public,
                         advert_signature=advert.signature,

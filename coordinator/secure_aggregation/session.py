@@ -559,7 +559,7 @@ class SecureAggregation(BeforeTraining):
     def _resume_or_open(self, work: _Round, now: float) -> None:
         ctx = self._require_ctx()
         store = ctx.view.store
-        keys_key, shares_key, unmask_key = self._keys(work.info)
+        keys_key, _, unmask_key = self._keys(work.info)
         saved = store.phase(keys_key)
         if saved is not None:
             try:
@@ -594,7 +594,6 @@ class SecureAggregation(BeforeTraining):
                 logger.warning("%s unusable (%s); asking again", unmask_key, exc)
             else:
                 work.unmask.restarted(now, ctx.send)
-        del shares_key
 
     def _after_keys(self, work: _Round, now: float, *, resume: bool = False) -> None:
         """SA1 closed: abandon below threshold, else open (or resume) SA2."""

@@ -219,7 +219,7 @@ class FeddiskPlugin(FeddiskJudging):
         """The active model's round stops waiting for a device whose training failed."""
         self._active().on_device_failed(round_index, device, code)
 
-    def aggregation_mode(self) -> str:
+    def aggregation_mode(self) -> Literal["secure", "plain"]:
         """The classifier's (both phases are built from one ``[aggregation]``)."""
         return self.classifier.aggregation_mode()
 
