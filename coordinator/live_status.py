@@ -92,6 +92,7 @@ class ServiceStatus:
             "crypto_s": self.crypto_s,
             "updates": t.updates,
             "accuracy": dict(t.accuracy),
+            "epsilon": t.epsilon,
             "rejected": dict(t.rejected),
             "rounds": [r.to_json() for r in t.rounds],
             "errors": [e.to_json() for e in t.errors],

@@ -73,6 +73,9 @@ class RoundSummary:
     federated_version: int | None = None
     completed_at: float | None = None
     """Wall-clock time (``time.time``) the coordinator completed the round."""
+    epsilon: float | None = None
+    """Distributed DP: the privacy spent in total after this round (epsilon at
+    the configured delta); None without DP."""
     extra: Mapping[str, float | None] = field(default_factory=dict)
     """Figures a harness added (`Telemetry.annotate_round`), e.g. the demo's
     ``l1_to_uniform``."""
@@ -93,6 +96,7 @@ class RoundSummary:
             "federated_per_class": [_finite(a) for a in self.federated_per_class],
             "federated_version": self.federated_version,
             "completed_at": self.completed_at,
+            "epsilon": _finite(self.epsilon),
             **{name: _finite(value) for name, value in self.extra.items()},
         }
 
@@ -131,6 +135,8 @@ class TelemetrySnapshot:
     errors: tuple[ErrorEvent, ...]
     accuracy: Mapping[str, float]
     """The latest accuracy by source: ``server``, ``federated``."""
+    epsilon: float | None
+    """Distributed DP: the privacy spent so far (None without DP)."""
     methods: tuple[str, ...]
 
 
@@ -163,6 +169,7 @@ class Telemetry:
         self._round_opened: dict[int, float] = {}
         self._errors: deque[ErrorEvent] = deque(maxlen=MAX_ERRORS_KEPT)
         self._accuracy: dict[str, float] = {}
+        self._epsilon: float | None = None
         self._methods: tuple[str, ...] = ()
         self._traffic: Callable[[], tuple[int, int]] | None = None
         self._traffic_at_open: dict[int, tuple[int, int]] = {}
@@ -249,6 +256,8 @@ class Telemetry:
                 self._accuracy["server"] = summary.accuracy
             if summary.federated_accuracy is not None:
                 self._accuracy["federated"] = summary.federated_accuracy
+            if summary.epsilon is not None:
+                self._epsilon = summary.epsilon
             done = next((r for r in self._rounds if r.round == record.round), None)
             if done is None:  # the usual order: the record, then the completion
                 self._records[record.round] = summary
@@ -300,6 +309,7 @@ class Telemetry:
                 stage_since=self._stage_since,
                 errors=tuple(self._errors),
                 accuracy=dict(self._accuracy),
+                epsilon=self._epsilon,
                 methods=self._methods,
             )
 
@@ -364,6 +374,8 @@ def _from_record(record: RoundRecord) -> RoundSummary:
     fed = metrics.get("federated_eval")
     fed = fed if isinstance(fed, Mapping) else {}
     version = fed.get("version")
+    privacy = metrics.get("privacy")
+    privacy = privacy if isinstance(privacy, Mapping) else {}
     return RoundSummary(
         round=record.round,
         selected=tuple(record.selected),
@@ -375,6 +387,7 @@ def _from_record(record: RoundRecord) -> RoundSummary:
         federated_accuracy=_number(fed.get("accuracy")),
         federated_per_class=_numbers(fed.get("per_class")),
         federated_version=version if isinstance(version, int) else None,
+        epsilon=_number(privacy.get("epsilon_total")),
     )
 
 

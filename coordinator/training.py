@@ -757,6 +757,7 @@ def round_figures(record: RoundRecord) -> dict[str, Any]:
 
     federated = metrics.get("federated_eval")
     devices = metrics.get("devices")
+    privacy = metrics.get("privacy")
     return {
         "round": record.round,
         "version": record.version,
@@ -773,5 +774,8 @@ def round_figures(record: RoundRecord) -> dict[str, Any]:
             {str(k): v for k, v in devices.items() if number(v) is not None}
             if isinstance(devices, dict)
             else {}
+        ),
+        "epsilon": (
+            number(privacy.get("epsilon_total")) if isinstance(privacy, dict) else None
         ),
     }

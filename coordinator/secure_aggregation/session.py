@@ -567,6 +567,14 @@ class SecureAggregation(BeforeTraining):
             except (KeyError, TypeError, ValueError) as exc:
                 logger.warning("%s unusable (%s); asking again", keys_key, exc)
         if work.keys is None:
+            logger.info(
+                "round %d: secure aggregation asks %d devices for keys "
+                "(threshold %d, %d neighbours each)",
+                work.info.round,
+                len(work.info.selected),
+                work.setup.threshold,
+                work.setup.degree,
+            )
             work.keys = Gather.open(
                 keys_key,
                 work.keys_fold,
@@ -619,6 +627,11 @@ class SecureAggregation(BeforeTraining):
                 work.shares.restarted(now, ctx.send)
                 self._after_shares(work)
                 return
+        logger.info(
+            "round %d: secure aggregation: %d devices gave keys; they share them",
+            work.info.round,
+            len(keys.answered),
+        )
         work.shares = Gather.open(
             shares_key,
             fold,

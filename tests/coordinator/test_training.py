@@ -18,7 +18,7 @@ from ursa.coordinator.methods_config import ClimbSpec, DubheSpec, FedAvgSpec
 from ursa.coordinator.models import ModelStore
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.service import CoordinatorService
-from ursa.coordinator.training import TrainingConfig, TrainingPlugin
+from ursa.coordinator.training import TrainingConfig, TrainingPlugin, round_figures
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.climb import ClimbConfig, apply_dual_means_all, plain_dual_means
 from ursa.edge_sdk.methods.climb import Climb
@@ -739,3 +739,23 @@ def test_fewer_masked_updates_than_the_threshold_abandon_the_round(
         assert "the threshold is 3" in caplog.text
     else:  # the failing device was not selected: all three summed
         assert plugin.version == 1
+
+
+def test_distributed_dp_rounds_spend_privacy_that_grows_and_is_reported(
+    federation: Any, tmp_path: Path
+) -> None:
+    fed = federation(num_devices=6, k=3, tries=1, rounds=3)
+    aggregation = AggregationConfig(noise_multiplier=1.0, max_examples=30)
+
+    plugin = start_training(fed, tmp_path, TrainingConfig(aggregation=aggregation))
+
+    assert fed.coordinator.is_done and plugin.version == 3
+    spent = [r.metrics["privacy"] for r in plugin.history]
+    totals = [s["epsilon_total"] for s in spent]
+    assert all(np.isfinite(t) and t > 0 for t in totals)
+    assert totals[0] < totals[1] < totals[2]  # composed over the rounds
+    assert [s["rounds"] for s in spent] == [1, 2, 3]
+    assert round_figures(plugin.history[-1])["epsilon"] == totals[-1]
+    assert "devices" not in plugin.history[0].metrics  # no metrics under DP
+    for value in plugin.global_arrays.values():
+        assert np.all(np.isfinite(value))

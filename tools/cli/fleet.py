@@ -134,6 +134,9 @@ def _trained_line(model: str, figures: dict[str, Any]) -> str:
     said = figures.get("devices") or {}
     loss = said.get("loss")
     extra = "" if not isinstance(loss, int | float) else f", device loss {loss:.4f}"
+    epsilon = figures.get("epsilon")
+    if isinstance(epsilon, int | float):
+        extra += f", privacy spent epsilon {epsilon:.3f}"
     return (
         f"last {model} round {figures.get('round')}: {figures.get('updates')}/"
         f"{figures.get('selected')} updates -> version {figures.get('version')}, "

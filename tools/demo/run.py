@@ -453,6 +453,8 @@ def _round_entry(record: RoundRecord, l1: float) -> dict[str, Any]:
         "dual_reporters": record.before_training.get("climb", 0),
         "federated_eval": metrics.get("federated_eval"),
         "device_metrics": metrics.get("devices"),
+        "secure_aggregation": metrics.get("secure_aggregation"),
+        "privacy": metrics.get("privacy"),
         "elapsed_s": record.elapsed_s,
     }
 

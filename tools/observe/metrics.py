@@ -118,6 +118,13 @@ class StatusCollector(Collector):
         for source, value in sorted(t.accuracy.items()):
             accuracy.add_metric([source], value)
         yield accuracy
+        if t.epsilon is not None:
+            yield GaugeMetricFamily(
+                "ursa_privacy_epsilon",
+                "Distributed differential privacy spent so far by the secure sums "
+                "(epsilon at the configured [aggregation] delta).",
+                value=t.epsilon,
+            )
         yield CounterMetricFamily(
             "ursa_crypto_seconds",
             "Seconds this process spent in Paillier arithmetic.",

@@ -250,7 +250,8 @@
       s.traffic.messages_sent + " messages in / out");
     text("crypto", s.crypto_s.toFixed(2) + " s");
     text("methods", s.methods.join(", ") || "–");
-    text("epoch", "key epoch " + s.epoch);
+    text("epoch", "key epoch " + s.epoch +
+      (typeof s.epsilon === "number" ? ", privacy spent \u03b5 " + s.epsilon.toFixed(2) : ""));
     const points = renderCharts(s.rounds);
     renderDevices(s.devices);
     renderErrors(s.errors, s.rejected);
