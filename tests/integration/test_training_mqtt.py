@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.edge_sdk.climb import ClimbConfig
 from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.torch_trainer import TorchTrainer
+from ursa.edge_sdk.trainer import LocalDelta
 from ursa.edge_sdk.training import TrainConfig, evaluate
 from ursa.models.registry import initial_arrays
 from ursa.models.weights import arrays_to_bytes
@@ -28,9 +30,38 @@ N, K, ROUNDS = 5, 3, 3
 MODEL = {"input_dim": 64, "num_classes": 10, "hidden_sizes": [32]}
 
 
+class RecordingTrainer(TorchTrainer):
+    """A TorchTrainer that keeps each round's delta (what must never leave it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deltas: dict[int, LocalDelta] = {}
+
+    def train_delta(
+        self, round_index: int, global_arrays: Any, *, delta_scale: float
+    ) -> LocalDelta:
+        result = super().train_delta(
+            round_index, global_arrays, delta_scale=delta_scale
+        )
+        self.deltas[round_index] = result
+        return result
+
+
+def _needles(delta: LocalDelta) -> list[bytes]:
+    """Runs of a delta's bytes as float32 and float16 (any encoding the SDK uses)."""
+    out = []
+    for dtype in ("float32", "float16"):
+        raw = arrays_to_bytes(delta.delta, dtype=dtype)  # type: ignore[arg-type]
+        step = len(raw) // 16  # past the header (names and shapes): values only
+        runs = [raw[i : i + 32] for i in range(step, len(raw) - 32, step)]
+        out += [r for r in runs if len(set(r)) >= 16]  # not a run of zeros
+    return out
+
+
 def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
-    mqtt_federation: Any, tmp_path: Path
+    mqtt_federation: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     fed = mqtt_federation("learn")
     data = load_digits()
     x, y = data.flat(), data.y
@@ -68,7 +99,7 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
     climb = ClimbConfig()
     clients = []
     for i, device_id in enumerate(fed.device_ids(N)):
-        trainer = TorchTrainer(
+        trainer = RecordingTrainer(
             x[parts[i]],
             y[parts[i]],
             model_config=MODEL,
@@ -110,3 +141,35 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
     assert {m.round for _, m in sums} == set(range(1, ROUNDS + 1))
     trained = sum(c.training_stats.rounds_trained for c in clients)
     assert trained == K * ROUNDS
+
+    # No single update reached the coordinator: not in the traffic, its store,
+    # its checkpoints or its log, and no masked vector decodes to a delta.
+    assert not fed.capture.messages("model_update")
+    with fed.capture.lock:
+        traffic = b"\x00".join(p for _, p in fed.capture.items)
+    stored = b"\x00".join(
+        f.read_bytes() for f in config.state_dir.rglob("*") if f.is_file()
+    )
+    haystacks = {"traffic": traffic, "store": stored, "log": caplog.text.encode()}
+    masked = {(m.sender, m.round): m for _, m in fed.capture.messages("masked_update")}
+    assert len(masked) == K * ROUNDS
+    for client in clients:
+        trainer = client._trainer
+        assert isinstance(trainer, RecordingTrainer)
+        for round_index, delta in trainer.deltas.items():
+            needles = _needles(delta)
+            assert len(needles) >= 8  # enough of the delta to find it
+            for where, data in haystacks.items():
+                for needle in needles:
+                    assert needle not in data, (client.device_id, round_index, where)
+            vector = masked[(client.device_id, round_index)].vector
+            assert vector is not None  # inline: this model fits one message
+            sent = np.frombuffer(vector, dtype="<u4")[: _values(delta)]
+            signed = sent.astype(np.int64) - (sent >= 2**31) * 2**32
+            plain = np.concatenate([np.ravel(a) for a in delta.delta.values()])
+            correlation = np.corrcoef(signed.astype(np.float64), plain)[0, 1]
+            assert abs(correlation) < 0.2, (client.device_id, correlation)
+
+
+def _values(delta: LocalDelta) -> int:
+    return sum(int(np.size(a)) for a in delta.delta.values())
