@@ -531,8 +531,7 @@ class TrainingPlugin(RoundPlugin):
     def _add_masked(self, work: OpenRound, device: str, payload: bytes) -> None:
         """One masked vector into the round's sum (never decoded alone)."""
         assert self._secure is not None
-        values = sum(int(np.size(self._arrays[n])) for n in float_names(self._arrays))
-        if self._secure.add(work.index, device, payload, values):
+        if self._secure.add(work.index, device, payload, _float_values(work)):
             logger.info(
                 "round %d: update %d/%d from %s (masked)",
                 work.index,
@@ -597,7 +596,7 @@ class TrainingPlugin(RoundPlugin):
                 else None
             )
         else:
-            unmasked = self._secure.unmasked(work.index)
+            unmasked = self._secure.unmasked(work.index, _float_values(work))
             counted = set(unmasked.survivors) if unmasked.sums is not None else set()
             new = None
             if unmasked.sums is not None:
@@ -722,6 +721,12 @@ def _weighting(configured: Weighting, steps: Sequence[BeforeTraining]) -> Weight
     if len(said) > 1:
         raise ValueError(f"before-training steps disagree on weighting: {said}")
     return said.pop() if said else configured
+
+
+def _float_values(work: OpenRound) -> int:
+    """How many float values the round's model has (its secure vector's model part)."""
+    base = work.base_arrays
+    return sum(int(np.size(base[name])) for name in float_names(base))
 
 
 def fleet_metrics(sums: Mapping[str, Any]) -> dict[str, float]:

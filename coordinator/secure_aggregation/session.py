@@ -420,10 +420,11 @@ class SecureAggregation(BeforeTraining):
         work = self._work(round_index)
         return work is not None and work.unmask is not None and work.unmask.is_open
 
-    def unmasked(self, round_index: int) -> Unmasked:
+    def unmasked(self, round_index: int, model_values: int) -> Unmasked:
         """The decoded sum of the survivors, or why there is none.
 
-        Call once SA3 closed (or the round was abandoned).
+        Call once SA3 closed (or the round was abandoned); ``model_values``:
+        the model's float values (the layout of a sum resumed from its file).
         """
         work = self._work(round_index)
         if work is None:
@@ -432,8 +433,9 @@ class SecureAggregation(BeforeTraining):
         if work.abandoned is not None:
             return Unmasked(None, survivors, work.abandoned)
         gather = work.unmask
-        if gather is None or work.masked is None or work.layout is None:
+        if gather is None or work.masked is None:
             return Unmasked(None, survivors, "no masked vector arrived")
+        layout = self.layout(round_index, model_values)
         if gather.status is not PhaseStatus.DONE:
             return Unmasked(
                 None,
@@ -470,7 +472,7 @@ class SecureAggregation(BeforeTraining):
             )
         except (UnmaskError, ValueError) as exc:
             return Unmasked(None, survivors, f"unmasking failed: {exc}")
-        sums = work.layout.decode(total)
+        sums = layout.decode(total)
         self._spend_privacy(work)
         return Unmasked(sums, survivors)
 

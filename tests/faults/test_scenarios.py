@@ -58,12 +58,22 @@ def test_broker_outage_during_training_loses_no_update(
     assert_recovered(outcome, baseline)
 
 
-def test_coordinator_sigkill_during_training_resumes_the_round(
-    fleet: MakeFleet, baseline: RunOutcome
+@pytest.mark.parametrize(
+    "step",
+    [
+        r"round 2: secure aggregation asks",  # SA1: keys
+        r"round 2: secure aggregation: \d+ devices gave keys",  # SA2: shares
+        r"round 2: update 1/",  # the masked updates
+        r"round 2: .*unmasking the sum",  # SA3: the survivors' shares
+    ],
+    ids=["keys", "shares", "masked", "unmask"],
+)
+def test_coordinator_sigkill_at_each_secure_aggregation_step_resumes_the_round(
+    fleet: MakeFleet, baseline: RunOutcome, step: str
 ) -> None:
     run = fleet()
     start(run)
-    run.wait_for_log(r"round 2: update 1/")
+    run.wait_for_log(step)
     run.kill_coordinator()
     run.start_coordinator()  # same config, same state directory
 
