@@ -163,8 +163,7 @@ class ModelSteps(RoundSteps):
                 send=self._send,
                 verify_coordinator=self._verify_coordinator,
                 message_id=lambda step, r: derived_id(self.device_id, step, r),
-                rng=self._rng,
-            )
+            )  # its own randomness: rounding and DP noise no seed can predict
         return self._masking
 
     def _verify_coordinator(self, message: BaseMessage) -> None:

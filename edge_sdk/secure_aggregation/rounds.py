@@ -117,7 +117,10 @@ class MaskingRounds:
         verify_coordinator: Checks the pinned coordinator's signature.
         message_id: ``message_id(step, round)``: stable ids, so a re-sent
             answer is the same message.
-        rng: Rounding and DP noise.
+        rng: Rounding and DP noise; by default fresh from the OS. Not the
+            device's seeded generator: a coordinator that knew that seed could
+            subtract the noise, and drawing from it would shift the device's
+            other (seeded) draws.
     """
 
     def __init__(
