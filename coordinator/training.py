@@ -601,7 +601,7 @@ class TrainingPlugin(RoundPlugin):
             new = None
             if unmasked.sums is not None:
                 secure_sums = unmasked.sums
-                new = self._secure_model(work, unmasked.sums)
+                new = self._secure_model(work, unmasked.sums, len(unmasked.survivors))
                 if new is None:
                     counted = set()
             else:
@@ -677,11 +677,22 @@ class TrainingPlugin(RoundPlugin):
                 logger.exception("round %d: on_round callback failed", work.index)
 
     def _secure_model(
-        self, work: OpenRound, sums: Mapping[str, Any]
+        self, work: OpenRound, sums: Mapping[str, Any], survivors: int
     ) -> Arrays | None:
-        """``global + server_lr * model_sum / weight_sum``, or None if unusable."""
+        """``global + server_lr * model_sum / weight_sum``, or None if unusable.
+
+        The weight sum is known to lie in ``[survivors, survivors * max_examples]``
+        under FedAvg (each weight is 1 to ``max_examples``) and to be exactly
+        ``survivors`` otherwise: it is bounded by that, so DP noise on the
+        weight slot (or a device's lie) cannot blow the step up.
+        """
         weight = float(np.asarray(sums[WEIGHT_SEGMENT]).sum())
         flat = np.asarray(sums[MODEL_SEGMENT], dtype=np.float64)
+        if self._weighting is Weighting.FEDAVG:
+            cap = survivors * self.config.aggregation.max_examples
+            weight = min(max(weight, float(survivors)), float(cap))
+        else:
+            weight = float(survivors)
         if not (weight > 0 and np.isfinite(weight) and np.all(np.isfinite(flat))):
             logger.warning(
                 "round %d: the secure sum is unusable (weight %.3g); the model "
