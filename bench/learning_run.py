@@ -23,6 +23,7 @@ import logging
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -215,6 +216,9 @@ class _Run:
             "hidden_sizes": list(s.hidden_sizes),
         }
         self.rounds: list[dict[str, Any]] = []
+        self.watch: Callable[[RoundRecord, Any], None] | None = None
+        """Called with each reported round's record and its new global model."""
+        self._latest: Any = None
         self.traffic = 0.0
         """Mean payload bytes per device, sent + received, up to the last round."""
         self.initial: dict[str, Any] | None = None
@@ -286,6 +290,7 @@ class _Run:
             federation=FEDERATION,
             state_dir=state_dir,
             obfuscator_pool_size=0,  # no background thread: one thread runs all
+            allow_plain_aggregation=s.aggregation == "plain",
             methods=_device_methods(s, options),
             training=DeviceTrainingConfig(
                 data_file=str(data_file),
@@ -336,6 +341,7 @@ class _Run:
         }
 
     def _evaluate(self, round_index: int, version: int, arrays: Any) -> dict[str, Any]:
+        self._latest = arrays
         return self._score(arrays)
 
     def _on_round(self, record: RoundRecord) -> None:
@@ -356,6 +362,8 @@ class _Run:
                 "contributed": len(record.contributed),
             }
         )
+        if self.watch is not None:
+            self.watch(record, self._latest)
         if len(self.rounds) == self.s.rounds:
             self.traffic = self.bytes_per_device()
 
@@ -452,6 +460,7 @@ def run_federation(
     combination: Combination,
     seed: int,
     on_round: Any = None,
+    watch: Callable[[RoundRecord, Any], None] | None = None,
 ) -> dict[str, Any]:
     """Run one combination with one seed; its figures and per-round curves.
 
@@ -462,6 +471,7 @@ def run_federation(
     s = demo_settings(base, combination, seed)
     with tempfile.TemporaryDirectory(prefix="ursa-bench-learning-") as tmp:
         run = _Run(s, combination.options, Path(tmp))
+        run.watch = watch
         try:
             run.execute(on_round)
         finally:

@@ -144,6 +144,30 @@ def register(sub: Subparsers) -> None:
         help="the progress bar even when stderr is not a terminal",
     )
     learning.set_defaults(handler=_run_learning)
+    privacy = names.add_parser(
+        "privacy",
+        help="the demo's federation plain and under secure aggregation at each DP "
+        "noise level: epsilon, accuracy, and the cross-round attack",
+    )
+    privacy.add_argument("--json", action="store_true", help="one JSON object")
+    privacy.add_argument(
+        "--noise",
+        type=_floats,
+        default=[0.0, 0.5, 1.0, 2.0],
+        help="comma-separated noise multipliers (default 0,0.5,1,2)",
+    )
+    privacy.add_argument("--seed", type=int, default=0, help="population and model")
+    privacy.add_argument("--rounds", type=int, default=25, help="rounds per run")
+    privacy.add_argument(
+        "--key-bits", type=int, default=1024, help="Paillier key (default 1024)"
+    )
+    privacy.add_argument(
+        "--dp-clip-norm",
+        type=float,
+        default=2.0,
+        help="the delta clip (DP sensitivity) of the noised runs (default 2.0)",
+    )
+    privacy.set_defaults(handler=_run_privacy)
     secagg = names.add_parser(
         "secagg",
         help="one real secure-aggregation round per (K, params), beside plain "
@@ -303,6 +327,32 @@ def _run_learning(args: argparse.Namespace) -> int:
         as_json=args.json,
         plot=args.plot,
         progress=args.progress or sys.stderr.isatty(),
+    )
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not values or any(not v >= 0 for v in values):
+        raise argparse.ArgumentTypeError("noise multipliers must be >= 0")
+    return values
+
+
+def _run_privacy(args: argparse.Namespace) -> int:
+    from ursa.bench.privacy import run
+
+    if args.rounds < 1:
+        print("ursa bench privacy: --rounds must be at least 1", file=sys.stderr)
+        return 2
+    return run(
+        noise=args.noise,
+        seed=args.seed,
+        rounds=args.rounds,
+        key_bits=args.key_bits,
+        dp_clip_norm=args.dp_clip_norm,
+        as_json=args.json,
     )
 
 

@@ -119,6 +119,7 @@ def coordinator_config(
         aggregation=AggregationConfig(
             mode="plain" if s.aggregation == "plain" else "secure",
             noise_multiplier=s.noise_multiplier,
+            clip_norm=s.clip_norm,
         ),
     )
 

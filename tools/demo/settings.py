@@ -92,6 +92,8 @@ class TrainingDemoSettings:
     """How the rounds sum updates: ``secure`` (masked) or ``plain`` (debugging)."""
     noise_multiplier: float = 0.0
     """Distributed DP on the secure sums (0: off)."""
+    clip_norm: float = 10.0
+    """The L2 bound on each device's delta in a secure sum (the DP sensitivity)."""
     test_fraction: float = 0.25
     seed: int = 0
     processes: int | None = None
