@@ -76,6 +76,7 @@ from ursa.protocol.messages import (
     TransferManifest,
 )
 from ursa.protocol.router import NotReadyError
+from ursa.protocol.secure_aggregation import float_names
 
 __all__ = ["ModelSteps", "model_transfer_id"]
 
@@ -294,8 +295,9 @@ class ModelSteps(RoundSteps):
             contribution = Contribution(
                 result.delta,
                 result.num_examples,
-                loss=float(result.metrics.get("loss", 0.0)),
+                loss=dict(update_metrics(result, train_s)).get("loss", 0.0),
                 train_s=train_s,
+                names=float_names(arrays),
             )
             try:
                 payload = self._masking_rounds().masked_vector(

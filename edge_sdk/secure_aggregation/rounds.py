@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -95,6 +95,9 @@ class Contribution:
     num_examples: int
     loss: float = 0.0
     train_s: float = 0.0
+    names: tuple[str, ...] | None = None
+    """The global model's float arrays, in order (None: the delta's own): what
+    the coordinator's layout counts, whatever dtype a trainer gives a counter."""
 
 
 @dataclass
@@ -335,14 +338,22 @@ class MaskingRounds:
 
 
 def clipped_delta(
-    delta: Mapping[str, NDArray[Any]], clip_norm: float
+    delta: Mapping[str, NDArray[Any]],
+    clip_norm: float,
+    names: Sequence[str] | None = None,
 ) -> tuple[NDArray[np.float64], float]:
     """The delta's float arrays as one vector clipped to ``clip_norm``, and its norm.
 
+    ``names``: the arrays to take, in order (None: the delta's float arrays).
+
     Raises:
-        SecAggError: the delta holds NaN or inf.
+        SecAggError: the delta holds NaN or inf, or lacks one of ``names``.
     """
-    floats = {name: delta[name] for name in float_names(delta)}
+    wanted = float_names(delta) if names is None else names
+    missing = [name for name in wanted if name not in delta]
+    if missing:
+        raise SecAggError(f"the delta lacks the model's {missing[:3]}")
+    floats = {name: delta[name] for name in wanted}
     flat = flatten(floats)[0].astype(np.float64)
     norm = float(np.linalg.norm(flat))
     if not math.isfinite(norm):
@@ -368,7 +379,9 @@ def encode_contribution(
     capped at ``max_examples``), encoded in the round's layout and, under DP,
     with this device's share of the noise: what the mask then hides.
     """
-    flat, norm = clipped_delta(contribution.delta, setup.clip_norm)
+    flat, norm = clipped_delta(
+        contribution.delta, setup.clip_norm, contribution.names
+    )
     weight = (
         float(min(contribution.num_examples, setup.max_examples))
         if setup.weighting == "fedavg"

@@ -141,6 +141,8 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
     assert {m.round for _, m in sums} == set(range(1, ROUNDS + 1))
     trained = sum(c.training_stats.rounds_trained for c in clients)
     assert trained == K * ROUNDS
+    fleet = plugin.history[-1].metrics["devices"]  # out of the same secure sum
+    assert fleet["reporting"] == K and fleet["loss"] > 0 and fleet["train_s"] > 0
 
     # No single update reached the coordinator: not in the traffic, its store,
     # its checkpoints or its log, and no masked vector decodes to a delta.
