@@ -25,11 +25,10 @@ twice. Fewer than ``threshold`` devices at any step: the round is abandoned
 from __future__ import annotations
 
 import base64
-import io
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +54,7 @@ from ursa.coordinator.secure_aggregation.folds import (
     ShareState,
     UnmaskFold,
 )
+from ursa.coordinator.secure_aggregation.masked_sum import MaskedSum
 from ursa.coordinator.secure_aggregation.privacy import PrivacyLedger
 from ursa.coordinator.secure_aggregation.unmasking import (
     UnmaskError,
@@ -86,44 +86,6 @@ __all__ = ["MaskedSum", "SecureAggregation", "Unmasked"]
 logger = logging.getLogger("ursa.coordinator.secure_aggregation")
 
 WeightingName = Callable[[], str]
-
-
-@dataclass
-class MaskedSum:
-    """The running sum (mod 2^32) of a round's masked vectors, and whose they are.
-
-    Each vector alone is uniformly random to the coordinator; the sum is too,
-    until the survivors' shares remove the masks.
-    """
-
-    round: int
-    version: int
-    total: NDArray[np.uint32]
-    contributors: set[str] = field(default_factory=set)
-
-    def to_bytes(self) -> bytes:
-        """The checkpoint file's content."""
-        meta = {
-            "round": self.round,
-            "version": self.version,
-            "contributors": sorted(self.contributors),
-        }
-        buffer = io.BytesIO()
-        np.savez(buffer, total=self.total, meta=np.array(json.dumps(meta)))
-        return buffer.getvalue()
-
-    @classmethod
-    def from_file(cls, path: Path) -> MaskedSum:
-        """A checkpoint back (raises OSError, ValueError or KeyError if damaged)."""
-        with np.load(path, allow_pickle=False) as data:
-            meta = json.loads(str(data["meta"]))
-            total = np.array(data["total"], dtype=np.uint32)
-        return cls(
-            int(meta["round"]),
-            int(meta["version"]),
-            total,
-            {str(d) for d in meta["contributors"]},
-        )
 
 
 @dataclass(frozen=True)
