@@ -16,7 +16,7 @@ device's Ed25519 identity over `advert_transcript`.
 Share box from u to v (version 1)::
 
     box        = 0x01 | nonce (12) | ChaCha20-Poly1305(plaintext) + tag (16)
-    plaintext  = 0x01 | index (2, big-endian) | share of s_u (32) | share of b_u (32)
+    plaintext  = 0x01 | index (2, big-endian) | share of s_u (34) | share of b_u (34)
     key        = HKDF-SHA256(X25519(c_u, c_v.pub), salt = none, info = transcript)
     AAD        = 0x01 | nonce | transcript
     transcript = "ursa-secagg-box-v1" | lp(federation) | lp(run) | round (8, BE)
@@ -83,7 +83,14 @@ from ursa.crypto.neighbour_graph import (
     share_holders,
     share_threshold,
 )
-from ursa.crypto.shamir import SecretKind, Share, ShareError, UnmaskShare, split_secret
+from ursa.crypto.shamir import (
+    SecretKind,
+    Share,
+    ShareError,
+    UnmaskShare,
+    share_bytes,
+    split_secret,
+)
 from ursa.protocol.secure_aggregation import advert_transcript
 
 __all__ = [
@@ -105,9 +112,10 @@ _VERSION = 1
 _NONCE_BYTES = 12
 _TAG_BYTES = 16
 _BOX_LABEL = b"ursa-secagg-box-v1"
-_PLAINTEXT_BYTES = 1 + 2 + 2 * _SECRET_BYTES
+_SHARE_BYTES = share_bytes(_SECRET_BYTES)
+_PLAINTEXT_BYTES = 1 + 2 + 2 * _SHARE_BYTES
 SHARE_BOX_BYTES = 1 + _NONCE_BYTES + _PLAINTEXT_BYTES + _TAG_BYTES
-"""Every share box is this long (96 bytes)."""
+"""Every share box is this long (100 bytes)."""
 
 
 class SecAggError(CryptoError):
@@ -588,7 +596,7 @@ class MaskingParticipant:
             Share(index, plaintext[3:])
         except ShareError as exc:  # pragma: no cover - lengths fixed above
             raise SecAggError(str(exc)) from exc
-        return index, plaintext[3 : 3 + _SECRET_BYTES], plaintext[3 + _SECRET_BYTES :]
+        return index, plaintext[3 : 3 + _SHARE_BYTES], plaintext[3 + _SHARE_BYTES :]
 
 
 def _framed(label: bytes, *parts: bytes) -> bytes:

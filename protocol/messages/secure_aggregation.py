@@ -60,8 +60,8 @@ __all__ = [
     "ShareBox",
 ]
 
-SHARE_BYTES = 32
-"""A Shamir share of a 32-byte secret (two GF(2^128) blocks)."""
+SHARE_BYTES = 34
+"""A Shamir share of a 32-byte secret (two 17-byte elements of GF(2^130 - 5))."""
 MAX_SHARE_INDEX = 0xFFFF
 """Share indices run 1..holders (a device's neighbours and itself)."""
 MAX_SHARE_BOX_BYTES = 1024

@@ -245,8 +245,8 @@ def _secure_aggregation_examples(keys: m.DeviceKeys) -> list[m.BaseMessage]:
             **DEV,
             **head,
             shares=(
-                m.RevealedShare(owner="dev-02", secret="b", index=2, data=KEY),
-                m.RevealedShare(owner="dev-03", secret="s", index=1, data=KEY),
+                m.RevealedShare(owner="dev-02", secret="b", index=2, data=KEY + b"ab"),
+                m.RevealedShare(owner="dev-03", secret="s", index=1, data=KEY + b"ab"),
             ),
         ),
     ]

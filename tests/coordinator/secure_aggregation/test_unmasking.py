@@ -14,7 +14,7 @@ from tests.secagg_round import Reveals, Round, device_ids, run_round
 from ursa.coordinator.secure_aggregation import UnmaskError, add_masked
 from ursa.crypto.fixed_point import Segment, VectorLayout
 from ursa.crypto.neighbour_graph import share_threshold
-from ursa.crypto.shamir import Share, UnmaskShare
+from ursa.crypto.shamir import Share, UnmaskShare, split_secret
 
 
 def _layout(parties: int) -> VectorLayout:
@@ -136,7 +136,12 @@ def _keep(reveals: Reveals, owner: str, count: int) -> Reveals:
 
 def test_a_wrong_s_share_is_caught_by_the_advertised_key() -> None:
     def tamper(reveals: Reveals) -> Reveals:
-        return _replace_first(_keep(reveals, "dev-02", 3), "dev-02", bytes(32))
+        # consistent shares of another secret: they rebuild a key, not the one
+        # dev-02 advertised
+        kept = _keep(reveals, "dev-02", 3)["dev-02"]
+        other = split_secret(bytes(range(32)), 3, max(r.share.index for r in kept))
+        forged = [dataclasses.replace(r, share=other[r.share.index - 1]) for r in kept]
+        return {**reveals, "dev-02": forged}
 
     with pytest.raises(UnmaskError, match="does not match its advert") as caught:
         run_round(
@@ -150,7 +155,7 @@ def test_a_wrong_s_share_is_caught_by_the_advertised_key() -> None:
 
 def test_a_wrong_share_among_redundant_ones_is_caught() -> None:
     def tamper(reveals: Reveals) -> Reveals:
-        return _replace_first(reveals, "dev-00", bytes(32))  # a b share
+        return _replace_first(reveals, "dev-00", bytes(34))  # a b share
 
     with pytest.raises(UnmaskError, match="inconsistent") as caught:
         run_round(Round(k=5, threshold=3, degree=4), _zeros(5), tamper=tamper)
