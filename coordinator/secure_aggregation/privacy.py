@@ -90,6 +90,15 @@ def _compute_epsilon() -> Any:
     return compute_epsilon
 
 
+def require_accountant() -> None:
+    """Check, at start-up, that epsilon can be computed (DP is configured).
+
+    Raises:
+        AccountantUnavailableError: dp-accounting is not installed.
+    """
+    _compute_epsilon()
+
+
 @dataclass(frozen=True)
 class PrivacySpent:
     """Epsilon at ``delta``: of one round alone, and of ``rounds`` rounds composed.

@@ -55,7 +55,11 @@ from ursa.coordinator.secure_aggregation.folds import (
     UnmaskFold,
 )
 from ursa.coordinator.secure_aggregation.masked_sum import MaskedSum
-from ursa.coordinator.secure_aggregation.privacy import PrivacyLedger
+from ursa.coordinator.secure_aggregation.privacy import (
+    AccountantUnavailableError,
+    PrivacyLedger,
+    require_accountant,
+)
 from ursa.coordinator.secure_aggregation.unmasking import (
     UnmaskError,
     add_masked,
@@ -142,6 +146,11 @@ class SecureAggregation(BeforeTraining):
         state_dir: Path,
         weighting: WeightingName,
     ) -> None:
+        if config.noise_multiplier > 0:
+            try:
+                require_accountant()
+            except AccountantUnavailableError as exc:  # a setup error, not a crash
+                raise ValueError(f"[aggregation] noise_multiplier: {exc}") from None
         self._config = config
         self._model = model
         self._dir = Path(state_dir) / "secure_aggregation" / model
