@@ -59,6 +59,7 @@ from ursa.models.made import Made, MadeConfig
 from ursa.models.mlp import MlpConfig
 from ursa.models.registry import build_model, load_arrays, parse_config
 from ursa.models.registry import state_dict_to_arrays as _to_arrays
+from ursa.models.seeding import torch_seeded
 from ursa.models.weights import Arrays, FloatArray, WeightsMismatchError, subtract
 
 _EVAL_BATCH = 1024
@@ -392,8 +393,7 @@ def fit_binary_classifier(
     mean, std = u.mean(dim=0), u.std(dim=0).clamp_min(1e-6)
     dim = u.shape[1]
     torch.set_num_threads(config.num_threads)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
+    with torch_seeded(config.seed):
         if hidden_size > 0:
             net: nn.Module = nn.Sequential(
                 nn.Linear(dim, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1)
@@ -428,8 +428,7 @@ def _train_delta(
     if len(xt) == 0:
         raise TrainingError("cannot train on an empty data set")
     torch.set_num_threads(config.num_threads)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
+    with torch_seeded(config.seed):
         loss, seen, steps = _fit(model, xt, yt, weights, loss_fn, config, optimizer)
     start = {k: _native(v) for k, v in global_arrays.items()}
     delta = subtract(_to_arrays(model), start)

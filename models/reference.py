@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ursa.models.seeding import torch_seeded
 from ursa.models.spec import ModelSpecError, is_import_path, load_factory
 from ursa.models.weights import Arrays, FloatArray
 
@@ -59,10 +60,7 @@ def _seeded(seed: int) -> Iterator[None]:
     if "torch" not in sys.modules:
         yield
         return
-    import torch
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with torch_seeded(seed):
         yield
 
 

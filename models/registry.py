@@ -24,6 +24,7 @@ from torch import nn
 from ursa.models.cnn import Cnn, CnnConfig
 from ursa.models.made import Made, MadeConfig
 from ursa.models.mlp import Mlp, MlpConfig
+from ursa.models.seeding import torch_seeded
 from ursa.models.spec import ModelSpecError, is_import_path, load_factory
 from ursa.models.weights import Arrays, FloatArray, WeightsMismatchError
 
@@ -83,8 +84,7 @@ def build_model(
         parsed = parse_config(name, config)
     if seed is None:
         return _construct(parsed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with torch_seeded(seed):
         return _construct(parsed)
 
 
@@ -97,8 +97,7 @@ def _from_factory(path: str, config: Mapping[str, Any], seed: int | None) -> nn.
         if seed is None:
             built = factory(**dict(config))
         else:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
+            with torch_seeded(seed):
                 built = factory(**dict(config))
     except Exception as exc:  # the app's code: any failure is a config error
         raise ModelConfigError(f"{path}(**{dict(config)}) failed: {exc}") from None
