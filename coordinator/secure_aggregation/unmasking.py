@@ -31,7 +31,8 @@ from ursa.crypto.errors import CryptoError
 from ursa.crypto.mask_stream import (
     PAIR_MASK_LABEL,
     SELF_MASK_LABEL,
-    mask_stream,
+    Mask,
+    apply_masks,
     pair_context,
     pairwise_seed,
 )
@@ -148,12 +149,7 @@ def unmask_sum(
         detail = "; ".join(f"{owner}: {why}" for owner, why in failures.items())
         raise UnmaskError(f"cannot rebuild secrets of {detail}", tuple(failures))
 
-    length = masked_total.size
-    total: NDArray[np.uint32] = masked_total.copy()
-    for owner in sorted(alive):
-        np.subtract(
-            total, mask_stream(secrets[owner], length, SELF_MASK_LABEL), out=total
-        )
+    masks = [Mask(secrets[owner], SELF_MASK_LABEL, True) for owner in sorted(alive)]
     for owner in sorted(gone):
         private = X25519PrivateKey.from_private_bytes(secrets[owner])
         if private.public_key().public_bytes_raw() != adverts[owner]:
@@ -171,11 +167,10 @@ def unmask_sum(
                 raise UnmaskError(
                     f"pairwise key {owner}-{peer}: {exc}", (peer,)
                 ) from exc
-            stream = mask_stream(seed, length, PAIR_MASK_LABEL)
-            if owner > peer:  # the survivor added this mask
-                np.subtract(total, stream, out=total)
-            else:
-                np.add(total, stream, out=total)
+            # owner > peer: the survivor added this mask, so it comes off
+            masks.append(Mask(seed, PAIR_MASK_LABEL, subtract=owner > peer))
+    total: NDArray[np.uint32] = masked_total.copy()
+    apply_masks(total, masks)
     return total
 
 

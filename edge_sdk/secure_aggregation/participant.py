@@ -73,7 +73,8 @@ from ursa.crypto.identity import (
 from ursa.crypto.mask_stream import (
     PAIR_MASK_LABEL,
     SELF_MASK_LABEL,
-    mask_stream,
+    Mask,
+    apply_masks,
     pair_context,
     pairwise_seed,
 )
@@ -259,6 +260,7 @@ class MaskingParticipant:
         self._received: dict[str, tuple[int, bytes, bytes]] = {}
         self._masked_digest = b""
         self._revealed: dict[str, SecretKind] = {}
+        self._c_secrets: dict[bytes, bytes] = {}
 
     @property
     def device_id(self) -> str:
@@ -393,8 +395,7 @@ class MaskingParticipant:
         ).digest()
         if self._stage is Stage.MASKED and digest != self._masked_digest:
             raise SecAggError("this round's mask was already used for another vector")
-        length = vector.size
-        masked = vector + mask_stream(self._b, length, SELF_MASK_LABEL)
+        masks = [Mask(self._b, SELF_MASK_LABEL)]
         for peer in sorted(self._received):
             context = pair_context(
                 self._federation, self._run, self._round, self.device_id, peer
@@ -403,11 +404,9 @@ class MaskingParticipant:
                 seed = pairwise_seed(self._s, self._peers[peer].s_public, context)
             except CryptoError as exc:
                 raise SecAggError(f"pairwise key with {peer!r}: {exc}") from exc
-            stream = mask_stream(seed, length, PAIR_MASK_LABEL)
-            if peer > self.device_id:
-                np.add(masked, stream, out=masked)
-            else:
-                np.subtract(masked, stream, out=masked)
+            masks.append(Mask(seed, PAIR_MASK_LABEL, subtract=peer < self.device_id))
+        masked = np.array(vector, dtype=np.uint32, copy=True)
+        apply_masks(masked, masks)
         self._masked_digest = digest
         self._stage = Stage.MASKED
         return masked
@@ -549,12 +548,17 @@ class MaskingParticipant:
             c_sender,
             c_recipient,
         )
-        try:
-            secret = self._c.exchange(X25519PublicKey.from_public_bytes(peer.c_public))
-        except ValueError as exc:
-            raise SecAggError(
-                f"share key with {peer.identity.device_id!r}: {exc}"
-            ) from exc
+        secret = self._c_secrets.get(peer.c_public)
+        if secret is None:  # one exchange per peer serves both directions
+            try:
+                secret = self._c.exchange(
+                    X25519PublicKey.from_public_bytes(peer.c_public)
+                )
+            except ValueError as exc:
+                raise SecAggError(
+                    f"share key with {peer.identity.device_id!r}: {exc}"
+                ) from exc
+            self._c_secrets[peer.c_public] = secret
         key = HKDF(
             algorithm=hashes.SHA256(), length=32, salt=None, info=transcript
         ).derive(secret)

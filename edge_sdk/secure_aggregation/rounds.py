@@ -379,9 +379,7 @@ def encode_contribution(
     capped at ``max_examples``), encoded in the round's layout and, under DP,
     with this device's share of the noise: what the mask then hides.
     """
-    flat, norm = clipped_delta(
-        contribution.delta, setup.clip_norm, contribution.names
-    )
+    flat, norm = clipped_delta(contribution.delta, setup.clip_norm, contribution.names)
     weight = (
         float(min(contribution.num_examples, setup.max_examples))
         if setup.weighting == "fedavg"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ursa.bench.secagg import BenchError, measure_setting, run
+from ursa.bench.secagg import BenchError, fastest, measure_setting, run
 from ursa.tools.cli.app import main
 
 SETTING_KEYS = {
@@ -64,13 +64,14 @@ def _check_setting(s: dict[str, Any], k: int) -> None:
 def test_cli_json_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(
         ["bench", "secagg", "--k", "4,9", "--params", str(PARAMS), "--json",
-         "--dropout", "0.25", "--seed", "3"]
+         "--dropout", "0.25", "--seed", "3", "--repeats", "2"]
     )  # fmt: skip
     lines = _lines(capsys.readouterr().out)
     assert [line["kind"] for line in lines] == ["setting", "setting", "summary"]
     for line, k in zip(lines[:2], (4, 9), strict=True):
         _check_setting(line, k)
     assert [line["dropped"] for line in lines[:2]] == [1, 2]
+    assert [line["repeats"] for line in lines[:2]] == [2, 2]
     summary = lines[2]
     assert set(summary) >= SUMMARY_KEYS
     # K = 8 at 100k params is not run: only the two growth targets apply
@@ -108,3 +109,22 @@ def test_table_output_and_targets_at_the_target_setting() -> None:
 def test_too_many_dropouts_refused() -> None:
     with pytest.raises(BenchError, match="threshold"):
         measure_setting(4, PARAMS, dropout=0.6, seed=0)
+
+
+def test_fastest_takes_each_cpu_figure_least_and_keeps_breakdowns_whole() -> None:
+    runs = [measure_setting(4, PARAMS, dropout=0.0, seed=2) for _ in range(3)]
+    best = fastest(runs)
+    assert best["repeats"] == 3
+    assert best["device_cpu_s"] == min(r["device_cpu_s"] for r in runs)
+    assert best["coordinator_cpu_s"] == min(r["coordinator_cpu_s"] for r in runs)
+    assert best["device_cpu_overhead_s"] == pytest.approx(
+        best["device_cpu_s"] - best["plain_device_cpu_s"]
+    )
+    assert best["device_cpu_s"] == pytest.approx(
+        sum(best["device_cpu_breakdown_s"].values())
+    )
+    assert best["bytes_per_device"] == runs[0]["bytes_per_device"]
+    with pytest.raises(BenchError, match="disagree"):
+        fastest([runs[0], {**runs[1], "bytes_per_device": 1.0}])
+    with pytest.raises(BenchError):
+        fastest([])

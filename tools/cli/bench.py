@@ -203,6 +203,12 @@ def register(sub: Subparsers) -> None:
         default=32,
         help="[aggregation] sparse_above: the SecAgg+ graph above this K",
     )
+    secagg.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs per setting, round-robin; CPU figures are the least (default 3)",
+    )
     secagg.set_defaults(handler=_run_secagg)
 
 
@@ -379,6 +385,9 @@ def _run_secagg(args: argparse.Namespace) -> int:
     if not 0.0 <= args.dropout < 1.0:
         print("ursa bench secagg: --dropout must be in [0, 1)", file=sys.stderr)
         return 2
+    if args.repeats < 1:
+        print("ursa bench secagg: --repeats must be >= 1", file=sys.stderr)
+        return 2
     try:
         return run(
             ks=args.k,
@@ -387,6 +396,7 @@ def _run_secagg(args: argparse.Namespace) -> int:
             seed=args.seed,
             sparse_above=args.sparse_above,
             as_json=args.json,
+            repeats=args.repeats,
         )
     except BenchError as exc:
         print(f"ursa bench secagg: {exc}", file=sys.stderr)
