@@ -82,6 +82,7 @@ from ursa.coordinator.site_links import SiteLink, SiteLinks
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
+from ursa.crypto.secret_file import ensure_private_dir
 from ursa.protocol.admission_limits import (
     AdmissionLimiter,
     AdmissionStats,
@@ -340,7 +341,7 @@ class CoordinatorService(Recovery):
             raise RuntimeError("CoordinatorService.start() called twice")
         self._started = True
         cfg = self._config
-        cfg.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ensure_private_dir(cfg.state_dir, "coordinator state")
         self._identity = DeviceIdentity.load_or_create(
             cfg.state_dir, COORDINATOR, key_path=cfg.identity_key_path()
         )

@@ -31,6 +31,10 @@ class IdentityFormatError(CryptoError, ValueError):
     """A device id, public key or identity encoding is malformed."""
 
 
+class UnsafeDirectoryError(CryptoError, ValueError):
+    """A state directory that is not a directory or cannot be made private."""
+
+
 class CiphertextError(CryptoError):
     """Ciphertext bytes are truncated, of the wrong length or out of range."""
 

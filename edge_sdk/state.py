@@ -30,6 +30,7 @@ from typing import Any
 
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierSecretKey
+from ursa.crypto.secret_file import ensure_private_dir
 
 __all__ = ["METHODS_FILE", "DeviceStateDir", "StoredEpoch", "StoredRun"]
 
@@ -64,9 +65,14 @@ class DeviceStateDir:
     """Typed access to one device's state directory."""
 
     def __init__(self, path: Path) -> None:
-        """Use (and create, 0700) the directory at `path`."""
+        """Use (and create, or tighten to, 0700) the directory at `path`.
+
+        Raises:
+            UnsafeDirectoryError: not a directory, or its mode cannot be made
+                0700 (a ValueError: ``ursa device run`` exits 2 with its line).
+        """
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ensure_private_dir(self.path, "device state")
 
     # --- coordinator pin ------------------------------------------------------
 

@@ -1,10 +1,14 @@
 """systemd unit files for the coordinator, a device and Mosquitto.
 
 Pure text: `render_units` returns `{file name: content}`; `ursa service units`
-writes them. Each service runs as a dedicated user, restarts on failure (not
-on exit code 2, a config error that a restart cannot fix) and is confined:
-read-only system, no new privileges, no capabilities, writable only where its
-state lives. Secrets come from an `EnvironmentFile` (root-only, read by
+writes them. Each service runs as a user of its own, restarts on failure
+(not on exit code 2, a config error that a restart cannot fix) and is
+confined: read-only system, no new privileges, no capabilities, writable only
+where its own state lives. The coordinator runs as `--user` with
+``<state-dir>/coordinator``; every device instance ``ursa-device@ID`` runs as
+a dynamic user of its own (``DynamicUser=yes``) with ``<state-dir>/device-ID``,
+so one device's process cannot read another's identity and epoch keys, nor
+the coordinator's. Secrets come from an `EnvironmentFile` (root-only, read by
 systemd before it drops privileges), never from the world-readable unit.
 """
 
@@ -18,6 +22,8 @@ __all__ = [
     "BrokerPaths",
     "UnitSettings",
     "broker_paths",
+    "coordinator_state_dir",
+    "device_state_dir",
     "render_units",
 ]
 
@@ -129,13 +135,27 @@ def _home_protection(executable: PurePosixPath) -> str:
 
 def _state_lines(state_dir: PurePosixPath) -> list[str]:
     lines = []
-    if state_dir.is_relative_to(_VAR_LIB) and state_dir != _VAR_LIB:
-        # systemd creates it, owned by User=, before the start.
+    if _under_var_lib(state_dir):
+        # systemd creates it, owned by the unit's user, before the start.
         lines += [
             f"StateDirectory={state_dir.relative_to(_VAR_LIB)}",
             "StateDirectoryMode=0700",
         ]
     return [*lines, f"ReadWritePaths={state_dir}"]
+
+
+def _under_var_lib(path: PurePosixPath) -> bool:
+    return path.is_relative_to(_VAR_LIB) and path != _VAR_LIB
+
+
+def coordinator_state_dir(settings: UnitSettings) -> PurePosixPath:
+    """The coordinator's state directory under ``--state-dir``."""
+    return settings.state_dir / "coordinator"
+
+
+def device_state_dir(settings: UnitSettings, device: str = "%i") -> PurePosixPath:
+    """A device instance's state directory (``%i``: the unit's instance)."""
+    return settings.state_dir / f"device-{device}"
 
 
 def _unit(unit: list[str], service: list[str]) -> str:
@@ -170,7 +190,7 @@ def _coordinator(s: UnitSettings) -> str:
             "Restart=on-failure",
             "RestartSec=5s",
             f"RestartPreventExitStatus={_CONFIG_ERROR_EXIT}",
-            *_state_lines(s.state_dir),
+            *_state_lines(coordinator_state_dir(s)),
             *_hardening(home=_home_protection(s.ursa), devices=True),
         ],
     )
@@ -179,6 +199,23 @@ def _coordinator(s: UnitSettings) -> str:
 def _device(s: UnitSettings) -> str:
     config = s.config_dir / "device-%i.toml"
     hardening = _hardening(home=_home_protection(s.ursa), devices=False)
+    state = device_state_dir(s)
+    if _under_var_lib(state):
+        # A user per instance, made and removed by systemd, owning only its
+        # own state directory (under /var/lib/private, linked from `state`).
+        user = [
+            "DynamicUser=yes",
+            f"StateDirectory={state.relative_to(_VAR_LIB)}",
+            "StateDirectoryMode=0700",
+        ]
+    else:
+        user = [
+            "# The state directory is outside /var/lib: every instance runs as",
+            f"# {s.user} and could read the others' keys. Prefer /var/lib.",
+            f"User={s.user}",
+            f"Group={s.user}",
+            f"ReadWritePaths={state}",
+        ]
     return _unit(
         [
             "Description=ursa device %i",
@@ -187,15 +224,14 @@ def _device(s: UnitSettings) -> str:
         ],
         [
             "Type=exec",
-            f"User={s.user}",
-            f"Group={s.user}",
+            *user,
             f"EnvironmentFile=-{s.config_dir / 'device-%i.env'}",
             f"ExecStart={s.ursa} --log-level INFO device run --config {config}",
             "Restart=on-failure",
             "RestartSec=5s",
             f"RestartPreventExitStatus={_CONFIG_ERROR_EXIT}",
-            *_state_lines(s.state_dir),
-            "# No PrivateDevices=: a Jetson's GPU is a device node.",
+            "# No PrivateDevices=: a Jetson's GPU is a device node (its group,",
+            "# e.g. SupplementaryGroups=video, goes in a drop-in).",
             *hardening,
         ],
     )

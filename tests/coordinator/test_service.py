@@ -691,3 +691,21 @@ def test_churn_below_the_fraction_or_without_a_quorum_keeps_the_epoch(
         fed.tick(11)
     assert fed.coordinator.is_done
     assert len(fed.messages("key_epoch_start")) == 1
+
+
+def test_start_makes_a_loose_state_directory_private(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=2, k=1, rounds=1)
+    state = fed.config.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    state.chmod(0o755)
+    with caplog.at_level(logging.WARNING):
+        fed.coordinator.start()
+    assert state.stat().st_mode & 0o777 == 0o700
+    assert "coordinator state directory" in caplog.text
+    device_dir = fed.device_config(fed.device_ids[0]).state_dir
+    device_dir.mkdir(parents=True)
+    device_dir.chmod(0o750)
+    DeviceStateDir(device_dir)
+    assert device_dir.stat().st_mode & 0o777 == 0o700

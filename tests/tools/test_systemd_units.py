@@ -32,8 +32,12 @@ def test_every_unit_restarts_on_failure_as_a_dedicated_confined_user() -> None:
     }
     for name, text in units.items():
         service = _service(text)
-        user = "mosquitto" if "mosquitto" in name else "ursa"
-        assert f"User={user}" in service, name
+        if "device" in name:  # a user per instance, none shared
+            assert "DynamicUser=yes" in service
+            assert not any(line.startswith("User=") for line in service)
+        else:
+            user = "mosquitto" if "mosquitto" in name else "ursa"
+            assert f"User={user}" in service, name
         assert "Restart=on-failure" in service, name
         for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "UMask=0077"):
             assert line in service, (name, line)
@@ -53,9 +57,13 @@ def test_services_run_ursa_on_their_configs_and_write_only_their_state() -> None
         "ExecStart=/opt/ursa/bin/ursa --log-level INFO device run "
         "--config /etc/ursa/device-%i.toml"
     ) in device
+    assert "StateDirectory=ursa/coordinator" in coordinator
+    assert "ReadWritePaths=/var/lib/ursa/coordinator" in coordinator
+    # each instance its own directory: no device may write the coordinator's
+    assert "StateDirectory=ursa/device-%i" in device
+    assert not any(line.startswith("ReadWritePaths=") for line in device)
     for service in (coordinator, device):
-        assert "ReadWritePaths=/var/lib/ursa" in service
-        assert "StateDirectory=ursa" in service
+        assert "StateDirectoryMode=0700" in service
         assert "RestartPreventExitStatus=2" in service  # config errors
         assert "ProtectHome=yes" in service
     assert "PrivateDevices=yes" in coordinator
@@ -70,9 +78,14 @@ def test_a_venv_in_a_home_directory_stays_readable() -> None:
 
 def test_a_state_dir_outside_var_lib_is_only_made_writable() -> None:
     settings = UnitSettings(ursa=SETTINGS.ursa, state_dir=PurePosixPath("/srv/ursa"))
-    service = _service(render_units(settings)["ursa-coordinator.service"])
-    assert "ReadWritePaths=/srv/ursa" in service
+    units = render_units(settings)
+    service = _service(units["ursa-coordinator.service"])
+    assert "ReadWritePaths=/srv/ursa/coordinator" in service
     assert not any(line.startswith("StateDirectory=") for line in service)
+    device = _service(units["ursa-device@.service"])
+    assert "ReadWritePaths=/srv/ursa/device-%i" in device
+    assert "User=ursa" in device  # no per-instance user outside /var/lib
+    assert any("could read the others' keys" in line for line in device)
 
 
 def test_mosquitto_unit_follows_the_generated_config() -> None:

@@ -35,7 +35,11 @@ def register(sub: Subparsers) -> None:
         "--ursa",
         help="the ursa executable on the target (default: this one)",
     )
-    units.add_argument("--user", default="ursa", help="service user (default ursa)")
+    units.add_argument(
+        "--user",
+        default="ursa",
+        help="the coordinator's user (default ursa); devices get dynamic users",
+    )
     units.add_argument(
         "--config-dir",
         default="/etc/ursa",
@@ -44,7 +48,8 @@ def register(sub: Subparsers) -> None:
     units.add_argument(
         "--state-dir",
         default="/var/lib/ursa",
-        help="the only place the services may write (default /var/lib/ursa)",
+        help="parent of each service's own state directory: coordinator/, "
+        "device-ID/ (default /var/lib/ursa)",
     )
     units.add_argument("--mosquitto", help="mosquitto executable (default: found)")
     units.add_argument("--broker-user", default="mosquitto")
@@ -64,6 +69,8 @@ def _run_units(args: argparse.Namespace) -> int:
         BrokerPaths,
         UnitSettings,
         broker_paths,
+        coordinator_state_dir,
+        device_state_dir,
         render_units,
     )
 
@@ -101,10 +108,16 @@ def _run_units(args: argparse.Namespace) -> int:
         (args.out / name).chmod(0o644)
     print(f"wrote {', '.join(units)} to {args.out}")
     print(
-        f"install: copy them to /etc/systemd/system, create the users "
-        f"(`useradd --system --home-dir {args.state_dir} --shell /usr/sbin/nologin "
-        f"{args.user}`), then `systemctl daemon-reload && systemctl enable --now "
-        "ursa-mosquitto ursa-coordinator` or `ursa-device@ID`"
+        f"state: the coordinator config's state_dir = "
+        f"{coordinator_state_dir(settings)}, each device's = "
+        f"{device_state_dir(settings, 'ID')} (one per instance, its own user)"
+    )
+    print(
+        f"install: copy them to /etc/systemd/system, create the coordinator's "
+        f"user (`useradd --system --home-dir {args.state_dir} --shell "
+        f"/usr/sbin/nologin {args.user}`), then `systemctl daemon-reload && "
+        "systemctl enable --now ursa-mosquitto ursa-coordinator` or "
+        "`ursa-device@ID`"
     )
     return 0
 
