@@ -34,6 +34,10 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     agent_s = 10.0
     training_s = 600.0
 
+    [key_epochs]                      # re-keys one device's refusals may cause
+    refusal_rekeys = 1                # per device per window; then it sits out
+    refusal_window_s = 3600.0
+
     [registry]
     num_classes = 10
     groups = [1, 2, 10]
@@ -150,6 +154,7 @@ __all__ = [
     "DeadlinesConfig",
     "EnrolmentConfig",
     "HttpConfig",
+    "KeyEpochConfig",
     "RegistryConfig",
     "StoreConfig",
     "TrainingSection",
@@ -224,6 +229,24 @@ class DeadlinesConfig(_Frozen):
     outage_grace_s: float = Field(default=30.0, ge=0)
     """After a broker outage, how long departures are held while the fleet
     reconnects (`ursa.coordinator.presence`)."""
+
+
+class KeyEpochConfig(_Frozen):
+    """``[key_epochs]``: how many new key epochs one device's refusals may cause.
+
+    A device that refuses this coordinator's identity (a signed
+    `coordinator_identity_mismatch` naming the acceptance it refuses) while
+    the current key epoch counts it makes the fleet key again, at most
+    ``refusal_rekeys`` times per device in any ``refusal_window_s``; beyond
+    that it sits the epoch out instead (`ursa.coordinator.identity_refusals`).
+    The defaults let an honest refuser re-key once an hour: sitting out serves
+    the fleet as well for every later refusal of the same identity.
+    """
+
+    refusal_rekeys: int = Field(default=1, ge=0, le=100)
+    """New key epochs one device's refusals may start per window (0: never)."""
+    refusal_window_s: float = Field(default=3600.0, gt=0)
+    """The sliding window of ``refusal_rekeys``, in seconds."""
 
 
 class StoreConfig(_Frozen):
@@ -369,6 +392,8 @@ class CoordinatorConfig(_Frozen):
     enrolment: EnrolmentConfig = Field(default_factory=EnrolmentConfig)
     deadlines: DeadlinesConfig = Field(default_factory=DeadlinesConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    key_epochs: KeyEpochConfig = Field(default_factory=KeyEpochConfig)
+    """How many key epochs one device's refusals may start (`KeyEpochConfig`)."""
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     """How training rounds sum model updates: securely (default) or plain."""
     min_devices: int = Field(default=20, ge=1)

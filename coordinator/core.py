@@ -24,6 +24,7 @@ from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.device_sets import IndexedDevices, OnlineDevices
 from ursa.coordinator.federation_end import FinalOutput
+from ursa.coordinator.identity_refusals import IdentityRefusals
 from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.rounds import RoundState, Stage, advance
@@ -147,6 +148,8 @@ class ServiceCore:
     _epoch: EpochWork | None
     _refusing: set[str]
     """Enrolled devices that refused this coordinator's identity (not counted)."""
+    _identity_refusals: IdentityRefusals
+    """Which refusals of our identity count, and the re-keys each device caused."""
     _ready: set[str]
     """Online, enrolled and not refusing: kept per device (`_device_changed`)."""
     _online_view: OnlineDevices

@@ -38,6 +38,7 @@ import logging
 
 from ursa.coordinator.core import EpochWork, ServiceCore, derived_id
 from ursa.coordinator.enrolment import device_keys_of
+from ursa.coordinator.identity_refusals import REFUSAL_REKEYS_KEY
 from ursa.coordinator.rounds import Stage, advance
 from ursa.coordinator.seal_pages import BoxVerdict, SealPaging
 from ursa.crypto.errors import CryptoError
@@ -53,6 +54,7 @@ from ursa.protocol.messages import (
     COORDINATOR,
     AgentPublicKey,
     ErrorCode,
+    ErrorReply,
     KeyEpochStart,
     Registration,
     RegistrySum,
@@ -270,6 +272,38 @@ class EpochStages(ServiceCore):
         self._send_raw(payload, "registry_sum", None)
         self._start_round(now)
 
+    def _rekey_for_refusal(self, device: str) -> None:
+        """`device` refused our identity: key again if the epoch counted it.
+
+        At most ``[key_epochs] refusal_rekeys`` times per device per window;
+        beyond that the device sits the epoch out instead (registration stops
+        waiting for it; an agent that sits out is replaced at its deadline, as
+        a silent one is), so its refusals cost it, not the fleet.
+        """
+        work = self._epoch
+        keying = self._state.stage in _SEALING_STAGES
+        if not keying or work is None or device not in work.members:
+            return
+        if self._sat_out.get(device) == work.epoch:
+            return  # not waited for already
+        now = self._clock()
+        refusals = self._identity_refusals
+        if refusals.may_rekey(device, now):
+            self._store.set_meta(REFUSAL_REKEYS_KEY, refusals.to_json())
+            logger.warning("key epoch %d counted %s; keying again", work.epoch, device)
+            self._start_key_epoch(now, frozenset({device}))
+            return
+        limits = self._config.key_epochs
+        logger.warning(
+            "%s sits key epoch %d out instead of keying again: one device's "
+            "refusals start at most %d key epochs per %g s",
+            device,
+            work.epoch,
+            limits.refusal_rekeys,
+            limits.refusal_window_s,
+        )
+        self._sit_out(device)
+
     def _epoch_arrived(self, device: str) -> None:
         """A recipient back online while registration is open: wait for it again."""
         work = self._epoch
@@ -289,6 +323,10 @@ class EpochStages(ServiceCore):
                 ErrorCode.WRONG_EPOCH, f"key epoch {epoch} is not current ({current})"
             )
         return work
+
+    def _check_identity_refusal(self, message: ErrorReply) -> None:
+        """Raise `RejectedError` unless its device signed it, naming our acceptance."""
+        self._identity_refusals.check(message, self._enrolled[message.sender])
 
     def _on_agent_public_key(self, message: AgentPublicKey) -> None:
         device = message.sender  # admission checked it is the topic's device

@@ -29,6 +29,7 @@ from ursa.coordinator.enrolment_list import (
     EnrolmentList,
     EnrolmentWatch,
 )
+from ursa.coordinator.identity_refusals import REFUSAL_REKEYS_KEY
 from ursa.coordinator.keys import SEAL_PAGES_KEY, EpochStages, sealed_through
 from ursa.coordinator.roundflow import RoundStages
 from ursa.coordinator.rounds import RoundState, Stage
@@ -79,6 +80,7 @@ class Recovery(EpochStages, RoundStages):
         self._presence.restore(store.online() & set(self._enrolled))
         refusing = store.get_meta(REFUSING_KEY)
         self._refusing = set(json.loads(refusing)) if refusing else set()
+        self._identity_refusals.restore(store.get_meta(REFUSAL_REKEYS_KEY))
         sat_out = json.loads(store.get_meta(SAT_OUT_KEY) or "{}")
         self._sat_out = {str(d): int(e) for d, e in sat_out.items()}
         self._rebuild_ready()

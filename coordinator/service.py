@@ -70,6 +70,7 @@ from ursa.coordinator.core import REFUSING_KEY, STATE_KEY
 from ursa.coordinator.device_sets import OnlineDevices
 from ursa.coordinator.enrolment import decide_enrolment, enrol_result
 from ursa.coordinator.federation_end import FinalOutput
+from ursa.coordinator.identity_refusals import IdentityRefusals
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.registry import selection_method
 from ursa.coordinator.natural_keys import natural_key
@@ -219,6 +220,7 @@ class CoordinatorService(Recovery):
         self._started = False
         self._resumed = False
         self._refusing: set[str] = set()
+        self._identity_refusals = IdentityRefusals(config.key_epochs)
         self._ready = set()
         self._online_view = OnlineDevices(
             self._ready, lambda: self._sat_out, lambda: self._state.epoch
@@ -697,6 +699,7 @@ class CoordinatorService(Recovery):
 
     def _on_error_reply(self, message: ErrorReply) -> None:
         if message.code == ErrorCode.COORDINATOR_IDENTITY_MISMATCH:
+            self._check_identity_refusal(message)  # signed, names our acceptance
             self._refused_by(message.sender, message.reason)
             return
         if message.code in _SITS_OUT:  # an operator must act
@@ -738,11 +741,7 @@ class CoordinatorService(Recovery):
         self._refusing.add(device)
         self._device_changed(device)
         self._store.set_meta(REFUSING_KEY, json.dumps(sorted(self._refusing)))
-        epoch = self._epoch
-        keying = self._state.stage in (Stage.KEY_EPOCH, Stage.REGISTRATION)
-        if keying and epoch is not None and device in epoch.recipients:
-            logger.warning("key epoch %d counted %s; keying again", epoch.epoch, device)
-            self._start_key_epoch(self._clock(), frozenset({device}))
+        self._rekey_for_refusal(device)  # rate-limited per device (`keys`)
 
     def _dispatch(self, message: BaseMessage) -> None:
         """The router's handler, else the training plugin's (in an open round)."""
@@ -886,7 +885,10 @@ class CoordinatorService(Recovery):
             device_id=device,
             epoch=self._state.epoch or None,
         )
-        self._send(self._sign(reply) if reply.accepted else reply, device)
+        if reply.accepted:
+            reply = self._sign(reply)
+            self._identity_refusals.sent(reply)  # the one it may refuse
+        self._send(reply, device)
 
     # --- the stage loop -------------------------------------------------------
 

@@ -43,7 +43,7 @@ from ursa.edge_sdk.data_check import (
 )
 from ursa.edge_sdk.state import DeviceStateDir, StoredEpoch, StoredRun
 from ursa.edge_sdk.trainer import Trainer
-from ursa.protocol.envelope import encode, message_kind, signing_bytes
+from ursa.protocol.envelope import encode, message_digest, message_kind, signing_bytes
 from ursa.protocol.messages import BaseMessage, ErrorCode, ErrorReply, KeyEpochStart
 from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import NotReadyError
@@ -225,25 +225,29 @@ class DeviceCore:
         message_id: str,
         in_reply_to: str | None,
         run: str = "",
+        named: BaseMessage | None = None,
     ) -> None:
         """Why this device refuses what the coordinator sent (an `ErrorReply`).
 
         ``message_id`` is derived from what is refused, so a repeated answer
         is recognised by the coordinator's dedup. ``run``: the refused
         message's run, when the device has not joined it (else the joined one).
+        ``named``: the refused message, for a refusal that can start a key
+        epoch: the answer then carries its digest and is signed, so the
+        coordinator can tell it from a forged or unsolicited one.
         """
-        self._send(
-            ErrorReply(
-                federation=self._config.federation,
-                run=run,
-                round=round_index,
-                sender=self.device_id,
-                message_id=message_id,
-                code=code,
-                reason=reason[:256],
-                in_reply_to=in_reply_to,
-            )
+        reply = ErrorReply(
+            federation=self._config.federation,
+            run=run,
+            round=round_index,
+            sender=self.device_id,
+            message_id=message_id,
+            code=code,
+            reason=reason[:256],
+            in_reply_to=in_reply_to if named is None else named.message_id,
+            in_reply_to_digest=None if named is None else message_digest(named),
         )
+        self._send(reply if named is None else self._signed(reply))
 
     def _notify_selected(self, round_index: int) -> None:
         notify(

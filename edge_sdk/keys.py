@@ -182,6 +182,7 @@ class EpochSteps(DeviceCore):
             message_id=derived_id(self.device_id, "identity", message.message_id),
             in_reply_to=message.message_id,
             run=message.run,
+            named=message,  # signed, with its digest: it can start a key epoch
         )
 
     def _log_refusal(self, reason: str) -> None:

@@ -94,6 +94,15 @@ def signing_bytes(message: BaseMessage) -> bytes:
     return SIGNING_DOMAIN + packed
 
 
+def message_digest(message: BaseMessage) -> str:
+    """SHA-256 hex of `signing_bytes`: names one message's content on the wire.
+
+    A signed refusal carries it next to the refused message's id, so the
+    coordinator can match it with what it really sent (`ErrorReply`).
+    """
+    return hashlib.sha256(signing_bytes(message)).hexdigest()
+
+
 def to_log_json(message: BaseMessage) -> str:
     """Render a message as one JSON line for logs; bytes become length + hash prefix.
 

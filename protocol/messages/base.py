@@ -19,6 +19,8 @@ import uuid
 from typing import Annotated, ClassVar, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import model_validator as _model_validator
+from typing_extensions import Self
 
 from ursa._compat import StrEnum
 
@@ -225,9 +227,24 @@ class BaseMessage(_Frozen):
 
 
 class ErrorReply(BaseMessage):
-    """Either way: a rejected message, as data (`code` is usually an ErrorCode)."""
+    """Either way: a rejected message, as data (`code` is usually an ErrorCode).
+
+    A device's refusal that can start a new key epoch
+    (``coordinator_identity_mismatch``) names the refused message by id and
+    `in_reply_to_digest` (SHA-256 of its signing bytes) and is signed by the
+    device's identity key: the coordinator acts on it only if it matches a
+    message it sent that device (`ursa.coordinator.identity_refusals`).
+    """
 
     kind: Literal["error"] = "error"
     code: Name
     reason: Text
     in_reply_to: Id | None = None
+    in_reply_to_digest: Sha256Hex | None = None
+    signature: Signature = b""
+
+    @_model_validator(mode="after")
+    def _digest_names_a_message(self) -> Self:
+        if self.in_reply_to_digest is not None and self.in_reply_to is None:
+            raise ValueError("in_reply_to_digest without in_reply_to")
+        return self

@@ -12,9 +12,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.refusing_device import RefusingDevice
 from ursa.coordinator.methods_config import RandomSpec
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.methods_config import RandomSpec as DeviceRandomSpec
+from ursa.protocol.envelope import decode
 from ursa.protocol.inmemory import InMemoryTransport
 
 from .conftest import device_labels
@@ -139,3 +141,34 @@ def test_a_device_with_other_methods_is_not_waited_for_either(
     assert f"{MISFIT} sits out: method_mismatch: federation runs random" in caplog.text
     selected = [set(m.selected) for _, m in fed.messages("selection_result")]
     assert len(selected) == 3 and all(MISFIT not in s for s in selected)
+
+
+def test_a_device_whose_refusals_used_their_re_keys_sits_out_after_a_restart(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=5, k=2, tries=1, rounds=1, quorum=3)
+    first, second = RefusingDevice(fed, "d04"), RefusingDevice(fed, "d03")
+    held = fed.device_ids[0]  # its registrations are lost: registration stays open
+    fed.bus.drop_filter = lambda s, r, t, p: (
+        s == held and r == "coordinator" and decode(p).kind == "registration"
+    )
+    fed.start(settle=False)
+    first.refuse(first.acceptances()[-1])  # key epoch 2, without d04
+    assert fed.coordinator.state.epoch == 2
+    fed.coordinator.stop()
+    fed.coordinator = fed.new_coordinator()
+    fed.coordinator.start()
+    caplog.set_level(logging.WARNING, logger="ursa.coordinator")
+
+    counted = first.hello()  # counted again from the next key epoch on
+    second.refuse(second.hello())  # key epoch 3, with d04
+    assert fed.coordinator.state.epoch == 3
+    first.refuse(counted)
+
+    assert fed.coordinator.state.epoch == 3  # its one re-key an hour is used up
+    assert "d04 sits key epoch 3 out instead of keying again" in caplog.text
+    assert "d04" not in fed.coordinator.online_devices()
+    fed.bus.drop_filter = None
+    fed.tick(fed.config.deadlines.registration_s)
+    fed.settle()
+    assert fed.coordinator.is_done

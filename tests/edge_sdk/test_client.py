@@ -16,7 +16,7 @@ from ursa.coordinator.methods_config import ClimbSpec, DubheSpec
 from ursa.coordinator.plugin import NoTraining, RoundPlugin
 from ursa.coordinator.service import CoordinatorService
 from ursa.crypto.encoding import PackingLayout
-from ursa.crypto.identity import DeviceIdentity
+from ursa.crypto.identity import DeviceIdentity, verify_signature
 from ursa.crypto.paillier import PaillierPublicKey, encrypt_vector
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.config import DeviceConfig, load_device_config
@@ -26,7 +26,7 @@ from ursa.edge_sdk.methods.dubhe import Dubhe
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer, NoOpTrainer
 from ursa.models.weights import Arrays
 from ursa.protocol.admission_limits import AdmissionLimits, DropReason
-from ursa.protocol.envelope import decode, encode, signing_bytes
+from ursa.protocol.envelope import decode, encode, message_digest, signing_bytes
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import (
@@ -280,6 +280,25 @@ def test_a_wrong_coordinator_pin_stops_the_device(
     assert not client.enrolled.is_set()
     assert "is not the configured pin" in caplog.text
     assert client.epoch is None
+
+
+def test_a_refusal_of_the_coordinator_is_signed_and_names_the_acceptance(
+    harness: Any,
+) -> None:
+    h = harness(2)
+    h.coordinator.start()
+    client = h.client("d0", coordinator_fingerprint="0" * 32)
+    client.start()
+
+    (acceptance,) = h.messages("enrol_result", "d0")
+    (refusal,) = [m for m in h.messages("error") if m.sender == "d0"]
+    assert refusal.code == "coordinator_identity_mismatch"
+    assert refusal.in_reply_to == acceptance.message_id
+    assert refusal.in_reply_to_digest == message_digest(acceptance)
+    identity = h.coordinator.device_identity("d0")
+    assert identity is not None
+    verify_signature(identity, signing_bytes(refusal), refusal.signature)
+    assert "d0" not in h.coordinator.online_devices()  # the coordinator counted it
 
 
 def test_forged_notices_are_dropped(

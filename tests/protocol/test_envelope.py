@@ -16,6 +16,7 @@ from ursa.protocol.envelope import (
     SIGNING_DOMAIN,
     decode,
     encode,
+    message_digest,
     signing_bytes,
     to_log_json,
 )
@@ -484,6 +485,16 @@ def test_log_json_shows_length_and_hash_prefix_of_bytes() -> None:
 
     assert parsed["registry"].startswith(f"<{len(CT)} bytes sha256:")
     assert parsed["sender"] == "dev-01"
+
+
+def test_a_message_digest_survives_the_wire_and_names_the_content() -> None:
+    answer = m.AgentAnswer(**DEV, best_try=2)
+    signed = answer.model_copy(update={"signature": SIG})
+    other = m.AgentAnswer.model_validate({**answer.model_dump(), "best_try": 3})
+
+    assert message_digest(decode(encode(signed))) == message_digest(answer)
+    assert message_digest(other) != message_digest(answer)
+    assert len(message_digest(answer)) == 64
 
 
 def test_signing_bytes_cover_everything_but_the_signature() -> None:

@@ -263,6 +263,25 @@ def test_error_reply_accepts_error_codes_and_new_code_names() -> None:
         m.ErrorReply(**COORD, code="Not A Code", reason="")
 
 
+def test_a_refusal_names_its_message_by_id_and_digest() -> None:
+    digest = "ab" * 32
+    reply = m.ErrorReply(
+        **DEV, code="x", reason="", in_reply_to="m1", in_reply_to_digest=digest
+    )
+
+    assert decode(encode(reply)) == reply
+    assert m.ErrorReply(**DEV, code="x", reason="").in_reply_to_digest is None
+    with pytest.raises(ValidationError, match="without in_reply_to"):
+        m.ErrorReply(**DEV, code="x", reason="", in_reply_to_digest=digest)
+    for bad in ("AB" * 32, "ab" * 31, "zz" * 32):
+        with pytest.raises(ValidationError):
+            m.ErrorReply(
+                **DEV, code="x", reason="", in_reply_to="m1", in_reply_to_digest=bad
+            )
+    with pytest.raises(ValidationError):
+        m.ErrorReply(**DEV, code="x", reason="", signature=b"short")
+
+
 def test_key_epoch_carries_the_agent_keys_under_the_signature() -> None:
     epoch = _epoch()
     swapped = epoch.model_copy(update={"agent_keys": _keys("dev-07", OTHER_KEY)})
