@@ -14,7 +14,11 @@ relayed (retained); the boxes of each page come back in `SealedKeys` and each
 is relayed to its recipient unopened, as a `SealedSecretKey` (the coordinator
 cannot open it), once. An agent silent past the deadline is replaced by
 another (a new epoch number); one whose sealing stalls is asked for its open
-pages again.
+pages again. A device that refuses this coordinator's identity while the
+epoch counts it (a signed refusal naming our acceptance,
+`ursa.coordinator.identity_refusals`) makes it key again without it, at
+most ``[key_epochs] refusal_rekeys`` times per device per window; beyond
+that the device sits the epoch out.
 
 Registration: each recipient's encrypted one-hot registry (one party, the
 epoch key, the codebook's length) joins a running sum, once per device; when

@@ -63,6 +63,20 @@ def test_json_file_and_defaults(tmp_path: Path) -> None:
     assert config.registry.groups == (1, 2, 10)
 
 
+def test_key_epochs_limit_refusal_re_keys_per_device(tmp_path: Path) -> None:
+    path = tmp_path / "coordinator.toml"
+    path.write_text(TOML + "\n[key_epochs]\nrefusal_rekeys = 2\n")
+    env = {"URSA_KEY_EPOCHS__REFUSAL_WINDOW_S": "600"}
+    config = load_coordinator_config(path, env)
+    assert config.key_epochs.refusal_rekeys == 2
+    assert config.key_epochs.refusal_window_s == 600.0
+    default = CoordinatorConfig(federation="f", state_dir=tmp_path).key_epochs
+    assert (default.refusal_rekeys, default.refusal_window_s) == (1, 3600.0)
+    for bad in ({"refusal_rekeys": -1}, {"refusal_window_s": 0}, {"other": 1}):
+        with pytest.raises(ValidationError):
+            CoordinatorConfig(federation="f", state_dir=tmp_path, key_epochs=bad)
+
+
 def test_a_key_epoch_takes_100000_devices_and_more_by_default() -> None:
     config = CoordinatorConfig(federation="f", state_dir=Path("/tmp/s"))
     larger = CoordinatorConfig(
