@@ -30,6 +30,19 @@ weights. ``num_batches_tracked`` only matters to a BatchNorm built with
 ``momentum=None`` (a cumulative average), which a federated model should
 not use (docs/sdk.md).
 
+Bounded influence (plain mode, `AggregationPolicy`): the coordinator clips
+each delta's float arrays to the L2 norm ``clip_norm`` and each weight to
+``max_examples`` before it counts, exactly as devices do before they mask
+(`ursa.edge_sdk.secure_aggregation.rounds.clipped_delta`), and combines by
+`AggregationRule`:
+
+* ``mean``: the weighted running sum above (one model of memory).
+* ``trimmed_mean``: per coordinate, the clipped deltas sorted, ``t =
+  ceil(trim_fraction * K)`` dropped at each end (at most ``(K - 1) // 2``),
+  the rest averaged; ``median``: per coordinate, the median. Both keep the K
+  clipped deltas (K models of memory) and weigh every device the same: a
+  weighted median would give the weight back to whoever claims most examples.
+
 Rules: a device's second update in a round is ignored (first wins; `apply_update`
 reports it), an update whose array names or shapes differ from the global
 model's, or that holds NaN/inf, raises `UpdateMismatchError`, and a bad weight
@@ -39,8 +52,9 @@ state, so a caller can checkpoint any state it has seen.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,6 +80,42 @@ class Weighting(StrEnum):
     FEDAVG = "fedavg"
     EQUAL = "equal"
     CLIMB = "climb"
+
+
+class AggregationRule(StrEnum):
+    """How a round combines its (clipped) updates."""
+
+    MEAN = "mean"
+    TRIMMED_MEAN = "trimmed_mean"
+    MEDIAN = "median"
+
+
+@dataclass(frozen=True)
+class AggregationPolicy:
+    """What the coordinator bounds each update to, and how it combines them.
+
+    ``clip_norm`` / ``max_examples`` None: no bound (secure mode's devices
+    clip before masking; a direct caller of `aggregate` may not want one).
+    """
+
+    rule: AggregationRule = AggregationRule.MEAN
+    clip_norm: float | None = None
+    max_examples: int | None = None
+    trim_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.clip_norm is not None and not (
+            math.isfinite(self.clip_norm) and self.clip_norm > 0
+        ):
+            raise AggregationError(
+                f"clip_norm must be finite and > 0: {self.clip_norm}"
+            )
+        if self.max_examples is not None and self.max_examples < 1:
+            raise AggregationError(f"max_examples must be >= 1: {self.max_examples}")
+        if not 0.0 <= self.trim_fraction < 0.5:
+            raise AggregationError(
+                f"trim_fraction must be in [0, 0.5): {self.trim_fraction}"
+            )
 
 
 class UpdateOutcome(StrEnum):
@@ -98,6 +148,9 @@ class AggregationState:
     weighted_sum: Mapping[str, FloatArray]
     total_weight: float
     device_ids: frozenset[str]
+    policy: AggregationPolicy = field(default_factory=AggregationPolicy)
+    rows: tuple[Mapping[str, FloatArray], ...] = ()
+    """The clipped deltas, one per device (robust rules only; mean: empty)."""
 
     @property
     def num_updates(self) -> int:
@@ -106,7 +159,9 @@ class AggregationState:
 
 
 def init_aggregation(
-    global_arrays: Mapping[str, FloatArray], weighting: Weighting | str
+    global_arrays: Mapping[str, FloatArray],
+    weighting: Weighting | str,
+    policy: AggregationPolicy | None = None,
 ) -> AggregationState:
     """Start a round: a zero float64 sum shaped like the global model."""
     rule = _weighting(weighting)
@@ -114,7 +169,9 @@ def init_aggregation(
         name: np.zeros(np.shape(a), dtype=np.float64)
         for name, a in global_arrays.items()
     }
-    return AggregationState(rule, zeros, 0.0, frozenset())
+    return AggregationState(
+        rule, zeros, 0.0, frozenset(), policy or AggregationPolicy()
+    )
 
 
 def update_weight(weighting: Weighting | str, num_examples: int) -> float:
@@ -148,18 +205,83 @@ def apply_update(
     if update.device_id in state.device_ids:
         return state, UpdateOutcome.DUPLICATE
     _check_delta(state.weighted_sum, update.delta)
+    policy = state.policy
     weight = update_weight(state.weighting, update.num_examples)
-    summed = {
-        name: acc + weight * np.asarray(update.delta[name], dtype=np.float64)
-        for name, acc in state.weighted_sum.items()
-    }
+    if policy.max_examples is not None:
+        weight = min(weight, float(policy.max_examples))
+    delta = clip_delta(update.delta, policy.clip_norm)
+    summed = state.weighted_sum
+    rows = state.rows
+    if policy.rule is AggregationRule.MEAN:
+        summed = {name: acc + weight * delta[name] for name, acc in summed.items()}
+    else:
+        rows = (*rows, delta)
     new_state = AggregationState(
         state.weighting,
         summed,
         state.total_weight + weight,
         state.device_ids | {update.device_id},
+        policy,
+        rows,
     )
     return new_state, UpdateOutcome.ACCEPTED
+
+
+def delta_norm(delta: Mapping[str, FloatArray]) -> float:
+    """The L2 norm of a delta's float arrays (integer counters do not count)."""
+    floats = [
+        np.asarray(a, dtype=np.float64).ravel()
+        for a in delta.values()
+        if np.asarray(a).dtype.kind == "f"
+    ]
+    return vector_norm(np.concatenate(floats)) if floats else 0.0
+
+
+def vector_norm(values: FloatArray) -> float:
+    """The L2 norm of ``values`` in float64, scaled first so it cannot overflow."""
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    top = float(np.max(np.abs(flat))) if flat.size else 0.0
+    return 0.0 if top == 0.0 else top * float(np.linalg.norm(flat / top))
+
+
+def clip_delta(
+    delta: Mapping[str, FloatArray], clip_norm: float | None
+) -> dict[str, FloatArray]:
+    """The delta in float64, its float arrays scaled to L2 norm <= ``clip_norm``.
+
+    The same clip a device applies before it masks its delta (None: as is).
+    """
+    out = {name: np.asarray(a, dtype=np.float64) for name, a in delta.items()}
+    if clip_norm is None:
+        return out
+    norm = delta_norm(delta)
+    if norm <= clip_norm:
+        return out
+    scale = clip_norm / norm
+    return {
+        name: a * scale if np.asarray(delta[name]).dtype.kind == "f" else a
+        for name, a in out.items()
+    }
+
+
+def trim_count(k: int, fraction: float) -> int:
+    """Values a trimmed mean of ``k`` drops at each end: ``ceil(fraction k)``.
+
+    At most ``(k - 1) // 2``, so at least one value stays.
+    """
+    wanted = math.ceil(round(fraction * k, 9))
+    return max(0, min(wanted, (k - 1) // 2))
+
+
+def robust_combine(
+    stacked: FloatArray, rule: AggregationRule, trim_fraction: float
+) -> FloatArray:
+    """Coordinate-wise median or trimmed mean over axis 0 (one row per device)."""
+    if rule is AggregationRule.MEDIAN:
+        return np.median(stacked, axis=0)
+    cut = trim_count(stacked.shape[0], trim_fraction)
+    ordered = np.sort(stacked, axis=0)
+    return ordered[cut : stacked.shape[0] - cut].mean(axis=0)
 
 
 def finalize_aggregation(
@@ -179,10 +301,14 @@ def finalize_aggregation(
     """
     if state.num_updates == 0 or state.total_weight <= 0:
         raise EmptyRoundError("no update was accepted this round")
+    policy = state.policy
+    robust = policy.rule is not AggregationRule.MEAN
     if not (np.isfinite(server_lr) and server_lr > 0):
         raise AggregationError(f"server_lr must be finite and > 0, got {server_lr}")
     if spec_of(global_arrays) != spec_of(state.weighted_sum):
         raise UpdateMismatchError("the global model does not match the round's state")
+    if robust and len(state.rows) != state.num_updates:
+        raise AggregationError("the round's state lost some of its updates")
     scale = server_lr / state.total_weight
     out: Arrays = {}
     for name, base in global_arrays.items():
@@ -190,7 +316,14 @@ def finalize_aggregation(
         if arr.dtype.kind in "iu":
             out[name] = arr.copy()
             continue
-        new = arr.astype(np.float64) + scale * state.weighted_sum[name]
+        if robust:
+            stacked = np.stack([row[name] for row in state.rows])
+            step = server_lr * robust_combine(
+                stacked, policy.rule, policy.trim_fraction
+            )
+        else:
+            step = scale * state.weighted_sum[name]
+        new = arr.astype(np.float64) + step
         out[name] = new.astype(arr.dtype if arr.dtype.kind == "f" else np.float32)
     return out
 
@@ -201,9 +334,10 @@ def aggregate(
     weighting: Weighting | str,
     *,
     server_lr: float = 1.0,
+    policy: AggregationPolicy | None = None,
 ) -> Arrays:
     """Init, apply a stream of updates (duplicates ignored), finalize."""
-    state = init_aggregation(global_arrays, weighting)
+    state = init_aggregation(global_arrays, weighting, policy)
     for update in updates:
         state, _ = apply_update(state, update)
     return finalize_aggregation(state, global_arrays, server_lr=server_lr)

@@ -17,6 +17,12 @@ with the ``train`` extra (torch), because the coordinator has no torch:
 ``ursa model init`` (`ursa.tools.cli.model.write_initial_weights`) or
 ``arrays_to_bytes(initial_arrays(...))``.
 
+No version that holds NaN or inf, or whose arrays differ from the model's
+(names, shapes), is ever written or loaded: `ModelStore.save`,
+`ModelStore.load_arrays` and `ModelStore.import_initial` check it
+(`check_model`, `UnsafeModelError`), so nothing the coordinator publishes or
+hands out at the end can be such a model.
+
 These files are model artefacts (megabytes of weights an operator may copy
 or inspect), so they stay files; everything else the coordinator keeps (the
 phases of a round, methods' progress) is in its one SQLite store
@@ -37,14 +43,21 @@ from typing import Any
 
 import numpy as np
 
-from ursa.coordinator.aggregation import AggregationState, Weighting
-from ursa.models.weights import Arrays, arrays_from_bytes, arrays_to_bytes
+from ursa.coordinator.aggregation import (
+    AggregationPolicy,
+    AggregationRule,
+    AggregationState,
+    Weighting,
+)
+from ursa.models.weights import Arrays, arrays_from_bytes, arrays_to_bytes, spec_of
 
 __all__ = [
     "DEFAULT_KEEP_VERSIONS",
     "ModelStore",
     "ModelStoreError",
     "ModelVersion",
+    "UnsafeModelError",
+    "check_model",
     "write_atomic",
 ]
 
@@ -55,6 +68,33 @@ _VERSION_FILE = re.compile(r"^v(\d{6,})\.ursw$")
 
 class ModelStoreError(ValueError):
     """A checkpoint that is missing, corrupt or does not fit the model."""
+
+
+class UnsafeModelError(ModelStoreError):
+    """A model that holds NaN or inf, or does not fit the model's arrays."""
+
+
+def check_model(arrays: Arrays, like: Arrays | None = None) -> None:
+    """Refuse a model no one may train from or be handed.
+
+    Every float array must be finite (float32 overflow shows as inf), and with
+    ``like`` the names and shapes must be the same.
+
+    Raises:
+        UnsafeModelError: the first array that is not.
+    """
+    if like is not None and spec_of(arrays) != spec_of(like):
+        raise UnsafeModelError(
+            f"the model's arrays changed: {spec_of(arrays)[:3]} ..., the model "
+            f"has {spec_of(like)[:3]} ..."
+        )
+    for name, array in arrays.items():
+        values = np.asarray(array)
+        if values.dtype.kind not in "fiub":
+            raise UnsafeModelError(f"array {name!r} is not numbers ({values.dtype})")
+        if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
+            bad = int(np.size(values) - np.count_nonzero(np.isfinite(values)))
+            raise UnsafeModelError(f"array {name!r} holds {bad} NaN or inf values")
 
 
 @dataclass(frozen=True)
@@ -132,20 +172,38 @@ class ModelStore:
         return data
 
     def load_arrays(self, version: ModelVersion) -> Arrays:
-        """The arrays of a version (float32)."""
-        return arrays_from_bytes(self.load_bytes(version))
+        """The arrays of a version (float32).
 
-    def save(self, version: int, arrays: Arrays, *, round_index: int) -> ModelVersion:
+        Raises:
+            UnsafeModelError: the version holds NaN or inf (an older ursa saved it).
+        """
+        arrays = arrays_from_bytes(self.load_bytes(version))
+        check_model(arrays)
+        return arrays
+
+    def save(
+        self,
+        version: int,
+        arrays: Arrays,
+        *,
+        round_index: int,
+        like: Arrays | None = None,
+    ) -> ModelVersion:
         """Checkpoint ``arrays`` as ``version`` (made by ``round_index``), atomically.
+
+        ``like``: the version it was made from (its arrays must match).
 
         Raises:
             ModelStoreError: ``version`` is not newer than the latest one.
+            UnsafeModelError: the model holds NaN or inf or does not fit ``like``
+                (nothing is written).
         """
         current = self.latest()
         if current is not None and version <= current.version:
             raise ModelStoreError(
                 f"version {version} is not newer than {current.version}"
             )
+        check_model(arrays, like)
         data = arrays_to_bytes(arrays)
         name = f"v{version:06d}.ursw"
         write_atomic(self.path / name, data)
@@ -173,6 +231,7 @@ class ModelStore:
 
         Raises:
             ModelStoreError: the file is unreadable or not `ursa.models.weights`.
+            UnsafeModelError: it holds NaN or inf.
         """
         current = self.latest()
         if current is not None:
@@ -200,6 +259,7 @@ class ModelStore:
         self, round_index: int, base_version: int, state: AggregationState
     ) -> None:
         """Checkpoint an open round's running sum (after each accepted update)."""
+        policy = state.policy
         meta = {
             "round": round_index,
             "base_version": base_version,
@@ -207,10 +267,18 @@ class ModelStore:
             "total_weight": state.total_weight,
             "device_ids": sorted(state.device_ids),
             "names": list(state.weighted_sum),
+            "rule": policy.rule.value,
+            "clip_norm": policy.clip_norm,
+            "max_examples": policy.max_examples,
+            "trim_fraction": policy.trim_fraction,
+            "rows": len(state.rows),
         }
         arrays: dict[str, Any] = {
             f"a{i}": np.asarray(a) for i, a in enumerate(state.weighted_sum.values())
         }
+        for j, row in enumerate(state.rows):
+            for i, name in enumerate(state.weighted_sum):
+                arrays[f"r{j}_{i}"] = np.asarray(row[name])
         arrays["meta"] = np.array(json.dumps(meta))
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
@@ -228,17 +296,33 @@ class ModelStore:
                 meta = json.loads(str(data["meta"]))
                 if meta["base_version"] != base_version:
                     return None
+                names = meta["names"]
                 sums = {
                     name: np.array(data[f"a{i}"], dtype=np.float64)
-                    for i, name in enumerate(meta["names"])
+                    for i, name in enumerate(names)
                 }
-        except (OSError, ValueError, KeyError) as exc:
+                rows = tuple(
+                    {
+                        name: np.array(data[f"r{j}_{i}"], dtype=np.float64)
+                        for i, name in enumerate(names)
+                    }
+                    for j in range(int(meta.get("rows", 0)))
+                )
+                policy = AggregationPolicy(
+                    AggregationRule(meta.get("rule", "mean")),
+                    meta.get("clip_norm"),
+                    meta.get("max_examples"),
+                    float(meta.get("trim_fraction", 0.1)),
+                )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ModelStoreError(f"{path} is corrupt: {exc}") from None
         return AggregationState(
             Weighting(meta["weighting"]),
             sums,
             float(meta["total_weight"]),
             frozenset(meta["device_ids"]),
+            policy,
+            rows,
         )
 
     def clear_round(self, round_index: int) -> None:

@@ -53,6 +53,8 @@ from typing import Any, Literal
 import numpy as np
 
 from ursa.coordinator.aggregation import (
+    AggregationPolicy,
+    AggregationRule,
     Weighting,
     finalize_aggregation,
     init_aggregation,
@@ -67,7 +69,7 @@ from ursa.coordinator.model_transfer import (
     model_notice,
     model_transfer_id,
 )
-from ursa.coordinator.models import ModelStore
+from ursa.coordinator.models import ModelStore, UnsafeModelError
 from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
 from ursa.coordinator.secure_aggregation.session import SecureAggregation
 from ursa.coordinator.store import LAST_ROUND_PREFIX
@@ -94,7 +96,6 @@ from ursa.protocol.messages import ModelUpdate as UpdateMessage
 from ursa.protocol.router import Dispatch, RejectedError, Router
 from ursa.protocol.secure_aggregation import (
     MODEL_SEGMENT,
-    WEIGHT_SEGMENT,
     float_names,
 )
 
@@ -129,6 +130,9 @@ class RoundRecord:
     metrics: Mapping[str, Any] = field(default_factory=dict)
     failed: tuple[str, ...] = ()
     """Selected devices that reported their training failed (``training_failed``)."""
+    refused: str = ""
+    """Why the round's aggregate was refused (out of bounds, unsafe model):
+    the model stayed at ``base_version``. Empty: it was not."""
 
 
 class TrainingPlugin(RoundPlugin):
@@ -270,7 +274,9 @@ class TrainingPlugin(RoundPlugin):
         base = self._latest
         aggregation = self._store.load_partial(round_index, base.version)
         if aggregation is None:
-            aggregation = init_aggregation(self._arrays, self._weighting)
+            aggregation = init_aggregation(
+                self._arrays, self._weighting, self._plain_policy()
+            )
         uploads = Uploads(
             max_transfer_bytes=self.config.max_update_bytes,
             max_total_bytes=self.config.max_update_bytes * max(1, len(selected)),
@@ -583,11 +589,13 @@ class TrainingPlugin(RoundPlugin):
         self._finish(work, why)
 
     def _finish(self, work: OpenRound, why: str) -> None:
-        """Aggregate what arrived, checkpoint, evaluate; the round is done."""
+        """Aggregate what arrived, check it, checkpoint, evaluate; the round is done."""
         state = work.aggregation
         secure_sums: Mapping[str, Any] | None = None
+        refused = ""
         if self._secure is None:
             counted = set(state.device_ids)
+            answered = set(counted)
             new = (
                 finalize_aggregation(
                     state, work.base_arrays, server_lr=self.config.server_lr
@@ -597,13 +605,15 @@ class TrainingPlugin(RoundPlugin):
             )
         else:
             unmasked = self._secure.unmasked(work.index, _float_values(work))
-            counted = set(unmasked.survivors) if unmasked.sums is not None else set()
+            answered = set(unmasked.survivors)
+            counted = set()
             new = None
-            if unmasked.sums is not None:
+            if unmasked.sums is not None and unmasked.checked is not None:
                 secure_sums = unmasked.sums
-                new = self._secure_model(work, unmasked.sums, len(unmasked.survivors))
-                if new is None:
-                    counted = set()
+                new = self._secure_model(work, unmasked.sums, unmasked.checked.weight)
+                counted = answered
+            elif unmasked.out_of_bounds:
+                refused = unmasked.why
             else:
                 logger.warning(
                     "round %d: no secure sum (%s); the model stays at version %d",
@@ -611,21 +621,40 @@ class TrainingPlugin(RoundPlugin):
                     unmasked.why,
                     work.base_version,
                 )
-        contributed = tuple(sorted(counted))
-        failed = tuple(sorted(work.failed - counted))
-        dropped = tuple(sorted(set(work.selected) - counted - work.failed))
         version = work.base_version
         if new is not None:
-            version = work.base_version + 1
-            self._latest = self._store.save(version, new, round_index=work.index)
-            self._arrays = new
-            self._payload = self._store.load_bytes(self._latest)
-        elif self._secure is None:
+            try:
+                self._latest = self._store.save(
+                    version + 1, new, round_index=work.index, like=work.base_arrays
+                )
+            except UnsafeModelError as exc:
+                refused = f"the new model is unsafe: {exc}"
+                new = None
+                secure_sums = None
+            else:
+                version += 1
+                self._arrays = new
+                self._payload = self._store.load_bytes(self._latest)
+        if refused:
+            logger.error(
+                "round %d: aggregate refused, %s; the model stays at version %d "
+                "(participants %s)",
+                work.index,
+                refused,
+                version,
+                ", ".join(sorted(answered)),
+            )
+            counted = set()
+            secure_sums = None
+        elif new is None and self._secure is None:
             logger.warning(
                 "round %d: no update arrived; the model stays at version %d",
                 work.index,
                 version,
             )
+        contributed = tuple(sorted(counted))
+        failed = tuple(sorted(work.failed - answered))
+        dropped = tuple(sorted(set(work.selected) - answered - work.failed))
         if dropped:
             logger.warning("round %d: dropped silent devices %s", work.index, dropped)
         work.close()
@@ -656,6 +685,7 @@ class TrainingPlugin(RoundPlugin):
             self._clock() - work.started_at,
             metrics,
             failed,
+            refused,
         )
         self.history.append(record)
         if self._view is not None:  # for `ursa coordinator status`
@@ -677,31 +707,16 @@ class TrainingPlugin(RoundPlugin):
                 logger.exception("round %d: on_round callback failed", work.index)
 
     def _secure_model(
-        self, work: OpenRound, sums: Mapping[str, Any], survivors: int
-    ) -> Arrays | None:
-        """``global + server_lr * model_sum / weight_sum``, or None if unusable.
+        self, work: OpenRound, sums: Mapping[str, Any], weight: float
+    ) -> Arrays:
+        """``global + server_lr * model_sum / weight``.
 
-        The weight sum is known to lie in ``[survivors, survivors * max_examples]``
-        under FedAvg (each weight is 1 to ``max_examples``) and to be exactly
-        ``survivors`` otherwise: it is bounded by that, so DP noise on the
-        weight slot (or a device's lie) cannot blow the step up.
+        ``weight``: the weight sum once `SumBounds` checked the sum (clamped to
+        ``[survivors, survivors * max_examples]`` under FedAvg, ``survivors``
+        otherwise), so DP noise on the weight slot (or a device's lie) cannot
+        blow the step up; the check bounds the step's norm by about ``clip_norm``.
         """
-        weight = float(np.asarray(sums[WEIGHT_SEGMENT]).sum())
         flat = np.asarray(sums[MODEL_SEGMENT], dtype=np.float64)
-        if self._weighting is Weighting.FEDAVG:
-            cap = survivors * self.config.aggregation.max_examples
-            weight = min(max(weight, float(survivors)), float(cap))
-        else:
-            weight = float(survivors)
-        if not (weight > 0 and np.isfinite(weight) and np.all(np.isfinite(flat))):
-            logger.warning(
-                "round %d: the secure sum is unusable (weight %.3g); the model "
-                "stays at version %d",
-                work.index,
-                weight,
-                work.base_version,
-            )
-            return None
         base = work.base_arrays
         floats = {name: base[name] for name in float_names(base)}
         step = unflatten(self.config.server_lr * flat / weight, spec_of(floats))
@@ -710,6 +725,18 @@ class TrainingPlugin(RoundPlugin):
             arr = np.asarray(base[name])
             out[name] = (arr.astype(np.float64) + delta).astype(arr.dtype)
         return out
+
+    def _plain_policy(self) -> AggregationPolicy | None:
+        """Plain mode: the coordinator clips each update and weight itself."""
+        if self._secure is not None:
+            return None
+        config = self.config.aggregation
+        return AggregationPolicy(
+            AggregationRule(config.aggregation_rule),
+            clip_norm=config.clip_norm,
+            max_examples=config.max_examples,
+            trim_fraction=config.trim_fraction,
+        )
 
     # --- downloads ----------------------------------------------------------------
 
@@ -781,6 +808,7 @@ def round_figures(record: RoundRecord) -> dict[str, Any]:
         "updates": len(record.contributed),
         "dropped": list(record.dropped),
         "failed": list(record.failed),
+        "refused": record.refused or None,
         "elapsed_s": round(record.elapsed_s, 3),
         "accuracy": number(metrics.get("accuracy")),
         "federated_accuracy": (

@@ -60,6 +60,11 @@ from ursa.coordinator.secure_aggregation.privacy import (
     PrivacyLedger,
     require_accountant,
 )
+from ursa.coordinator.secure_aggregation.sum_bounds import (
+    CheckedSum,
+    SumBounds,
+    SumOutOfBoundsError,
+)
 from ursa.coordinator.secure_aggregation.unmasking import (
     UnmaskError,
     add_masked,
@@ -94,11 +99,15 @@ WeightingName = Callable[[], str]
 
 @dataclass(frozen=True)
 class Unmasked:
-    """What SA3 gave: the decoded sum by segment, or why there is none."""
+    """What SA3 gave: the decoded, checked sum by segment, or why there is none."""
 
     sums: Mapping[str, NDArray[np.float64]] | None
     survivors: tuple[str, ...]
     why: str = ""
+    checked: CheckedSum | None = None
+    """The sum's bounds check (`SumBounds`): its weight to divide by."""
+    out_of_bounds: bool = False
+    """The survivors' sum was unmasked but no honest devices could give it."""
 
 
 class _Round:
@@ -117,6 +126,8 @@ class _Round:
         self.layout: VectorLayout | None = None
         self.spent: dict[str, float] = {}
         """The privacy ledger's figures once the round released a noised sum."""
+        self.out_of_bounds: str | None = None
+        """Why the unmasked sum failed its bounds check (None: it passed)."""
 
     @property
     def setup(self) -> SecAggSetup:
@@ -281,6 +292,8 @@ class SecureAggregation(BeforeTraining):
             figures["unmasked_by"] = len(work.unmask.answered)
         if work.abandoned is not None:
             figures["abandoned"] = work.abandoned
+        if work.out_of_bounds is not None:
+            figures["out_of_bounds"] = work.out_of_bounds
         out: dict[str, Any] = {"secure_aggregation": figures}
         if work.spent:
             out["privacy"] = dict(work.spent)
@@ -392,10 +405,12 @@ class SecureAggregation(BeforeTraining):
         return work is not None and work.unmask is not None and work.unmask.is_open
 
     def unmasked(self, round_index: int, model_values: int) -> Unmasked:
-        """The decoded sum of the survivors, or why there is none.
+        """The decoded sum of the survivors, checked, or why there is none.
 
         Call once SA3 closed (or the round was abandoned); ``model_values``:
         the model's float values (the layout of a sum resumed from its file).
+        A sum outside what the survivors could give honestly (`SumBounds`) is
+        not returned: ``out_of_bounds`` and ``why`` say so.
         """
         work = self._work(round_index)
         if work is None:
@@ -444,8 +459,15 @@ class SecureAggregation(BeforeTraining):
         except (UnmaskError, ValueError) as exc:
             return Unmasked(None, survivors, f"unmasking failed: {exc}")
         sums = layout.decode(total)
-        self._spend_privacy(work)
-        return Unmasked(sums, survivors)
+        self._spend_privacy(work)  # decoded: released, whatever it holds
+        try:
+            checked = SumBounds.of(work.setup, layout, len(survivors)).check(sums)
+        except SumOutOfBoundsError as exc:
+            work.out_of_bounds = str(exc)
+            return Unmasked(
+                None, survivors, f"the sum is out of bounds: {exc}", out_of_bounds=True
+            )
+        return Unmasked(sums, survivors, checked=checked)
 
     def _spend_privacy(self, work: _Round) -> None:
         """Record a released noised sum in the privacy ledger (DP only), and log it."""
