@@ -8,6 +8,9 @@ folder it also writes the final model for people and other tools
 (model, version, rounds, methods, evaluation, and the architecture and input
 shape when known) and ``model.onnx`` when an exporter is given (it needs
 torch; the coordinator does not). Pure but for the writing.
+
+A `FinalModel` that holds NaN or inf cannot be made (`UnsafeModelError`): no
+such model is announced or written, whatever the plugin holds.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ursa.coordinator.models import check_model
 from ursa.models.weights import Arrays
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -64,6 +68,14 @@ class FinalModel:
     arrays: Arrays
     metrics: Mapping[str, Any] = field(default_factory=dict)
     """The last round's evaluation (the operator's ``evaluate`` hook)."""
+
+    def __post_init__(self) -> None:
+        """Refuse a final model no one may be handed.
+
+        Raises:
+            UnsafeModelError: an array holds NaN or inf.
+        """
+        check_model(self.arrays)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ursa.coordinator.aggregation import (
     AggregationError,
+    AggregationPolicy,
+    AggregationRule,
     EmptyRoundError,
     ModelUpdate,
     UpdateMismatchError,
@@ -12,8 +18,10 @@ from ursa.coordinator.aggregation import (
     Weighting,
     aggregate,
     apply_update,
+    delta_norm,
     finalize_aggregation,
     init_aggregation,
+    trim_count,
 )
 
 
@@ -143,3 +151,113 @@ def test_integer_counters_keep_the_coordinators_value() -> None:
 
     np.testing.assert_allclose(new["w"], 2.0)
     assert new["n"].dtype == np.int64 and int(new["n"]) == 4
+
+
+# --- bounded influence: the coordinator's clip and the robust rules (plain mode) ---
+
+
+def _step(new: dict[str, np.ndarray], g: dict[str, np.ndarray]) -> np.ndarray:
+    return np.concatenate([(new[k].astype(np.float64) - g[k]).ravel() for k in g])
+
+
+def test_the_coordinator_clips_each_delta_and_caps_each_weight() -> None:
+    g = _global()
+    policy = AggregationPolicy(clip_norm=1.0, max_examples=20)
+    huge = ModelUpdate("x", _delta(1e30), 2**62)
+    honest = ModelUpdate("a", _delta(0.01), 20)
+    new = aggregate(g, [huge, honest], Weighting.FEDAVG, policy=policy)
+    step = _step(new, g)
+    # the attacker: norm 1 at weight 20 of 40; the honest delta: its own norm
+    assert np.linalg.norm(step) <= 0.5 * 1.0 + 0.5 * delta_norm(_delta(0.01)) + 1e-6
+    assert np.all(np.isfinite(step))
+
+
+def test_float32_max_deltas_do_not_overflow_the_norm() -> None:
+    top = float(np.finfo(np.float32).max)
+    assert delta_norm(_delta(top / 2)) == pytest.approx(top / 2 * np.sqrt(6 + 1 + 4))
+
+
+def test_trim_count_drops_ceil_of_the_fraction_and_keeps_one() -> None:
+    assert [trim_count(k, 0.1) for k in (1, 2, 3, 10, 11, 30)] == [0, 0, 1, 1, 2, 3]
+    assert trim_count(5, 0.49) == 2 and trim_count(4, 0.0) == 0
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [(AggregationRule.MEDIAN, 2.0), (AggregationRule.TRIMMED_MEAN, 7 / 3)],
+)
+def test_robust_rules_ignore_an_outlier(rule: AggregationRule, expected: float) -> None:
+    g = _global()
+    policy = AggregationPolicy(rule, clip_norm=1e9, trim_fraction=0.2)  # 1 per side
+    updates = [ModelUpdate(f"d{i}", _delta(v), 1) for i, v in enumerate([1, 2, 3])]
+    updates.append(ModelUpdate("x", _delta(1e6), 2**40))
+    updates.append(ModelUpdate("y", _delta(2.0), 1))
+    new = aggregate(g, updates, Weighting.FEDAVG, policy=policy)
+    np.testing.assert_allclose(new["w"], g["w"] + expected, rtol=1e-6)
+
+
+def test_a_robust_round_keeps_its_rows_through_a_restart(tmp_path: Path) -> None:
+    from ursa.coordinator.models import ModelStore
+
+    g = _global()
+    policy = AggregationPolicy(AggregationRule.MEDIAN, clip_norm=50.0, max_examples=9)
+    state = init_aggregation(g, Weighting.FEDAVG, policy)
+    for i, v in enumerate([1.0, 3.0]):
+        state, _ = apply_update(state, ModelUpdate(f"d{i}", _delta(v), 100))
+    store = ModelStore(tmp_path, "m")
+    store.save_partial(4, 0, state)
+    loaded = store.load_partial(4, 0)
+    assert loaded is not None and loaded.policy == policy
+    state, _ = apply_update(loaded, ModelUpdate("d2", _delta(2.0), 1))
+    np.testing.assert_allclose(finalize_aggregation(state, g)["b"], g["b"] + [2, 4])
+
+
+_TOP = float(np.finfo(np.float32).max)
+_VALUES = st.floats(-_TOP, _TOP, allow_nan=False, width=32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    honest=st.lists(st.lists(_VALUES, min_size=8, max_size=8), min_size=2, max_size=6),
+    attacker=st.lists(_VALUES, min_size=8, max_size=8),
+    weight=st.integers(1, 2**62),
+    rule=st.sampled_from(list(AggregationRule)),
+)
+def test_one_attacker_moves_a_plain_round_within_its_bound(
+    honest: list[list[float]],
+    attacker: list[float],
+    weight: int,
+    rule: AggregationRule,
+) -> None:
+    """Whatever one device sends, the round stays within the documented bound.
+
+    mean: ``2 C a / (W_h + a)`` of the honest mean (a = max_examples);
+    median and trimmed mean with at least two honest devices and one trimmed
+    per side: every coordinate within the honest clipped values' range.
+    """
+    clip, cap = 1.0, 50
+    g = {"w": np.zeros(8, np.float32)}
+    policy = AggregationPolicy(rule, clip_norm=clip, max_examples=cap)
+    sizes = [10 + 7 * i for i in range(len(honest))]
+    updates = [
+        ModelUpdate(f"d{i}", {"w": np.array(h, np.float32)}, n)
+        for i, (h, n) in enumerate(zip(honest, sizes, strict=True))
+    ]
+    hostile = ModelUpdate("x", {"w": np.array(attacker, np.float32)}, weight)
+    both = aggregate(g, [*updates, hostile], Weighting.FEDAVG, policy=policy)["w"]
+    alone = aggregate(g, updates, Weighting.FEDAVG, policy=policy)["w"]
+    assert np.all(np.isfinite(both))
+    if rule is AggregationRule.MEAN:
+        bound = 2 * clip * cap / (sum(min(n, cap) for n in sizes) + cap)
+        assert np.linalg.norm(both - alone) <= bound * (1 + 1e-5) + 1e-6
+        return
+    clipped = np.stack([_clipped(np.array(h, np.float32), clip) for h in honest])
+    slack = 1e-6
+    assert np.all(both >= clipped.min(axis=0) - slack)
+    assert np.all(both <= clipped.max(axis=0) + slack)
+
+
+def _clipped(delta: np.ndarray, clip: float) -> np.ndarray:
+    norm = delta_norm({"w": delta})
+    out = delta.astype(np.float64)
+    return out * (clip / norm) if norm > clip else out

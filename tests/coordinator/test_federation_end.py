@@ -16,6 +16,7 @@ from ursa.coordinator.federation_end import (
     end_metrics,
     write_final_model,
 )
+from ursa.coordinator.models import UnsafeModelError
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.messages import MAX_CHUNK_SIZE, FederationEnd
@@ -95,3 +96,11 @@ def test_a_failing_exporter_is_noted_not_raised(tmp_path: Path) -> None:
     assert written == ["model.ursw", "model_card.json"]
     card = json.loads((tmp_path / "model_card.json").read_text())
     assert card["onnx_error"] == "ImportError: no torch"
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_a_non_finite_final_model_cannot_be_made(bad: float) -> None:
+    arrays = {"w": ARRAYS["w"].copy()}
+    arrays["w"][0, 0] = bad
+    with pytest.raises(UnsafeModelError):
+        FinalModel("classifier", 7, "t" * 32, arrays_to_bytes(arrays), arrays)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,14 @@ from ursa.coordinator.aggregation import (
     apply_update,
     init_aggregation,
 )
-from ursa.coordinator.models import ModelStore, ModelStoreError, write_atomic
+from ursa.coordinator.models import (
+    ModelStore,
+    ModelStoreError,
+    ModelVersion,
+    UnsafeModelError,
+    check_model,
+    write_atomic,
+)
 from ursa.models.weights import arrays_to_bytes
 
 ARRAYS = {
@@ -107,3 +115,40 @@ def test_write_atomic_replaces_the_whole_file(tmp_path: Path) -> None:
 
     assert target.read_bytes() == b"2nd"
     assert [p.name for p in target.parent.iterdir()] == ["file.bin"]
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_a_non_finite_model_is_never_saved(tmp_path: Path, bad: float) -> None:
+    store = ModelStore(tmp_path, "classifier")
+    store.save(0, ARRAYS, round_index=0)
+    broken = _shifted(1.0)
+    broken["w"][1, 2] = bad
+    with pytest.raises(UnsafeModelError, match="'w' holds 1 NaN or inf"):
+        store.save(1, broken, round_index=1)
+    latest = store.latest()
+    assert latest is not None and latest.version == 0
+    assert not (store.path / "v000001.ursw").exists()
+
+
+def test_a_model_whose_arrays_changed_is_not_saved(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path, "classifier")
+    other = {"w": np.zeros((3, 2), np.float32), "b": np.ones(2, np.float32)}
+    with pytest.raises(UnsafeModelError, match="arrays changed"):
+        store.save(1, other, round_index=1, like=ARRAYS)
+    check_model(_shifted(2.0), like=ARRAYS)  # same names and shapes: fine
+
+
+def test_a_non_finite_checkpoint_or_initial_file_is_refused(tmp_path: Path) -> None:
+    broken = _shifted(0.0)
+    broken["b"][:] = np.float32(np.inf)
+    initial = tmp_path / "initial.ursw"
+    initial.write_bytes(arrays_to_bytes(broken))
+    with pytest.raises(UnsafeModelError):
+        ModelStore(tmp_path, "a").import_initial(initial)
+    store = ModelStore(tmp_path, "b")  # an older ursa wrote an inf version
+    write_atomic(store.path / "v000003.ursw", arrays_to_bytes(broken))
+    path = store.path / "v000003.ursw"
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    old = ModelVersion("b", 3, 3, digest, path.stat().st_size, path)
+    with pytest.raises(UnsafeModelError):
+        store.load_arrays(old)
