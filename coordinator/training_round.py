@@ -113,6 +113,9 @@ class OpenRound:
     """What each counted device said of its training (`ModelUpdate.metrics`)."""
     failed: set[str] = field(default_factory=set)
     """Selected devices that reported their training failed (not waited for)."""
+    refused: set[str] = field(default_factory=set)
+    """Selected devices whose update was refused as unusable (not waited for:
+    the violator's round is over, the honest fleet's goes on)."""
 
     def check_participant(self, device: str) -> None:
         """Refuse a device that may not send updates (or upload) now."""
@@ -151,6 +154,11 @@ class OpenRound:
                 WRONG_VERSION,
                 f"update from version {message.base_version}; round {self.index} "
                 f"trains version {self.base_version}",
+            )
+        if device in self.refused:
+            raise RejectedError(
+                ErrorCode.LATE,
+                f"this device's update for round {self.index} was refused already",
             )
         if device in counted or device in self.pending:
             raise RejectedError(
@@ -199,6 +207,7 @@ class OpenRound:
             update = ModelUpdate(device, delta, message.num_examples)
             self.aggregation, outcome = apply_update(self.aggregation, update)
         except (WeightsError, AggregationError) as exc:
+            self.refused.add(device)
             raise RejectedError(
                 ErrorCode.MALFORMED, f"unusable update: {exc}"
             ) from None
@@ -225,6 +234,7 @@ class OpenRound:
             if (online is None or d in online)
             and d not in answered
             and d not in self.failed
+            and d not in self.refused
         }
 
     def fail(self, device: str) -> bool:
