@@ -278,10 +278,11 @@ def robust_combine(
 ) -> FloatArray:
     """Coordinate-wise median or trimmed mean over axis 0 (one row per device)."""
     if rule is AggregationRule.MEDIAN:
-        return np.median(stacked, axis=0)
+        return np.asarray(np.median(stacked, axis=0), dtype=np.float64)
     cut = trim_count(stacked.shape[0], trim_fraction)
     ordered = np.sort(stacked, axis=0)
-    return ordered[cut : stacked.shape[0] - cut].mean(axis=0)
+    kept = ordered[cut : stacked.shape[0] - cut]
+    return np.asarray(kept.mean(axis=0), dtype=np.float64)
 
 
 def finalize_aggregation(

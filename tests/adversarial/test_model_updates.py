@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 
 from ursa.coordinator.aggregation import delta_norm
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
-from ursa.coordinator.training import TrainingConfig, TrainingPlugin
+from ursa.coordinator.training import TrainingConfig, TrainingPlugin, round_figures
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.secure_aggregation.rounds import Contribution, MaskingRounds
 from ursa.edge_sdk.trainer import LocalDelta
@@ -337,6 +337,7 @@ def test_a_forged_secure_sum_keeps_the_version_and_the_next_round_trains(
     assert (first.version, first.contributed) == (0, ())
     assert "out of bounds" in first.refused
     assert first.metrics["secure_aggregation"]["out_of_bounds"]
+    assert round_figures(first)["refused"] == first.refused  # status shows it
     (line,) = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert "round 1" in line and "d00, d01, d02" in line
     # the next round (the attacker honest again) trains from the kept version 0

@@ -141,7 +141,10 @@ def test_equal_weights_accept_zero_examples() -> None:
 
 
 def test_integer_counters_keep_the_coordinators_value() -> None:
-    base = {"w": np.zeros(2, np.float32), "n": np.array(4, np.int64)}
+    base: dict[str, np.ndarray] = {
+        "w": np.zeros(2, np.float32),
+        "n": np.array(4, np.int64),
+    }
     updates = [
         ModelUpdate("a", {"w": np.ones(2, np.float32), "n": np.array(10)}, 1),
         ModelUpdate("b", {"w": np.full(2, 3.0, np.float32), "n": np.array(30)}, 1),
