@@ -14,7 +14,10 @@ Round r, after the signed selection (base version v = the latest checkpoint)::
        (`ursa.coordinator.aggregation`: FedAvg by num_examples, equal, or
        what a step says: CLIMB averages deltas the devices already scaled)
     5  [every selected online device answered, or the update deadline]
-       v+1 = v + server_lr * mean delta, checkpointed atomically
+       v+1 = v + server_lr * mean delta (plain: each delta clipped to
+       clip_norm and weight to max_examples, combined by aggregation_rule;
+       secure: the unmasked sum checked against its survivors' bounds,
+       `ursa.coordinator.secure_aggregation.sum_bounds`), checkpointed atomically
        (`ursa.coordinator.models`), the optional evaluation callback runs,
        the round is complete. No update at all: the model stays at v.
 
@@ -26,7 +29,11 @@ rounds are refused by the service as ``wrong_round``). Silent devices are
 dropped at the deadline (and at once when their last will says offline); a
 device whose training failed says so (``training_failed``) and is not waited
 for either, so the round closes once every selected device updated or failed
-(what did arrive is aggregated as usual; none: the model stays).
+(what did arrive is aggregated as usual; none: the model stays). Neither is
+a device whose update was refused as unusable. A sum out of bounds, or a new
+model holding NaN or inf (`ursa.coordinator.models.UnsafeModelError`), keeps
+the version: one ERROR line names the round and its participants, and the
+round's record says why (``refused``).
 Upload chunks still missing are re-requested every ``retry_s``.
 
 Restarts: the running sum (a model artefact file, `ursa.coordinator.models`)
@@ -129,7 +136,8 @@ class RoundRecord:
     elapsed_s: float
     metrics: Mapping[str, Any] = field(default_factory=dict)
     failed: tuple[str, ...] = ()
-    """Selected devices that reported their training failed (``training_failed``)."""
+    """Selected devices that reported their training failed (``training_failed``),
+    or whose update was refused as unusable (``malformed``)."""
     refused: str = ""
     """Why the round's aggregate was refused (out of bounds, unsafe model):
     the model stayed at ``base_version``. Empty: it was not."""
@@ -653,8 +661,9 @@ class TrainingPlugin(RoundPlugin):
                 version,
             )
         contributed = tuple(sorted(counted))
-        failed = tuple(sorted(work.failed - answered))
-        dropped = tuple(sorted(set(work.selected) - answered - work.failed))
+        gone = (work.failed | work.refused) - answered
+        failed = tuple(sorted(gone))
+        dropped = tuple(sorted(set(work.selected) - answered - gone))
         if dropped:
             logger.warning("round %d: dropped silent devices %s", work.index, dropped)
         work.close()
