@@ -10,9 +10,11 @@ The coordinator merges it with the config (`EnrolmentList.policy`: a pin
 here wins over the config's for the same device) when a device it does not
 know says Hello, so a device enrolled by command may join a running
 coordinator. A revoked device's Hello is refused at once; at the
-coordinator's next start a revoked device, and one enrolled with keys other
-than its pin here (it lost its state directory and was enrolled again), are
-forgotten (`stale_devices`), so their other messages are refused too.
+coordinator's next tick (and at a start) a revoked device, and one enrolled
+with keys other than its pin here (it lost its state directory and was
+enrolled again), are forgotten (`stale_devices`), so their other messages
+are refused too, and a forgotten holder of the current key epoch's key
+makes the coordinator key a new epoch before the next round.
 """
 
 from __future__ import annotations

@@ -48,6 +48,8 @@ class Recovery(EpochStages, RoundStages):
     """Reload and resume: the stages plus what a restart needs."""
 
     _enrolment_watch: EnrolmentWatch | None = None
+    _enrolment_reads_applied = 0
+    """`EnrolmentWatch.reads` when the list was last applied (at start: 1)."""
 
     def _enrolment_list(self) -> EnrolmentList:
         """The operator's ``enrolment.json``; empty (and logged) when unreadable."""
@@ -61,14 +63,47 @@ class Recovery(EpochStages, RoundStages):
             self._enrolment_watch = watch
         return watch.current()
 
-    def _forget_stale(self, listed: EnrolmentList) -> None:
-        """Forget devices revoked, or enrolled again with new keys, by command."""
+    def _forget_stale(self, listed: EnrolmentList) -> dict[str, str]:
+        """Forget devices revoked, or enrolled again with new keys, by command.
+
+        Returns the forgotten devices with the reason.
+        """
         fingerprints = {d: i.fingerprint() for d, i in self._enrolled.items()}
-        for device, reason in sorted(listed.stale_devices(fingerprints).items()):
+        stale = listed.stale_devices(fingerprints)
+        for device, reason in sorted(stale.items()):
             logger.warning("forgetting enrolled device %s: %s", device, reason)
             self._store.unenrol(device)
             del self._enrolled[device]
             self._device_changed(device)
+        return stale
+
+    def _apply_revocations(self) -> None:
+        """Apply a changed enrolment list now, not at the next start.
+
+        Devices revoked (or enrolled again with new keys) while running are
+        forgotten at once, so their messages are refused from then on. A
+        forgotten device that is a member of the current key epoch holds its
+        secret key (agent or not, it could decrypt the epoch's sums while its
+        broker login lives), so the next round waits for a new key epoch
+        without it. A ``stat`` per call (`EnrolmentWatch`); the O(fleet)
+        comparison only when the file changed.
+        """
+        listed, _ = self._enrolment()
+        watch = self._enrolment_watch
+        if watch is None or watch.reads == self._enrolment_reads_applied:
+            return
+        self._enrolment_reads_applied = watch.reads
+        stale = self._forget_stale(listed)
+        work = self._epoch
+        holders = sorted(stale.keys() & work.members) if work is not None else []
+        if holders and work is not None:
+            logger.warning(
+                "key epoch %d's key is held by %s: a new key epoch before the "
+                "next round",
+                work.epoch,
+                ", ".join(f"{d} ({stale[d]})" for d in holders),
+            )
+            self._mark_rekey()
 
     def _restore(self, now: float) -> None:
         """Reload state from the store and give the current stage a fresh deadline."""

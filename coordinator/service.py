@@ -450,6 +450,7 @@ class CoordinatorService(Recovery):
         with self._lock:
             try:
                 self._watch_connection(self._clock())
+                self._apply_revocations()
                 self._step(self._clock())
                 self._store.flush_if_due()  # a batch no message or publish closed
             except Exception:

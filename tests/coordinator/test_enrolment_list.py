@@ -179,3 +179,48 @@ def test_a_broken_file_keeps_the_list_read_before(tmp_path: Path) -> None:
     (tmp_path / "enrolment.json").write_text("{not json")
     listed, policy = watch.current()
     assert listed.revoked == {"b"} and policy.pins == {"a": FP_A}
+
+
+def test_revoking_a_key_holder_while_running_keys_again_without_it(
+    federation: Any,
+) -> None:
+    fed = federation(num_devices=4, k=2, rounds=6, min_devices=3)
+    fed.start(settle=False)
+    for _ in range(100):  # run into the federation, not to its end
+        if fed.coordinator.store.completed_rounds() >= 1:
+            break
+        fed.tick(fed.config.deadlines.volunteer_s)
+    assert 1 <= fed.coordinator.store.completed_rounds() < 6
+    epoch = fed.coordinator.state.epoch
+    (_, first), *_ = fed.messages("key_epoch_start")
+    revoked = next(d for d in fed.device_ids if d != first.agent)
+    EnrolmentList().revoke(revoked).save(fed.config.state_dir)
+    fed.tick(0.0)
+    fed.settle()
+    assert fed.coordinator.store.completed_rounds() == 6
+
+    assert revoked not in fed.coordinator.store.enrolled()  # forgotten, no restart
+    starts = [m for _, m in fed.messages("key_epoch_start")]
+    assert starts[-1].epoch > epoch  # a new key epoch ...
+    sealed_to = {
+        r.device_id
+        for _, page in fed.messages("seal_request")
+        if page.epoch == starts[-1].epoch
+        for r in page.recipients
+    }
+    assert sealed_to and revoked not in sealed_to  # ... that leaves it out
+    assert starts[-1].agent != revoked
+    later = [m for _, m in fed.messages("round_announce") if m.epoch > epoch]
+    assert later, "the rounds after the revocation run in the new key epoch"
+
+
+def test_a_revocation_of_a_device_outside_the_epoch_keys_nothing(
+    federation: Any,
+) -> None:
+    fed = federation(num_devices=4, k=2, rounds=2)
+    fed.start()
+    epochs = len(fed.messages("key_epoch_start"))
+    EnrolmentList().revoke("never-seen").save(fed.config.state_dir)
+    fed.tick(0.0)
+    fed.settle()
+    assert len(fed.messages("key_epoch_start")) == epochs

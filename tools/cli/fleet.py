@@ -10,9 +10,11 @@ Pinned enrolment, end to end::
 ``enrol`` and ``revoke`` write the coordinator's ``enrolment.json``
 (`ursa.coordinator.enrolment_list`), never the operator's config file; a
 running coordinator admits a newly enrolled device at its next Hello and
-refuses a revoked device's Hello at once, and forgets a revoked device's
-enrolment at its next start. ``status`` reads the store read-only
-(`ursa.coordinator.status`), so it may run beside a working coordinator.
+refuses a revoked device's Hello at once, forgets a revoked device's
+enrolment at its next tick and, if the device holds the current key epoch's
+key, starts a new key epoch without it before the next round. ``status``
+reads the store read-only (`ursa.coordinator.status`), so it may run beside
+a working coordinator.
 """
 
 from __future__ import annotations
@@ -276,9 +278,11 @@ def _revoke(args: argparse.Namespace) -> int:
     print(f"revoked {args.device} in {path}")
     if _enrolled_fingerprint(config, args.device) is not None:
         print(
-            "  its Hello is refused from now on; restart the coordinator to forget "
-            "its enrolment (its other messages are refused from then on; it keeps "
-            "the current key epoch's key until the next epoch)"
+            "  a running coordinator refuses its messages from its next tick and, "
+            "if it holds the current key epoch's key, keys a new epoch without it "
+            "before the next round; remove its broker login too (`ursa broker "
+            "mosquitto-config --force` without it in --devices, then reload "
+            "Mosquitto)"
         )
     elif args.device not in listed.pins and args.device not in config.enrolment.pins:
         print(f"  ({args.device} was neither enrolled nor pinned)")
