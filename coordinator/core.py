@@ -27,6 +27,7 @@ from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.identity_refusals import IdentityRefusals
 from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import Presence
+from ursa.coordinator.refusal_log import RefusalLog, Stored
 from ursa.coordinator.rounds import RoundState, Stage, advance
 from ursa.coordinator.seal_pages import SealPaging
 from ursa.coordinator.selection_method import SelectionMethod
@@ -165,6 +166,8 @@ class ServiceCore:
     _final_output: FinalOutput | None = None
     """The architecture and ONNX exporter for the final model's files, if known."""
     _telemetry: Telemetry
+    _refusals: RefusalLog
+    """Refusal lines and stored errors, within per-device limits."""
     _epoch_sets_cache: EpochSets | None = None
     """`_epoch_sets`' current value (None: build it at the next call)."""
 
@@ -336,12 +339,23 @@ class ServiceCore:
     ) -> None:
         """Log (and keep, for status) a refused message; tell the sender, if known.
 
-        ``counted``: the telemetry already counted it (an admission drop).
+        The line and the stored error are within the sender's refusal limits
+        (`RefusalLog`), its text escaped. ``counted``: the telemetry already
+        counted it (an admission drop).
         """
         if not counted:
             self._telemetry.rejected(code)
-        logger.warning("rejected %s from %s: %s: %s", what, device, code, reason)
-        self._store.record_error(self._clock(), device, what, code, reason)
+        self._refusals.write(
+            self._clock(),
+            device,
+            logging.WARNING,
+            "rejected %s from %s: %s: %s",
+            what,
+            device,
+            code,
+            reason,
+            stored=Stored(what, code, reason),
+        )
         if device is None:
             return
         reply = ErrorReply(

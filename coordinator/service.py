@@ -56,6 +56,7 @@ re-published requests bring them back.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import threading
@@ -77,6 +78,7 @@ from ursa.coordinator.natural_keys import natural_key
 from ursa.coordinator.plugin import EpochView, NoTraining, RoundPlugin, SignedT
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.recovery import Recovery
+from ursa.coordinator.refusal_log import RefusalLog, Stored
 from ursa.coordinator.rounds import RoundState, Stage
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.site_links import SiteLink, SiteLinks
@@ -211,6 +213,9 @@ class CoordinatorService(Recovery):
         )
         self._limiter = AdmissionLimiter(
             config.admission, max_message_bytes=config.max_message_bytes
+        )
+        self._refusals = RefusalLog(
+            logger, keep=lambda *error: self._store.record_error(*error)
         )
         self._online = self._presence.online
         self._sat_out = {}
@@ -452,6 +457,7 @@ class CoordinatorService(Recovery):
                 self._watch_connection(self._clock())
                 self._apply_revocations()
                 self._step(self._clock())
+                self._refusals.flush(self._clock())
                 self._store.flush_if_due()  # a batch no message or publish closed
             except Exception:
                 logger.exception("stage step failed; will retry at the next tick")
@@ -552,11 +558,13 @@ class CoordinatorService(Recovery):
                 return
             parsed = parse_topic(topic)
         except TopicError as exc:
-            logger.warning("rejected message on an invalid topic: %s", exc)
+            line = "rejected message on an invalid topic: %s"
+            self._refusals.write(now, None, logging.WARNING, line, str(exc))
             return
         device = parsed.device
         if parsed.federation != cfg.federation or device is None:
-            logger.warning("rejected message on foreign topic %s", topic)
+            line = "rejected message on foreign topic %s"
+            self._refusals.write(now, None, logging.WARNING, line, topic)
             return
         if parsed.direction == "down" or not payload:
             return  # our own publishes, if a broker echoes them; a cleared retain
@@ -699,12 +707,14 @@ class CoordinatorService(Recovery):
         return router
 
     def _on_error_reply(self, message: ErrorReply) -> None:
+        report = functools.partial(self._refusals.write, self._clock(), message.sender)
         if message.code == ErrorCode.COORDINATOR_IDENTITY_MISMATCH:
             self._check_identity_refusal(message)  # signed, names our acceptance
             self._refused_by(message.sender, message.reason)
             return
         if message.code in _SITS_OUT:  # an operator must act
-            logger.error(
+            report(
+                logging.ERROR,
                 "%s sits out: %s: %s (excluded from key epoch %d)",
                 message.sender,
                 message.code,
@@ -714,7 +724,8 @@ class CoordinatorService(Recovery):
             self._sit_out(message.sender)
             return
         if message.code in _FAILED:
-            logger.warning(
+            report(
+                logging.WARNING,
                 "%s reports %s in round %d: %s",
                 message.sender,
                 message.code,
@@ -726,13 +737,22 @@ class CoordinatorService(Recovery):
             if training and work is not None and message.round == work.round:
                 self._plugin.on_device_failed(work.round, message.sender, message.code)
             return
-        logger.info("%s reports %s: %s", message.sender, message.code, message.reason)
+        report(
+            logging.INFO,
+            "%s reports %s: %s",
+            message.sender,
+            message.code,
+            message.reason,
+        )
 
     def _refused_by(self, device: str, reason: str) -> None:
         """A device pinned another coordinator: name it and the remedy; count it out."""
         if device in self._refusing:
             return
-        logger.error(
+        self._refusals.write(
+            self._clock(),
+            device,
+            logging.ERROR,
             "%s refuses this coordinator (%s); it sits out until re-pinned "
             "(`ursa device repin` on it) or this coordinator's identity.key is "
             "restored from backup",
@@ -875,9 +895,15 @@ class CoordinatorService(Recovery):
             self._store.set_online(device, True)
             logger.info("enrolled %s (%s)", device, decision.identity.fingerprint())
         elif not decision.accepted:
-            logger.warning("refused enrolment of %s: %s", device, decision.reason)
-            now = self._clock()
-            self._store.record_error(now, device, "hello", "refused", decision.reason)
+            self._refusals.write(
+                self._clock(),
+                device,
+                logging.WARNING,
+                "refused enrolment of %s: %s",
+                device,
+                decision.reason,
+                stored=Stored("hello", "refused", decision.reason),
+            )
         reply = enrol_result(
             decision,
             self.identity,

@@ -11,7 +11,9 @@ What the store persists, and so what status can show: the stage, key epoch
 (agent, recipients, registrations), round, enrolled devices with their
 fingerprints and presence, each round's volunteers and selection, the live
 phases, the devices refusing this coordinator or sitting an epoch out, and
-the newest refusals (`CoordinatorStore.record_error`), each model's last
+the newest refusals (`CoordinatorStore.record_error`; at most
+`SHOWN_PER_DEVICE` of one device, so one device's flood hides no other's),
+each model's last
 training round's figures (meta ``last_round.<model>``:
 `ursa.coordinator.training.round_figures`) and the model version each round
 produced (``models/<name>/latest.json``). Earlier rounds' figures are in the
@@ -31,6 +33,8 @@ from ursa.coordinator.core import REFUSING_KEY, SAT_OUT_KEY, STATE_KEY
 from ursa.coordinator.store import (
     DB_FILENAME,
     LAST_ROUND_PREFIX,
+    RECENT_ERRORS_SQL,
+    SHOWN_PER_DEVICE,
     ErrorRecord,
     error_record,
 )
@@ -173,11 +177,7 @@ def _read(db: sqlite3.Connection, errors: int) -> dict[str, Any]:
     )
     recent: tuple[ErrorRecord, ...] = ()
     if "errors" in tables:  # a store written before refusals were kept has none
-        rows = db.execute(
-            "SELECT at, device, what, code, reason FROM errors "
-            "ORDER BY id DESC LIMIT ?",
-            (errors,),
-        )
+        rows = db.execute(RECENT_ERRORS_SQL, (SHOWN_PER_DEVICE, errors))
         recent = tuple(error_record(tuple(r)) for r in rows)
     phases = tuple(str(r[0]) for r in db.execute("SELECT key FROM phases ORDER BY key"))
     deadline = state.get("deadline_at")

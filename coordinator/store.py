@@ -53,12 +53,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ursa.coordinator.store_batches import BatchedConnection, CommitPolicy, StoreStats
+from ursa.protocol.untrusted_text import escape
 
 __all__ = [
     "DB_FILENAME",
     "LAST_ROUND_PREFIX",
     "MAX_ERRORS",
+    "MAX_ERRORS_PER_DEVICE",
+    "RECENT_ERRORS_SQL",
     "RUN_KEY",
+    "SHOWN_PER_DEVICE",
     "CoordinatorStore",
     "EpochRecord",
     "ErrorRecord",
@@ -80,7 +84,19 @@ DEFAULT_MAX_SEEN = 200_000
 message that old is for a finished round or epoch and is refused as late."""
 _PRUNE_EVERY = 1_000
 MAX_ERRORS = 100
-"""Refusals kept for `ursa coordinator status` (the newest; the log has all)."""
+"""Refusals kept for `ursa coordinator status` (the newest; the log has the rest)."""
+MAX_ERRORS_PER_DEVICE = 5
+"""Refusals kept per device (None, an unknown sender, counts as one): a flood
+from one device replaces its own, never the others'."""
+SHOWN_PER_DEVICE = 2
+"""Refusals per device `recent_errors` (and status) list, newest first."""
+RECENT_ERRORS_SQL = """
+SELECT at, device, what, code, reason FROM (
+    SELECT id, at, device, what, code, reason,
+        ROW_NUMBER() OVER (PARTITION BY device ORDER BY id DESC) AS nth
+    FROM errors)
+WHERE nth <= ? ORDER BY id DESC LIMIT ?"""
+"""The newest refusals, at most (first parameter) per device, (second) in all."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -459,25 +475,33 @@ class CoordinatorStore:
     def record_error(
         self, at: float, device: str | None, what: str, code: str, reason: str
     ) -> None:
-        """Keep a refusal for status; only the newest `MAX_ERRORS` are kept."""
+        """Keep a refusal for status, its texts escaped (`untrusted_text`).
+
+        Only the newest `MAX_ERRORS_PER_DEVICE` of a device and the newest
+        `MAX_ERRORS` in all are kept.
+        """
         with self.transaction():
-            cursor = self._write(
+            self._write(
                 "INSERT INTO errors (at, device, what, code, reason) "
                 "VALUES (?, ?, ?, ?, ?)",
-                (at, device, what, code, reason[:256]),
+                (at, device, escape(what, 64), escape(code, 64), escape(reason)),
             )
             self._write(
-                "DELETE FROM errors WHERE id <= ?",
-                (int(cursor.lastrowid or 0) - MAX_ERRORS,),
+                "DELETE FROM errors WHERE device IS ? AND id NOT IN "
+                "(SELECT id FROM errors WHERE device IS ? ORDER BY id DESC LIMIT ?)",
+                (device, device, MAX_ERRORS_PER_DEVICE),
+            )
+            self._write(  # rows, not ids: the per-device deletes leave id gaps
+                "DELETE FROM errors WHERE id NOT IN "
+                "(SELECT id FROM errors ORDER BY id DESC LIMIT ?)",
+                (MAX_ERRORS,),
             )
 
-    def recent_errors(self, limit: int = MAX_ERRORS) -> list[ErrorRecord]:
-        """The newest refusals, newest first."""
-        rows = self._exec(
-            "SELECT at, device, what, code, reason FROM errors "
-            "ORDER BY id DESC LIMIT ?",
-            (limit,),
-        ).fetchall()
+    def recent_errors(
+        self, limit: int = MAX_ERRORS, *, per_device: int = SHOWN_PER_DEVICE
+    ) -> list[ErrorRecord]:
+        """The newest refusals, newest first, at most ``per_device`` of each device."""
+        rows = self._exec(RECENT_ERRORS_SQL, (per_device, limit)).fetchall()
         return [error_record(row) for row in rows]
 
     # --- key epochs ---------------------------------------------------------

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from ursa.protocol.untrusted_text import escape
+
 if TYPE_CHECKING:
     from ursa.coordinator.training import RoundRecord
 
@@ -45,6 +47,9 @@ MAX_ROUNDS_KEPT = 1000
 """Round summaries kept for the dashboard (the oldest go first)."""
 MAX_ERRORS_KEPT = 50
 """Recent warnings and errors kept."""
+MAX_ERRORS_PER_DEVICE_KEPT = 5
+"""Of those, at most this many about one device (a log record's ``device``):
+a device's flood replaces its own lines on the dashboard, never others'."""
 
 Clock = Callable[[], float]
 
@@ -108,10 +113,17 @@ class ErrorEvent:
     at: float
     level: str
     message: str
+    device: str | None = None
+    """The device the line is about, when the logger said (`RefusalLog`)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict."""
-        return {"at": self.at, "level": self.level, "message": self.message}
+        return {
+            "at": self.at,
+            "level": self.level,
+            "message": self.message,
+            "device": self.device,
+        }
 
 
 @dataclass(frozen=True)
@@ -286,10 +298,18 @@ class Telemetry:
                     return
             self._annotations.setdefault(round_index, {}).update(figures)
 
-    def error(self, level: str, message: str) -> None:
-        """A warning or error to show as recent (see `RecentErrors`)."""
-        event = ErrorEvent(self._wall(), level, message[:500])
+    def error(self, level: str, message: str, device: str | None = None) -> None:
+        """A warning or error to show as recent (see `RecentErrors`), escaped.
+
+        A line about ``device`` replaces that device's oldest once it has
+        `MAX_ERRORS_PER_DEVICE_KEPT` of them.
+        """
+        event = ErrorEvent(self._wall(), level, escape(message, 500), device)
         with self._lock:
+            if device is not None:
+                own = [e for e in self._errors if e.device == device]
+                if len(own) >= MAX_ERRORS_PER_DEVICE_KEPT:
+                    self._errors.remove(own[0])
             self._errors.append(event)
 
     # --- reading --------------------------------------------------------------
@@ -344,9 +364,14 @@ class RecentErrors(logging.Handler):
         self._telemetry = telemetry
 
     def emit(self, record: logging.LogRecord) -> None:
-        """Keep the record's level and message (no traceback)."""
+        """Keep the record's level, message (no traceback) and ``device``, if any."""
+        device = getattr(record, "device", None)
         try:
-            self._telemetry.error(record.levelname, record.getMessage())
+            self._telemetry.error(
+                record.levelname,
+                record.getMessage(),
+                device if isinstance(device, str) else None,
+            )
         except Exception:
             self.handleError(record)
 

@@ -83,6 +83,26 @@ def test_status_never_waits_for_the_coordinators_write_lock(federation: Any) -> 
     ]
 
 
+def test_one_devices_flood_hides_no_other_devices_errors(tmp_path: Path) -> None:
+    from ursa.coordinator.store import SHOWN_PER_DEVICE, CoordinatorStore
+
+    store = CoordinatorStore(tmp_path / "coordinator.sqlite3")
+    for i, device in enumerate(("d01", "d02", "d03")):
+        store.record_error(float(i), device, "update", "late", "after the deadline")
+    for i in range(500):
+        store.record_error(10.0 + i, "d00", "error", "wrong_run", "x\ny\x1b[2K")
+    store.close()
+
+    shown = read_status(tmp_path).errors
+
+    assert [e.device for e in shown] == ["d00"] * SHOWN_PER_DEVICE + [
+        "d03",
+        "d02",
+        "d01",
+    ]
+    assert shown[0].reason == "x\\ny\\x1b[2K"
+
+
 def test_status_command_prints_text_and_json(
     federation: Any,
     capsys: pytest.CaptureFixture[str],

@@ -151,7 +151,37 @@ def test_recent_errors_are_bounded_and_newest_first(tmp_path: Path) -> None:
     store.close()
     assert len(errors) == MAX_ERRORS
     assert [e.at for e in errors[:2]] == [MAX_ERRORS + 4.0, MAX_ERRORS + 3.0]
-    assert errors[-1].device == "d5" and len(errors[0].reason) == 256
+    assert errors[-1].device == "d5" and errors[0].reason == "x" * 300
+
+
+def test_one_device_keeps_only_its_newest_errors(tmp_path: Path) -> None:
+    from ursa.coordinator.store import MAX_ERRORS_PER_DEVICE, SHOWN_PER_DEVICE
+
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    store.record_error(0.0, "honest", "update", "late", "after the deadline")
+    store.record_error(0.0, None, "message", "malformed", "no device")
+    for i in range(3000):
+        store.record_error(1.0 + i, "flood", "error", "wrong_run", f"flood {i}")
+    every = store.recent_errors(per_device=1000)
+    shown = store.recent_errors()
+    store.close()
+    devices = [e.device for e in every]
+    assert devices.count("flood") == MAX_ERRORS_PER_DEVICE
+    assert devices.count("honest") == 1 and devices.count(None) == 1
+    assert every[0].reason == "flood 2999"
+    assert [e.device for e in shown] == ["flood"] * SHOWN_PER_DEVICE + [None, "honest"]
+
+
+def test_stored_texts_are_escaped_and_bounded(tmp_path: Path) -> None:
+    from ursa.protocol.untrusted_text import DEFAULT_LIMIT
+
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    store.record_error(0.0, "d1", "up\ndate", "late\x1b", "a\nb\r\u202e" + "z" * 9999)
+    (error,) = store.recent_errors()
+    store.close()
+    assert error.what == "up\\ndate" and error.code == "late\\x1b"
+    assert error.reason.startswith("a\\nb\\r\\u202ezzz")
+    assert len(error.reason) <= DEFAULT_LIMIT
 
 
 def test_unenrol_forgets_identity_and_presence(tmp_path: Path) -> None:

@@ -125,3 +125,32 @@ def test_recent_errors_keeps_warnings_not_info() -> None:
         ("WARNING", "round 3: training deadline passed"),
         ("ERROR", "bad"),
     ]
+
+
+def test_one_devices_lines_replace_only_its_own() -> None:
+    from ursa.coordinator.telemetry import MAX_ERRORS_KEPT, MAX_ERRORS_PER_DEVICE_KEPT
+
+    telemetry = Telemetry()
+    telemetry.error("WARNING", "honest trouble", "d01")
+    telemetry.error("WARNING", "lost the broker")
+    for i in range(3 * MAX_ERRORS_KEPT):
+        telemetry.error("WARNING", f"flood {i}", "d00")
+    errors = telemetry.snapshot().errors
+    assert [e.message for e in errors[:2]] == ["honest trouble", "lost the broker"]
+    flood = [e.message for e in errors if e.device == "d00"]
+    assert len(flood) == MAX_ERRORS_PER_DEVICE_KEPT
+    assert flood[-1] == f"flood {3 * MAX_ERRORS_KEPT - 1}"
+
+
+def test_recent_errors_are_escaped_and_name_their_device() -> None:
+    telemetry = Telemetry()
+    log = logging.getLogger("ursa.coordinator.test_telemetry")
+    handler = RecentErrors(telemetry)
+    log.addHandler(handler)
+    try:
+        log.warning("refused: %s", "a\nERROR forged\u202e", extra={"device": "d00"})
+    finally:
+        log.removeHandler(handler)
+    (error,) = telemetry.snapshot().errors
+    assert error.message == "refused: a\\nERROR forged\\u202e"
+    assert error.to_json()["device"] == "d00"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from ursa.coordinator.methods.flicker.outcome import (
     RefusedError,
     Rejection,
 )
+from ursa.coordinator.refusal_log import RefusalLog
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.protocol.chunking import select_chunks, split
 from ursa.protocol.envelope import decode, encode, message_kind
@@ -48,11 +50,14 @@ from ursa.protocol.topics import (
     qos_for,
 )
 from ursa.protocol.transport import Transport
+from ursa.protocol.untrusted_text import escape
 
-__all__ = ["SEEN_IDS", "ContextTransfer", "FlickerWire"]
+__all__ = ["MAX_REJECTIONS_KEPT", "SEEN_IDS", "ContextTransfer", "FlickerWire"]
 
 logger = logging.getLogger("ursa.coordinator.methods.flicker.algorithm")
 
+MAX_REJECTIONS_KEPT = 1000
+"""Refusals `FlickerWire.rejections` keeps (the oldest go first)."""
 SEEN_IDS = 8192
 """Message ids remembered to drop redeliveries."""
 
@@ -107,6 +112,8 @@ class FlickerWire:
         self.config = config
         self.devices = devices
         self.rejections: list[Rejection] = []
+        """The newest `MAX_REJECTIONS_KEPT` refusals (reasons escaped)."""
+        self._refusals = RefusalLog(logger)
         self._transport = transport
         self._lock = threading.Lock()
         self._flush_lock = threading.RLock()
@@ -239,8 +246,15 @@ class FlickerWire:
             self._send(reply, device)
 
     def _note(self, device: str | None, kind: str, code: str, why: str) -> None:
-        logger.warning("FLICKER rejected %s from %s: %s: %s", kind, device, code, why)
-        self.rejections.append(Rejection(device, kind, str(code), why))
+        """Log (within the device's refusal limits, escaped) and keep a refusal."""
+        line = "FLICKER rejected %s from %s: %s: %s"
+        now = time.monotonic()
+        self._refusals.write(
+            now, device, logging.WARNING, line, kind, device, code, why
+        )
+        self.rejections.append(Rejection(device, kind, str(code), escape(why)))
+        if len(self.rejections) > MAX_REJECTIONS_KEPT:
+            del self.rejections[0]
 
     def _flush(self) -> None:
         """Publish queued messages in order, outside the state lock."""
