@@ -105,6 +105,7 @@ from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import Dispatch, NotReadyError, RejectedError, Router
 from ursa.protocol.topics import device_subscriptions, parse_topic, status_topic
 from ursa.protocol.transport import Transport, TransportError
+from ursa.protocol.untrusted_text import escape
 
 __all__ = [
     "HELLO_ON_NEW_RUN_S",
@@ -490,7 +491,8 @@ class EdgeClient(EpochSteps, EndSteps):
                 return None
             message = decode(payload, max_size=cfg.max_message_bytes)
         except ProtocolError as exc:
-            logger.warning("%s: dropped message on %s: %s", self.device_id, topic, exc)
+            why = escape(f"{topic}: {exc}")
+            logger.warning("%s: dropped message on %s", self.device_id, why)
             return None
         own = parsed.device == cfg.device_id and parsed.direction == "down"
         if parsed.federation != cfg.federation or not (own or parsed.scope == "global"):
@@ -722,12 +724,15 @@ class EdgeClient(EpochSteps, EndSteps):
     def _refused(self, message: BaseMessage, exc: Exception) -> None:
         if not isinstance(exc, _REFUSALS):
             raise exc
-        logger.warning("%s: refused %s: %s", self.device_id, message_kind(message), exc)
+        kind, why = message_kind(message), escape(str(exc))
+        logger.warning("%s: refused %s: %s", self.device_id, kind, why)
 
     def _on_error_reply(self, message: ErrorReply) -> None:
         self._on_error(message)
         self._notify_error(
-            DeviceError(message.round, message.code, message.reason, "coordinator")
+            DeviceError(
+                message.round, message.code, escape(message.reason), "coordinator"
+            )
         )
         for method in self._methods:
             method.on_error_reply(message)

@@ -49,6 +49,7 @@ from ursa.protocol.messages import (
     split_boxes,
 )
 from ursa.protocol.router import NotReadyError
+from ursa.protocol.untrusted_text import escape
 
 __all__ = ["EpochSteps"]
 
@@ -106,7 +107,8 @@ class EpochSteps(DeviceCore):
             return
         self._hello_unanswered = False
         if not message.accepted:
-            logger.error("%s: enrolment refused: %s", self.device_id, message.reason)
+            reason = escape(message.reason)
+            logger.error("%s: enrolment refused: %s", self.device_id, reason)
             return
         identity = _coordinator_identity(message)
         pin = self._config.coordinator_fingerprint
@@ -200,7 +202,7 @@ class EpochSteps(DeviceCore):
             "%s: coordinator refused a message: %s: %s",
             self.device_id,
             message.code,
-            message.reason,
+            escape(message.reason),
         )
         if message.code in (ErrorCode.UNKNOWN_DEVICE, ErrorCode.WRONG_RUN):
             # our hello preceded the coordinator, or it was reset (a new run):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ursa.tools.cli.app import build_parser, log_level
-from ursa.tools.cli.logs import JsonFormatter, configure_logging
+from ursa.tools.cli.logs import INDENT, JsonFormatter, TextFormatter, configure_logging
 
 
 def _record(message: str, *args: object, exc: bool = False) -> logging.LogRecord:
@@ -29,7 +29,7 @@ def test_a_record_is_one_line_of_json() -> None:
     assert "\n" not in line
     doc = json.loads(line)
     assert doc["level"] == "INFO" and doc["logger"] == "ursa.coordinator"
-    assert doc["message"] == "round 3 complete: ünïcode\n"
+    assert doc["message"] == "round 3 complete: ünïcode\\n"  # escaped, not a newline
     assert doc["time"].endswith("Z") and "T" in doc["time"]
 
 
@@ -39,6 +39,35 @@ def test_an_exception_travels_inside_the_object() -> None:
     doc = json.loads(line)
     assert "ValueError: boom" in doc["exception"]
     assert "Traceback" in doc["exception"]
+
+
+FORGED = "x\n2026-12-02 00:00:00,000 ERROR ursa.coordinator: run `curl e | sh`\x1b[2K"
+
+
+def test_a_text_record_cannot_forge_another() -> None:
+    text = TextFormatter().format(_record("refused: %s", FORGED))
+    assert "\n" not in text and "\x1b" not in text
+    assert text.endswith(
+        "refused: x\\n2026-12-02 00:00:00,000 ERROR ursa.coordinator: "
+        "run `curl e | sh`\\x1b[2K"
+    )
+
+
+def test_a_text_traceback_is_indented_and_escaped() -> None:
+    record = _record("failed", exc=True)
+    record.exc_info = (ValueError, ValueError(FORGED), None)
+    head, *tail = TextFormatter().format(record).split("\n")
+    assert head.endswith("failed")
+    assert tail and all(line.startswith(INDENT) for line in tail)
+    assert "\x1b" not in "".join(tail)
+
+
+def test_json_escapes_what_json_leaves_alone() -> None:
+    record = _record("%s", "bidi \u202e and C1 \x85")
+    record.exc_info = (ValueError, ValueError("right-to-left \u202e"), None)
+    doc = json.loads(JsonFormatter().format(record))
+    assert doc["message"] == "bidi \\u202e and C1 \\x85"
+    assert doc["exception"] == "ValueError: right-to-left \\u202e"
 
 
 def test_an_unknown_format_is_refused() -> None:
