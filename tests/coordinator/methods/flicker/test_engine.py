@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -164,6 +165,26 @@ def test_malformed_foreign_and_misrouted_messages_are_rejected_with_a_reply() ->
     errors = [m for m in replies if isinstance(m, ErrorReply)]
     assert [e.code for e in errors[-3:]] == ["malformed", "unauthorised", "late"]
     assert fleet.bus.handler_errors == 0
+
+
+def test_a_flood_of_refusals_is_a_few_lines_and_a_bounded_list(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from ursa.coordinator.methods.flicker.wire import MAX_REJECTIONS_KEPT
+    from ursa.coordinator.refusal_limits import DEFAULT_LINES
+
+    fleet = build_fleet(D1)
+    fleet.run()
+    caplog.set_level(logging.WARNING, "ursa.coordinator")
+    for _ in range(MAX_REJECTIONS_KEPT + 200):
+        _inject(fleet, "dev-1", None, payload=b"\x93garbage\n\x1b[2K")
+    _inject(fleet, "dev-2", None, payload=b"\x93garbage")
+
+    lines = [r for r in caplog.records if "FLICKER rejected" in r.getMessage()]
+    assert [r.__dict__["device"] for r in lines].count("dev-1") == DEFAULT_LINES
+    assert lines[-1].__dict__["device"] == "dev-2"  # its own window
+    assert len(fleet.coordinator.rejections) == MAX_REJECTIONS_KEPT
+    assert fleet.coordinator.rejections[-1].device == "dev-2"
 
 
 def _late_cosine(sender: str) -> CosineReply:
