@@ -710,14 +710,18 @@ class CoordinatorStore:
 
 
 def error_record(row: tuple[Any, ...]) -> ErrorRecord:
-    """An `ErrorRecord` from an ``errors`` row (at, device, what, code, reason)."""
+    """An `ErrorRecord` from an ``errors`` row (at, device, what, code, reason).
+
+    Escaped again on the way out (a no-op on rows `record_error` wrote): a
+    store written before texts were escaped must not forge status lines.
+    """
     at, device, what, code, reason = row
     return ErrorRecord(
         float(at),
-        None if device is None else str(device),
-        str(what),
-        str(code),
-        str(reason),
+        None if device is None else escape(str(device), 64),
+        escape(str(what), 64),
+        escape(str(code), 64),
+        escape(str(reason)),
     )
 
 

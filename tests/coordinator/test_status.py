@@ -103,6 +103,24 @@ def test_one_devices_flood_hides_no_other_devices_errors(tmp_path: Path) -> None
     assert shown[0].reason == "x\\ny\\x1b[2K"
 
 
+def test_status_escapes_a_raw_reason_of_an_older_store(tmp_path: Path) -> None:
+    import sqlite3
+
+    from ursa.coordinator.store import CoordinatorStore
+
+    CoordinatorStore(tmp_path / "coordinator.sqlite3").close()
+    with sqlite3.connect(tmp_path / "coordinator.sqlite3") as db:  # as once written
+        db.execute(
+            "INSERT INTO errors (at, device, what, code, reason) "
+            "VALUES (1.0, 'd00', 'error', 'late', 'x\nERROR forged\x1b[2K')"
+        )
+    db.close()
+
+    (error,) = read_status(tmp_path).errors
+
+    assert error.reason == "x\\nERROR forged\\x1b[2K"
+
+
 def test_status_command_prints_text_and_json(
     federation: Any,
     capsys: pytest.CaptureFixture[str],
