@@ -354,6 +354,7 @@ class ServiceCore:
             device,
             code,
             reason,
+            kind=code,
             stored=Stored(what, code, reason),
         )
         if device is None:

@@ -61,13 +61,16 @@ class RefusalLog:
         level: int,
         template: str,
         *args: object,
+        kind: str | None = None,
         stored: Stored | None = None,
     ) -> bool:
         """Log ``template % args`` (texts escaped) for ``device``; keep ``stored``.
 
+        ``kind`` (a code): the first refusal of each kind in a window is
+        written even past the device's line budget (`RefusalLimiter`).
         Returns whether it was written (False: over the device's limit, counted).
         """
-        note = self._limiter.admit(device, now)
+        note = self._limiter.admit(device, now, kind)
         if note.suppressed:
             self._summarise(now, device, note.suppressed)
         if not note.record:
@@ -84,13 +87,11 @@ class RefusalLog:
             self._summarise(now, device, count)
 
     def _summarise(self, now: float, device: str | None, count: int) -> None:
-        limits = self._limiter.limits
         self._log.warning(
-            "%d more refusals from %s suppressed (over %d a %.0f s window)",
+            "%d more refusals from %s suppressed in a %.0f s window",
             count,
             device,
-            limits.lines,
-            limits.window_s,
+            self._limiter.limits.window_s,
             extra={"device": device},
         )
         if self._keep is not None:

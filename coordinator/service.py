@@ -559,12 +559,16 @@ class CoordinatorService(Recovery):
             parsed = parse_topic(topic)
         except TopicError as exc:
             line = "rejected message on an invalid topic: %s"
-            self._refusals.write(now, None, logging.WARNING, line, str(exc))
+            self._refusals.write(
+                now, None, logging.WARNING, line, str(exc), kind="invalid_topic"
+            )
             return
         device = parsed.device
         if parsed.federation != cfg.federation or device is None:
             line = "rejected message on foreign topic %s"
-            self._refusals.write(now, None, logging.WARNING, line, topic)
+            self._refusals.write(
+                now, None, logging.WARNING, line, topic, kind="foreign_topic"
+            )
             return
         if parsed.direction == "down" or not payload:
             return  # our own publishes, if a broker echoes them; a cleared retain
@@ -707,7 +711,9 @@ class CoordinatorService(Recovery):
         return router
 
     def _on_error_reply(self, message: ErrorReply) -> None:
-        report = functools.partial(self._refusals.write, self._clock(), message.sender)
+        report = functools.partial(
+            self._refusals.write, self._clock(), message.sender, kind=message.code
+        )
         if message.code == ErrorCode.COORDINATOR_IDENTITY_MISMATCH:
             self._check_identity_refusal(message)  # signed, names our acceptance
             self._refused_by(message.sender, message.reason)
@@ -758,6 +764,7 @@ class CoordinatorService(Recovery):
             "restored from backup",
             device,
             reason,
+            kind=ErrorCode.COORDINATOR_IDENTITY_MISMATCH,
         )
         self._refusing.add(device)
         self._device_changed(device)
@@ -902,6 +909,7 @@ class CoordinatorService(Recovery):
                 "refused enrolment of %s: %s",
                 device,
                 decision.reason,
+                kind="refused_enrolment",
                 stored=Stored("hello", "refused", decision.reason),
             )
         reply = enrol_result(

@@ -62,7 +62,30 @@ def test_a_clock_stepping_back_opens_a_new_window() -> None:
     assert limiter.admit("d1", 50.0) == Note(True, suppressed=1)
 
 
-@pytest.mark.parametrize("limits", [{"lines": 0}, {"window_s": 0.0}, {"tracked": 0}])
+@pytest.mark.parametrize(
+    "limits", [{"lines": 0}, {"kinds": -1}, {"window_s": 0.0}, {"tracked": 0}]
+)
 def test_limits_must_be_positive(limits: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="positive"):
         RefusalLimits(**limits)  # type: ignore[arg-type]
+
+
+def test_a_new_kind_is_recorded_once_past_the_budget() -> None:
+    limiter = RefusalLimiter(RefusalLimits(lines=2, kinds=2, window_s=60.0))
+    flood = [limiter.admit("d1", 0.0, "wrong_run").record for _ in range(100)]
+    assert flood.count(True) == 2
+    assert limiter.admit("d1", 1.0, "coordinator_identity_mismatch").record
+    assert not limiter.admit("d1", 1.0, "coordinator_identity_mismatch").record
+    assert limiter.admit("d1", 1.0, "malformed").record
+    assert not limiter.admit("d1", 1.0, "oversize").record  # kinds spent
+    assert not limiter.admit("d1", 1.0).record  # no kind: the budget only
+    assert limiter.overdue(60.0) == [("d1", 98 + 1 + 1 + 1)]
+
+
+def test_kinds_start_again_with_each_window() -> None:
+    limiter = RefusalLimiter(RefusalLimits(lines=1, kinds=1, window_s=60.0))
+    limiter.admit("d1", 0.0, "a")
+    assert limiter.admit("d1", 0.0, "b").record
+    assert not limiter.admit("d1", 0.0, "c").record
+    assert limiter.admit("d1", 60.0, "a") == Note(True, suppressed=1)
+    assert limiter.admit("d1", 60.0, "c").record

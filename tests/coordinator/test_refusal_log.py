@@ -60,7 +60,7 @@ def test_a_flood_is_a_few_lines_and_one_summary(
     assert messages == [
         "no x",
         "no x",
-        "2998 more refusals from flood suppressed (over 2 a 60 s window)",
+        "2998 more refusals from flood suppressed in a 60 s window",
     ]
     assert [(d, what, code) for _, d, what, code, _ in kept] == [
         ("flood", "m", "c"),
@@ -80,7 +80,7 @@ def test_the_summary_comes_before_the_next_windows_first_line(
     log.write(60.0, None, logging.WARNING, "bad topic")
     assert [r.getMessage() for r in caplog.records] == [
         "bad topic",
-        "3 more refusals from None suppressed (over 1 a 60 s window)",
+        "3 more refusals from None suppressed in a 60 s window",
         "bad topic",
     ]
 

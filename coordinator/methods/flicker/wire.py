@@ -250,7 +250,7 @@ class FlickerWire:
         line = "FLICKER rejected %s from %s: %s: %s"
         now = time.monotonic()
         self._refusals.write(
-            now, device, logging.WARNING, line, kind, device, code, why
+            now, device, logging.WARNING, line, kind, device, code, why, kind=str(code)
         )
         self.rejections.append(Rejection(device, kind, str(code), escape(why)))
         if len(self.rejections) > MAX_REJECTIONS_KEPT:
