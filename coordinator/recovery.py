@@ -49,7 +49,7 @@ class Recovery(EpochStages, RoundStages):
 
     _enrolment_watch: EnrolmentWatch | None = None
     _enrolment_reads_applied = 0
-    """`EnrolmentWatch.reads` when the list was last applied (at start: 1)."""
+    """`EnrolmentWatch.reads` when the list was last applied (start, ticks)."""
 
     def _enrolment_list(self) -> EnrolmentList:
         """The operator's ``enrolment.json``; empty (and logged) when unreadable."""
@@ -112,6 +112,8 @@ class Recovery(EpochStages, RoundStages):
             d: DevicePublicIdentity.from_bytes(b) for d, b in store.enrolled().items()
         }
         self._forget_stale(self._enrolment_list())
+        if self._enrolment_watch is not None:  # applied: ticks skip it until it changes
+            self._enrolment_reads_applied = self._enrolment_watch.reads
         self._presence.restore(store.online() & set(self._enrolled))
         refusing = store.get_meta(REFUSING_KEY)
         self._refusing = set(json.loads(refusing)) if refusing else set()
