@@ -8,19 +8,24 @@ function as the device's) and its purpose names the version
 notice, or is told only a version (a `MeanRequest`), knows what
 they are and can re-request what it missed. A re-request is answered on the
 device's own down topic with the manifest first (a device that missed it
-learns the layout), then the chunks asked for. The last `keep` versions stay
-answerable, so a slow device can finish a download after the next version.
+learns the layout), then the chunks asked for. A 200-byte request can ask for
+a whole model, so only the current version is answered, and each device at
+most ``max_requests`` times per version (`RequestBudgetError` after that):
+what one device can make the coordinator send is bounded by
+``max_requests`` x the model's size per version.
 
 In: a device's update larger than one inline message arrives as a manifest
 (purpose ``model_update``) and chunks on its up topic, named by its
-`ModelUpdate`; `Uploads` reassembles them (capped per transfer and in
-total) and hands the bytes over once the sha256 checks.
+`ModelUpdate`; `Uploads` reassembles them and hands the bytes over once the
+sha256 checks. Each device has one upload per round (a second transfer id is
+`SecondUploadError`), capped at ``max_transfer_bytes``; the round's total cap
+is only a last resort (the caller sizes it to the selected devices' caps),
+so no device's upload can crowd out another's.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from ursa.protocol.chunking import Reassembler, select_chunks, split
@@ -35,8 +40,11 @@ from ursa.protocol.messages import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_CHUNK_REQUESTS",
     "UPDATE_PURPOSE",
     "OutgoingModels",
+    "RequestBudgetError",
+    "SecondUploadError",
     "TransferRejectedError",
     "Uploads",
     "model_notice",
@@ -45,11 +53,22 @@ __all__ = [
 ]
 
 UPDATE_PURPOSE = "model_update"
-DEFAULT_KEEP_TRANSFERS = 3
+DEFAULT_MAX_CHUNK_REQUESTS = 8
+"""Re-requests one device may make per model version. An honest device asks
+every retry (5 s) while chunks are missing: once when it missed the
+broadcast, again only when answers were lost."""
 
 
 class TransferRejectedError(ValueError):
     """A transfer message the coordinator refuses (the reason is the message)."""
+
+
+class SecondUploadError(TransferRejectedError):
+    """A device announced a second upload in one round (the first one stands)."""
+
+
+class RequestBudgetError(TransferRejectedError):
+    """A device asked for a model version more often than ``max_requests``."""
 
 
 def model_transfer_id(federation: str, model: str, version: int) -> str:
@@ -84,23 +103,34 @@ class _Published:
 
 
 class OutgoingModels:
-    """The chunked transfers of the last few global model versions."""
+    """The chunked transfer of the current global model version, and who asked.
+
+    Only the version published last is answered; publishing another one
+    forgets the previous one and its request counts.
+    """
 
     def __init__(
-        self, federation: str, *, chunk_size: int, keep: int = DEFAULT_KEEP_TRANSFERS
+        self,
+        federation: str,
+        *,
+        chunk_size: int,
+        max_requests: int = DEFAULT_MAX_CHUNK_REQUESTS,
     ) -> None:
+        if max_requests < 1:
+            raise ValueError("max_requests must be positive")
         self._federation = federation
         self._chunk_size = chunk_size
-        self._keep = keep
-        self._published: OrderedDict[str, _Published] = OrderedDict()
+        self._max_requests = max_requests
+        self._current: _Published | None = None
+        self._requests: dict[str, int] = {}
 
     def publish(
         self, model: str, version: int, payload: bytes, round_index: int
     ) -> tuple[TransferManifest, list[Chunk]]:
         """The manifest and chunks of a version (made once, then remembered)."""
         tid = model_transfer_id(self._federation, model, version)
-        known = self._published.get(tid)
-        if known is None:
+        known = self._current
+        if known is None or known.manifest.transfer_id != tid:
             manifest, chunks = split(
                 payload,
                 purpose=model_purpose(model, version),
@@ -111,30 +141,39 @@ class OutgoingModels:
                 transfer_id=tid,
             )
             known = _Published(manifest, chunks)
-            self._published[tid] = known
-            while len(self._published) > self._keep:
-                self._published.popitem(last=False)
+            self._current = known
+            self._requests.clear()
         return known.manifest, known.chunks
 
-    def has(self, transfer_id: str) -> bool:
-        """Whether this transfer is one of the remembered versions."""
-        return transfer_id in self._published
+    def requests(self, device: str) -> int:
+        """Re-requests of the current version answered for ``device``."""
+        return self._requests.get(device, 0)
 
-    def answer(self, request: ChunkRequest) -> list[BaseMessage]:
-        """The manifest, then the chunks a device asked for.
+    def answer(self, device: str, request: ChunkRequest) -> list[BaseMessage]:
+        """The manifest, then the chunks ``device`` asked for (counted).
 
         Raises:
-            TransferRejectedError: an unknown transfer or chunk index.
+            TransferRejectedError: not the current version, or an unknown
+                chunk index.
+            RequestBudgetError: ``device`` has spent its requests for this
+                version.
         """
-        known = self._published.get(request.transfer_id)
-        if known is None:
+        known = self._current
+        if known is None or known.manifest.transfer_id != request.transfer_id:
             raise TransferRejectedError(
-                f"transfer {request.transfer_id} is not a current model version"
+                f"transfer {request.transfer_id} is not the current model version"
+            )
+        asked = self._requests.get(device, 0)
+        if asked >= self._max_requests:
+            raise RequestBudgetError(
+                f"{asked} requests for {known.manifest.purpose} answered already "
+                f"(at most {self._max_requests} per device and version)"
             )
         try:
             chunks = select_chunks(known.chunks, request)
         except ChunkError as exc:
             raise TransferRejectedError(str(exc)) from None
+        self._requests[device] = asked + 1
         return [known.manifest, *chunks]
 
 
@@ -146,26 +185,38 @@ class Uploads:
             max_transfer_bytes=max_transfer_bytes, max_total_bytes=max_total_bytes
         )
         self._owner: dict[str, str] = {}
+        self._upload_of: dict[str, str] = {}
+        """Device -> its one transfer id this round (kept after `forget`)."""
         self._done: dict[str, bytes] = {}
 
     def on_manifest(self, device: str, manifest: TransferManifest) -> None:
-        """Start an upload.
+        """Start an upload (the same manifest again is a no-op).
 
         Raises:
+            SecondUploadError: ``device`` already announced another upload.
             TransferRejectedError: wrong purpose, oversize, or a clash.
         """
         if manifest.purpose != UPDATE_PURPOSE:
             raise TransferRejectedError(
                 f"a device uploads only {UPDATE_PURPOSE!r}, not {manifest.purpose!r}"
             )
-        owner = self._owner.get(manifest.transfer_id)
+        tid = manifest.transfer_id
+        first = self._upload_of.get(device)
+        if first is not None and first != tid:
+            raise SecondUploadError(
+                f"one upload per device and round: transfer {first} came first"
+            )
+        owner = self._owner.get(tid)
         if owner is not None and owner != device:
             raise TransferRejectedError("transfer id already used by another device")
+        if tid in self._done:
+            return
         try:
             self._reassembler.add_manifest(manifest)
         except (ChunkError, OversizeError) as exc:
             raise TransferRejectedError(str(exc)) from None
-        self._owner[manifest.transfer_id] = device
+        self._owner[tid] = device
+        self._upload_of[device] = tid
 
     def on_chunk(self, device: str, chunk: Chunk) -> bool:
         """Store a chunk; True when its upload has just completed.

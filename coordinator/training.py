@@ -218,7 +218,11 @@ class TrainingPlugin(RoundPlugin):
         self._clock = clock
         self._view: CoordinatorView | None = None
         self._send: Send | None = None
-        self._outgoing = OutgoingModels(federation, chunk_size=self.config.chunk_size)
+        self._outgoing = OutgoingModels(
+            federation,
+            chunk_size=self.config.chunk_size,
+            max_requests=self.config.max_chunk_requests,
+        )
         self._published_version: int | None = None
         self._open: OpenRound | None = None
         self.history: list[RoundRecord] = []
@@ -751,7 +755,7 @@ class TrainingPlugin(RoundPlugin):
 
     def _on_chunk_request(self, device: str, request: ChunkRequest, send: Send) -> None:
         try:
-            replies = self._outgoing.answer(request)
+            replies = self._outgoing.answer(device, request)
         except TransferRejectedError as exc:
             raise RejectedError(ErrorCode.TRANSFER_FAILED, str(exc)) from None
         for reply in replies:

@@ -25,7 +25,11 @@ from ursa.coordinator.aggregation import (
     apply_update,
 )
 from ursa.coordinator.before_training import StepPhase
-from ursa.coordinator.model_transfer import TransferRejectedError, Uploads
+from ursa.coordinator.model_transfer import (
+    DEFAULT_MAX_CHUNK_REQUESTS,
+    TransferRejectedError,
+    Uploads,
+)
 from ursa.coordinator.models import DEFAULT_KEEP_VERSIONS
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes
@@ -62,6 +66,10 @@ class TrainingConfig(BaseModel):
     chunk_size: int = Field(default=256 * 1024, ge=1024, le=1024 * 1024)
     retry_s: float = Field(default=5.0, gt=0.0)
     max_update_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    """One device's upload in a round (it has one); the round's total is this
+    times the selected devices."""
+    max_chunk_requests: int = Field(default=DEFAULT_MAX_CHUNK_REQUESTS, ge=1)
+    """Chunk re-requests answered per device and model version."""
     keep_versions: int = Field(default=DEFAULT_KEEP_VERSIONS, ge=1)
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     """How updates are summed: under masks (the default) or in the clear."""
@@ -203,7 +211,7 @@ class OpenRound:
     def apply(self, device: str, message: UpdateMessage, payload: bytes) -> bool:
         """Add a delta to the running sum; False for a device's repeat."""
         try:
-            delta = arrays_from_bytes(payload)
+            delta = arrays_from_bytes(payload, self.base_arrays)
             update = ModelUpdate(device, delta, message.num_examples)
             self.aggregation, outcome = apply_update(self.aggregation, update)
         except (WeightsError, AggregationError) as exc:

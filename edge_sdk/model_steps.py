@@ -480,7 +480,9 @@ class ModelSteps(RoundSteps):
         try:
             if not self._model_parts.is_complete(transfer_id):
                 return
-            arrays = arrays_from_bytes(self._model_parts.complete(transfer_id))
+            payload = self._model_parts.complete(transfer_id)
+            # a later version has the architecture of the one this device holds
+            arrays = arrays_from_bytes(payload, self._model_arrays)
         except (ProtocolError, WeightsError, ValueError) as exc:
             logger.warning(
                 "%s: model version %d refused: %s", self.device_id, version, exc

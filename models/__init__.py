@@ -12,6 +12,7 @@ from ursa.models.weights import (
     WeightsError,
     WeightsFormatError,
     WeightsMismatchError,
+    WeightsSpecError,
     arrays_from_bytes,
     arrays_to_bytes,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "WeightsError",
     "WeightsFormatError",
     "WeightsMismatchError",
+    "WeightsSpecError",
     "arrays_from_bytes",
     "arrays_to_bytes",
 ]

@@ -23,15 +23,23 @@ float-only payloads stay version 1, byte for byte.
 returns ``float32`` for float arrays and ``int64`` for integer ones. Encoding
 to float16 raises if a finite value would overflow (|x| > 65504).
 
+Decoding reads the whole entry table and checks it (against the expected
+arrays when the caller knows them: count, names, ndim, shapes, kinds) and
+checks that the declared sizes add up to the payload's length *before* it
+allocates anything, so a header that declares 80,000 arrays or a 2^64-value
+shape costs microseconds, not a decode.
+
 Errors::
 
     WeightsError (ValueError)
      ├── WeightsFormatError     bytes that are truncated, garbage or inconsistent
      └── WeightsMismatchError   two weight dicts whose names or shapes differ
+          └── WeightsSpecError  bytes that do not describe the expected arrays
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -60,6 +68,11 @@ _DTYPE_CODES = {"float32": 1, "float16": 2}
 _CODE_DTYPES = {code: name for name, code in _DTYPE_CODES.items()}
 _HEADER = struct.Struct("<4sBBHI")
 _MAX_NDIM = 32
+_MIN_ENTRY_BYTES = 3
+"""An entry's least size: name length u16 (an empty name) and ndim u8."""
+MAX_ARRAYS = 16_384
+"""Arrays a payload may declare when no expected spec is given (a ResNet-152's
+state dict has ~900 entries; a large transformer's a few thousand)."""
 
 
 class WeightsError(ValueError):
@@ -72,6 +85,13 @@ class WeightsFormatError(WeightsError):
 
 class WeightsMismatchError(WeightsError):
     """Two sets of weights do not have the same names and shapes."""
+
+
+class WeightsSpecError(WeightsMismatchError):
+    """Weight bytes whose header does not describe the expected arrays.
+
+    Raised from the entry table alone, before any array is allocated.
+    """
 
 
 def arrays_to_bytes(
@@ -125,10 +145,25 @@ def arrays_to_bytes(
     return b"".join(entries + data)
 
 
-def arrays_from_bytes(data: bytes) -> Arrays:
+def arrays_from_bytes(
+    data: bytes,
+    expected: Mapping[str, FloatArray] | None = None,
+    *,
+    max_arrays: int = MAX_ARRAYS,
+) -> Arrays:
     """Decode bytes from `arrays_to_bytes`: ordered float32 (and int64) arrays.
 
+    Args:
+        data: the payload.
+        expected: the arrays the payload must describe (a template: the
+            global model, say): the same count, names in the same order,
+            shapes, and kinds (a float array must arrive as a float one; an
+            integer counter may arrive as either). None when the receiver
+            cannot know them (a device's first download).
+        max_arrays: the most arrays a payload may declare without ``expected``.
+
     Raises:
+        WeightsSpecError: the header does not describe ``expected``.
         WeightsFormatError: the bytes are truncated, garbage or inconsistent.
     """
     view = memoryview(data)
@@ -142,9 +177,45 @@ def arrays_from_bytes(data: bytes) -> Arrays:
         raise WeightsFormatError(f"unsupported weights format version {version}")
     if code not in _CODE_DTYPES:
         raise WeightsFormatError(f"unknown wire dtype code {code}")
-    wire = _WIRE_DTYPES[_CODE_DTYPES[code]]
+    template = None if expected is None else _template(expected)
+    if template is not None and count != len(template):
+        raise WeightsSpecError(f"{count} arrays declared, expected {len(template)}")
+    if template is None and count > max_arrays:
+        raise WeightsFormatError(f"{count} arrays declared, more than {max_arrays}")
+    if count * _MIN_ENTRY_BYTES > len(view) - _HEADER.size:
+        raise WeightsFormatError(f"{count} arrays declared in {len(view)} bytes")
+    entries = _entries(view, version, _WIRE_DTYPES[_CODE_DTYPES[code]], count)
+    offset, table = entries
+    if template is not None:
+        _check_spec(table, template)
+    sizes = [math.prod(shape) * dtype.itemsize for _, dtype, shape in table]
+    held = len(view) - offset
+    declared = sum(sizes)
+    if declared > held:
+        raise WeightsFormatError(
+            f"weights bytes truncated: entries declare {declared} data bytes, "
+            f"the payload holds {held}"
+        )
+    if declared < held:
+        raise WeightsFormatError(f"{held - declared} unexpected trailing bytes")
+    out: Arrays = {}
+    for (name, array_dtype, shape), size in zip(table, sizes, strict=True):
+        if name in out:
+            raise WeightsFormatError(f"duplicate array name {name!r}")
+        out[name] = _decode_array(view, offset, array_dtype, shape)
+        offset += size
+    return out
+
+
+_Entry = tuple[str, np.dtype[Any], tuple[int, ...]]
+
+
+def _entries(
+    view: memoryview, version: int, wire: np.dtype[Any], count: int
+) -> tuple[int, list[_Entry]]:
+    """The entry table (name, dtype on the wire, shape) and where the data starts."""
     offset = _HEADER.size
-    entries: list[tuple[str, np.dtype[Any], tuple[int, ...]]] = []
+    entries: list[_Entry] = []
     try:
         for _ in range(count):
             (name_len,) = struct.unpack_from("<H", view, offset)
@@ -159,6 +230,8 @@ def arrays_from_bytes(data: bytes) -> Arrays:
             if kind not in (_KIND_FLOAT, _KIND_INT64):
                 raise WeightsFormatError(f"unknown array kind {kind}")
             (ndim,) = struct.unpack_from("<B", view, offset)
+            if ndim > _MAX_NDIM:
+                raise WeightsFormatError(f"{ndim} dimensions, more than {_MAX_NDIM}")
             shape = struct.unpack_from(f"<{ndim}I", view, offset + 1)
             offset += 1 + 4 * ndim
             array_dtype = _INT64 if kind == _KIND_INT64 else wire
@@ -167,21 +240,42 @@ def arrays_from_bytes(data: bytes) -> Arrays:
         raise WeightsFormatError("weights bytes truncated in the entry table") from exc
     except UnicodeDecodeError as exc:
         raise WeightsFormatError("array name is not valid UTF-8") from exc
-    out: Arrays = {}
-    for name, array_dtype, shape in entries:
-        if name in out:
-            raise WeightsFormatError(f"duplicate array name {name!r}")
-        size = int(np.prod(shape, dtype=np.int64)) * array_dtype.itemsize
-        if offset + size > len(view):
-            raise WeightsFormatError(f"weights bytes truncated in array {name!r}")
-        count_values = size // array_dtype.itemsize
-        flat = np.frombuffer(view, dtype=array_dtype, count=count_values, offset=offset)
-        native = np.int64 if array_dtype.kind == "i" else np.float32
-        out[name] = flat.astype(native).reshape(shape)
-        offset += size
-    if offset != len(view):
-        raise WeightsFormatError(f"{len(view) - offset} unexpected trailing bytes")
-    return out
+    return offset, entries
+
+
+def _template(
+    expected: Mapping[str, FloatArray],
+) -> list[tuple[str, bool, tuple[int, ...]]]:
+    """(name, is an integer array, shape) of each expected array, in order."""
+    return [
+        (name, np.asarray(a).dtype.kind in "iu", tuple(np.shape(a)))
+        for name, a in expected.items()
+    ]
+
+
+def _check_spec(
+    table: list[_Entry], template: list[tuple[str, bool, tuple[int, ...]]]
+) -> None:
+    for (name, dtype, shape), (want, is_int, want_shape) in zip(
+        table, template, strict=True
+    ):
+        if name != want:
+            raise WeightsSpecError(f"array {name!r} where {want!r} was expected")
+        if shape != want_shape:
+            raise WeightsSpecError(
+                f"array {name!r}: shape {shape}, expected {want_shape}"
+            )
+        if dtype.kind == "i" and not is_int:
+            raise WeightsSpecError(f"array {name!r} is integer, expected float")
+
+
+def _decode_array(
+    view: memoryview, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...]
+) -> FloatArray:
+    count = math.prod(shape)
+    flat = np.frombuffer(view, dtype=dtype, count=count, offset=offset)
+    native = np.int64 if dtype.kind == "i" else np.float32
+    return flat.astype(native).reshape(shape)
 
 
 def spec_of(arrays: Mapping[str, FloatArray]) -> ArraySpec:

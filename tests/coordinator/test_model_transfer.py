@@ -7,6 +7,8 @@ import pytest
 from ursa.coordinator.model_transfer import (
     UPDATE_PURPOSE,
     OutgoingModels,
+    RequestBudgetError,
+    SecondUploadError,
     TransferRejectedError,
     Uploads,
     model_purpose,
@@ -28,22 +30,74 @@ def test_device_and_coordinator_derive_the_same_transfer_id() -> None:
 
 
 def test_a_re_request_gets_the_manifest_then_the_chunks() -> None:
-    outgoing = OutgoingModels("f", chunk_size=4, keep=2)
+    outgoing = OutgoingModels("f", chunk_size=4)
     manifest, chunks = outgoing.publish("classifier", 1, b"0123456789", 1)
     request = ChunkRequest(
         federation="f", round=1, sender="d1", transfer_id=manifest.transfer_id,
         indices=(2, 0),
     )  # fmt: skip
 
-    replies = outgoing.answer(request)
+    replies = outgoing.answer("d1", request)
 
     assert replies[0] == manifest
     assert [c.index for c in replies[1:]] == [2, 0]  # type: ignore[attr-defined]
     assert len(chunks) == 3
     outgoing.publish("classifier", 2, b"x", 2)
-    outgoing.publish("classifier", 3, b"y", 3)
-    with pytest.raises(TransferRejectedError, match="not a current model"):
-        outgoing.answer(request)  # version 1 has aged out
+    with pytest.raises(TransferRejectedError, match="not the current model"):
+        outgoing.answer("d1", request)  # version 1 is no longer current
+
+
+def test_each_device_has_a_few_requests_per_version() -> None:
+    outgoing = OutgoingModels("f", chunk_size=4, max_requests=2)
+    manifest, _ = outgoing.publish("classifier", 1, b"0123456789", 1)
+    request = ChunkRequest(
+        federation="f", round=1, sender="d1", transfer_id=manifest.transfer_id,
+        indices=(0, 1, 2),
+    )  # fmt: skip
+    outgoing.answer("d1", request)
+    outgoing.answer("d1", request)
+
+    with pytest.raises(RequestBudgetError, match="at most 2"):
+        outgoing.answer("d1", request)
+    assert len(outgoing.answer("d2", request)) == 4  # another device's own budget
+    with pytest.raises(TransferRejectedError, match="unknown chunk"):
+        outgoing.answer("d2", request.model_copy(update={"indices": (7,)}))
+    assert outgoing.requests("d2") == 1  # a refused request is not counted
+    again, _ = outgoing.publish("classifier", 1, b"0123456789", 1)
+    assert again == manifest and outgoing.requests("d1") == 2  # a re-publish
+    latest, _ = outgoing.publish("classifier", 2, b"0123", 2)
+    assert outgoing.requests("d1") == 0  # a new version, a new budget
+    answered = outgoing.answer("d1", request.model_copy(
+        update={"transfer_id": latest.transfer_id, "indices": (0,)}
+    ))  # fmt: skip
+    assert answered[0] == latest
+
+
+def test_one_upload_per_device_and_round() -> None:
+    uploads = Uploads(max_transfer_bytes=16, max_total_bytes=32)
+    first, chunks = split(
+        b"abcdefghij", purpose=UPDATE_PURPOSE, federation="f", round=1, sender="d1",
+        chunk_size=4, transfer_id="t1",
+    )  # fmt: skip
+    second, _ = split(
+        b"0123", purpose=UPDATE_PURPOSE, federation="f", round=1, sender="d1",
+        chunk_size=4, transfer_id="t2",
+    )  # fmt: skip
+    uploads.on_manifest("d1", first)
+    uploads.on_manifest("d1", first)  # a retransmission is no second upload
+
+    with pytest.raises(SecondUploadError, match="one upload per device"):
+        uploads.on_manifest("d1", second)
+    for chunk in chunks:
+        uploads.on_chunk("d1", chunk)
+    uploads.forget("t1")  # used
+    with pytest.raises(SecondUploadError):
+        uploads.on_manifest("d1", second)  # still one per round
+    other, _ = split(
+        b"z" * 16, purpose=UPDATE_PURPOSE, federation="f", round=1, sender="d2",
+        chunk_size=4, transfer_id="t3",
+    )  # fmt: skip
+    uploads.on_manifest("d2", other)  # another device is not held back
 
 
 def test_uploads_reassemble_and_refuse_strangers_and_oversize() -> None:
@@ -64,13 +118,13 @@ def test_uploads_reassemble_and_refuse_strangers_and_oversize() -> None:
     assert uploads.payload("d1", "t1") == b"abcdefghij"
     assert uploads.payload("d2", "t1") is None
     big, _ = split(
-        b"z" * 20, purpose=UPDATE_PURPOSE, federation="f", round=1, sender="d1",
+        b"z" * 20, purpose=UPDATE_PURPOSE, federation="f", round=1, sender="d2",
         chunk_size=8, transfer_id="t2",
     )  # fmt: skip
     with pytest.raises(TransferRejectedError, match="exceeds"):
-        uploads.on_manifest("d1", big)
+        uploads.on_manifest("d2", big)
     other = TransferManifest.model_validate(
         {**manifest.model_dump(), "purpose": "classifier.v1", "transfer_id": "t3"}
     )
     with pytest.raises(TransferRejectedError, match="uploads only"):
-        uploads.on_manifest("d1", other)
+        uploads.on_manifest("d3", other)
