@@ -9,8 +9,9 @@ notice, or is told only a version (a `MeanRequest`), knows what
 they are and can re-request what it missed. A re-request is answered on the
 device's own down topic with the manifest first (a device that missed it
 learns the layout), then the chunks asked for. A 200-byte request can ask for
-a whole model, so only the current version is answered, and each device at
-most ``max_requests`` times per version (`RequestBudgetError` after that):
+a whole model, so only the last two versions are answered (the newest, and
+the open round's base, which a slow device may still be fetching), and each
+device at most ``max_requests`` times per version (`RequestBudgetError`):
 what one device can make the coordinator send is bounded by
 ``max_requests`` x the model's size per version.
 
@@ -26,7 +27,8 @@ so no device's upload can crowd out another's.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from ursa.protocol.chunking import Reassembler, select_chunks, split
 from ursa.protocol.errors import ChunkError, OversizeError
@@ -53,6 +55,8 @@ __all__ = [
 ]
 
 UPDATE_PURPOSE = "model_update"
+DEFAULT_KEEP_TRANSFERS = 2
+"""Versions answered: the newest and the one before (the open round's base)."""
 DEFAULT_MAX_CHUNK_REQUESTS = 8
 """Re-requests one device may make per model version. An honest device asks
 every retry (5 s) while chunks are missing: once when it missed the
@@ -100,13 +104,16 @@ def model_purpose(model: str, version: int) -> str:
 class _Published:
     manifest: TransferManifest
     chunks: list[Chunk]
+    requests: dict[str, int] = field(default_factory=dict)
+    """Device -> re-requests answered (bounded by the enrolled devices)."""
 
 
 class OutgoingModels:
-    """The chunked transfer of the current global model version, and who asked.
+    """The chunked transfers of the current global model versions, and who asked.
 
-    Only the version published last is answered; publishing another one
-    forgets the previous one and its request counts.
+    The last ``keep`` versions are answered (the newest, and the one the open
+    round trains from or a FedDisk loss step reads); each device at most
+    ``max_requests`` times per version.
     """
 
     def __init__(
@@ -114,23 +121,24 @@ class OutgoingModels:
         federation: str,
         *,
         chunk_size: int,
+        keep: int = DEFAULT_KEEP_TRANSFERS,
         max_requests: int = DEFAULT_MAX_CHUNK_REQUESTS,
     ) -> None:
-        if max_requests < 1:
-            raise ValueError("max_requests must be positive")
+        if keep < 1 or max_requests < 1:
+            raise ValueError("keep and max_requests must be positive")
         self._federation = federation
         self._chunk_size = chunk_size
+        self._keep = keep
         self._max_requests = max_requests
-        self._current: _Published | None = None
-        self._requests: dict[str, int] = {}
+        self._published: OrderedDict[str, _Published] = OrderedDict()
 
     def publish(
         self, model: str, version: int, payload: bytes, round_index: int
     ) -> tuple[TransferManifest, list[Chunk]]:
         """The manifest and chunks of a version (made once, then remembered)."""
         tid = model_transfer_id(self._federation, model, version)
-        known = self._current
-        if known is None or known.manifest.transfer_id != tid:
+        known = self._published.get(tid)
+        if known is None:
             manifest, chunks = split(
                 payload,
                 purpose=model_purpose(model, version),
@@ -141,29 +149,30 @@ class OutgoingModels:
                 transfer_id=tid,
             )
             known = _Published(manifest, chunks)
-            self._current = known
-            self._requests.clear()
+            self._published[tid] = known
+            while len(self._published) > self._keep:
+                self._published.popitem(last=False)  # its request counts with it
         return known.manifest, known.chunks
 
-    def requests(self, device: str) -> int:
-        """Re-requests of the current version answered for ``device``."""
-        return self._requests.get(device, 0)
+    def requests(self, device: str, transfer_id: str) -> int:
+        """Re-requests of a remembered version answered for ``device``."""
+        known = self._published.get(transfer_id)
+        return 0 if known is None else known.requests.get(device, 0)
 
     def answer(self, device: str, request: ChunkRequest) -> list[BaseMessage]:
         """The manifest, then the chunks ``device`` asked for (counted).
 
         Raises:
-            TransferRejectedError: not the current version, or an unknown
-                chunk index.
+            TransferRejectedError: not a current version, or an unknown index.
             RequestBudgetError: ``device`` has spent its requests for this
                 version.
         """
-        known = self._current
-        if known is None or known.manifest.transfer_id != request.transfer_id:
+        known = self._published.get(request.transfer_id)
+        if known is None:
             raise TransferRejectedError(
-                f"transfer {request.transfer_id} is not the current model version"
+                f"transfer {request.transfer_id} is not a current model version"
             )
-        asked = self._requests.get(device, 0)
+        asked = known.requests.get(device, 0)
         if asked >= self._max_requests:
             raise RequestBudgetError(
                 f"{asked} requests for {known.manifest.purpose} answered already "
@@ -173,7 +182,7 @@ class OutgoingModels:
             chunks = select_chunks(known.chunks, request)
         except ChunkError as exc:
             raise TransferRejectedError(str(exc)) from None
-        self._requests[device] = asked + 1
+        known.requests[device] = asked + 1
         return [known.manifest, *chunks]
 
 

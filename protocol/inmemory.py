@@ -79,7 +79,7 @@ class InMemoryBus:
         self._cond = threading.Condition(threading.RLock())
         self._sessions: dict[str, _Session] = {}
         self._retained: dict[str, bytes] = {}
-        self._queue: deque[tuple[InMemoryTransport, str, bytes, int]] = deque()
+        self._queue: deque[tuple[InMemoryTransport, str, bytes, int, bool]] = deque()
         self._busy = False
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -131,7 +131,7 @@ class InMemoryBus:
             transport._state = TransportState.CONNECTED
             transport._connections += 1
             for topic, payload in session.offline:
-                self._queue.append((transport, topic, payload, 1))
+                self._queue.append((transport, topic, payload, 1, False))
             session.offline.clear()
         self._kick()
 
@@ -150,7 +150,7 @@ class InMemoryBus:
             session.subscriptions[pattern] = qos
             for topic, payload in self._retained.items():
                 if topic_matches(pattern, topic):
-                    self._queue.append((transport, topic, payload, qos))
+                    self._queue.append((transport, topic, payload, qos, True))
         self._kick()
 
     def _unsubscribe(self, transport: InMemoryTransport, pattern: str) -> None:
@@ -179,7 +179,9 @@ class InMemoryBus:
                     continue
                 eff_qos = min(qos, max(sub_qos))
                 if session.transport is not None:
-                    self._queue.append((session.transport, topic, payload, eff_qos))
+                    self._queue.append(
+                        (session.transport, topic, payload, eff_qos, False)
+                    )
                 elif eff_qos >= 1:
                     self._queue_offline(client_id, session, topic, payload)
         self._kick()
@@ -199,20 +201,22 @@ class InMemoryBus:
             with self._cond:
                 self._cond.notify_all()
 
-    def _next(self) -> tuple[InMemoryTransport, str, bytes] | None:
+    def _next(self) -> tuple[InMemoryTransport, str, bytes, bool] | None:
         """Pop the next live delivery (caller holds the lock), or None if empty."""
         while self._queue:
-            target, topic, payload, qos = self._queue.popleft()
+            target, topic, payload, qos, retained = self._queue.popleft()
             if target._state is TransportState.CONNECTED:
-                return target, topic, payload
+                return target, topic, payload, retained
             session = self._sessions.get(target.client_id)
             if qos >= 1 and session is not None and session.transport is None:
                 self._queue_offline(target.client_id, session, topic, payload)
         return None
 
-    def _deliver(self, target: InMemoryTransport, topic: str, payload: bytes) -> None:
+    def _deliver(
+        self, target: InMemoryTransport, topic: str, payload: bytes, retained: bool
+    ) -> None:
         target._counter.count_received(len(payload))
-        if not call_handler(target._handler, topic, payload):
+        if not call_handler(target._handler_for(retained), topic, payload):
             with self._cond:
                 self.handler_errors += 1
 

@@ -72,7 +72,9 @@ class MqttTransport(TransportBase):
         super().__init__(config.client_id)
         self._config = config
         self._lock = threading.Condition()  # guards and signals the CONNACK
-        self._inbox: queue.SimpleQueue[tuple[str, bytes] | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[str, bytes, bool] | None] = (
+            queue.SimpleQueue()
+        )
         self._worker: threading.Thread | None = None
         self._connack: ReasonCode | None = None
         self._connect_sub: tuple[int, list[str]] | None = None
@@ -303,7 +305,7 @@ class MqttTransport(TransportBase):
         try:
             payload = bytes(message.payload)
             self._counter.count_received(len(payload))
-            self._inbox.put((message.topic, payload))
+            self._inbox.put((message.topic, payload, bool(message.retain)))
         except Exception:
             logger.exception("on_message failed (topic not UTF-8?); message dropped")
 
@@ -340,4 +342,5 @@ class MqttTransport(TransportBase):
             item = self._inbox.get()
             if item is None:
                 return
-            call_handler(self._handler, *item)
+            topic, payload, retained = item
+            call_handler(self._handler_for(retained), topic, payload)

@@ -182,6 +182,14 @@ class Transport(Protocol):
         """Route every received message to `handler` (None drops them)."""
         ...
 
+    def set_retained_handler(self, handler: MessageHandler | None) -> None:
+        """Route stored retained messages to `handler` (None: the main handler).
+
+        Those are the ones a broker sends because a subscription matched them
+        (at every subscribe), not live publishes.
+        """
+        ...
+
     def connect(self) -> None:
         """Connect and wait for the broker to accept (raises TransportError)."""
         ...

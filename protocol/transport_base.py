@@ -31,6 +31,7 @@ class TransportBase:
         self._connections = 0
         self._counter = TrafficCounter()
         self._handler: MessageHandler | None = None
+        self._retained_handler: MessageHandler | None = None
         self._subscriptions = SubscriptionBook()
 
     @property
@@ -61,6 +62,18 @@ class TransportBase:
     def set_handler(self, handler: MessageHandler | None) -> None:
         """Route every received message to `handler` (None drops them)."""
         self._handler = handler
+
+    def set_retained_handler(self, handler: MessageHandler | None) -> None:
+        """Route stored retained messages to `handler` (None: the main handler).
+
+        Those are the ones a broker sends because a subscription matched them.
+        """
+        self._retained_handler = handler
+
+    def _handler_for(self, retained: bool) -> MessageHandler | None:
+        if retained and self._retained_handler is not None:
+            return self._retained_handler
+        return self._handler
 
     def _check_paho_publish(
         self, topic: str, payload: bytes, qos: int, max_payload_bytes: int

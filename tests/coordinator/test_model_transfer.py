@@ -30,7 +30,7 @@ def test_device_and_coordinator_derive_the_same_transfer_id() -> None:
 
 
 def test_a_re_request_gets_the_manifest_then_the_chunks() -> None:
-    outgoing = OutgoingModels("f", chunk_size=4)
+    outgoing = OutgoingModels("f", chunk_size=4, keep=2)
     manifest, chunks = outgoing.publish("classifier", 1, b"0123456789", 1)
     request = ChunkRequest(
         federation="f", round=1, sender="d1", transfer_id=manifest.transfer_id,
@@ -43,12 +43,14 @@ def test_a_re_request_gets_the_manifest_then_the_chunks() -> None:
     assert [c.index for c in replies[1:]] == [2, 0]  # type: ignore[attr-defined]
     assert len(chunks) == 3
     outgoing.publish("classifier", 2, b"x", 2)
-    with pytest.raises(TransferRejectedError, match="not the current model"):
-        outgoing.answer("d1", request)  # version 1 is no longer current
+    assert outgoing.answer("d1", request)[0] == manifest  # the open round's base
+    outgoing.publish("classifier", 3, b"y", 3)
+    with pytest.raises(TransferRejectedError, match="not a current model"):
+        outgoing.answer("d1", request)  # version 1 has aged out
 
 
 def test_each_device_has_a_few_requests_per_version() -> None:
-    outgoing = OutgoingModels("f", chunk_size=4, max_requests=2)
+    outgoing = OutgoingModels("f", chunk_size=4, keep=1, max_requests=2)
     manifest, _ = outgoing.publish("classifier", 1, b"0123456789", 1)
     request = ChunkRequest(
         federation="f", round=1, sender="d1", transfer_id=manifest.transfer_id,
@@ -62,11 +64,12 @@ def test_each_device_has_a_few_requests_per_version() -> None:
     assert len(outgoing.answer("d2", request)) == 4  # another device's own budget
     with pytest.raises(TransferRejectedError, match="unknown chunk"):
         outgoing.answer("d2", request.model_copy(update={"indices": (7,)}))
-    assert outgoing.requests("d2") == 1  # a refused request is not counted
+    tid = manifest.transfer_id
+    assert outgoing.requests("d2", tid) == 1  # a refused request is not counted
     again, _ = outgoing.publish("classifier", 1, b"0123456789", 1)
-    assert again == manifest and outgoing.requests("d1") == 2  # a re-publish
+    assert again == manifest and outgoing.requests("d1", tid) == 2  # a re-publish
     latest, _ = outgoing.publish("classifier", 2, b"0123", 2)
-    assert outgoing.requests("d1") == 0  # a new version, a new budget
+    assert outgoing.requests("d1", latest.transfer_id) == 0  # its own budget
     answered = outgoing.answer("d1", request.model_copy(
         update={"transfer_id": latest.transfer_id, "indices": (0,)}
     ))  # fmt: skip
