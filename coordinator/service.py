@@ -82,11 +82,13 @@ from ursa.coordinator.refusal_log import RefusalLog, Stored
 from ursa.coordinator.rounds import RoundState, Stage
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.site_links import SiteLink, SiteLinks
+from ursa.coordinator.startup_hold import MAX_HELD, StartupHold
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.secret_file import ensure_private_dir
 from ursa.protocol.admission_limits import (
+    LOG_INTERVAL_S,
     AdmissionLimiter,
     AdmissionStats,
     DropReason,
@@ -112,16 +114,24 @@ from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import Dispatch, RejectedError, Router
 from ursa.protocol.topics import (
     BRIDGE_STATE_FILTER,
+    DEV,
     RETAINED_GLOBAL_NAMES,
     STATUS,
+    UP,
     coordinator_subscriptions,
+    federation_filter,
     global_topic,
     parse_bridge_state,
     parse_topic,
 )
 from ursa.protocol.transport import Transport, TransportError, TransportStats
 
-__all__ = ["IDENTITY_PUBLIC_FILENAME", "MAX_HELD", "CoordinatorService"]
+__all__ = [
+    "IDENTITY_PUBLIC_FILENAME",
+    "MAX_HELD",
+    "RETAINED_SWEEP_S",
+    "CoordinatorService",
+]
 
 logger = logging.getLogger("ursa.coordinator")
 
@@ -136,8 +146,10 @@ _SITS_OUT = frozenset(
 )
 """A device answering these does not fit the federation: not selected this epoch."""
 
-MAX_HELD = 10_000
-"""Messages held while the coordinator restores its stage (as `admission.burst`)."""
+RETAINED_SWEEP_S = 60.0
+"""How often the device up filter is subscribed again, so that the broker
+sends its retained messages there (which no honest device leaves) to be
+cleared: a device's retained bytes live on the broker for at most this long."""
 _FAILED = frozenset(
     {
         ErrorCode.TRAINING_FAILED,
@@ -230,8 +242,10 @@ class CoordinatorService(Recovery):
         self._online_view = OnlineDevices(
             self._ready, lambda: self._sat_out, lambda: self._state.epoch
         )
-        self._held: list[tuple[str, bytes]] = []
-        self._held_dropped = 0
+        self._held = StartupHold()
+        self._retained_cleared = 0
+        self._retained_logged: dict[str, float] = {}
+        self._swept_at = 0.0
         self._site_links = SiteLinks()
         self._run_drops: dict[str, int] = {}
         self._run = ""
@@ -402,9 +416,8 @@ class CoordinatorService(Recovery):
             if self._flicker is not None and self._state.stage is Stage.BALANCING:
                 self._flicker.resume()
             self._resumed = True
-            held, self._held = self._held, []
-            for topic, payload in held:  # arrived while the stage was restored
-                self._admit_safely(topic, payload)
+            for topic, payload in self._held.take():  # came during the restore
+                self._admit_safely(topic, payload, charged=True)
             self._step(self._clock())
         self._flush()
 
@@ -421,6 +434,7 @@ class CoordinatorService(Recovery):
 
     def _subscribe(self, transport: Transport) -> None:
         transport.set_handler(self.handle)
+        transport.set_retained_handler(self._on_retained)
         for pattern in coordinator_subscriptions(self._config.federation):
             transport.subscribe(pattern)
         transport.subscribe(BRIDGE_STATE_FILTER)
@@ -462,6 +476,7 @@ class CoordinatorService(Recovery):
             except Exception:
                 logger.exception("stage step failed; will retry at the next tick")
         self._flush()
+        self._sweep_retained(self._clock())
 
     def run(
         self, stop: threading.Event | None = None, *, until_done: bool = True
@@ -520,36 +535,108 @@ class CoordinatorService(Recovery):
         self._flush()
 
     def _hold(self, topic: str, payload: bytes) -> None:
-        """Keep a message until the stage is restored, up to `MAX_HELD` of them.
+        """Keep a message until the stage is restored, within `StartupHold`'s caps.
 
-        The broker's backlog after a restart is bounded by its per-session
-        queue, but a flood during start-up must not grow memory without end:
-        beyond the cap, messages are dropped (counted, logged now and then)
-        like ones the network lost; QoS 1 senders retransmit what matters.
+        The message takes its token from the sender's admission bucket now
+        (and is not charged again when replayed), so a device's backlog is
+        held only as far as its rate allows, and within its share of bytes.
         """
-        if len(self._held) < MAX_HELD:
-            self._held.append((topic, payload))
+        sender = _sender_of(topic)
+        reason = None
+        if sender:
+            reason = self._limiter.admit(sender, len(payload), self._clock()).reason
+        if reason is None and self._held.offer(sender, topic, payload):
             return
-        self._held_dropped += 1
-        if self._held_dropped == 1 or self._held_dropped % 1000 == 0:
+        if reason is not None:  # a rate or size drop: the hold never saw it
+            self._held.dropped += 1
+            self._held.dropped_bytes += len(payload)
+            self._telemetry.rejected(reason.value)
+        dropped = self._held.dropped
+        if dropped == 1 or dropped % 1000 == 0:
             logger.warning(
-                "%d messages dropped while starting up (more than %d held)",
-                self._held_dropped,
-                MAX_HELD,
+                "%d messages (%d bytes) dropped while starting up: over the "
+                "hold's caps (%d messages, %d bytes, %d bytes per device) or a "
+                "device's admission rate; last from %s",
+                dropped,
+                self._held.dropped_bytes,
+                self._held.max_messages,
+                self._held.max_bytes,
+                self._held.max_sender_bytes,
+                sender or topic,
             )
 
     @property
     def held_dropped(self) -> int:
         """Messages dropped because too many arrived before the stage was restored."""
-        return self._held_dropped
+        return self._held.dropped
 
-    def _admit_safely(self, topic: str, payload: bytes) -> None:
+    @property
+    def retained_cleared(self) -> int:
+        """Retained messages on device up topics cleared from the broker so far."""
+        return self._retained_cleared
+
+    def _on_retained(self, topic: str, payload: bytes) -> None:
+        """A stored retained message: cleared if on a device's up topic.
+
+        No honest device retains there (only its status is retained), and the
+        broker keeps what is retained for good and sends it again at every
+        subscription: such a message is deleted (an empty retained publish),
+        logged once per device per `LOG_INTERVAL_S` and never admitted.
+        Everything else (statuses, bridge states) is handled as usual.
+        """
+        device = _up_device(self._config.federation, topic)
+        if device is None:
+            self.handle(topic, payload)
+            return
+        if not payload:
+            return  # a cleared one
+        with self._lock:
+            self._retained_cleared += 1
+            self._telemetry.rejected("retained")
+            now = self._clock()
+            logged = self._retained_logged.get(device)
+            if logged is None or now - logged >= LOG_INTERVAL_S:
+                self._retained_logged[device] = now
+                logger.warning(
+                    "cleared a retained message of %d bytes %s left on %s "
+                    "(devices never retain on their up topics)",
+                    len(payload),
+                    device,
+                    topic,
+                )
+            self._outbox.put(topic, b"", 1, True)
+        self._flush()
+
+    def _sweep_retained(self, now: float) -> None:
+        """Subscribe to the device up filter again every `RETAINED_SWEEP_S`.
+
+        The broker answers a subscription with the retained messages it
+        matches; `_on_retained` clears them.
+        """
+        transport = self._transport
+        if transport is None or not transport.is_connected:
+            return
+        if now - self._swept_at < RETAINED_SWEEP_S:
+            return
+        self._swept_at = now
+        up_filter = coordinator_subscriptions(self._config.federation)[0]
         try:
-            self._admit(topic, payload, self._clock())
+            transport.subscribe(up_filter)
+        except TransportError as exc:
+            logger.warning("could not sweep retained messages: %s", exc)
+
+    def _admit_safely(
+        self, topic: str, payload: bytes, *, charged: bool = False
+    ) -> None:
+        try:
+            self._admit(topic, payload, self._clock(), charged=charged)
         except Exception:
             logger.exception("internal error on a message from %s", topic)
 
-    def _admit(self, topic: str, payload: bytes, now: float) -> None:
+    def _admit(
+        self, topic: str, payload: bytes, now: float, *, charged: bool = False
+    ) -> None:
+        """Judge one message (``charged``: its admission token is already taken)."""
         cfg = self._config
         try:
             link = parse_bridge_state(topic, payload)
@@ -572,7 +659,7 @@ class CoordinatorService(Recovery):
             return
         if parsed.direction == "down" or not payload:
             return  # our own publishes, if a broker echoes them; a cleared retain
-        if not self._within_limits(device, payload, now):
+        if not charged and not self._within_limits(device, payload, now):
             return
         try:
             message = decode(payload, max_size=cfg.max_message_bytes)
@@ -958,3 +1045,22 @@ class CoordinatorService(Recovery):
         online = self._online_enrolled()
         if self._flicker is None or self._flicker.step(now, online):
             self._start_key_epoch(now, frozenset())
+
+
+def _sender_of(topic: str) -> str:
+    """The device a topic belongs to, or ``""`` (global, bridge, invalid)."""
+    try:
+        return parse_topic(topic).device or ""
+    except TopicError:
+        return ""
+
+
+def _up_device(federation: str, topic: str) -> str | None:
+    """The device whose up subtree ``topic`` is in (any depth), else None."""
+    prefix = federation_filter(federation)[:-1]  # "ursa/v1/<federation>/"
+    if not topic.startswith(prefix):
+        return None
+    levels = topic[len(prefix) :].split("/")
+    if len(levels) < 3 or levels[0] != DEV or levels[2] != UP or not levels[1]:
+        return None
+    return levels[1]

@@ -633,16 +633,14 @@ def test_messages_held_before_the_stage_is_restored_are_capped(
     federation: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     fed = federation(num_devices=3, k=2, tries=1, rounds=1)
-    topic = up_topic(FED, "d00", "control")
+    topic = up_topic(FED, "intruder", "control")  # the flood costs its sender
     caplog.set_level(logging.WARNING, logger="ursa.coordinator")
 
     for _ in range(MAX_HELD + 3):  # a flood before start() restored anything
         fed.coordinator.handle(topic, b"")
 
     assert fed.coordinator.held_dropped == 3
-    assert f"1 messages dropped while starting up (more than {MAX_HELD} held)" in (
-        caplog.text
-    )
+    assert "1 messages (0 bytes) dropped while starting up" in caplog.text
     fed.start()  # the held ones are judged then (empty: ignored)
     assert fed.coordinator.is_done
 
