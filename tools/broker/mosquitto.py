@@ -6,7 +6,7 @@ run): `mosquitto.conf`, a password file in Mosquitto 2's PBKDF2-SHA512 format
 ACL that confines every device to its own subtree (SPEC §2, §3):
 
     device (username = client id = device id, forced by use_username_as_clientid)
-      write      ursa/v1/<fed>/dev/<own id>/up/#
+      write      ursa/v1/<fed>/dev/<own id>/up/<name>   (each protocol name)
       readwrite  ursa/v1/<fed>/dev/<own id>/status
       read       ursa/v1/<fed>/dev/<own id>/down/#
       read       ursa/v1/<fed>/global/#
@@ -21,6 +21,12 @@ With `run_as_user`, the files Mosquitto reads after dropping privileges go to
 that user (`ursa.tools.broker.ownership`). Writing again over existing files
 keeps every listed user's password hash and the TLS CA; only `rotate` and
 `rotate_tls` make new secrets, so a config update locks no device out.
+What one device can make the broker hold is capped: each message by
+`max_packet_size`, the coordinator's queue while it is offline by
+`max_queued_bytes` / `max_queued_messages` (per client), and retained
+messages on its up topics by the finite set of up names (Mosquitto 2 cannot
+forbid retain per topic: `retain_available` is global and the coordinator's
+notices need it); the coordinator deletes those within `RETAINED_SWEEP_S`.
 `MosquittoBroker` runs `mosquitto` on a free loopback port with such a config
 in a temporary directory (tests, benchmarks, local trials).
 """
@@ -46,6 +52,7 @@ from typing import IO
 
 from pydantic import SecretStr
 
+from ursa.protocol.messages import MESSAGE_TYPES
 from ursa.protocol.mqtt import MqttConfig
 from ursa.tools.broker.bridge import (
     BRIDGE_DIR,
@@ -59,7 +66,10 @@ from ursa.tools.broker.tls import TlsError, make_tls_files
 
 __all__ = [
     "DEFAULT_MAX_PACKET_BYTES",
+    "DEFAULT_MAX_QUEUED_BYTES",
+    "DEFAULT_MAX_QUEUED_MESSAGES",
     "DEFAULT_PERSISTENCE_DIR",
+    "DEVICE_UP_NAMES",
     "MosquittoBroker",
     "MosquittoError",
     "MosquittoFiles",
@@ -71,6 +81,18 @@ __all__ = [
 
 #: Mosquitto's `max_packet_size`: twice the transports' default payload cap.
 DEFAULT_MAX_PACKET_BYTES = 2 * 1024 * 1024
+#: Mosquitto's `max_queued_messages`: QoS 1 messages queued per client while
+#: it is offline (or beyond its in-flight window).
+DEFAULT_MAX_QUEUED_MESSAGES = 10_000
+#: Mosquitto's `max_queued_bytes`: the same queue's cap in payload bytes. The
+#: coordinator's session is the one that matters: an outage's backlog of a
+#: few hundred devices (statuses, updates; uploads are asked again) fits, a
+#: device flooding it costs at most this much broker memory.
+DEFAULT_MAX_QUEUED_BYTES = 128 * 1024 * 1024
+#: The names a device may publish under on its up subtree (every message
+#: class's topic name): a finite set, so that what a device can leave
+#: retained there is at most len(DEVICE_UP_NAMES) x max_packet_size.
+DEVICE_UP_NAMES = tuple(sorted({cls.topic for cls in MESSAGE_TYPES.values()}))
 #: mosquitto_passwd's own default. Generated passwords carry 192 random bits,
 #: so key stretching adds nothing for them; raise it for human-chosen ones.
 DEFAULT_PBKDF2_ITERATIONS = 101
@@ -149,6 +171,8 @@ def write_mosquitto_config(
     persistence_dir: Path | None = DEFAULT_PERSISTENCE_DIR,
     log_dest: str | None = None,
     max_packet_bytes: int = DEFAULT_MAX_PACKET_BYTES,
+    max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES,
+    max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
     run_as_user: str | None = None,
     overwrite: bool = False,
     rotate: Iterable[str] = (),
@@ -181,6 +205,8 @@ def write_mosquitto_config(
         log_dest: `stderr`, `stdout`, `syslog`, `none` or `file:PATH`; None
             keeps Mosquitto's default (stderr: the journal under systemd).
         max_packet_bytes: Mosquitto's `max_packet_size`.
+        max_queued_messages: Mosquitto's `max_queued_messages` (per client).
+        max_queued_bytes: Mosquitto's `max_queued_bytes` (per client).
         run_as_user: the system user Mosquitto runs as (its `user` option);
             the password file, ACL, TLS key, persistence and log directories
             are handed to it (see `ursa.tools.broker.ownership`).
@@ -197,6 +223,11 @@ def write_mosquitto_config(
     """
     if federation is not None and not _FEDERATION_RE.match(federation):
         raise MosquittoError(f"invalid federation name {federation!r}")
+    if max_queued_messages < 1 or max_queued_bytes < max_packet_bytes:
+        raise MosquittoError(
+            "max_queued_messages must be positive and max_queued_bytes at "
+            "least max_packet_bytes (0, Mosquitto's 'no limit', is refused)"
+        )
     log_line = _log_dest_line(log_dest)
     device_names, reader_names = _users(devices), _users(readers)
     coordinators = [] if coordinator_user is None else [coordinator_user]
@@ -293,7 +324,8 @@ def write_mosquitto_config(
         f"password_file {home / 'passwd'}",
         f"acl_file {home / 'acl'}",
         f"max_packet_size {max_packet_bytes}",
-        "max_queued_messages 10000",
+        f"max_queued_messages {max_queued_messages}",
+        f"max_queued_bytes {max_queued_bytes}",
     ]
     if persistence_dir is None:
         lines.append("persistence false")
@@ -424,8 +456,9 @@ def _acl_text(
 ) -> str:
     base = f"ursa/v1/{federation}"
     lines = [
-        "# Devices: username = client id = device id (%u).",
-        f"pattern write {base}/dev/%u/up/#",
+        "# Devices: username = client id = device id (%u). Up: the protocol's",
+        "# names only, so what a device can leave retained there is bounded.",
+        *(f"pattern write {base}/dev/%u/up/{name}" for name in DEVICE_UP_NAMES),
         f"pattern readwrite {base}/dev/%u/status",
         f"pattern read {base}/dev/%u/down/#",
         "# No %u on purpose: every client reads the global subtree",
@@ -509,6 +542,7 @@ class MosquittoBroker:
         open_files: raise mosquitto's open-file limit to this (capped at the
             hard limit) and lift the listener's connection limit: a broker
             for thousands of clients (`ursa bench protocol`).
+        max_queued_bytes: Mosquitto's `max_queued_bytes` (tests lower it).
     """
 
     host = "127.0.0.1"
@@ -528,6 +562,7 @@ class MosquittoBroker:
         binary: Path | None = None,
         startup_timeout_s: float = 10.0,
         open_files: int | None = None,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
     ) -> None:
         found = binary or find_mosquitto()
         if found is None:
@@ -549,6 +584,7 @@ class MosquittoBroker:
         self._persistence = persistence
         self.coordinator_user = coordinator_user
         self._open_files = open_files
+        self._max_queued_bytes = max_queued_bytes
         self.files = self._write_files(port or free_port(self.host))
 
     @property
@@ -636,6 +672,7 @@ class MosquittoBroker:
             persistence_dir=self.work_dir if self._persistence else None,
             run_as_user="root" if os.geteuid() == 0 else None,
             log_dest="stderr",
+            max_queued_bytes=self._max_queued_bytes,
             overwrite=True,
         )
         if self._open_files is not None:  # the listener's section is last

@@ -154,6 +154,16 @@ def register(sub: Subparsers) -> None:
         action="store_true",
         help="make a new CA and server certificate (every device needs the new ca.crt)",
     )
+    cfg.add_argument(
+        "--max-queued-messages",
+        type=int,
+        help="QoS 1 messages Mosquitto queues per offline client (default 10000)",
+    )
+    cfg.add_argument(
+        "--max-queued-bytes",
+        type=int,
+        help="the same queue's cap in bytes (default 128 MiB; docs/brokers.md)",
+    )
     cfg.set_defaults(handler=_run_mosquitto_config)
 
     embedded = names.add_parser(
@@ -181,6 +191,8 @@ def read_devices(devices: str, devices_file: Path | None) -> dict[str, str | Non
 def _run_mosquitto_config(args: argparse.Namespace) -> int:
     from ursa.tools.broker.bridge import BridgeError
     from ursa.tools.broker.mosquitto import (
+        DEFAULT_MAX_QUEUED_BYTES,
+        DEFAULT_MAX_QUEUED_MESSAGES,
         DEFAULT_PERSISTENCE_DIR,
         MosquittoError,
         write_mosquitto_config,
@@ -215,6 +227,8 @@ def _run_mosquitto_config(args: argparse.Namespace) -> int:
             if args.no_persistence
             else args.persistence_dir or DEFAULT_PERSISTENCE_DIR,
             log_dest=args.log_dest,
+            max_queued_messages=args.max_queued_messages or DEFAULT_MAX_QUEUED_MESSAGES,
+            max_queued_bytes=args.max_queued_bytes or DEFAULT_MAX_QUEUED_BYTES,
             run_as_user=args.user,
             overwrite=args.force,
             rotate=[

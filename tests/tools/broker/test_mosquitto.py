@@ -18,6 +18,9 @@ import pytest
 from ursa.protocol.mqtt import MqttTransport
 from ursa.tools.broker.bridge import SiteBridge
 from ursa.tools.broker.mosquitto import (
+    DEFAULT_MAX_QUEUED_BYTES,
+    DEFAULT_MAX_QUEUED_MESSAGES,
+    DEVICE_UP_NAMES,
     MosquittoBroker,
     MosquittoError,
     hash_password,
@@ -68,7 +71,8 @@ def test_writes_private_password_file_acl_and_credentials(tmp_path: Path) -> Non
     assert f"dev1:{files.credentials['dev1']}" in generated
     assert files.credentials["dev1"] not in files.password_file.read_text()
     acl = files.acl_file.read_text()
-    assert "pattern write ursa/v1/+/dev/%u/up/#" in acl
+    assert "pattern write ursa/v1/+/dev/%u/up/control" in acl
+    assert "up/#" not in acl  # the up names only: retained bytes are bounded
     assert "pattern read ursa/v1/+/dev/%u/down/#" in acl
     assert "user coordinator\ntopic readwrite ursa/v1/#" in acl
     assert "user observer\ntopic read ursa/v1/#" in acl
@@ -91,7 +95,9 @@ def test_federation_confines_devices_and_install_dir_sets_paths(
         federation="trial1",
         install_dir=Path("/etc/mosquitto/ursa"),
     )
-    assert "pattern write ursa/v1/trial1/dev/%u/up/#" in files.acl_file.read_text()
+    assert "pattern write ursa/v1/trial1/dev/%u/up/transfer" in (
+        files.acl_file.read_text()
+    )
     assert "password_file /etc/mosquitto/ursa/passwd" in files.config_file.read_text()
     assert files.credentials_file is not None  # the generated coordinator one
     listed = files.credentials_file.read_text().splitlines()
@@ -346,3 +352,26 @@ def test_a_site_broker_has_no_coordinator_and_includes_its_bridge(
     assert f"bridge_cafile {out.resolve() / 'bridge' / 'ca.crt'}" in section
     assert _mode(out / "bridge" / "bridge.conf") == 0o600
     assert "user coordinator" not in files.acl_file.read_text()
+
+
+def test_the_broker_queue_is_capped_in_messages_and_bytes(tmp_path: Path) -> None:
+    files = write_mosquitto_config(
+        tmp_path / "a", devices=["dev1"], persistence_dir=None
+    )
+    conf = files.config_file.read_text()
+    assert f"max_queued_bytes {DEFAULT_MAX_QUEUED_BYTES}\n" in conf
+    assert f"max_queued_messages {DEFAULT_MAX_QUEUED_MESSAGES}\n" in conf
+    small = write_mosquitto_config(
+        tmp_path / "b",
+        devices=["dev1"],
+        persistence_dir=None,
+        max_queued_messages=50,
+        max_queued_bytes=4 * 1024 * 1024,
+    )
+    assert "max_queued_bytes 4194304\n" in small.config_file.read_text()
+    with pytest.raises(MosquittoError, match="max_queued_bytes"):
+        write_mosquitto_config(
+            tmp_path / "c", devices=["dev1"], persistence_dir=None, max_queued_bytes=0
+        )
+    acl = files.acl_file.read_text()
+    assert all(f"dev/%u/up/{name}\n" in acl for name in DEVICE_UP_NAMES)
