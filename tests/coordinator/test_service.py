@@ -707,3 +707,42 @@ def test_start_makes_a_loose_state_directory_private(
     device_dir.chmod(0o750)
     DeviceStateDir(device_dir)
     assert device_dir.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_devices_backlog_at_start_up_is_held_within_its_share(
+    federation: Any,
+) -> None:
+    from ursa.coordinator.startup_hold import MAX_HELD_SENDER_BYTES
+
+    fed = federation(num_devices=3, k=2, tries=1, rounds=1)
+    flood = up_topic(FED, "intruder", "control")
+    chunk = b"x" * (256 * 1024)
+    for _ in range(2 * MAX_HELD_SENDER_BYTES // len(chunk)):
+        fed.coordinator.handle(flood, chunk)
+    fed.coordinator.handle(up_topic(FED, "d01", "control"), chunk)  # still held
+
+    assert fed.coordinator.held_dropped == MAX_HELD_SENDER_BYTES // len(chunk)
+    fed.start()
+    assert fed.coordinator.is_done
+
+
+def test_retained_messages_on_device_up_topics_are_cleared_not_admitted(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=3, k=2, tries=1, rounds=1)
+    hostile = [up_topic(FED, "d01", "control"), f"{up_topic(FED, 'd01', 'x')}/deep"]
+    for topic in hostile:
+        fed.raw.publish(topic, b"r" * 1000, retain=True)
+    caplog.set_level(logging.WARNING, logger="ursa.coordinator")
+
+    fed.start()
+
+    assert fed.coordinator.is_done  # d01 took part as usual
+    assert fed.coordinator.retained_cleared == 2
+    assert not set(hostile) & set(fed.bus.retained)
+    assert caplog.text.count("cleared a retained message") == 1  # once per device
+    fed.raw.publish(hostile[0], b"again", retain=True)
+    fed.clock.advance(61.0)
+    fed.coordinator.tick()  # the sweep subscribes again: cleared again
+    assert fed.coordinator.retained_cleared == 3
+    assert hostile[0] not in fed.bus.retained

@@ -13,6 +13,7 @@ from ursa.models.weights import (
     WeightsError,
     WeightsFormatError,
     WeightsMismatchError,
+    WeightsSpecError,
     accumulate_scaled,
     add_scaled,
     arrays_from_bytes,
@@ -220,3 +221,44 @@ def test_format_two_truncations_and_bad_kinds_raise() -> None:
     kind_at = 12 + 2 + 1  # header, name length, name "n"
     with pytest.raises(WeightsFormatError, match="kind"):
         arrays_from_bytes(data[:kind_at] + b"\x09" + data[kind_at + 1 :])
+
+
+def test_decoding_against_the_expected_arrays_checks_the_header_first() -> None:
+    template = {
+        "w": np.zeros((2, 3), np.float32),
+        "n": np.zeros((), np.int64),
+    }
+    good = arrays_to_bytes(
+        {"w": np.ones((2, 3), np.float32), "n": np.array(4, np.int64)}
+    )
+    decoded = arrays_from_bytes(good, template)
+    assert decoded["n"] == 4 and decoded["w"].dtype == np.float32
+    half = arrays_to_bytes({"w": np.ones((2, 3)), "n": np.ones(())}, dtype="float16")
+    assert arrays_from_bytes(half, template)["n"].dtype == np.float32  # a float n
+    cases = {
+        "1 arrays declared, expected 2": {"w": np.ones((2, 3), np.float32)},
+        "'n' where 'w' was expected": {"n": np.ones(()), "w": np.ones((2, 3))},
+        r"shape \(3, 2\), expected \(2, 3\)": {"w": np.ones((3, 2)), "n": np.ones(())},
+        "is integer, expected float": {
+            "w": np.ones((2, 3), np.int64),
+            "n": np.ones((), np.int64),
+        },
+    }
+    for match, arrays in cases.items():
+        with pytest.raises(WeightsSpecError, match=match):
+            arrays_from_bytes(arrays_to_bytes(arrays), template)
+
+
+def test_without_a_spec_counts_and_dimensions_are_still_bounded() -> None:
+    many = {f"a{i}": np.zeros(0, np.float32) for i in range(5)}
+    with pytest.raises(WeightsFormatError, match="more than 4"):
+        arrays_from_bytes(arrays_to_bytes(many), max_arrays=4)
+    assert len(arrays_from_bytes(arrays_to_bytes(many), max_arrays=5)) == 5
+    deep = bytearray(arrays_to_bytes({"a": np.zeros(1, np.float32)}))
+    deep[12 + 2 + 1] = 33  # ndim of "a"
+    with pytest.raises(WeightsFormatError, match="dimensions"):
+        arrays_from_bytes(bytes(deep))
+    claimed = bytearray(arrays_to_bytes({"a": np.zeros(1, np.float32)}))
+    claimed[8:12] = (1000).to_bytes(4, "little")  # 1000 entries in 23 bytes
+    with pytest.raises(WeightsFormatError, match="1000 arrays declared in"):
+        arrays_from_bytes(bytes(claimed))

@@ -248,3 +248,28 @@ def test_threaded_mode_delivers_on_the_dispatcher_thread() -> None:
         sender.flush(5.0)
 
         assert threads == ["ursa-inmemory-bus"] * 50
+
+
+def test_stored_retained_messages_go_to_the_retained_handler() -> None:
+    bus = InMemoryBus()
+    publisher = InMemoryTransport(bus, "pub")
+    publisher.connect()
+    publisher.publish("a/stored", b"old", retain=True)
+    live: list[str] = []
+    stored: list[str] = []
+    reader = InMemoryTransport(bus, "reader")
+    reader.set_handler(lambda topic, payload: live.append(topic))
+    reader.set_retained_handler(lambda topic, payload: stored.append(topic))
+    reader.subscribe("a/#")
+    reader.connect()
+    publisher.publish("a/live", b"new", retain=True)  # live: the main handler
+    bus.flush(1.0)
+    reader.subscribe("a/#")  # again: the broker sends what is stored again
+    bus.flush(1.0)
+
+    assert live == ["a/live"]
+    assert sorted(stored) == ["a/live", "a/stored", "a/stored"]
+    reader.set_retained_handler(None)  # the default: everything to the handler
+    reader.subscribe("a/#")
+    bus.flush(1.0)
+    assert sorted(live) == ["a/live", "a/live", "a/stored"]
