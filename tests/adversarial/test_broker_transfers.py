@@ -31,7 +31,7 @@ from ursa.coordinator.model_transfer import (
     DEFAULT_MAX_CHUNK_REQUESTS,
     model_transfer_id,
 )
-from ursa.coordinator.service import CoordinatorService
+from ursa.coordinator.service import RETAINED_SWEEP_S, CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.edge_sdk.client import EdgeClient
 from ursa.models.weights import (
@@ -415,7 +415,8 @@ def test_retained_messages_on_a_devices_up_topics_are_cleared_by_the_coordinator
         k=3,
         key_bits=1024,
     )
-    coordinator = CoordinatorService(config)
+    now = [time.time()]
+    coordinator = CoordinatorService(config, clock=lambda: now[0])
     coordinator.start()
     try:
         _settle(lambda: coordinator.retained_cleared >= 3)
@@ -423,7 +424,7 @@ def test_retained_messages_on_a_devices_up_topics_are_cleared_by_the_coordinator
             up_topic(FEDERATION, ATTACKER, "control"), b"again", retain=True
         )
         attacker.flush()
-        coordinator._swept_at = -1e9  # the next tick sweeps (no 60 s wait)
+        now[0] += RETAINED_SWEEP_S  # the next tick sweeps
         coordinator.tick()
         _settle(lambda: coordinator.retained_cleared >= 4)
         time.sleep(0.5)

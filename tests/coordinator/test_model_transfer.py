@@ -16,7 +16,7 @@ from ursa.coordinator.model_transfer import (
 )
 from ursa.edge_sdk.model_steps import model_transfer_id as device_transfer_id
 from ursa.protocol.chunking import split
-from ursa.protocol.messages import ChunkRequest, TransferManifest
+from ursa.protocol.messages import Chunk, ChunkRequest, TransferManifest
 
 
 def test_device_and_coordinator_derive_the_same_transfer_id() -> None:
@@ -76,16 +76,19 @@ def test_each_device_has_a_few_requests_per_version() -> None:
     assert answered[0] == latest
 
 
+def _upload(
+    payload: bytes, sender: str, transfer_id: str
+) -> tuple[TransferManifest, list[Chunk]]:
+    return split(
+        payload, purpose=UPDATE_PURPOSE, federation="f", round=1, sender=sender,
+        chunk_size=4, transfer_id=transfer_id,
+    )  # fmt: skip
+
+
 def test_one_upload_per_device_and_round() -> None:
     uploads = Uploads(max_transfer_bytes=16, max_total_bytes=32)
-    first, chunks = split(
-        b"abcdefghij", purpose=UPDATE_PURPOSE, federation="f", round=1, sender="d1",
-        chunk_size=4, transfer_id="t1",
-    )  # fmt: skip
-    second, _ = split(
-        b"0123", purpose=UPDATE_PURPOSE, federation="f", round=1, sender="d1",
-        chunk_size=4, transfer_id="t2",
-    )  # fmt: skip
+    first, chunks = _upload(b"abcdefghij", "d1", "t1")
+    second, _ = _upload(b"0123", "d1", "t2")
     uploads.on_manifest("d1", first)
     uploads.on_manifest("d1", first)  # a retransmission is no second upload
 
@@ -96,11 +99,7 @@ def test_one_upload_per_device_and_round() -> None:
     uploads.forget("t1")  # used
     with pytest.raises(SecondUploadError):
         uploads.on_manifest("d1", second)  # still one per round
-    other, _ = split(
-        b"z" * 16, purpose=UPDATE_PURPOSE, federation="f", round=1, sender="d2",
-        chunk_size=4, transfer_id="t3",
-    )  # fmt: skip
-    uploads.on_manifest("d2", other)  # another device is not held back
+    uploads.on_manifest("d2", _upload(b"z" * 16, "d2", "t3")[0])  # not held back
 
 
 def test_uploads_reassemble_and_refuse_strangers_and_oversize() -> None:

@@ -120,7 +120,7 @@ def test_a_publish_from_another_thread_waits_for_the_loop_and_flushes(
         time.sleep(0.01)
     device = pool.transport(broker.mqtt_config(DEVICE_IDS[0]))
     device.connect()
-    device.publish(f"ursa/v1/f/dev/{DEVICE_IDS[0]}/up/x", b"hi")
+    device.publish(f"ursa/v1/f/dev/{DEVICE_IDS[0]}/up/control", b"hi")
     device.flush(10.0)
     deadline = time.monotonic() + 10
     while not got and time.monotonic() < deadline:
@@ -154,7 +154,7 @@ def test_flush_counts_hand_offs_to_the_loop_and_ends_at_close(
 ) -> None:
     transport = pool.transport(mosquitto.mqtt_config(DEVICE_IDS[0]))
     transport.open()  # connecting; the loop is not turning, so nothing is sent
-    transport.publish(f"ursa/v1/f/dev/{DEVICE_IDS[0]}/up/x", b"hi")
+    transport.publish(f"ursa/v1/f/dev/{DEVICE_IDS[0]}/up/control", b"hi")
 
     with pytest.raises(TransportTimeoutError, match="1 publishes unacknowledged"):
         transport.flush(0.0)  # the publish still waits for the loop
