@@ -28,9 +28,16 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ursa.protocol.chunking import Reassembler, select_chunks, split
+from ursa.protocol.chunking import (
+    DEFAULT_MAX_REQUESTS,
+    Reassembler,
+    RequestBudget,
+    RequestLimitError,
+    select_chunks,
+    split,
+)
 from ursa.protocol.errors import ChunkError, OversizeError
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -57,10 +64,8 @@ __all__ = [
 UPDATE_PURPOSE = "model_update"
 DEFAULT_KEEP_TRANSFERS = 2
 """Versions answered: the newest and the one before (the open round's base)."""
-DEFAULT_MAX_CHUNK_REQUESTS = 8
-"""Re-requests one device may make per model version. An honest device asks
-every retry (5 s) while chunks are missing: once when it missed the
-broadcast, again only when answers were lost."""
+DEFAULT_MAX_CHUNK_REQUESTS = DEFAULT_MAX_REQUESTS
+"""Re-requests answered per device and model version."""
 
 
 class TransferRejectedError(ValueError):
@@ -104,8 +109,6 @@ def model_purpose(model: str, version: int) -> str:
 class _Published:
     manifest: TransferManifest
     chunks: list[Chunk]
-    requests: dict[str, int] = field(default_factory=dict)
-    """Device -> re-requests answered (bounded by the enrolled devices)."""
 
 
 class OutgoingModels:
@@ -124,12 +127,12 @@ class OutgoingModels:
         keep: int = DEFAULT_KEEP_TRANSFERS,
         max_requests: int = DEFAULT_MAX_CHUNK_REQUESTS,
     ) -> None:
-        if keep < 1 or max_requests < 1:
-            raise ValueError("keep and max_requests must be positive")
+        if keep < 1:
+            raise ValueError("keep must be positive")
         self._federation = federation
         self._chunk_size = chunk_size
         self._keep = keep
-        self._max_requests = max_requests
+        self._budget = RequestBudget(max_requests)
         self._published: OrderedDict[str, _Published] = OrderedDict()
 
     def publish(
@@ -151,13 +154,13 @@ class OutgoingModels:
             known = _Published(manifest, chunks)
             self._published[tid] = known
             while len(self._published) > self._keep:
-                self._published.popitem(last=False)  # its request counts with it
+                old, _ = self._published.popitem(last=False)
+                self._budget.forget(old)
         return known.manifest, known.chunks
 
     def requests(self, device: str, transfer_id: str) -> int:
         """Re-requests of a remembered version answered for ``device``."""
-        known = self._published.get(transfer_id)
-        return 0 if known is None else known.requests.get(device, 0)
+        return self._budget.used(device, transfer_id)
 
     def answer(self, device: str, request: ChunkRequest) -> list[BaseMessage]:
         """The manifest, then the chunks ``device`` asked for (counted).
@@ -172,17 +175,15 @@ class OutgoingModels:
             raise TransferRejectedError(
                 f"transfer {request.transfer_id} is not a current model version"
             )
-        asked = known.requests.get(device, 0)
-        if asked >= self._max_requests:
-            raise RequestBudgetError(
-                f"{asked} requests for {known.manifest.purpose} answered already "
-                f"(at most {self._max_requests} per device and version)"
-            )
+        try:
+            self._budget.check(device, request.transfer_id)
+        except RequestLimitError as exc:
+            raise RequestBudgetError(f"{known.manifest.purpose}: {exc}") from None
         try:
             chunks = select_chunks(known.chunks, request)
         except ChunkError as exc:
             raise TransferRejectedError(str(exc)) from None
-        known.requests[device] = asked + 1
+        self._budget.spend(device, request.transfer_id)
         return [known.manifest, *chunks]
 
 

@@ -111,7 +111,7 @@ class EndSteps(ModelSteps):
         assert version is not None and message.transfer_id is not None
         if message.weights is not None:
             try:
-                arrays = arrays_from_bytes(message.weights)
+                arrays = arrays_from_bytes(message.weights, self._model_arrays)
             except WeightsError as exc:
                 logger.warning(
                     "%s: inline final model refused: %s", self.device_id, exc

@@ -6,8 +6,10 @@ layout, sha256) followed by `Chunk`s; the receiver re-requests what is missing
 accepts chunks in any order and any number of times, checks every index and
 length against the manifest, verifies the sha256 on completion, and caps the
 bytes it will hold (per transfer and in total) so that announcing huge
-transfers cannot exhaust a device's memory. No I/O and no clock: the caller
-decides when a stale transfer is `discard`ed.
+transfers cannot exhaust a device's memory. A sender answers re-requests
+within a `RequestBudget` (a few per receiver and transfer), since a
+200-byte request can ask for a whole payload. No I/O and no clock: the
+caller decides when a stale transfer is `discard`ed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from ursa.protocol.messages import (
 DEFAULT_MAX_TRANSFER_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_TOTAL_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_TRANSFERS = 256
+DEFAULT_MAX_REQUESTS = 8
+"""Re-requests answered per receiver and transfer. An honest receiver asks
+once when it missed the broadcast, again only when answers were lost."""
 REMEMBERED_COMPLETED = 1024
 """Completed transfer ids remembered, so that late duplicates are ignored quietly."""
 
@@ -99,6 +104,51 @@ def select_chunks(chunks: Sequence[Chunk], request: ChunkRequest) -> list[Chunk]
             f"unknown chunk(s), first {unknown[0]}"
         )
     return [by_index[i] for i in request.indices]
+
+
+class RequestLimitError(ChunkError):
+    """A receiver asked for a transfer more often than its `RequestBudget`."""
+
+
+class RequestBudget:
+    """How many re-requests of one transfer each receiver has had answered.
+
+    Counts are kept per transfer id; `forget` drops a transfer's (when it is
+    no longer served), so the table is bounded by transfers x receivers.
+    """
+
+    def __init__(self, max_requests: int = DEFAULT_MAX_REQUESTS) -> None:
+        if max_requests < 1:
+            raise ValueError("max_requests must be positive")
+        self._max = max_requests
+        self._counts: dict[str, dict[str, int]] = {}
+
+    @property
+    def max_requests(self) -> int:
+        """Answers per receiver and transfer."""
+        return self._max
+
+    def used(self, receiver: str, transfer_id: str) -> int:
+        """Requests of ``transfer_id`` answered for ``receiver`` so far."""
+        return self._counts.get(transfer_id, {}).get(receiver, 0)
+
+    def check(self, receiver: str, transfer_id: str) -> None:
+        """Raise `RequestLimitError` if ``receiver`` has spent its requests."""
+        used = self.used(receiver, transfer_id)
+        if used >= self._max:
+            raise RequestLimitError(
+                f"{used} requests for transfer {transfer_id} answered already "
+                f"(at most {self._max} per device and version)"
+            )
+
+    def spend(self, receiver: str, transfer_id: str) -> None:
+        """Count one answered request."""
+        counts = self._counts.setdefault(transfer_id, {})
+        counts[receiver] = counts.get(receiver, 0) + 1
+
+    def forget(self, transfer_id: str) -> None:
+        """Drop a transfer's counts (it is no longer answered)."""
+        self._counts.pop(transfer_id, None)
 
 
 @dataclass

@@ -327,3 +327,21 @@ def test_split_uses_the_given_transfer_id_and_common_fields() -> None:
     assert [c.data for c in chunks] == [b"abcd", b"ef"]
     assert manifest.purpose == "ckks_context"
     assert all(c.sender == "coordinator" and c.round == 1 for c in chunks)
+
+
+def test_a_request_budget_counts_per_receiver_and_transfer() -> None:
+    from ursa.protocol.chunking import RequestBudget, RequestLimitError
+
+    budget = RequestBudget(2)
+    for _ in range(2):
+        budget.check("d1", "t")
+        budget.spend("d1", "t")
+    with pytest.raises(RequestLimitError, match="at most 2"):
+        budget.check("d1", "t")
+    budget.check("d2", "t")  # another receiver
+    budget.check("d1", "u")  # another transfer
+    assert budget.used("d1", "t") == 2 and budget.max_requests == 2
+    budget.forget("t")
+    assert budget.used("d1", "t") == 0
+    with pytest.raises(ValueError, match="positive"):
+        RequestBudget(0)

@@ -26,7 +26,12 @@ from ursa.coordinator.methods.flicker.outcome import (
 )
 from ursa.coordinator.refusal_log import RefusalLog
 from ursa.crypto.identity import DevicePublicIdentity
-from ursa.protocol.chunking import select_chunks, split
+from ursa.protocol.chunking import (
+    RequestBudget,
+    RequestLimitError,
+    select_chunks,
+    split,
+)
 from ursa.protocol.envelope import decode, encode, message_kind
 from ursa.protocol.errors import OversizeError, ProtocolError, VersionError
 from ursa.protocol.messages import (
@@ -83,6 +88,8 @@ class ContextTransfer:
             transfer_id=hashlib.sha256(data).hexdigest()[:32],
         )
         self.published = False
+        self.requests = RequestBudget()
+        """Re-requests answered per device (`select_chunks` can send it all)."""
 
     def is_for(self, request: ChunkRequest) -> bool:
         """Whether a chunk request asks for this transfer."""
@@ -190,11 +197,16 @@ class FlickerWire:
         transfer.published = True
 
     def _answer_chunks(self, transfer: ContextTransfer, request: ChunkRequest) -> None:
-        """Re-send the requested chunks to the requester."""
+        """Re-send the requested chunks to the requester (a few times each)."""
+        try:
+            transfer.requests.check(request.sender, request.transfer_id)
+        except RequestLimitError as exc:
+            raise RefusedError(ErrorCode.TRANSFER_FAILED, str(exc)) from None
         try:
             chunks = select_chunks(transfer.chunks, request)
         except ProtocolError as exc:
             raise RefusedError(ErrorCode.MALFORMED, str(exc)) from None
+        transfer.requests.spend(request.sender, request.transfer_id)
         for message in (transfer.manifest, *chunks):
             self._send(message, request.sender)
 

@@ -326,3 +326,32 @@ def test_requests_name_the_run_and_count_steps_replies_echo_them() -> None:
     assert steps(CountUpdate) == steps(ResampleRequest) != set()
     ring = [m for m in messages if isinstance(m, RingStart | RingHop | RingResult)]
     assert {m.round for m in (*ring, *stepped)} == {7}
+
+
+def test_context_re_requests_are_answered_a_few_times_per_device() -> None:
+    from ursa.protocol.chunking import DEFAULT_MAX_REQUESTS
+    from ursa.protocol.messages import ChunkRequest
+
+    fleet = build_fleet(D1)
+    seen = _spy(fleet)
+    fleet.coordinator.start(["dev-1", "dev-2", "dev-3", "dev-4"])
+    announce = next(
+        m for m in (decode(p) for _, p in seen if p) if m.kind == "ckks_context"
+    )
+    seen.clear()
+    request = ChunkRequest(
+        federation=FEDERATION,
+        round=0,
+        sender="dev-2",
+        transfer_id=announce.transfer_id,  # type: ignore[attr-defined]
+        indices=(0,),
+    )
+    for index in range(2 * DEFAULT_MAX_REQUESTS):
+        _inject(fleet, "dev-2", request.model_copy(update={"message_id": f"r{index}"}))
+
+    answered = [
+        t for t, p in seen if "/dev/dev-2/down/" in t and decode(p).kind == "chunk"
+    ]
+    assert len(answered) == DEFAULT_MAX_REQUESTS
+    refused = [r.code for r in fleet.coordinator.rejections]
+    assert refused == ["transfer_failed"] * DEFAULT_MAX_REQUESTS
