@@ -598,7 +598,7 @@ class CoordinatorService(Recovery):
             if logged is None or now - logged >= LOG_INTERVAL_S:
                 self._retained_logged[device] = now
                 logger.warning(
-                    "cleared a retained message of %d bytes %s left on %s "
+                    "cleared a retained message of %d bytes %s left on %r "
                     "(devices never retain on their up topics)",
                     len(payload),
                     device,
