@@ -548,21 +548,20 @@ class CoordinatorService(Recovery):
         if reason is None and self._held.offer(sender, topic, payload):
             return
         if reason is not None:  # a rate or size drop: the hold never saw it
-            self._held.dropped += 1
-            self._held.dropped_bytes += len(payload)
+            self._held.drop(len(payload))
             self._telemetry.rejected(reason.value)
         dropped = self._held.dropped
         if dropped == 1 or dropped % 1000 == 0:
             logger.warning(
                 "%d messages (%d bytes) dropped while starting up: over the "
                 "hold's caps (%d messages, %d bytes, %d bytes per device) or a "
-                "device's admission rate; last from %s",
+                "device's admission rate; last on %r",
                 dropped,
                 self._held.dropped_bytes,
                 self._held.max_messages,
                 self._held.max_bytes,
                 self._held.max_sender_bytes,
-                sender or topic,
+                topic,
             )
 
     @property

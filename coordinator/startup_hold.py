@@ -61,13 +61,17 @@ class StartupHold:
             or self._bytes + size > self.max_bytes
             or mine > self.max_sender_bytes
         ):
-            self.dropped += 1
-            self.dropped_bytes += size
+            self.drop(size)
             return False
         self._held.append((topic, payload))
         self._bytes += size
         self._by_sender[sender] = mine
         return True
+
+    def drop(self, size: int) -> None:
+        """Count a message of ``size`` bytes dropped before it was offered."""
+        self.dropped += 1
+        self.dropped_bytes += size
 
     def take(self) -> list[tuple[str, bytes]]:
         """Every held message, oldest first; the hold is empty afterwards."""
