@@ -507,7 +507,8 @@ def measure_setting(
         update, received = plain.upload(d, payload, _plain_update(d, trained))
         _require(received == payload, "the plain update changed on the wire")
         with plain_coord.on("sum"):
-            plain_total += update.num_examples * _flat(arrays_from_bytes(received, delta))
+            decoded = arrays_from_bytes(received, delta)  # the model's spec
+            plain_total += update.num_examples * _flat(decoded)
             plain_weight += update.num_examples
 
         with device_cpu[d].on("mask"):
