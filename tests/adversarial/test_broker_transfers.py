@@ -202,30 +202,37 @@ def _huge_shape(*, with_b: bool = False) -> bytes:
     return header + huge + b + bytes(64)
 
 
+@pytest.mark.parametrize(
+    ("weights", "reason"),
+    [
+        (_empty_arrays(80_000), "80000 arrays declared, expected 2"),
+        (
+            _huge_shape(with_b=True),
+            "shape (4294967295, 4294967295), expected (3,)",
+        ),
+    ],
+    ids=["80000-empty-arrays", "shape-2^64"],
+)
 def test_weight_headers_that_declare_too_much_are_refused_unread(
-    tmp_path: Path,
+    tmp_path: Path, weights: bytes, reason: str
 ) -> None:
-    hostile = [_empty_arrays(80_000), _huge_shape(with_b=True)]
-
     def strike(fed: Federation) -> None:
-        for weights in hostile:
-            update = ModelUpdate(
-                federation=FEDERATION,
-                round=fed.coordinator.state.round,
-                sender=ATTACKER,
-                base_version=0,
-                num_examples=10,
-                weights=weights,
-            )
-            fed.send_as(ATTACKER, update)
+        update = ModelUpdate(
+            federation=FEDERATION,
+            round=fed.coordinator.state.round,
+            sender=ATTACKER,
+            base_version=0,
+            num_examples=10,
+            weights=weights,
+        )
+        fed.send_as(ATTACKER, update)
 
     fed, plugin = _round_with(tmp_path, strike)
 
     _honest_round(fed, plugin)
     refused = [e.reason for e in fed.errors_to(ATTACKER) if e.code == "malformed"]
-    assert len(refused) == 2, refused
-    assert "80000 arrays declared, expected 2" in refused[0]
-    assert "shape (4294967295, 4294967295), expected (3,)" in refused[1]
+    assert len(refused) == 1, refused
+    assert reason in refused[0]
 
 
 # --- the decoder against the expected spec, over malformed headers -------------
