@@ -48,7 +48,7 @@ def down(device: str, name: str = "cmd") -> str:
     return f"ursa/v1/{FED}/dev/{device}/down/{name}"
 
 
-def up(device: str, name: str = "reply") -> str:
+def up(device: str, name: str = "control") -> str:
     return f"ursa/v1/{FED}/dev/{device}/up/{name}"
 
 
