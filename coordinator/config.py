@@ -17,8 +17,8 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     burst = 10000                     # messages at once (>= the fleet size)
 
     [broker]
-    url = "mqtt://127.0.0.1:1883"     # mqtts:// for TLS
-    username = "coordinator"
+    url = "mqtt://127.0.0.1:1883"     # mqtts:// for TLS (mqtt:// beyond loopback
+    username = "coordinator"          # is refused unless allow_plaintext = true)
     # password: better from the environment, URSA_BROKER__PASSWORD
 
     [enrolment]

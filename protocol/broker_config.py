@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from typing_extensions import Self
 
+from ursa.protocol.loopback import is_loopback
 from ursa.protocol.mqtt_config import DEFAULT_KEEPALIVE_S, DEFAULT_TIMEOUT_S, MqttConfig
 
 __all__ = ["DEFAULT_BROKER_URL", "BrokerConfig"]
@@ -26,7 +27,9 @@ class BrokerConfig(BaseModel):
 
     ``url`` is ``mqtt://host[:port]`` (default port 1883) or
     ``mqtts://host[:port]`` (TLS, default port 8883, verified against
-    ``tls_ca_file`` or the system's CAs).
+    ``tls_ca_file`` or the system's CAs). Plaintext ``mqtt://`` is refused
+    for any host but loopback unless ``allow_plaintext`` says so (a lab
+    network): the password and every message would travel in clear.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -41,6 +44,8 @@ class BrokerConfig(BaseModel):
     """First wait before connecting again (at boot and after a lost connection)."""
     reconnect_max_delay_s: int = Field(default=60, ge=1)
     """Longest wait; the waits double up to it, jittered across a fleet."""
+    allow_plaintext: bool = False
+    """Allow ``mqtt://`` to a host beyond loopback (a lab; never a field trial)."""
 
     @model_validator(mode="after")
     def _check_url(self) -> Self:
@@ -53,6 +58,17 @@ class BrokerConfig(BaseModel):
             parts.port  # noqa: B018 -- raises on a port out of range or not a number
         except ValueError as exc:
             raise ValueError(f"broker url {self.url!r}: {exc}") from None
+        if (
+            parts.scheme == "mqtt"
+            and not is_loopback(parts.hostname)
+            and not self.allow_plaintext
+        ):
+            raise ValueError(
+                f"broker url {self.url!r}: plaintext MQTT beyond loopback sends "
+                "the password and every message in clear; use mqtts:// (`ursa "
+                "broker mosquitto-config` serves TLS for any bind beyond "
+                "loopback), or set allow_plaintext = true for a lab network"
+            )
         return self
 
     def mqtt_config(

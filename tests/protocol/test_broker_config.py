@@ -42,7 +42,9 @@ def test_mqtts_uses_tls_its_default_port_the_ca_and_the_will(tmp_path: Path) -> 
 
 
 def test_a_ca_file_is_ignored_without_tls(tmp_path: Path) -> None:
-    broker = BrokerConfig(url="mqtt://h:1999", tls_ca_file=tmp_path / "ca.crt")
+    broker = BrokerConfig(
+        url="mqtt://h:1999", tls_ca_file=tmp_path / "ca.crt", allow_plaintext=True
+    )
     mqtt = broker.mqtt_config("c")
     assert (mqtt.port, mqtt.tls, mqtt.tls_ca_file) == (1999, False, None)
 
@@ -61,3 +63,21 @@ def test_unknown_fields_are_refused_and_the_config_is_frozen() -> None:
     broker = BrokerConfig()
     with pytest.raises(ValidationError):
         broker.url = "mqtt://other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "url", ["mqtt://broker.example", "mqtt://10.0.0.5:1883", "mqtt://[fe80::1]"]
+)
+def test_plaintext_beyond_loopback_is_refused_unless_allowed(url: str) -> None:
+    with pytest.raises(ValidationError, match="plaintext MQTT beyond loopback"):
+        BrokerConfig(url=url)
+    assert not BrokerConfig(url=url, allow_plaintext=True).mqtt_config("c").tls
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["mqtt://127.0.0.1:1883", "mqtt://localhost", "mqtt://[::1]:1883",
+     "mqtt://127.3.2.1", "mqtts://broker.example"],
+)  # fmt: skip
+def test_loopback_plaintext_and_any_tls_need_no_permission(url: str) -> None:
+    BrokerConfig(url=url)

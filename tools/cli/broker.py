@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import socket
 import sys
 import time
 from pathlib import Path
@@ -100,7 +101,17 @@ def register(sub: Subparsers) -> None:
     cfg.add_argument(
         "--bind", default="127.0.0.1", help="listen address (0.0.0.0: all interfaces)"
     )
-    cfg.add_argument("--tls", action="store_true", help="make a CA and serve TLS")
+    cfg.add_argument(
+        "--tls",
+        action="store_true",
+        help="make a CA and serve TLS (the default for any --bind beyond loopback)",
+    )
+    cfg.add_argument(
+        "--insecure-plaintext",
+        action="store_true",
+        help="a plaintext listener beyond loopback (a lab network only: device "
+        "passwords and every message travel in clear)",
+    )
     cfg.add_argument(
         "--hostname",
         action="append",
@@ -189,6 +200,7 @@ def read_devices(devices: str, devices_file: Path | None) -> dict[str, str | Non
 
 
 def _run_mosquitto_config(args: argparse.Namespace) -> int:
+    from ursa.protocol.loopback import is_loopback
     from ursa.tools.broker.bridge import BridgeError
     from ursa.tools.broker.mosquitto import (
         DEFAULT_MAX_QUEUED_BYTES,
@@ -209,6 +221,22 @@ def _run_mosquitto_config(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     coordinator = None if bridge is not None else args.coordinator_user
+    if args.tls and args.insecure_plaintext:
+        print("error: --tls and --insecure-plaintext contradict", file=sys.stderr)
+        return 2
+    beyond_loopback = not is_loopback(args.bind)
+    tls = args.tls or (beyond_loopback and not args.insecure_plaintext)
+    if beyond_loopback and not tls:
+        print(
+            f"WARNING: a plaintext listener on {args.bind} (--insecure-plaintext): "
+            "device passwords and every message cross the network in clear",
+            file=sys.stderr,
+        )
+    elif tls and not args.tls:
+        print(
+            f"TLS: on, since --bind {args.bind} is beyond loopback "
+            "(--insecure-plaintext for a lab network)",
+        )
     try:
         files = write_mosquitto_config(
             args.out,
@@ -218,10 +246,10 @@ def _run_mosquitto_config(args: argparse.Namespace) -> int:
             bridge_users=bridge_users,
             bridge=bridge,
             federation=args.federation,
-            port=args.port or (8883 if args.tls else 1883),
+            port=args.port or (8883 if tls else 1883),
             bind=args.bind,
-            tls=args.tls,
-            tls_hostnames=args.hostname or ["localhost", "127.0.0.1"],
+            tls=tls,
+            tls_hostnames=args.hostname or _default_hostnames(args.bind),
             install_dir=args.install_dir,
             persistence_dir=None
             if args.no_persistence
@@ -295,6 +323,18 @@ def _bridge_users(specs: list[str]) -> dict[str, tuple[str, ...]]:
             raise BridgeError(f"site {site!r} given twice")
         found[site] = devices
     return found
+
+
+def _default_hostnames(bind: str) -> list[str]:
+    """The names the certificate covers without --hostname.
+
+    Loopback, this host's name, and the bind address when it is one: devices
+    must reach the broker by one of them.
+    """
+    names = ["localhost", "127.0.0.1", socket.gethostname()]
+    if bind not in ("0.0.0.0", "::", "") and bind not in names:
+        names.append(bind)
+    return names
 
 
 def _site_bridge(

@@ -119,6 +119,30 @@ def test_mosquitto_config_with_tls_uses_port_8883(tmp_path: Path) -> None:
     assert (tmp_path / "tls" / "ca.crt").exists()
 
 
+def test_a_bind_beyond_loopback_serves_tls_unless_plaintext_is_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["broker", "mosquitto-config", "--devices", "a", *LOCAL]
+    argv += ["--bind", "0.0.0.0"]
+    assert run([*argv, "--out", str(tmp_path / "tls")]) == 0
+    conf = (tmp_path / "tls" / "mosquitto.conf").read_text()
+    assert "listener 8883 0.0.0.0" in conf and "certfile" in conf
+    assert "since --bind 0.0.0.0 is beyond loopback" in capsys.readouterr().out
+
+    assert run([*argv, "--out", str(tmp_path / "plain"), "--insecure-plaintext"]) == 0
+    conf = (tmp_path / "plain" / "mosquitto.conf").read_text()
+    assert "listener 1883 0.0.0.0" in conf and "certfile" not in conf
+    assert "WARNING: a plaintext listener on 0.0.0.0" in capsys.readouterr().err
+    both = [*argv, "--out", str(tmp_path / "x"), "--tls", "--insecure-plaintext"]
+    assert run(both) == 2
+
+
+def test_loopback_stays_plaintext_by_default(tmp_path: Path) -> None:
+    argv = ["broker", "mosquitto-config", "--out", str(tmp_path), "--devices", "a"]
+    assert run([*argv, *LOCAL]) == 0
+    assert "listener 1883 127.0.0.1" in (tmp_path / "mosquitto.conf").read_text()
+
+
 def test_run_embedded_serves_until_ctrl_c(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
