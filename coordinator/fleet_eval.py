@@ -17,8 +17,10 @@ The result lands in round r's record as ``federated_eval`` (version,
 accuracy, per-class accuracy, parties, samples). The agent answers only a
 sum of at least its configured number of parties (`ursa.edge_sdk.fleet_eval`);
 the coordinator takes only the agent's, signed, for the sum it sent (same
-head and party count). Evaluation is a runtime step every device runs, not
-a method: it is not in the signed method list.
+head and party count), and only totals an honest fleet of that many parties
+can sum to (`ursa.protocol.messages.evaluation.eval_totals_problem`).
+Evaluation is a runtime step every device runs, not a method: it is not in
+the signed method list.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from ursa.protocol.messages import (
     MeanResult,
     fleet_eval_length,
 )
+from ursa.protocol.messages.evaluation import eval_totals_problem
 from ursa.protocol.router import RejectedError, Router
 
 __all__ = ["FleetEvaluation", "fleet_accuracy"]
@@ -176,6 +179,11 @@ class FleetEvaluation(SecureMeanStep):
             raise RejectedError(
                 ErrorCode.MALFORMED,
                 f"{len(message.values)} values for {self.num_classes} classes",
+            )
+        problem = eval_totals_problem(message.values, parties)
+        if problem is not None:  # the agent is one device: it proves nothing
+            raise RejectedError(
+                ErrorCode.MALFORMED, f"no honest sum of {parties} reports: {problem}"
             )
         if message.round in self._results:
             return  # a re-sent answer

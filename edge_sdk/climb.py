@@ -10,8 +10,9 @@ keeps its own ``lambda_i >= 0`` (initially 0) and one dual step is:
 3. decrypt the sum to ``mean f`` and ``mean lambda`` over the reporting devices
    (`decrypt_dual_means`);
 4. `apply_dual_means`: the weight of this round's primal update is
-   ``w_i = 1 + lambda_i - mean lambda`` (the lambda just reported, so the
-   reporters' weights sum exactly to their number), then
+   ``w_i = clip(1 + lambda_i - mean lambda, 0, 1 + lambda_max)`` (the lambda
+   just reported, so unclipped the reporters' weights sum exactly to their
+   number), then
    ``lambda_i <- clip(lambda_i + eta_D * (f_i - mean f - eps), 0, lambda_max)``
    for the next dual step. The device trains and scales its delta by ``w_i``.
 
@@ -20,8 +21,20 @@ current model, weights from the current lambda, primal steps, then the dual
 update with those losses), i.e. Alg. 1 with the dual step one primal phase
 behind. It needs one encrypted sum per dual step; ``w_i`` from the updated
 lambda would need a second sum (its mean is not computable from the first).
-``w_i`` may be negative (lambda_i far below the mean): the Lagrangian then
-pushes that device's loss *up*, as in the paper; it is not clipped.
+Unclipped, ``w_i`` could be negative (lambda_i far below the mean: the
+Lagrangian would push that device's loss *up*); ursa clips it to
+``[0, 1 + lambda_max]``, the range honest means give a device whose lambda is
+at least the mean's, so no mean, honest or forged, turns a device's update
+against its own loss or scales it beyond ``1 + lambda_max``.
+
+**Checked means.** Honest reports hold ``f_i`` in ``[0, loss_bound]`` and
+``lambda_i`` in ``[0, lambda_max]`` (`report_values` clamps and refuses), so a
+sum over ``K`` parties lies in ``[0, K loss_bound]`` and ``[0, K lambda_max]``
+(`dual_means`, plus the codec's rounding); a sum outside is refused
+(`ursa.edge_sdk.mean_bounds.ImplausibleSumError`) and the device keeps its
+weight and lambda. Inside, one party can still place each mean anywhere in
+its range (packed Paillier has no per-party range proofs):
+docs/bounded_influence.md gives the worst case.
 
 Units and defaults, and how they compare with the reference code:
 
@@ -66,6 +79,7 @@ from ursa.crypto.paillier import (
     decrypt_real_sum,
     encrypt_reals,
 )
+from ursa.edge_sdk.mean_bounds import HonestRange
 
 DEFAULT_ETA_D = 0.1
 """Dual step per unit of loss (nats) per dual step; the reference's 2 * 5 / 100."""
@@ -98,6 +112,17 @@ class ClimbConfig(BaseModel):
     def codec(self) -> FixedPoint:
         """The fixed-point codec both values of a report use."""
         return FixedPoint(bound=max(self.loss_bound, self.lambda_max))
+
+    def honest_range(self) -> HonestRange:
+        """One honest report: ``f`` in [0, loss_bound], lambda in [0, lambda_max]."""
+        return HonestRange.of(
+            (0.0, 0.0), (self.loss_bound, self.lambda_max), self.codec()
+        )
+
+    @property
+    def max_weight(self) -> float:
+        """The largest weight ``w_i``: ``1 + lambda_max``."""
+        return 1.0 + self.lambda_max
 
 
 @dataclass(frozen=True)
@@ -155,6 +180,7 @@ def decrypt_dual_means(
 
     Raises:
         ClimbError: the sum is not a sum of dual reports.
+        ImplausibleSumError: no honest reports sum to it (`dual_means`).
         KeyMismatchError, SlotOverflowError: from `ursa.crypto` (wrong key, bad sum).
     """
     if summed.length != DUAL_REPORT_LENGTH:
@@ -162,8 +188,26 @@ def decrypt_dual_means(
             f"a dual sum has {DUAL_REPORT_LENGTH} values, got {summed.length}"
         )
     total = decrypt_real_sum(secret_key, config.codec(), config.max_parties, summed)
-    parties = summed.num_parties
-    return DualMeans(float(total[0] / parties), float(total[1] / parties), parties)
+    return dual_means(total, summed.num_parties, config)
+
+
+def dual_means(
+    totals: npt.ArrayLike, num_parties: int, config: ClimbConfig
+) -> DualMeans:
+    """The reporters' means from the decrypted sum, if honest reports can make it.
+
+    The means are clipped into ``[0, loss_bound]`` and ``[0, lambda_max]``
+    (the rounding slack of the check).
+
+    Raises:
+        ImplausibleSumError: a sum outside ``[0, K loss_bound]`` x
+            ``[0, K lambda_max]`` (beyond rounding) for ``K = num_parties``.
+    """
+    total = np.asarray(totals, dtype=np.float64)
+    config.honest_range().check(total, num_parties)
+    mean_loss = min(max(float(total[0]) / num_parties, 0.0), config.loss_bound)
+    mean_lambda = min(max(float(total[1]) / num_parties, 0.0), config.lambda_max)
+    return DualMeans(mean_loss, mean_lambda, num_parties)
 
 
 def plain_dual_means(
@@ -194,13 +238,16 @@ def apply_dual_means_all(
     means: DualMeans,
     config: ClimbConfig,
 ) -> tuple[FloatVector, FloatVector]:
-    """`apply_dual_means` for many devices at once: (weights, next lambdas)."""
+    """`apply_dual_means` for many devices at once: (weights, next lambdas).
+
+    Weights are clipped to ``[0, 1 + lambda_max]`` (the module doc: why).
+    """
     f = np.asarray(losses, dtype=np.float64)
     lam = np.asarray(lambdas, dtype=np.float64)
     if f.shape != lam.shape or f.ndim != 1:
         raise ClimbError(f"need equal 1-D vectors, got {f.shape} and {lam.shape}")
     _check_vectors(f, lam, config)
-    weights = 1.0 + lam - means.mean_lambda
+    weights = np.clip(1.0 + lam - means.mean_lambda, 0.0, config.max_weight)
     step = config.eta_d * (
         np.minimum(f, config.loss_bound) - means.mean_loss - config.epsilon
     )

@@ -16,6 +16,14 @@ and only when at least ``min_parties`` devices in the sum evaluated (the
 last value), so a sum of one device's counts is never disclosed by an honest
 agent, however many devices without a split reported zeros beside it.
 
+A sum is checked before it is kept or disclosed: each count in ``[0, K
+MAX_EVAL_COUNT]``, ``evaluated`` in ``[0, K]``, and the cross-slot rules of
+`ursa.protocol.messages.evaluation.eval_totals_problem` (no class more correct than
+seen, no more samples than the evaluating devices can hold). One forged
+report could otherwise claim a crowd of evaluating devices, so the agent
+would disclose one honest device's counts; a sum that breaks a rule is
+refused (`ursa.edge_sdk.secure_mean`) and neither kept nor disclosed.
+
 `split_for_evaluation` holds out a device's evaluation split (seeded, so a
 restarted device holds out the same samples).
 """
@@ -31,6 +39,7 @@ from numpy.typing import NDArray
 
 from ursa.crypto.encoding import FixedPoint
 from ursa.edge_sdk.device_core import derived_id
+from ursa.edge_sdk.mean_bounds import HonestRange, ImplausibleSumError
 from ursa.edge_sdk.method import DeviceMethod, model_trainer
 from ursa.edge_sdk.secure_mean import FloatVector, MeanCodec, MeanParticipant
 from ursa.protocol.messages import (
@@ -41,6 +50,7 @@ from ursa.protocol.messages import (
     MeanSum,
     fleet_eval_length,
 )
+from ursa.protocol.messages.evaluation import eval_totals_problem
 from ursa.protocol.router import Router
 
 __all__ = ["FleetEval", "FleetEvaluator", "split_for_evaluation"]
@@ -118,11 +128,28 @@ class FleetEvaluator(DeviceMethod, MeanParticipant):
         epoch = self.ctx.epoch
         if epoch is None:  # SecureMeans asks only with an adopted epoch
             raise ValueError("no key epoch")
+        classes = epoch.num_classes
+        count = float(MAX_EVAL_COUNT)
         return MeanCodec(
-            FixedPoint(bound=float(MAX_EVAL_COUNT), scale_bits=0),
+            FixedPoint(bound=count, scale_bits=0),
             epoch.max_parties,
-            fleet_eval_length(epoch.num_classes),
+            fleet_eval_length(classes),
+            HonestRange(
+                (0.0,) * fleet_eval_length(classes),
+                (count,) * (2 * classes) + (1.0,),
+                rounding=0.0,  # integers, exact at 0 fraction bits
+            ),
         )
+
+    def check_mean(self, result: MeanSum, totals: FloatVector) -> None:
+        """Refuse counts no honest fleet sums to (`eval_totals_problem`).
+
+        Raises:
+            ImplausibleSumError: the rule the sum breaks.
+        """
+        problem = eval_totals_problem(totals.tolist(), result.num_parties)
+        if problem is not None:
+            raise ImplausibleSumError(problem)
 
     def takes_part(self, request: MeanRequest) -> bool:
         """Every registered device answers (zeros without a split)."""
@@ -142,12 +169,10 @@ class FleetEvaluator(DeviceMethod, MeanParticipant):
         counts = trainer.class_counts(arrays)
         if counts is None:
             return np.zeros(fleet_eval_length(classes))
-        correct = _fit(counts.correct, classes)
-        total = _fit(counts.total, classes)
+        total = np.minimum(_fit(counts.total, classes), MAX_EVAL_COUNT)
+        correct = np.minimum(_fit(counts.correct, classes), total)
         evaluated = 1.0 if total.sum() > 0 else 0.0
-        values: FloatVector = np.minimum(
-            np.concatenate([correct, total, [evaluated]]), MAX_EVAL_COUNT
-        )
+        values: FloatVector = np.concatenate([correct, total, [evaluated]])
         return values
 
     def on_mean(self, result: MeanSum, totals: FloatVector) -> None:

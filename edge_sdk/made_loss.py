@@ -14,6 +14,14 @@ density, so the NLL may be negative (the codec is signed). A per-sample NLL
 beyond ``loss_bound`` (a diverged model) is clipped to it rather than
 aborting the step; ``max_examples`` bounds ``n_i``. With 24 fraction bits
 the decrypted mean is exact to about ``2**-24 / sum n_i`` nats.
+
+Checked sums (`fleet_loss`): honest reports hold ``n_i`` in ``[1,
+max_examples]`` and ``|nll_i n_i| <= loss_bound n_i``, so a sum over ``K``
+parties has ``sum n`` in ``[K, K max_examples]`` and ``|sum nll n| <=
+loss_bound sum n`` (plus rounding); a device refuses any other sum
+(`ursa.edge_sdk.mean_bounds.ImplausibleSumError`) and its stopper stays as it
+was. Inside that range one party can still put the fleet's mean anywhere in
+``[-loss_bound, loss_bound]`` (docs/bounded_influence.md).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from ursa.crypto.paillier import (
     decrypt_real_sum,
     encrypt_reals,
 )
+from ursa.edge_sdk.mean_bounds import HonestRange, ImplausibleSumError, rounding_of
 
 __all__ = [
     "MADE_LOSS_LENGTH",
@@ -42,6 +51,7 @@ __all__ = [
     "MadeLossError",
     "decrypt_fleet_loss",
     "encrypt_made_loss",
+    "fleet_loss",
     "loss_report_values",
 ]
 
@@ -68,6 +78,13 @@ class MadeLossCodec(BaseModel):
     def codec(self) -> FixedPoint:
         """The codec both values use (bound: ``loss_bound * max_examples``)."""
         return FixedPoint(bound=self.loss_bound * self.max_examples)
+
+    def honest_range(self) -> HonestRange:
+        """One honest report: ``|nll n| <= loss_bound max_examples``, ``n >= 1``."""
+        bound = self.loss_bound * self.max_examples
+        return HonestRange.of(
+            (-bound, 1.0), (bound, float(self.max_examples)), self.codec()
+        )
 
 
 @dataclass(frozen=True)
@@ -119,7 +136,8 @@ def decrypt_fleet_loss(
     """Decrypt the coordinator's sum into the fleet's sample-weighted mean NLL.
 
     Raises:
-        MadeLossError: not a two-value sum, or a non-positive sample total.
+        MadeLossError: not a two-value sum.
+        ImplausibleSumError: no honest reports sum to it (`fleet_loss`).
         KeyMismatchError, SlotOverflowError: from `ursa.crypto`.
     """
     if summed.length != MADE_LOSS_LENGTH:
@@ -127,7 +145,26 @@ def decrypt_fleet_loss(
             f"a loss sum has {MADE_LOSS_LENGTH} values, got {summed.length}"
         )
     total = decrypt_real_sum(secret_key, codec.codec(), codec.max_parties, summed)
+    return fleet_loss(total, summed.num_parties, codec)
+
+
+def fleet_loss(
+    totals: npt.ArrayLike, num_parties: int, codec: MadeLossCodec
+) -> FleetLoss:
+    """The fleet's mean NLL from a decrypted sum, if honest reports can make it.
+
+    Raises:
+        ImplausibleSumError: a slot outside what ``num_parties`` honest reports
+            sum to, or ``|sum nll n| > loss_bound sum n`` (beyond rounding).
+    """
+    total = np.asarray(totals, dtype=np.float64)
+    codec.honest_range().check(total, num_parties)
     examples = float(round(total[1]))
-    if examples < 1:
-        raise MadeLossError(f"a loss sum over {examples} samples")
-    return FleetLoss(float(total[0] / examples), examples, summed.num_parties)
+    slack = num_parties * rounding_of(codec.codec())
+    if abs(float(total[0])) > codec.loss_bound * examples + slack:
+        raise ImplausibleSumError(
+            f"a loss total of {float(total[0]):.6g} over {examples:.0f} samples: "
+            f"a mean beyond the bound {codec.loss_bound}"
+        )
+    mean = min(max(float(total[0]) / examples, -codec.loss_bound), codec.loss_bound)
+    return FleetLoss(mean, examples, num_parties)

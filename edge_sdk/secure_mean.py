@@ -20,6 +20,18 @@ does not answer this device's open report goes to `MeanParticipant.on_sum_again`
 (e.g. a re-published sum after the participant applied it); an `ErrorReply`
 to a report (``late``, ``wrong_epoch``, ...) goes to `MeanParticipant.on_refused`.
 No value leaves the device unencrypted; the coordinator never holds a secret key.
+
+A decrypted sum is checked before any participant sees it
+(`ursa.edge_sdk.mean_bounds`): its party count must be one that could have
+reported (at most the codec's, the key epoch's and the registry's), and each
+slot must lie in what that many honest reports can sum to (the participant's
+`MeanCodec.honest`), then the participant's own cross-slot checks
+(`MeanParticipant.check_mean`). A sum that fails is refused: an ERROR log
+line, an `ErrorReply` ``mean_refused`` to the coordinator naming the reason,
+and `MeanParticipant.on_refused`, so the participant keeps its previous state
+instead of applying a value no honest fleet could produce. A packed vector
+that does not decrypt (a slot beyond the packing, a wrong key or count) is
+refused the same way.
 """
 
 from __future__ import annotations
@@ -35,14 +47,19 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.crypto.encoding import FixedPoint
+from ursa.crypto.errors import CryptoError
 from ursa.crypto.paillier import (
+    PaillierPublicKey,
+    PaillierSecretKey,
     decrypt_real_sum,
     encrypt_reals,
     encrypted_vector_from,
 )
 from ursa.edge_sdk.device_core import derived_id
+from ursa.edge_sdk.mean_bounds import HonestRange, ImplausibleSumError, check_parties
 from ursa.edge_sdk.method import DeviceMethod
 from ursa.protocol.messages import ErrorReply, MeanReport, MeanRequest, MeanSum
+from ursa.protocol.messages.secure_mean import MEAN_REFUSED
 from ursa.protocol.router import NotReadyError, Router
 
 __all__ = [
@@ -60,13 +77,34 @@ FloatVector = npt.NDArray[np.float64]
 
 @dataclass(frozen=True)
 class MeanCodec:
-    """How one purpose's values are encoded: fixed point, party bound, length."""
+    """How one purpose's values are encoded: fixed point, party bound, length.
+
+    ``honest``: what one honest report holds slot by slot (the participant
+    clamps its values into it before encryption); None: only the codec's
+    ``[-bound, bound]``.
+    """
 
     fixed_point: FixedPoint
     max_parties: int
     """Largest number of reports in one sum (the packing's headroom)."""
     length: int
     """Values per report."""
+    honest: HonestRange | None = None
+
+    def __post_init__(self) -> None:
+        if self.honest is not None and self.honest.length != self.length:
+            raise ValueError(
+                f"an honest range of {self.honest.length} slots for {self.length}"
+            )
+
+    def honest_range(self) -> HonestRange:
+        """``honest``, or every value the codec encodes."""
+        if self.honest is not None:
+            return self.honest
+        bound = self.fixed_point.bound
+        return HonestRange.of(
+            (-bound,) * self.length, (bound,) * self.length, self.fixed_point
+        )
 
 
 class MeanAbandonedError(Exception):
@@ -99,11 +137,25 @@ class MeanParticipant(ABC):
     def on_mean(self, result: MeanSum, totals: FloatVector) -> None:
         """The decrypted sum of the reports (divide by ``result.num_parties``)."""
 
+    def check_mean(self, result: MeanSum, totals: FloatVector) -> None:  # noqa: B027
+        """Refuse a sum honest reports could not make (beyond the slot ranges).
+
+        Optional: e.g. a per-class correct count above its total. The slots'
+        ranges are checked before (`MeanCodec.honest`).
+
+        Raises:
+            ImplausibleSumError: why no honest fleet makes ``totals``.
+        """
+
     def on_sum_again(self, result: MeanSum) -> None:  # noqa: B027 - optional hook
         """A sum that answers no open report of this device (re-published, late)."""
 
     def on_refused(self, request: MeanRequest) -> None:  # noqa: B027 - optional hook
-        """The coordinator refused this device's report to ``request``."""
+        """No sum will be applied for ``request``: keep the previous state.
+
+        The coordinator refused this device's report, or this device refused
+        the sum (one no honest fleet could produce).
+        """
 
 
 @dataclass
@@ -202,6 +254,8 @@ class SecureMeans(DeviceMethod):
         codec = participant.mean_codec()
         if len(values) != codec.length:
             raise ValueError(f"{purpose}: {len(values)} values, codec {codec.length}")
+        honest = codec.honest_range()
+        values = np.clip(values, honest.low, honest.high)  # what the sum check assumes
         started = time.perf_counter()
         vector = encrypt_reals(
             keys.public_key,
@@ -249,18 +303,91 @@ class SecureMeans(DeviceMethod):
         if secret_key is None:
             raise NotReadyError
         codec = participant.mean_codec()
-        started = time.perf_counter()
-        vector = encrypted_vector_from(message.ciphertext, keys.public_key)
-        if vector.num_parties != message.num_parties:
-            raise ValueError(f"{message.purpose} sum: party count differs from header")
-        if vector.length != codec.length:
-            raise ValueError(f"{message.purpose} sum: {vector.length} values")
-        totals = decrypt_real_sum(
-            secret_key, codec.fixed_point, codec.max_parties, vector
-        )
-        self.ctx.stats.crypto_s += time.perf_counter() - started
+        try:
+            totals = self._decrypted(message, keys.public_key, secret_key, codec)
+            codec.honest_range().check(totals, message.num_parties)
+            participant.check_mean(message, totals)
+        except ImplausibleSumError as exc:
+            self._refuse(report, message, str(exc))
+            return
         report.done = True
         participant.on_mean(message, totals)
+
+    def _decrypted(
+        self,
+        message: MeanSum,
+        public_key: PaillierPublicKey,
+        secret_key: PaillierSecretKey,
+        codec: MeanCodec,
+    ) -> FloatVector:
+        """The sum's totals, once its party count and packing are plausible.
+
+        Raises:
+            ImplausibleSumError: more parties than could report, a header that
+                disagrees, or a vector that does not decrypt under the codec.
+        """
+        check_parties(message.num_parties, self._most_parties(message, codec))
+        started = time.perf_counter()
+        try:
+            vector = encrypted_vector_from(message.ciphertext, public_key)
+            if vector.num_parties != message.num_parties:
+                raise ImplausibleSumError(
+                    f"the vector sums {vector.num_parties} parties, the header "
+                    f"{message.num_parties}"
+                )
+            if vector.length != codec.length:
+                raise ImplausibleSumError(
+                    f"a sum of {vector.length} values; reports hold {codec.length}"
+                )
+            totals = decrypt_real_sum(
+                secret_key, codec.fixed_point, codec.max_parties, vector
+            )
+        except CryptoError as exc:
+            raise ImplausibleSumError(f"the sum does not decrypt: {exc}") from None
+        finally:
+            self.ctx.stats.crypto_s += time.perf_counter() - started
+        return totals
+
+    def _most_parties(self, message: MeanSum, codec: MeanCodec) -> int:
+        """The most reports a sum of this epoch can hold: codec, epoch, registry."""
+        most = codec.max_parties
+        notice = self.ctx.epoch
+        if notice is not None and notice.epoch == message.epoch:
+            most = min(most, notice.max_parties)
+        roster = self.ctx.roster()
+        if roster is not None and roster.epoch == message.epoch:
+            most = min(most, int(roster.registry.sum()))
+        return most
+
+    def _refuse(self, report: _Report, message: MeanSum, reason: str) -> None:
+        """Apply nothing; log and tell the coordinator why; the participant keeps."""
+        ctx = self.ctx
+        me = ctx.device_id
+        logger.error(
+            "%s: refused the %s sum of round %d (key epoch %d, %d parties): %s; "
+            "keeping the previous state",
+            me,
+            message.purpose,
+            message.round,
+            message.epoch,
+            message.num_parties,
+            reason,
+        )
+        report.done = True
+        ctx.send(
+            ErrorReply(
+                federation=ctx.federation,
+                round=message.round,
+                sender=me,
+                message_id=derived_id(
+                    me, "mean-refused", message.purpose, message.epoch, message.round
+                ),
+                code=MEAN_REFUSED,
+                reason=f"{message.purpose} sum refused: {reason}"[:256],
+                in_reply_to=message.message_id,
+            )
+        )
+        self._participants[message.purpose].on_refused(report.request)
 
 
 def with_secure_means(methods: Sequence[DeviceMethod]) -> list[DeviceMethod]:

@@ -10,10 +10,19 @@ coordinator multiplies the reports and cannot read them; every device
 decrypts the sum, and the key epoch's agent, the one device the coordinator
 hears it from, answers the decrypted totals in a `MeanResult`. The
 coordinator so learns the fleet's per-class accuracy, never a device's counts.
+
+An honest report holds integers with ``0 <= correct_c <= total_c <=
+MAX_EVAL_COUNT`` and ``evaluated`` 1 exactly when some ``total_c > 0``; so an
+honest sum over ``K`` parties keeps ``correct_c <= total_c <= evaluated *
+MAX_EVAL_COUNT``, ``evaluated <= K`` and ``sum_c total_c >= evaluated``.
+`eval_totals_problem` names the first rule a sum (or an agent's result)
+breaks: devices refuse such a sum, the coordinator such a result.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
@@ -27,6 +36,7 @@ __all__ = [
     "FLEET_EVAL",
     "MAX_EVAL_COUNT",
     "MeanResult",
+    "eval_totals_problem",
     "fleet_eval_length",
 ]
 
@@ -44,6 +54,33 @@ and the evaluating-device count."""
 def fleet_eval_length(num_classes: int) -> int:
     """Values per evaluation report: C correct counts, C totals, ``evaluated``."""
     return 2 * num_classes + 1
+
+
+def eval_totals_problem(values: Sequence[float], num_parties: int) -> str | None:
+    """Why no honest fleet of ``num_parties`` sums to ``values``; None: it can.
+
+    ``values`` are ``[correct.., total.., evaluated]`` (module doc: the rules).
+    """
+    if len(values) % 2 != 1:
+        return f"{len(values)} values: not two counts per class and one device count"
+    if any(not math.isfinite(v) or v != round(v) or v < 0 for v in values):
+        return "counts must be non-negative integers"
+    classes = (len(values) - 1) // 2
+    correct, total = values[:classes], values[classes : 2 * classes]
+    evaluated = values[-1]
+    if evaluated > num_parties:
+        return f"{evaluated:.0f} evaluating devices among {num_parties} parties"
+    if sum(total) < evaluated:
+        return f"{evaluated:.0f} evaluating devices but {sum(total):.0f} samples"
+    for c, (right, seen) in enumerate(zip(correct, total, strict=True)):
+        if right > seen:
+            return f"class {c}: {right:.0f} correct of {seen:.0f} samples"
+        if seen > evaluated * MAX_EVAL_COUNT:
+            return (
+                f"class {c}: {seen:.0f} samples from {evaluated:.0f} evaluating "
+                f"devices (at most {MAX_EVAL_COUNT} each)"
+            )
+    return None
 
 
 class MeanResult(MeanHeader):

@@ -11,6 +11,10 @@ same protocol, told apart by ``purpose``::
 The ciphertext is one packed Paillier fixed-point vector under the key
 epoch's public key (`ursa.crypto.paillier`); the coordinator only multiplies
 reports, devices decrypt the sum and divide by ``num_parties``.
+
+A device refuses a sum that no honest fleet of ``num_parties`` could produce
+(`ursa.edge_sdk.mean_bounds`): it applies nothing and answers an `ErrorReply`
+with code `MEAN_REFUSED` (``in_reply_to`` the sum) naming the reason.
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ from ursa.protocol.messages.base import (
     Positive,
 )
 
-__all__ = ["MeanHeader", "MeanReport", "MeanRequest", "MeanSum"]
+__all__ = ["MEAN_REFUSED", "MeanHeader", "MeanReport", "MeanRequest", "MeanSum"]
+
+MEAN_REFUSED = "mean_refused"
+"""`ErrorReply.code` of a device that refused a decrypted sum as implausible."""
 
 
 class MeanHeader(BaseMessage):

@@ -44,9 +44,9 @@ def test_lambda_is_clipped_to_zero_and_the_cap() -> None:
     assert apply_dual_means(4.9, 900.0, high, CONFIG).next_lambda == 5.0
 
 
-def test_weights_of_the_reporters_sum_to_their_number() -> None:
+def test_unclipped_weights_of_the_reporters_sum_to_their_number() -> None:
     rng = np.random.default_rng(0)
-    losses, lambdas = rng.uniform(0, 3, 20), rng.uniform(0, 5, 20)
+    losses, lambdas = rng.uniform(0, 3, 20), rng.uniform(0, 1, 20)
     means = plain_dual_means(losses, lambdas, CONFIG)
 
     weights, _ = apply_dual_means_all(losses, lambdas, means, CONFIG)
@@ -55,9 +55,12 @@ def test_weights_of_the_reporters_sum_to_their_number() -> None:
     np.testing.assert_allclose(weights, 1.0 + lambdas - lambdas.mean())
 
 
-def test_weight_may_be_negative_it_is_not_clipped() -> None:
-    means = DualMeans(mean_loss=1.0, mean_lambda=3.0, num_parties=10)
-    assert apply_dual_means(0.0, 1.0, means, CONFIG).weight == pytest.approx(-2.0)
+def test_the_weight_is_clipped_to_zero_and_one_plus_the_cap() -> None:
+    below = DualMeans(mean_loss=1.0, mean_lambda=3.0, num_parties=10)
+    assert apply_dual_means(0.0, 1.0, below, CONFIG).weight == 0.0
+    forged = DualMeans(mean_loss=1.0, mean_lambda=-50.0, num_parties=10)
+    assert apply_dual_means(5.0, 1.0, forged, CONFIG).weight == CONFIG.max_weight
+    assert CONFIG.max_weight == 1.0 + CONFIG.lambda_max
 
 
 def _run(keys, encrypted: bool, steps: int = 4) -> np.ndarray:  # type: ignore[no-untyped-def]

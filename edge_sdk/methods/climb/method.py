@@ -13,9 +13,13 @@ reports and decrypts; `Climb` is its `MeanParticipant`):
    one packed fixed-point Paillier vector under the epoch key.
 2. The `MeanSum`: the runtime decrypts the totals; the device takes the
    reporters' ``mean f`` and ``mean lambda`` and applies
-   `ursa.edge_sdk.climb.apply_dual_means`: ``w_i = 1 + lambda_i - mean
-   lambda`` for this round's delta, then ``lambda_i <- clip(lambda_i +
-   eta_D (f_i - mean f - eps), 0, lambda_max)``.
+   `ursa.edge_sdk.climb.apply_dual_means`: ``w_i = clip(1 + lambda_i - mean
+   lambda, 0, 1 + lambda_max)`` for this round's delta, then ``lambda_i <-
+   clip(lambda_i + eta_D (f_i - mean f - eps), 0, lambda_max)``. A sum no
+   honest fleet of its parties could produce (a mean beyond ``[0, loss_bound]``
+   or ``[0, lambda_max]``, `ursa.edge_sdk.climb.dual_means`) is refused by the
+   runtime (an ERROR log line and a ``mean_refused`` reply): the device keeps
+   its weight and lambda, as for a sum that never came.
 3. If the device is selected in that round, it trains only after step 2
    (or `DUAL_WAIT_S` after the round's `ModelAvailable`, if the sum never
    comes: then with its previous weight) and scales its delta by ``w_i``.
@@ -37,8 +41,8 @@ from typing import ClassVar
 from ursa.edge_sdk.climb import (
     DUAL_REPORT_LENGTH,
     ClimbConfig,
-    DualMeans,
     apply_dual_means,
+    dual_means,
     report_values,
 )
 from ursa.edge_sdk.method import DeviceMethod, TrainPlan, model_trainer
@@ -123,7 +127,12 @@ class Climb(DeviceMethod, MeanParticipant):
     def mean_codec(self) -> MeanCodec:
         """``[f_i, lambda_i]`` in the config's fixed point."""
         config = self.config
-        return MeanCodec(config.codec(), config.max_parties, DUAL_REPORT_LENGTH)
+        return MeanCodec(
+            config.codec(),
+            config.max_parties,
+            DUAL_REPORT_LENGTH,
+            config.honest_range(),
+        )
 
     def takes_part(self, request: MeanRequest) -> bool:
         """Every device that evaluates models reports."""
@@ -143,7 +152,7 @@ class Climb(DeviceMethod, MeanParticipant):
         return values
 
     def on_refused(self, request: MeanRequest) -> None:
-        """The coordinator refused our report: keep the weight, do not wait."""
+        """Our report or the sum was refused: keep weight and lambda, do not wait."""
         report = self._report
         if report is None or (report.epoch, report.round) != (
             request.epoch,
@@ -161,9 +170,7 @@ class Climb(DeviceMethod, MeanParticipant):
         if (report.epoch, report.round) != (result.epoch, result.round):
             return
         parties = result.num_parties
-        means = DualMeans(
-            float(totals[0] / parties), float(totals[1] / parties), parties
-        )
+        means = dual_means(totals, parties, self.config)  # checked by the runtime
         step = apply_dual_means(report.lambda_, report.loss, means, self.config)
         self.weight, self.lam = step.weight, step.next_lambda
         report.done = True

@@ -9,7 +9,9 @@ ordinary rounds (model ``settings.made_model``) and, per MADE round:
    (`ursa.edge_sdk.made_loss.loss_report_values`). The runtime's secure mean
    (`ursa.edge_sdk.secure_mean`; `FedDisk` is its `MeanParticipant`)
    encrypts and reports them and re-sends the same report on a repeat.
-2. Its `MeanSum(round, epoch, version)`: the runtime decrypts the totals;
+2. Its `MeanSum(round, epoch, version)`: the runtime decrypts the totals
+   and refuses a sum no honest fleet reports (`check_mean`: the stopper
+   stays, no verdict, the coordinator trains on);
    the device takes the fleet's sample-weighted mean NLL and applies it to
    its own `MadeStopper` (persisted
    as the method's state; patience from the settings, no round cap: the
@@ -41,7 +43,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ursa.edge_sdk.device_core import derived_id
-from ursa.edge_sdk.made_loss import MadeLossError
+from ursa.edge_sdk.made_loss import fleet_loss
 from ursa.edge_sdk.made_loss import loss_report_values as made_loss_values
 from ursa.edge_sdk.made_stop import MadeStopper, apply_validation_loss
 from ursa.edge_sdk.method import DeviceMethod
@@ -135,7 +137,17 @@ class FedDisk(DeviceMethod, MeanParticipant):
     def mean_codec(self) -> MeanCodec:
         """``[nll * n, n]`` in the loss codec's fixed point."""
         loss = self.trainer.settings.loss
-        return MeanCodec(loss.codec(), loss.max_parties, MADE_LOSS_LENGTH)
+        return MeanCodec(
+            loss.codec(), loss.max_parties, MADE_LOSS_LENGTH, loss.honest_range()
+        )
+
+    def check_mean(self, result: MeanSum, totals: FloatVector) -> None:
+        """Refuse a loss no honest fleet reports (`ursa.edge_sdk.made_loss.fleet_loss`).
+
+        Raises:
+            ImplausibleSumError: why.
+        """
+        fleet_loss(totals, result.num_parties, self.trainer.settings.loss)
 
     def takes_part(self, request: MeanRequest) -> bool:
         """In phase 1, the loss of the MADE this device trains."""
@@ -188,10 +200,9 @@ class FedDisk(DeviceMethod, MeanParticipant):
         if report is None or (report.epoch, report.round, report.version) != key:
             return
         if not self.stopper.stopped:
-            examples = float(round(totals[1]))
-            if examples < 1:
-                raise MadeLossError(f"a loss sum over {examples} samples")
-            mean_nll = float(totals[0] / examples)
+            mean_nll = fleet_loss(
+                totals, result.num_parties, self.trainer.settings.loss
+            ).mean_nll
             self.stopper = apply_validation_loss(self.stopper, mean_nll)
             if self.stopper.improved:
                 self.best = (report.version, report.arrays)

@@ -60,7 +60,7 @@ class FakeContext:
         self.notice_age = 0.0
         public, secret = keys
         self.epoch = KeyEpochStart.model_construct(  # the fields methods read
-            epoch=3, agent="d0", num_classes=4
+            epoch=3, agent="d0", num_classes=4, max_parties=100
         )
         self.rng = np.random.default_rng(0)
         self.labels = np.array([0, 0, 0, 1], dtype=np.int64)

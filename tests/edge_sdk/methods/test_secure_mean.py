@@ -5,6 +5,7 @@ Every encrypted path is checked against the plaintext after a bytes round trip.
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 import numpy as np
@@ -18,7 +19,8 @@ from ursa.crypto.paillier import (
     encrypted_vector_from,
     sum_encrypted,
 )
-from ursa.edge_sdk.method import DeviceMethod
+from ursa.edge_sdk.mean_bounds import HonestRange, ImplausibleSumError
+from ursa.edge_sdk.method import DeviceMethod, Roster
 from ursa.edge_sdk.secure_mean import (
     FloatVector,
     MeanAbandonedError,
@@ -29,6 +31,7 @@ from ursa.edge_sdk.secure_mean import (
 )
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.messages import ErrorReply, MeanReport, MeanRequest, MeanSum
+from ursa.protocol.messages.secure_mean import MEAN_REFUSED
 from ursa.protocol.router import Dispatch, Router
 
 FED = "fed"
@@ -213,3 +216,147 @@ def test_one_participant_per_purpose_and_only_participants_get_the_runtime() -> 
     assert composed[0] is toy and isinstance(composed[1], SecureMeans)
     assert composed[1].purposes == ("toy.a",)
     assert with_secure_means([]) == []
+
+
+class Bounded(Toy):
+    """A participant whose honest reports hold [0, 10] per slot, sum of slot 0 even."""
+
+    purpose: ClassVar[str] = "toy.bounded"
+    HONEST = HonestRange.of((0.0, 0.0, 0.0), (10.0, 10.0, 10.0), CODEC.fixed_point)
+
+    def mean_codec(self) -> MeanCodec:
+        return MeanCodec(CODEC.fixed_point, CODEC.max_parties, 3, self.HONEST)
+
+    def check_mean(self, result: MeanSum, totals: FloatVector) -> None:
+        if round(totals[0]) % 2:
+            raise ImplausibleSumError("slot 0 sums to an odd number")
+
+
+def forged(public: PaillierPublicKey, values: list[float]) -> bytes:
+    """One party's report of ``values``, encoded without the honest clamp."""
+    return encrypt_reals(public, CODEC.fixed_point, CODEC.max_parties, values).to_bytes(
+        public
+    )
+
+
+def refused_round(
+    new_context: Any, keys: Any, other: list[float], *, parties: int | None = None
+) -> tuple[Any, Bounded]:
+    """d0 reports [2, 2, 2]; the sum adds ``other`` (as ``parties`` parties)."""
+    public, _ = keys
+    toy = Bounded([2.0, 2.0, 2.0])
+    toy.here.add(1)
+    ctx, router, _ = attached(new_context, toy)
+    router.dispatch(request("toy.bounded"))
+    (report,) = ctx.sent
+    total = total_of(public, [report.ciphertext, forged(public, other)], "toy.bounded")
+    if parties is not None:
+        total = total.model_copy(update={"num_parties": parties})
+    router.dispatch(wire(total))
+    return ctx, toy
+
+
+@pytest.mark.parametrize(
+    ("other", "parties", "reason"),
+    [
+        ([95.0, 2.0, 2.0], None, r"slot 0 sums to 97 over 2 parties; honest .* 20"),
+        ([2.0, -3.0, 2.0], None, r"slot 1 sums to -1 over 2"),
+        ([2.0, 2.0, 3.0], 1, r"the vector sums 2 parties, the header 1"),
+        ([2.0, 2.0, 3.0], 101, r"a sum over 101 parties; at most 10 can report"),
+        ([1.0, 2.0, 2.0], None, r"slot 0 sums to an odd number"),
+    ],
+)
+def test_a_sum_no_honest_fleet_makes_is_refused_reported_and_not_applied(
+    new_context: Any, keys: Any, other: list[float], parties: int | None, reason: str
+) -> None:
+    ctx, toy = refused_round(new_context, keys, other, parties=parties)
+
+    assert toy.means == [] and [r.round for r in toy.refused] == [2]
+    refusal = ctx.sent[-1]
+    assert isinstance(refusal, ErrorReply) and refusal.code == MEAN_REFUSED
+    assert re.search(reason, refusal.reason), refusal.reason
+    assert refusal.reason.startswith("toy.bounded sum refused: ")
+
+
+def test_a_refused_sum_sent_again_is_not_refused_twice(
+    new_context: Any, keys: Any
+) -> None:
+    public, _ = keys
+    toy = Bounded([2.0, 2.0, 2.0])
+    toy.here.add(1)
+    ctx, router, _ = attached(new_context, toy)
+    router.dispatch(request("toy.bounded"))
+    (report,) = ctx.sent
+    total = total_of(public, [report.ciphertext, forged(public, [99.0, 0, 0])])
+    total = total.model_copy(update={"purpose": "toy.bounded"})
+    router.dispatch(wire(total))
+    router.dispatch(wire(total))
+
+    assert [m.kind for m in ctx.sent] == ["mean_report", "error"]
+    assert len(toy.refused) == 1 and len(toy.again) == 1
+
+
+def test_an_honest_sum_at_the_edges_of_the_range_is_applied(
+    new_context: Any, keys: Any
+) -> None:
+    ctx, toy = refused_round(new_context, keys, [10.0, 0.0, 10.0])
+
+    ((_, totals),) = toy.means
+    np.testing.assert_allclose(totals, [12.0, 2.0, 12.0], atol=1e-6)
+    assert toy.refused == [] and [m.kind for m in ctx.sent] == ["mean_report"]
+
+
+def test_a_sum_that_does_not_decrypt_is_refused_not_raised(
+    new_context: Any, keys: Any
+) -> None:
+    public, _ = keys
+    toy = Bounded([2.0, 2.0, 2.0])
+    toy.here.add(1)
+    ctx, router, _ = attached(new_context, toy)
+    router.dispatch(request("toy.bounded"))
+    (report,) = ctx.sent
+    layout = CODEC.fixed_point.layout(CODEC.max_parties, public.key_bits)
+    overflow = public.raw_encrypt(1 << (layout.slot_bits * 3))  # above the last slot
+    vector = encrypted_vector_from(report.ciphertext, public)
+    summed = type(vector)(
+        vector.key_fingerprint,
+        3,
+        2,
+        (vector.ciphertexts[0] * overflow % public.nsquare,),
+    )
+    total = total_of(public, [report.ciphertext], "toy.bounded").model_copy(
+        update={"ciphertext": summed.to_bytes(public), "num_parties": 2}
+    )
+
+    router.dispatch(wire(total))
+
+    assert toy.means == [] and len(toy.refused) == 1
+    assert "does not decrypt" in ctx.sent[-1].reason
+
+
+def test_values_beyond_the_honest_range_are_clamped_before_encryption(
+    new_context: Any, keys: Any
+) -> None:
+    public, secret = keys
+    toy = Bounded([-4.0, 5.0, 60.0])
+    toy.here.add(1)
+    ctx, router, _ = attached(new_context, toy)
+    router.dispatch(request("toy.bounded"))
+    (report,) = ctx.sent
+    vector = encrypted_vector_from(report.ciphertext, public)
+    plain = decrypt_real_sum(secret, CODEC.fixed_point, CODEC.max_parties, vector)
+    np.testing.assert_allclose(plain, [0.0, 5.0, 10.0], atol=1e-6)
+
+
+def test_the_registry_bounds_the_parties_of_a_sum(new_context: Any, keys: Any) -> None:
+    public, _ = keys
+    toy = Bounded([2.0, 2.0, 2.0])
+    toy.here.add(1)
+    ctx, router, _ = attached(new_context, toy)
+    ctx.the_roster = Roster(3, 0, np.array([1, 0], dtype=np.int64))  # one registrant
+    router.dispatch(request("toy.bounded"))
+    (report,) = ctx.sent
+    total = total_of(public, [report.ciphertext, forged(public, [2.0, 2.0, 2.0])])
+    router.dispatch(wire(total.model_copy(update={"purpose": "toy.bounded"})))
+
+    assert toy.means == [] and "at most 1 can report" in ctx.sent[-1].reason
