@@ -223,6 +223,25 @@ def test_a_result_not_from_the_agent_or_not_for_the_sum_is_refused(
     assert harness.step.metrics(ROUND.round) == {}
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        [2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 3.0],  # class 0: 2 correct of 1
+        [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 4.0],  # 4 evaluating among 3 parties
+    ],
+)
+def test_an_agents_result_no_honest_sum_gives_is_refused(
+    harness: Harness, values: list[float]
+) -> None:
+    harness.step.open(ROUND, harness.clock.now)
+    for device in DEVICES:
+        harness.report(device)
+    with pytest.raises(RejectedError, match="no honest sum of 3 reports") as refused:
+        harness.router.dispatch(harness.result(values))
+    assert refused.value.code == ErrorCode.MALFORMED
+    assert harness.step.metrics(ROUND.round) == {}
+
+
 def test_a_result_before_the_sum_is_late(harness: Harness) -> None:
     harness.step.open(ROUND, harness.clock.now)
     harness.report("d0")

@@ -7,7 +7,7 @@ import pytest
 
 from ursa.coordinator.encrypted_sum import add_report, finalize_encrypted_sum
 from ursa.coordinator.methods.climb.dual_sum import init_dual_sum
-from ursa.crypto.paillier import encrypted_vector_from, generate_keypair
+from ursa.crypto.paillier import encrypt_reals, encrypted_vector_from, generate_keypair
 from ursa.edge_sdk.climb import (
     ClimbConfig,
     ClimbError,
@@ -15,10 +15,12 @@ from ursa.edge_sdk.climb import (
     apply_dual_means,
     apply_dual_means_all,
     decrypt_dual_means,
+    dual_means,
     encrypt_dual_report,
     plain_dual_means,
     report_values,
 )
+from ursa.edge_sdk.mean_bounds import ImplausibleSumError
 
 CONFIG = ClimbConfig(eta_d=0.1, epsilon=0.002, lambda_max=5.0, max_parties=50)
 
@@ -123,9 +125,28 @@ def test_loss_above_the_bound_is_clipped_and_bad_values_raise() -> None:
 
 
 def test_a_sum_of_the_wrong_length_is_refused(keys) -> None:  # type: ignore[no-untyped-def]
-    from ursa.crypto.paillier import encrypt_reals
-
     public, secret = keys
     three = encrypt_reals(public, CONFIG.codec(), CONFIG.max_parties, [1.0, 2.0, 3.0])
     with pytest.raises(ClimbError, match="2 values"):
         decrypt_dual_means(secret, CONFIG, three)
+
+
+def test_dual_means_of_a_sum_no_honest_fleet_makes_are_refused() -> None:
+    k = 4
+    assert dual_means([k * 1000.0, k * 5.0], k, CONFIG).mean_lambda == 5.0
+    assert dual_means([0.0, 0.0], k, CONFIG) == DualMeans(0.0, 0.0, k)
+    for totals in ([0.0, k * 5.0 + 1e-3], [0.0, -1e-3], [k * 1000.0 + 1.0, 0.0]):
+        with pytest.raises(ImplausibleSumError, match="honest reports sum to"):
+            dual_means(totals, k, CONFIG)
+
+
+def test_a_forged_lambda_slot_decrypts_to_a_refusal(keys) -> None:  # type: ignore[no-untyped-def]
+    public, secret = keys
+    state = init_dual_sum(public, max_parties=CONFIG.max_parties)
+    honest = encrypt_dual_report(public, CONFIG, 0.5, 0.0)
+    huge = encrypt_reals(public, CONFIG.codec(), CONFIG.max_parties, [0.5, 999.0])
+    for i, report in enumerate((honest, huge)):  # 999 fits the codec, not lambda
+        state, _ = add_report(state, f"d{i}", report.to_bytes(public))
+
+    with pytest.raises(ImplausibleSumError, match="slot 1 sums to 999 over 2"):
+        decrypt_dual_means(secret, CONFIG, finalize_encrypted_sum(state))

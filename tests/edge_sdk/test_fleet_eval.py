@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -9,16 +10,20 @@ import numpy as np
 import pytest
 
 from ursa.edge_sdk.fleet_eval import FleetEvaluator, split_for_evaluation
+from ursa.edge_sdk.mean_bounds import ImplausibleSumError
 from ursa.edge_sdk.method import DeviceContext
 from ursa.edge_sdk.model_steps import update_metrics
-from ursa.edge_sdk.trainer import LocalDelta
+from ursa.edge_sdk.trainer import ClassCounts, LocalDelta, ModelTrainer
+from ursa.models.weights import Arrays
 from ursa.protocol.messages import (
     FLEET_EVAL,
+    MAX_EVAL_COUNT,
     BaseMessage,
     MeanRequest,
     MeanResult,
     MeanSum,
 )
+from ursa.protocol.messages.evaluation import eval_totals_problem
 from ursa.protocol.router import Router
 
 
@@ -139,3 +144,67 @@ def test_zero_reports_of_devices_without_a_split_do_not_make_a_crowd() -> None:
     agent.on_mean(_sum(10), np.array([3.0, 1.0, 4.0, 2.0, 1.0]))
     assert ctx.sent == []
     assert agent.last is not None and agent.last.evaluated == 1
+
+
+@pytest.mark.parametrize(
+    ("totals", "parties", "rule"),
+    [
+        ([3.0, 1.0, 2.0, 2.0, 2.0], 3, "class 0: 3 correct of 2 samples"),
+        ([1.0, 1.0, 2.0, 2.0, 4.0], 3, "4 evaluating devices among 3 parties"),
+        ([0.0, 0.0, 1.0, 0.0, 2.0], 3, "2 evaluating devices but 1 samples"),
+        ([0.0, 0.0, 2.0**21, 0.0, 1.0], 3, "at most 1048576 each"),
+        ([0.5, 0.0, 1.0, 0.0, 1.0], 3, "non-negative integers"),
+    ],
+)
+def test_counts_no_honest_fleet_sums_to_are_refused(
+    totals: list[float], parties: int, rule: str
+) -> None:
+    evaluator, _ = _evaluator("d1", "d1")
+    with pytest.raises(ImplausibleSumError, match=re.escape(rule)):
+        evaluator.check_mean(_sum(parties), np.array(totals))
+    assert eval_totals_problem(totals, parties) is not None
+
+
+def test_the_honest_range_bounds_each_count_and_the_device_count() -> None:
+    evaluator, _ = _evaluator("d0", "d1")
+    honest = evaluator.mean_codec().honest_range()
+    assert honest.low == (0.0,) * 5 and honest.rounding == 0.0
+    assert honest.high == (float(MAX_EVAL_COUNT),) * 4 + (1.0,)
+    honest.check(np.array([3.0, 0.0, 3.0, 0.0, 3.0]), 3)
+    with pytest.raises(ImplausibleSumError, match="slot 4 sums to 4 over 3"):
+        honest.check(np.array([3.0, 0.0, 3.0, 0.0, 4.0]), 3)
+    evaluator.check_mean(_sum(3), np.array([3.0, 1.0, 4.0, 2.0, 3.0]))  # honest
+
+
+class _Miscounting(ModelTrainer):
+    """Claims more correct predictions than samples in class 0."""
+
+    evaluates = True
+
+    def train_delta(
+        self, round_index: int, global_arrays: Arrays, *, delta_scale: float
+    ) -> LocalDelta:
+        raise NotImplementedError
+
+    def local_loss(self, global_arrays: Arrays) -> float:
+        return 0.0
+
+    def class_counts(self, global_arrays: Arrays) -> ClassCounts:
+        return ClassCounts(np.array([5, 1]), np.array([3, 2]))
+
+
+def test_a_device_reports_no_more_correct_than_seen() -> None:
+    evaluator, ctx = _evaluator("d0", "d1")
+    ctx.trainer = _Miscounting()
+    ctx.model_arrays_at = lambda version: {}  # type: ignore[attr-defined]
+    request = MeanRequest(
+        federation="fed",
+        round=3,
+        sender="coordinator",
+        purpose=FLEET_EVAL,
+        epoch=1,
+        model="classifier",
+        model_version=2,
+    )
+    values = evaluator.mean_values(request)
+    assert values is not None and values.tolist() == [3.0, 1.0, 3.0, 2.0, 1.0]

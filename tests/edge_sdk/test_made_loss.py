@@ -16,9 +16,11 @@ from ursa.edge_sdk.made_loss import (
     MadeLossError,
     decrypt_fleet_loss,
     encrypt_made_loss,
+    fleet_loss,
     loss_report_values,
 )
 from ursa.edge_sdk.made_stop import weighted_mean_loss
+from ursa.edge_sdk.mean_bounds import ImplausibleSumError
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +77,26 @@ def test_decrypt_refuses_a_sum_of_the_wrong_shape_or_key(
         decrypt_fleet_loss(secret, codec, wrong_length)
     with pytest.raises(CryptoError):
         decrypt_fleet_loss(secret, codec, foreign)
+
+
+@pytest.mark.parametrize(
+    ("totals", "parties", "reason"),
+    [
+        ([10.0, 1.0], 2, r"slot 1 sums to 1 over 2 parties"),  # n >= 1 each
+        ([0.0, 101.0], 2, r"slot 1 sums to 101 over 2 parties"),  # n <= 50 each
+        ([-301.0, 3.0], 2, r"a mean beyond the bound 100"),  # |nll| <= 100
+        ([1e4 + 1.0, 100.0], 2, r"slot 0 sums to 10001 over 2"),
+    ],
+)
+def test_a_loss_sum_no_honest_fleet_reports_is_refused(
+    totals: list[float], parties: int, reason: str
+) -> None:
+    codec = MadeLossCodec(loss_bound=100.0, max_examples=50)
+    with pytest.raises(ImplausibleSumError, match=reason):
+        fleet_loss(totals, parties, codec)
+
+
+def test_an_honest_loss_sum_at_the_bound_gives_the_bound() -> None:
+    codec = MadeLossCodec(loss_bound=100.0, max_examples=50)
+    fleet = fleet_loss([-100.0 * 7, 7.0], 2, codec)
+    assert (fleet.mean_nll, fleet.num_examples, fleet.num_parties) == (-100.0, 7.0, 2)
