@@ -46,7 +46,10 @@ from ursa.protocol.messages import (
     MeanResult,
     fleet_eval_length,
 )
-from ursa.protocol.messages.evaluation import eval_totals_problem
+from ursa.protocol.messages.evaluation import (
+    eval_totals_problem,
+    fleet_eval_ciphertexts,
+)
 from ursa.protocol.router import RejectedError, Router
 
 __all__ = ["FleetEvaluation", "fleet_accuracy"]
@@ -104,9 +107,21 @@ class FleetEvaluation(SecureMeanStep):
         every = self.config.every
         return every > 0 and round_index > 1 and (round_index - 1) % every == 0
 
-    def wire(self, info: RoundInfo) -> MeanWire:
-        """``Enc([correct.., total.., evaluated])`` at the round's model version."""
-        return MeanWire(FLEET_EVAL, fleet_eval_length(self.num_classes), info.model)
+    def wire(self, info: RoundInfo) -> MeanWire | None:
+        """``Enc([correct.., total.., evaluated])`` at the round's model version.
+
+        Its ciphertext count follows from the protocol's codec, the key epoch's
+        party bound and key size (None: no epoch key to size it by).
+        """
+        ctx = self.context
+        epoch = None if ctx is None else ctx.view.epoch_view()
+        if epoch is None or epoch.public_key is None:
+            return None
+        count = fleet_eval_ciphertexts(
+            self.num_classes, self._max_parties, epoch.public_key.key_bits
+        )
+        length = fleet_eval_length(self.num_classes)
+        return MeanWire(FLEET_EVAL, length, info.model, count)
 
     def timeout_s(self) -> float:
         """The section's ``timeout_s``."""

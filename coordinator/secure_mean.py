@@ -16,7 +16,10 @@ writes and reads one purpose's messages. Refusals: another key epoch
 (``wrong_epoch``), a device outside the registry (``unauthorised``), not one
 party's ``length``-value ciphertext (``bad_ciphertext``), after the sum
 (``late``), another purpose (``malformed``), another model or version
-(``wrong_version``); a device's second report is ignored.
+(``wrong_version``), a ciphertext count other than the wire's
+(``bad_ciphertext``); a device's second report is ignored. What a report
+holds the coordinator cannot see: devices check the decrypted sum
+(`ursa.edge_sdk.mean_bounds`).
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ from collections.abc import Iterable, Set
 from dataclasses import dataclass
 from typing import Any
 
+from ursa.coordinator.aggregation import UpdateOutcome
 from ursa.coordinator.encrypted_sum import (
     EncryptedSum,
     ReportError,
     add_report,
     finalize_encrypted_sum,
     init_encrypted_sum,
+    parse_report,
 )
 from ursa.coordinator.gather import Fold, Gather
 from ursa.coordinator.phase import Record
@@ -48,7 +53,7 @@ from ursa.protocol.messages import (
 )
 from ursa.protocol.router import RejectedError
 
-__all__ = ["MeanHead", "MeanWire", "SecureMeanFold", "secure_mean"]
+__all__ = ["MeanHead", "MeanWire", "SecureMeanFold", "offer_report", "secure_mean"]
 
 logger = logging.getLogger("ursa.coordinator.secure_mean")
 
@@ -73,6 +78,10 @@ class MeanWire:
     """Values per report (the devices' codec fixes it)."""
     model: str
     """The model whose version the devices evaluate."""
+    ciphertexts: int | None = None
+    """Ciphertexts in one report (None: not pinned). Pinned, a report of another
+    count is refused before it reaches the sum: one device cannot make the
+    honest reports unsummable by sending a different count first."""
 
     def request(self, head: MeanHead) -> MeanRequest:
         """The request every registered device answers."""
@@ -85,6 +94,19 @@ class MeanWire:
             model=self.model,
             model_version=head.version,
         )
+
+    def check_count(self, count: int) -> None:
+        """Refuse a report of another ciphertext count than the pinned one.
+
+        Raises:
+            RejectedError: ``bad_ciphertext``.
+        """
+        if self.ciphertexts is not None and count != self.ciphertexts:
+            raise RejectedError(
+                ErrorCode.BAD_CIPHERTEXT,
+                f"{count} ciphertexts; a {self.purpose} report holds "
+                f"{self.ciphertexts}",
+            )
 
     def payload(self, report: MeanReport, head: MeanHead) -> tuple[int, bytes]:
         """A report's key epoch and ciphertext bytes.
@@ -162,8 +184,10 @@ class SecureMeanFold(Fold[MeanReport, EncryptedSum]):
         """Multiply the report into the sum (``bad_ciphertext`` if unusable)."""
         _, payload = self.wire.payload(reply, self.head)
         try:
+            report = parse_report(self.public_key, payload, self.wire.length)
+            self.wire.check_count(len(report.ciphertexts))
             state, _ = add_report(state, device, payload)
-        except (ReportError, CryptoError) as exc:
+        except (ReportError, CryptoError, ValueError) as exc:  # ValueError: a count
             raise RejectedError(ErrorCode.BAD_CIPHERTEXT, str(exc)) from None
         return state
 
@@ -251,3 +275,31 @@ def secure_mean(
         timeout_s=timeout_s,
         send=send,
     )
+
+
+def offer_report(
+    mean: Gather[MeanReport, EncryptedSum], report: MeanReport, send: Send
+) -> UpdateOutcome:
+    """Offer a device's report; one the sum cannot take is not waited for again.
+
+    A report refused as ``bad_ciphertext`` (garbled, another key, another
+    count) would come back the same (its id is derived), so the mean stops
+    waiting for its device instead of holding every honest device until the
+    deadline; a later usable report is still taken. The caller saves the
+    mean either way (it may have closed).
+
+    Raises:
+        RejectedError: as `Gather.offer`.
+    """
+    try:
+        return mean.offer(report.sender, report, send)
+    except RejectedError as exc:
+        if exc.code == ErrorCode.BAD_CIPHERTEXT:
+            logger.warning(
+                "%s: the report of %s is unusable (%s); not waited for",
+                mean.key,
+                report.sender,
+                exc.reason,
+            )
+            mean.device_left(report.sender, send)
+        raise

@@ -33,7 +33,7 @@ from ursa.coordinator.before_training import (
 from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather, save_gather
 from ursa.coordinator.phase import PhaseStatus
-from ursa.coordinator.secure_mean import MeanHead, MeanWire, secure_mean
+from ursa.coordinator.secure_mean import MeanHead, MeanWire, offer_report, secure_mean
 from ursa.protocol.messages import ErrorCode, MeanReport
 from ursa.protocol.router import RejectedError, Router
 
@@ -167,7 +167,12 @@ class SecureMeanStep(BeforeTraining):
                 ErrorCode.LATE, f"round {message.round} has no open {self.purpose}"
             )
         device = message.sender
-        if mean.offer(device, message, self._ctx.send) is UpdateOutcome.DUPLICATE:
+        try:
+            outcome = offer_report(mean, message, self._ctx.send)
+        except RejectedError:
+            self._changed(mean)  # no longer waited for: the mean may have closed
+            raise
+        if outcome is UpdateOutcome.DUPLICATE:
             logger.info(
                 "round %d: second %s report of %s ignored",
                 message.round,

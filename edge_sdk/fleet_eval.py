@@ -37,7 +37,6 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from ursa.crypto.encoding import FixedPoint
 from ursa.edge_sdk.device_core import derived_id
 from ursa.edge_sdk.mean_bounds import HonestRange, ImplausibleSumError
 from ursa.edge_sdk.method import DeviceMethod, model_trainer
@@ -50,7 +49,7 @@ from ursa.protocol.messages import (
     MeanSum,
     fleet_eval_length,
 )
-from ursa.protocol.messages.evaluation import eval_totals_problem
+from ursa.protocol.messages.evaluation import FLEET_EVAL_CODEC, eval_totals_problem
 from ursa.protocol.router import Router
 
 __all__ = ["FleetEval", "FleetEvaluator", "split_for_evaluation"]
@@ -131,7 +130,7 @@ class FleetEvaluator(DeviceMethod, MeanParticipant):
         classes = epoch.num_classes
         count = float(MAX_EVAL_COUNT)
         return MeanCodec(
-            FixedPoint(bound=count, scale_bits=0),
+            FLEET_EVAL_CODEC,
             epoch.max_parties,
             fleet_eval_length(classes),
             HonestRange(

@@ -29,14 +29,17 @@ from pydantic import Field
 from pydantic import model_validator as _model_validator
 from typing_extensions import Self
 
+from ursa.crypto.encoding import FixedPoint
 from ursa.protocol.messages.base import CONTROL, Positive, Signature
 from ursa.protocol.messages.secure_mean import MeanHeader
 
 __all__ = [
     "FLEET_EVAL",
+    "FLEET_EVAL_CODEC",
     "MAX_EVAL_COUNT",
     "MeanResult",
     "eval_totals_problem",
+    "fleet_eval_ciphertexts",
     "fleet_eval_length",
 ]
 
@@ -51,9 +54,19 @@ _MAX_VALUES = 2 * 4096 + 1
 and the evaluating-device count."""
 
 
+FLEET_EVAL_CODEC = FixedPoint(bound=float(MAX_EVAL_COUNT), scale_bits=0)
+"""Every evaluation count's fixed point: integers, exact at 0 fraction bits."""
+
+
 def fleet_eval_length(num_classes: int) -> int:
     """Values per evaluation report: C correct counts, C totals, ``evaluated``."""
     return 2 * num_classes + 1
+
+
+def fleet_eval_ciphertexts(num_classes: int, max_parties: int, key_bits: int) -> int:
+    """Ciphertexts per evaluation report (`FLEET_EVAL_CODEC`, ``max_parties``)."""
+    layout = FLEET_EVAL_CODEC.layout(max_parties, key_bits)
+    return layout.num_plaintexts(fleet_eval_length(num_classes))
 
 
 def eval_totals_problem(values: Sequence[float], num_parties: int) -> str | None:

@@ -16,12 +16,20 @@ from ursa.protocol.messages.base import (
     Signature,
 )
 
-__all__ = ["MADE_LOSS", "MADE_LOSS_LENGTH", "FeddiskSwitch", "MadeVerdict"]
+__all__ = [
+    "MADE_LOSS",
+    "MADE_LOSS_CIPHERTEXTS",
+    "MADE_LOSS_LENGTH",
+    "FeddiskSwitch",
+    "MadeVerdict",
+]
 
 MADE_LOSS = "feddisk.made_loss"
 """The ``purpose`` of FedDisk's loss step: a mean of ``[nll_i * n_i, n_i]``."""
 MADE_LOSS_LENGTH = 2
 """Values per loss report: ``[nll_i * n_i, n_i]``."""
+MADE_LOSS_CIPHERTEXTS = 1
+"""Ciphertexts per loss report (two slots: as `CLIMB_DUAL_CIPHERTEXTS`)."""
 
 
 class MadeVerdict(BaseMessage):

@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.adversarial.means_fleet import (
+    ATTACKER,
     PLAIN,
     EvaluatingTrainer,
     FixedMadeTrainer,
@@ -53,8 +54,7 @@ from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.methods_config import ClimbSpec, FedAvgSpec, FeddiskSpec
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
-from ursa.crypto.encoding import FixedPoint
-from ursa.crypto.paillier import PaillierPublicKey
+from ursa.crypto.paillier import PaillierPublicKey, encrypted_vector_from
 from ursa.edge_sdk.climb import ClimbConfig
 from ursa.edge_sdk.made_loss import MadeLossCodec
 from ursa.edge_sdk.methods.climb import Climb
@@ -64,9 +64,9 @@ from ursa.protocol.messages import (
     CLIMB_DUAL,
     FLEET_EVAL,
     MADE_LOSS,
-    MAX_EVAL_COUNT,
     MeanReport,
 )
+from ursa.protocol.messages.evaluation import FLEET_EVAL_CODEC
 
 CLIMB = ClimbConfig(eta_d=0.5, epsilon=0.01)
 CODEC = CLIMB.codec()
@@ -223,7 +223,7 @@ def test_any_forged_lambda_slot_leaves_honest_weights_in_range(
 # --- evaluation counts -----------------------------------------------------------
 
 CLASSES = EvaluatingTrainer.NUM_CLASSES
-EVAL_CODEC = FixedPoint(bound=float(MAX_EVAL_COUNT), scale_bits=0)
+EVAL_CODEC = FLEET_EVAL_CODEC
 
 
 def eval_forge(values: list[float]) -> Forge:
@@ -394,3 +394,31 @@ def test_a_forged_made_loss_is_refused_and_phase_one_runs_as_honest(
         for fleet in (honest, attacked):
             fleet.fed.close()
             assert fleet.fed.bus.handler_errors == 0
+
+
+def test_a_report_of_another_ciphertext_count_costs_only_its_sender(
+    climb_fleet: MakeFleet,
+) -> None:
+    """Before: an internal error, no answer, and every mean waited its deadline."""
+
+    def doubled(report: MeanReport, key: PaillierPublicKey) -> bytes:
+        honest = encrypted_vector_from(report.ciphertext, key)
+        twice = honest.ciphertexts * 2
+        return type(honest)(honest.key_fingerprint, 2, 1, twice).to_bytes(key)
+
+    attacked = climb_fleet(doubled)
+    fed = attacked.fed
+
+    assert fed.coordinator.is_done and attacked.plugin.version == ROUNDS
+    bad = [m for m in fed.errors_to(ATTACKER) if m.code == "bad_ciphertext"]
+    assert len(bad) == ROUNDS and "2 ciphertexts" in bad[0].reason
+    honest_count = DEVICES - 1
+    assert [r.before_training for r in attacked.plugin.history] == [
+        {"climb": honest_count}
+    ] * ROUNDS
+    assert [m.num_parties for _, m in fed.messages("mean_sum")] == [
+        honest_count
+    ] * ROUNDS
+    assert refusals(fed, CLIMB_DUAL) == {}  # honest sums, applied
+    for _, _, scale in honest_scales(attacked):
+        assert 0.0 <= scale <= CLIMB.max_weight

@@ -142,3 +142,31 @@ def test_a_saved_mean_of_another_epoch_is_asked_again(keys: Keys) -> None:
     fresh = open_mean(public, out, saved)
 
     assert fresh.answered == set() and fresh.is_open
+
+
+def test_a_report_of_another_ciphertext_count_is_refused_and_the_rest_sum(
+    keys: Keys,
+) -> None:
+    """A first report of two ciphertexts used to make every later one unsummable."""
+    public, secret = keys
+    out = Outbox()
+    mean = open_mean(public, out)
+    good = stats(public, "d0", 1.0, 0.0)
+    vector = encrypted_vector_from(good.ciphertext, public)
+    doubled = type(vector)(
+        vector.key_fingerprint, 2, 1, vector.ciphertexts + vector.ciphertexts
+    )
+    forged = good.model_copy(update={"ciphertext": doubled.to_bytes(public)})
+
+    with pytest.raises(RejectedError, match=r"2 ciphertexts; a climb\.dual") as info:
+        mean.offer("d0", forged, out)
+    assert info.value.code == ErrorCode.BAD_CIPHERTEXT
+    for device in ("d1", "d2"):
+        mean.offer(device, stats(public, device, 2.0, 1.0), out)
+    mean.poll(60.0, out)  # d0 never sent a usable report
+
+    summed = out.sent[-1]
+    assert isinstance(summed, MeanSum) and summed.num_parties == 2
+    vector = encrypted_vector_from(summed.ciphertext, public)
+    means = device_climb.decrypt_dual_means(secret, CONFIG, vector)
+    assert (means.mean_loss, means.mean_lambda) == pytest.approx((2.0, 1.0))

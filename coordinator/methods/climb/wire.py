@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from ursa.coordinator.secure_mean import MeanWire
 from ursa.protocol.messages import CLIMB_DUAL, CLIMB_DUAL_LENGTH
+from ursa.protocol.messages.climb import CLIMB_DUAL_CIPHERTEXTS
 
 __all__ = ["dual_wire"]
 
 
 def dual_wire(model: str) -> MeanWire:
     """CLIMB's dual step over ``model`` as an encrypted mean of ``[f_i, lambda_i]``."""
-    return MeanWire(CLIMB_DUAL, CLIMB_DUAL_LENGTH, model)
+    return MeanWire(CLIMB_DUAL, CLIMB_DUAL_LENGTH, model, CLIMB_DUAL_CIPHERTEXTS)

@@ -31,7 +31,7 @@ from ursa.coordinator.methods.feddisk.steps import (
 )
 from ursa.coordinator.phase import PhaseRecordError, PhaseStatus
 from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
-from ursa.coordinator.secure_mean import MeanHead, secure_mean
+from ursa.coordinator.secure_mean import MeanHead, offer_report, secure_mean
 from ursa.coordinator.training import TrainingPlugin
 from ursa.coordinator.wait import Wait
 from ursa.protocol.errors import ProtocolError
@@ -160,7 +160,12 @@ class FeddiskJudging(RoundPlugin):
             raise RejectedError(
                 ErrorCode.LATE, f"round {round_index} has no open MADE loss step"
             )
-        if loss.offer(message.sender, message, send) is UpdateOutcome.DUPLICATE:
+        try:
+            outcome = offer_report(loss, message, send)
+        except RejectedError:
+            self._after_loss_event(loss, self._clock(), send)  # it may have closed
+            raise
+        if outcome is UpdateOutcome.DUPLICATE:
             logger.info(
                 "round %d: second loss report of %s ignored",
                 round_index,

@@ -34,6 +34,7 @@ from ursa.protocol.messages import (
     ErrorCode,
     MadeVerdict,
 )
+from ursa.protocol.messages.feddisk import MADE_LOSS_CIPHERTEXTS
 from ursa.protocol.router import RejectedError
 
 __all__ = [
@@ -56,7 +57,7 @@ def verdict_key(model: str, round_index: int) -> str:
 
 def made_loss_wire(model: str) -> MeanWire:
     """The loss step of the global MADE ``model``: a mean of ``[nll_i * n_i, n_i]``."""
-    return MeanWire(MADE_LOSS, MADE_LOSS_LENGTH, model)
+    return MeanWire(MADE_LOSS, MADE_LOSS_LENGTH, model, MADE_LOSS_CIPHERTEXTS)
 
 
 def check_verdict(
