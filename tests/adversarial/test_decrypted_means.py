@@ -64,6 +64,7 @@ from ursa.protocol.messages import (
     CLIMB_DUAL,
     FLEET_EVAL,
     MADE_LOSS,
+    MAX_EVAL_COUNT,
     MeanReport,
 )
 from ursa.protocol.messages.evaluation import FLEET_EVAL_CODEC
@@ -422,3 +423,47 @@ def test_a_report_of_another_ciphertext_count_costs_only_its_sender(
     assert refusals(fed, CLIMB_DUAL) == {}  # honest sums, applied
     for _, _, scale in honest_scales(attacked):
         assert 0.0 <= scale <= CLIMB.max_weight
+
+
+def test_inside_the_honest_range_one_party_decides_the_made_stop(
+    tmp_path: Path,
+) -> None:
+    """Forged means of -loss_bound, then +loss_bound: a rise, phase 1 stops early."""
+    bound, most = MADE_CODEC.loss_bound, float(MADE_CODEC.max_examples)
+    low, high = made_forge(-bound * most, most), made_forge(bound * most, most)
+    calls: list[bytes] = []
+
+    def rising(report: MeanReport, key: PaillierPublicKey) -> bytes:
+        calls.append((low if not calls else high)(report, key))
+        return calls[-1]
+
+    attacked = feddisk_fleet(tmp_path / "attacked", rising)
+    fed = attacked.fed
+    try:
+        assert fed.coordinator.is_done and refusals(fed, MADE_LOSS) == {}
+        # version 1 judged best (the forged low), version 2 a rise: stop
+        assert attacked.plugin.made_rounds == 2 < MADE_ROUNDS
+        assert attacked.plugin.best_version == 1
+    finally:
+        fed.close()
+        assert fed.bus.handler_errors == 0
+
+
+def test_inside_the_honest_range_one_party_sets_the_fleet_accuracy(
+    tmp_path: Path,
+) -> None:
+    """One device's worth of forged counts: the most samples per class, all wrong."""
+    wrong = [0.0] * CLASSES + [float(MAX_EVAL_COUNT)] * CLASSES + [1.0]
+    attacked = eval_fleet(tmp_path / "attacked", eval_forge(wrong))
+    fed = attacked.fed
+    try:
+        assert fed.coordinator.is_done and refusals(fed, FLEET_EVAL) == {}
+        accuracy = federated_evals(attacked)[2]["accuracy"]
+        honest_samples = (DEVICES - 1) * 2 * CLASSES
+        forged = CLASSES * MAX_EVAL_COUNT
+        assert accuracy == pytest.approx(
+            0.9 * honest_samples / (honest_samples + forged)
+        )
+    finally:
+        fed.close()
+        assert fed.bus.handler_errors == 0
