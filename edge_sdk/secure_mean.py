@@ -23,7 +23,7 @@ No value leaves the device unencrypted; the coordinator never holds a secret key
 
 A decrypted sum is checked before any participant sees it
 (`ursa.edge_sdk.mean_bounds`): its party count must be one that could have
-reported (at most the codec's, the key epoch's and the registry's), and each
+reported (at most the codec's and the signed key epoch's), and each
 slot must lie in what that many honest reports can sum to (the participant's
 `MeanCodec.honest`), then the participant's own cross-slot checks
 (`MeanParticipant.check_mean`). A sum that fails is refused: an ERROR log
@@ -349,14 +349,15 @@ class SecureMeans(DeviceMethod):
         return totals
 
     def _most_parties(self, message: MeanSum, codec: MeanCodec) -> int:
-        """The most reports a sum of this epoch can hold: codec, epoch, registry."""
+        """The most reports a sum of this epoch can hold: the codec's, the epoch's.
+
+        (Not the registry's registrants: the coordinator may ask a device the
+        registry left out, so that count is no bound.)
+        """
         most = codec.max_parties
         notice = self.ctx.epoch
         if notice is not None and notice.epoch == message.epoch:
             most = min(most, notice.max_parties)
-        roster = self.ctx.roster()
-        if roster is not None and roster.epoch == message.epoch:
-            most = min(most, int(roster.registry.sum()))
         return most
 
     def _refuse(self, report: _Report, message: MeanSum, reason: str) -> None:

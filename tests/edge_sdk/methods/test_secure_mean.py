@@ -20,7 +20,7 @@ from ursa.crypto.paillier import (
     sum_encrypted,
 )
 from ursa.edge_sdk.mean_bounds import HonestRange, ImplausibleSumError
-from ursa.edge_sdk.method import DeviceMethod, Roster
+from ursa.edge_sdk.method import DeviceMethod
 from ursa.edge_sdk.secure_mean import (
     FloatVector,
     MeanAbandonedError,
@@ -346,17 +346,3 @@ def test_values_beyond_the_honest_range_are_clamped_before_encryption(
     vector = encrypted_vector_from(report.ciphertext, public)
     plain = decrypt_real_sum(secret, CODEC.fixed_point, CODEC.max_parties, vector)
     np.testing.assert_allclose(plain, [0.0, 5.0, 10.0], atol=1e-6)
-
-
-def test_the_registry_bounds_the_parties_of_a_sum(new_context: Any, keys: Any) -> None:
-    public, _ = keys
-    toy = Bounded([2.0, 2.0, 2.0])
-    toy.here.add(1)
-    ctx, router, _ = attached(new_context, toy)
-    ctx.the_roster = Roster(3, 0, np.array([1, 0], dtype=np.int64))  # one registrant
-    router.dispatch(request("toy.bounded"))
-    (report,) = ctx.sent
-    total = total_of(public, [report.ciphertext, forged(public, [2.0, 2.0, 2.0])])
-    router.dispatch(wire(total.model_copy(update={"purpose": "toy.bounded"})))
-
-    assert toy.means == [] and "at most 1 can report" in ctx.sent[-1].reason
