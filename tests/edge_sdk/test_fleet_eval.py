@@ -90,6 +90,18 @@ def _evaluator(
     return evaluator, ctx
 
 
+def _request() -> MeanRequest:
+    return MeanRequest(
+        federation="fed",
+        round=3,
+        sender="coordinator",
+        purpose=FLEET_EVAL,
+        epoch=1,
+        model="classifier",
+        model_version=2,
+    )
+
+
 def _sum(parties: int, round_index: int = 3) -> MeanSum:
     return MeanSum(
         federation="fed",
@@ -106,15 +118,7 @@ def _sum(parties: int, round_index: int = 3) -> MeanSum:
 
 def test_a_device_without_a_split_reports_zeros_without_downloading() -> None:
     evaluator, _ = _evaluator("d0", "d1")
-    request = MeanRequest(
-        federation="fed",
-        round=3,
-        sender="coordinator",
-        purpose=FLEET_EVAL,
-        epoch=1,
-        model="classifier",
-        model_version=2,
-    )
+    request = _request()
     values = evaluator.mean_values(request)
     assert values is not None and values.tolist() == [0.0] * 5  # evaluated: 0
     codec = evaluator.mean_codec()
@@ -197,14 +201,6 @@ def test_a_device_reports_no_more_correct_than_seen() -> None:
     evaluator, ctx = _evaluator("d0", "d1")
     ctx.trainer = _Miscounting()
     ctx.model_arrays_at = lambda version: {}  # type: ignore[attr-defined]
-    request = MeanRequest(
-        federation="fed",
-        round=3,
-        sender="coordinator",
-        purpose=FLEET_EVAL,
-        epoch=1,
-        model="classifier",
-        model_version=2,
-    )
+    request = _request()
     values = evaluator.mean_values(request)
     assert values is not None and values.tolist() == [3.0, 1.0, 3.0, 2.0, 1.0]

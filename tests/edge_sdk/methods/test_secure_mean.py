@@ -239,16 +239,24 @@ def forged(public: PaillierPublicKey, values: list[float]) -> bytes:
     )
 
 
+def bounded_report(
+    new_context: Any, values: list[float]
+) -> tuple[Any, Router, Bounded, MeanReport]:
+    """A `Bounded` participant of d0 that reported ``values`` for round 2."""
+    toy = Bounded(values)
+    toy.here.add(1)
+    ctx, router, _ = attached(new_context, toy)
+    router.dispatch(request("toy.bounded"))
+    (report,) = ctx.sent
+    return ctx, router, toy, report
+
+
 def refused_round(
     new_context: Any, keys: Any, other: list[float], *, parties: int | None = None
 ) -> tuple[Any, Bounded]:
     """d0 reports [2, 2, 2]; the sum adds ``other`` (as ``parties`` parties)."""
     public, _ = keys
-    toy = Bounded([2.0, 2.0, 2.0])
-    toy.here.add(1)
-    ctx, router, _ = attached(new_context, toy)
-    router.dispatch(request("toy.bounded"))
-    (report,) = ctx.sent
+    ctx, router, toy, report = bounded_report(new_context, [2.0, 2.0, 2.0])
     total = total_of(public, [report.ciphertext, forged(public, other)], "toy.bounded")
     if parties is not None:
         total = total.model_copy(update={"num_parties": parties})
@@ -282,11 +290,7 @@ def test_a_refused_sum_sent_again_is_not_refused_twice(
     new_context: Any, keys: Any
 ) -> None:
     public, _ = keys
-    toy = Bounded([2.0, 2.0, 2.0])
-    toy.here.add(1)
-    ctx, router, _ = attached(new_context, toy)
-    router.dispatch(request("toy.bounded"))
-    (report,) = ctx.sent
+    ctx, router, toy, report = bounded_report(new_context, [2.0, 2.0, 2.0])
     total = total_of(public, [report.ciphertext, forged(public, [99.0, 0, 0])])
     total = total.model_copy(update={"purpose": "toy.bounded"})
     router.dispatch(wire(total))
@@ -310,11 +314,7 @@ def test_a_sum_that_does_not_decrypt_is_refused_not_raised(
     new_context: Any, keys: Any
 ) -> None:
     public, _ = keys
-    toy = Bounded([2.0, 2.0, 2.0])
-    toy.here.add(1)
-    ctx, router, _ = attached(new_context, toy)
-    router.dispatch(request("toy.bounded"))
-    (report,) = ctx.sent
+    ctx, router, toy, report = bounded_report(new_context, [2.0, 2.0, 2.0])
     layout = CODEC.fixed_point.layout(CODEC.max_parties, public.key_bits)
     overflow = public.raw_encrypt(1 << (layout.slot_bits * 3))  # above the last slot
     vector = encrypted_vector_from(report.ciphertext, public)
@@ -338,11 +338,7 @@ def test_values_beyond_the_honest_range_are_clamped_before_encryption(
     new_context: Any, keys: Any
 ) -> None:
     public, secret = keys
-    toy = Bounded([-4.0, 5.0, 60.0])
-    toy.here.add(1)
-    ctx, router, _ = attached(new_context, toy)
-    router.dispatch(request("toy.bounded"))
-    (report,) = ctx.sent
+    _, _, _, report = bounded_report(new_context, [-4.0, 5.0, 60.0])
     vector = encrypted_vector_from(report.ciphertext, public)
     plain = decrypt_real_sum(secret, CODEC.fixed_point, CODEC.max_parties, vector)
     np.testing.assert_allclose(plain, [0.0, 5.0, 10.0], atol=1e-6)
