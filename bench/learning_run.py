@@ -291,6 +291,7 @@ class _Run:
             state_dir=state_dir,
             obfuscator_pool_size=0,  # no background thread: one thread runs all
             allow_plain_aggregation=s.aggregation == "plain",
+            insecure_test_keys=True,  # the bench's --key-bits is its own choice
             methods=_device_methods(s, options),
             training=DeviceTrainingConfig(
                 data_file=str(data_file),

@@ -63,6 +63,7 @@ from ursa.coordinator.config import (
     DeadlinesConfig,
     EnrolmentConfig,
 )
+from ursa.crypto.paillier_keys import MIN_SECURE_KEY_BITS
 from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.mqtt import MqttTransport
@@ -162,6 +163,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
                 password=SecretStr(password),
             ),
             obfuscator_pool_size=0,
+            insecure_test_keys=True,  # the bench's own coordinator picks --key-bits
         )
         transport = pool.transport(
             config.broker.mqtt_config(device_id, will=device_will(config))
@@ -339,6 +341,7 @@ def _coordinator_file(
         tries=tries,
         rounds=rounds,
         key_bits=key_bits,
+        insecure_test_keys=key_bits < MIN_SECURE_KEY_BITS,
         deadlines=DeadlinesConfig(
             key_epoch_s=600,
             registration_s=600,

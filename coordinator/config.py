@@ -418,6 +418,11 @@ class CoordinatorConfig(_Frozen):
     rounds_per_epoch: int = Field(default=0, ge=0)
     """Start a new key epoch every this many rounds (0: only when the agent is lost)."""
     key_bits: int = Field(default=DEFAULT_KEY_BITS, ge=512, le=4096, multiple_of=8)
+    """Paillier modulus of each key epoch. ``coordinator serve`` refuses fewer
+    than 2048 bits unless ``insecure_test_keys`` (devices refuse them too)."""
+    insecure_test_keys: bool = False
+    """Let ``coordinator serve`` run with ``key_bits`` under 2048 (tests and
+    demos only: such a modulus can be factored)."""
     seal_page_size: int = Field(default=SEAL_PAGE_SIZE, ge=1, le=SEAL_PAGE_SIZE)
     """Recipients per `SealRequest` page: the agent seals one page at a time
     and the coordinator keeps two in flight (smaller: shorter bursts)."""

@@ -142,7 +142,12 @@ TRANSIENT_CODES = frozenset(
 message is not marked seen, so the device's retransmission is judged afresh."""
 
 _SITS_OUT = frozenset(
-    {ErrorCode.METHOD_MISMATCH, ErrorCode.DATA_MISMATCH, ErrorCode.MODEL_MISMATCH}
+    {
+        ErrorCode.METHOD_MISMATCH,
+        ErrorCode.DATA_MISMATCH,
+        ErrorCode.MODEL_MISMATCH,
+        ErrorCode.INSECURE_PARAMETERS,
+    }
 )
 """A device answering these does not fit the federation: not selected this epoch."""
 

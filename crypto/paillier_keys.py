@@ -39,7 +39,11 @@ from ursa.crypto.errors import (
 DEFAULT_KEY_BITS = 2048
 """~112-bit security (NIST SP 800-57); use 3072 for long-lived secrets."""
 MIN_KEY_BITS = 512
-"""Smallest accepted modulus: for fast tests only, breakable in practice."""
+"""Smallest modulus the arithmetic accepts: for fast tests only, breakable."""
+MIN_SECURE_KEY_BITS = 2048
+"""Smallest modulus devices and ``coordinator serve`` accept unless their own
+config sets ``insecure_test_keys = true``: a 512- or 1024-bit modulus can be
+factored, and with it every registration and sum of the epoch decrypted."""
 MAX_KEY_BITS = 4096
 FINGERPRINT_BYTES = 8
 

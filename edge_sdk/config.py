@@ -150,6 +150,10 @@ class DeviceConfig(_Frozen):
     sums in the clear (``[aggregation] mode = "plain"``, for debugging). False:
     the device reports ``plain_refused`` instead, and its update never leaves it
     unmasked."""
+    insecure_test_keys: bool = False
+    """Accept key epochs with Paillier keys under 2048 bits (`MIN_SECURE_KEY_BITS`)
+    — tests and demos only: a smaller modulus can be factored. False: the
+    device refuses such an epoch (``insecure_parameters``) and sits it out."""
     eval_min_parties: int = Field(default=2, ge=1)
     """As the key epoch's agent, disclose a federated evaluation sum to the
     coordinator only if it has at least this many reports."""

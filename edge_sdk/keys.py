@@ -23,7 +23,12 @@ import time
 
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DevicePublicIdentity
-from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey, generate_keypair
+from ursa.crypto.paillier import (
+    MIN_SECURE_KEY_BITS,
+    PaillierPublicKey,
+    PaillierSecretKey,
+    generate_keypair,
+)
 from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.device_core import (
     DeviceCore,
@@ -219,6 +224,12 @@ class EpochSteps(DeviceCore):
         if set(message.methods) != set(self.methods()):
             self._refuse_methods(message)
             return
+        if (
+            message.key_bits < MIN_SECURE_KEY_BITS
+            and not self._config.insecure_test_keys
+        ):
+            self._refuse_weak_keys(message)
+            return
         agent = _public_identity(message.agent_keys)
         if message.agent == self.device_id and agent != self._identity.public():
             raise ValueError("the epoch names this device with other identity keys")
@@ -238,6 +249,22 @@ class EpochSteps(DeviceCore):
             reason,
             round_index=notice.round,
             message_id=derived_id(self.device_id, "method_mismatch", notice.epoch),
+            in_reply_to=notice.message_id,
+        )
+
+    def _refuse_weak_keys(self, notice: KeyEpochStart) -> None:
+        """Sit out an epoch whose Paillier modulus could be factored."""
+        reason = (
+            f"key epoch {notice.epoch} uses {notice.key_bits}-bit Paillier keys; "
+            f"this device accepts {MIN_SECURE_KEY_BITS} or more (insecure_test_keys "
+            "= true in its config for tests only)"
+        )
+        logger.error("%s: sitting out: %s", self.device_id, reason)
+        self._tell_coordinator(
+            ErrorCode.INSECURE_PARAMETERS,
+            reason,
+            round_index=notice.round,
+            message_id=derived_id(self.device_id, "insecure_parameters", notice.epoch),
             in_reply_to=notice.message_id,
         )
 

@@ -97,6 +97,9 @@ class ErrorCode(StrEnum):
     MODEL_MISMATCH = "model_mismatch"
     """The federation's model differs from the device's (a tensor's name,
     shape or dtype): the device sits the key epoch out, as for data_mismatch."""
+    INSECURE_PARAMETERS = "insecure_parameters"
+    """The key epoch's keys are below the device's floor (Paillier under 2048
+    bits without its own ``insecure_test_keys``): the device sits it out."""
     WRONG_RUN = "wrong_run"
     """The message belongs to another run of the federation (a reset coordinator)."""
     TRAINING_FAILED = "training_failed"

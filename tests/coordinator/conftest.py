@@ -128,6 +128,7 @@ class Federation:
             state_dir=self.tmp_path / device_id,
             obfuscator_pool_size=0,
             methods=self.device_methods,
+            insecure_test_keys=True,  # 512-bit keys: the tests are about logic
         )
 
     def new_device(self, device_id: str) -> EdgeClient:

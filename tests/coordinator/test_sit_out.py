@@ -172,3 +172,35 @@ def test_a_device_whose_refusals_used_their_re_keys_sits_out_after_a_restart(
     fed.tick(fed.config.deadlines.registration_s)
     fed.settle()
     assert fed.coordinator.is_done
+
+
+def test_a_device_without_insecure_test_keys_refuses_small_keys_and_sits_out(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The floor is the device's own: 512-bit keys signed by its coordinator
+    are refused unless its config says ``insecure_test_keys``."""
+    fed = federation(num_devices=4, k=2, tries=1, rounds=1, min_devices=3)
+    caplog.set_level(logging.INFO)
+    fed.coordinator.start()
+    for device_id in fed.device_ids:
+        config = fed.device_config(device_id)
+        if device_id == MISFIT:  # a device as shipped: no test switch
+            config = config.model_copy(update={"insecure_test_keys": False})
+        client = EdgeClient(
+            config,
+            device_labels(int(device_id[1:])),
+            transport=InMemoryTransport(fed.bus, device_id, will=device_will(config)),
+            rng=np.random.default_rng(int(device_id[1:])),
+        )
+        fed.devices[device_id] = client
+        client.start()
+    fed.settle()
+
+    assert fed.coordinator.is_done
+    refusals = [m for _, m in fed.messages("error") if m.code == "insecure_parameters"]
+    assert [m.sender for m in refusals] == [MISFIT]
+    assert "uses 512-bit Paillier keys; this device accepts 2048" in refusals[0].reason
+    registered = {m.sender for _, m in fed.messages("registration")}
+    assert registered and MISFIT not in registered
+    selected = [set(m.selected) for _, m in fed.messages("selection_result")]
+    assert selected and all(MISFIT not in s for s in selected)

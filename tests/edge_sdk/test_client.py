@@ -101,6 +101,7 @@ class Harness:
             federation=FED,
             state_dir=self.tmp / device_id,
             obfuscator_pool_size=0,
+            insecure_test_keys=True,
             **config,
         )
         topic, payload = device_will(cfg)

@@ -186,6 +186,7 @@ class MqttFederation:
         """A device of this federation on this broker, state under tmp_path."""
         return DeviceConfig(
             device_id=device_id,
+            insecure_test_keys=True,  # small keys: these tests are about the wire
             federation=self.federation,
             state_dir=self.tmp_path / device_id,
             broker=BrokerConfig(

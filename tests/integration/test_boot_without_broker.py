@@ -45,6 +45,7 @@ def test_serve_and_device_run_wait_for_a_broker_that_starts_later(
     coordinator_toml.write_text(
         f'federation = "{FED}"\nstate_dir = "{tmp_path / "coordinator"}"\n'
         f"min_devices = {len(DEVICES)}\nk = 2\nrounds = 1\nkey_bits = 512\nseed = 1\n"
+        "insecure_test_keys = true\n"
         + _broker_section(url, "coordinator")
         + '[enrolment]\nmode = "tofu"\n[deadlines]\nvolunteer_s = 5\n'
         + '[[methods]]\nkind = "dubhe"\n'
@@ -68,6 +69,7 @@ def test_serve_and_device_run_wait_for_a_broker_that_starts_later(
             config.write_text(
                 f'device_id = "{device}"\nfederation = "{FED}"\n'
                 f'state_dir = "{tmp_path / device}"\nobfuscator_pool_size = 2\n'
+                "insecure_test_keys = true\n"
                 f'labels_file = "{labels}"\n'
                 + _broker_section(url, device)
                 + '[[methods]]\nkind = "dubhe"\n'

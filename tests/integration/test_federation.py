@@ -222,7 +222,7 @@ def test_coordinator_killed_mid_round_resumes_and_leaks_nothing(
     config_file.write_text(
         f'federation = "itrestart"\nstate_dir = "{base.state_dir}"\n'
         f"min_devices = {N}\nk = {K}\ntries = {H}\nrounds = {rounds}\n"
-        f"key_bits = {base.key_bits}\n"
+        f"key_bits = {base.key_bits}\ninsecure_test_keys = true\n"
         f'[broker]\nurl = "{fed.url}"\nusername = "coordinator"\nkeepalive_s = 5\n'
         '[enrolment]\nmode = "tofu"\n'
         "[deadlines]\nvolunteer_s = 5\ndistributions_s = 5\nagent_s = 5\n"

@@ -165,7 +165,7 @@ def test_coordinator_killed_in_flickers_loop_resumes_the_same_run(
     config_file.write_text(
         f'federation = "flkkill"\nstate_dir = "{base.state_dir}"\n'
         f"min_devices = {n}\nk = 2\ntries = 2\nrounds = {rounds}\n"
-        f"key_bits = {base.key_bits}\n"
+        f"key_bits = {base.key_bits}\ninsecure_test_keys = true\n"
         '[[methods]]\nkind = "dubhe"\n'
         '[[methods]]\nkind = "flicker"\nreply_deadline_s = 20.0\n'
         f'[broker]\nurl = "{fed.url}"\nusername = "coordinator"\nkeepalive_s = 5\n'

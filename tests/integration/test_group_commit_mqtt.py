@@ -64,7 +64,7 @@ def test_a_kill_mid_batch_is_refilled_by_the_devices_retransmissions(
     config_file.write_text(
         f'federation = "itbatch"\nstate_dir = "{base.state_dir}"\n'
         f"min_devices = {N}\nk = {K}\ntries = {H}\nrounds = {ROUNDS}\n"
-        f"key_bits = {base.key_bits}\n"
+        f"key_bits = {base.key_bits}\ninsecure_test_keys = true\n"
         f'[broker]\nurl = "{fed.url}"\nusername = "coordinator"\nkeepalive_s = 5\n'
         '[enrolment]\nmode = "tofu"\n'
         "[deadlines]\nvolunteer_s = 20\ndistributions_s = 10\nagent_s = 10\n"

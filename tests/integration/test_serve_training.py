@@ -49,7 +49,7 @@ def _coordinator_toml(
     return (
         f'federation = "{fed.federation}"\nstate_dir = "{state_dir}"\n'
         f"min_devices = {N}\nk = {K}\ntries = 2\nrounds = {rounds}\n"
-        "key_bits = 512\nseed = 3\n"
+        "key_bits = 512\ninsecure_test_keys = true\nseed = 3\n"
         f'[broker]\nurl = "{fed.url}"\nusername = "coordinator"\nkeepalive_s = 5\n'
         '[enrolment]\nmode = "tofu"\n'
         "[deadlines]\nvolunteer_s = 5\ndistributions_s = 5\nagent_s = 5\n"
@@ -68,6 +68,7 @@ def _device_toml(
     return (
         f'device_id = "{device_id}"\nfederation = "{fed.federation}"\n'
         f'state_dir = "{root / device_id}"\nobfuscator_pool_size = 2\n'
+        "insecure_test_keys = true\n"
         f'[broker]\nurl = "{fed.url}"\nusername = "{device_id}"\nkeepalive_s = 5\n'
         f'[training]\ndata_file = "{data}"\n'
         "model_options = { input_dim = 64, num_classes = 10, hidden_sizes = [16] }\n"

@@ -17,6 +17,7 @@ same way the demo, the benchmarks and the integration tests build theirs.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
@@ -100,7 +101,22 @@ def _stop_on_signals() -> threading.Event:
 
 def _serve(args: argparse.Namespace) -> int:
     stop = _stop_on_signals()  # first: a SIGTERM during start-up exits 0
+    from ursa.crypto.paillier_keys import MIN_SECURE_KEY_BITS
+
     config = fleet.coordinator_config(args.config)
+    if config.key_bits < MIN_SECURE_KEY_BITS and not config.insecure_test_keys:
+        print(
+            f"ursa coordinator serve: key_bits = {config.key_bits} is below "
+            f"{MIN_SECURE_KEY_BITS} (such a modulus can be factored); devices "
+            "refuse it too. Set insecure_test_keys = true for a test only.",
+            file=sys.stderr,
+        )
+        return 2
+    if config.key_bits < MIN_SECURE_KEY_BITS:
+        logging.getLogger("ursa.coordinator").warning(
+            "insecure_test_keys: %d-bit Paillier keys; never in a field trial",
+            config.key_bits,
+        )
     try:
         service = build_coordinator(config)
     except ServiceSetupError as exc:

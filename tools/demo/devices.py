@@ -98,6 +98,7 @@ def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> Edg
         broker=BrokerConfig(url=spec.broker_url),
         obfuscator_pool_size=spec.obfuscator_pool_size,
         allow_plain_aggregation=spec.allow_plain_aggregation,
+        insecure_test_keys=spec.insecure_test_keys,
         methods=_methods(spec),
         training=DeviceTrainingConfig(
             data_file=str(data_file),

@@ -47,6 +47,8 @@ class FleetSpec:
     """Samples each device holds out for federated evaluation."""
     allow_plain_aggregation: bool = False
     """The devices send plain updates if the coordinator sums in the clear."""
+    insecure_test_keys: bool = False
+    """The devices accept the run's Paillier keys under 2048 bits (--key-bits)."""
     log_level: int = logging.WARNING
     extra: dict[str, Any] = field(default_factory=dict)
 

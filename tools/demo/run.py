@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from ursa.coordinator.telemetry import Telemetry
+from ursa.crypto.paillier_keys import MIN_SECURE_KEY_BITS
 from ursa.tools.compose import training_plugin
 from ursa.tools.demo.coordinator import (
     MadeHooks,
@@ -507,6 +508,7 @@ def _fleet(
         "draw": s.draw,
         "eval_fraction": s.eval_fraction,
         "allow_plain_aggregation": s.aggregation == "plain",
+        "insecure_test_keys": s.key_bits < MIN_SECURE_KEY_BITS,
     }
 
 

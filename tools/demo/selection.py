@@ -33,6 +33,7 @@ from ursa.coordinator.config import (
 )
 from ursa.coordinator.methods_config import Draw, DubheSpec
 from ursa.coordinator.service import CoordinatorService
+from ursa.crypto.paillier_keys import MIN_SECURE_KEY_BITS
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.config import BrokerConfig, DeviceConfig
 from ursa.edge_sdk.methods_config import DubheSpec as DeviceDubheSpec
@@ -223,6 +224,7 @@ def run_selection_demo(
                         broker=BrokerConfig(url=url),
                         obfuscator_pool_size=2,
                         methods=(DeviceDubheSpec(draw=settings.draw),),
+                        insecure_test_keys=settings.key_bits < MIN_SECURE_KEY_BITS,
                     ),
                     labels,
                     rng=np.random.default_rng([settings.seed, i]),

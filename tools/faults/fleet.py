@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from ursa.coordinator.models import ModelStore
 from ursa.coordinator.store import DB_FILENAME
+from ursa.crypto.paillier_keys import MIN_SECURE_KEY_BITS
 from ursa.protocol.mqtt import MqttTransport
 from ursa.protocol.transport import MessageHandler
 from ursa.tools.broker.mosquitto import MosquittoBroker
@@ -440,6 +441,7 @@ class FaultFleet:
             + f"min_devices = {min_devices}\nk = {s.k}\ntries = 3\n"
             f"rounds = {s.rounds}\nrounds_per_epoch = {s.rounds_per_epoch}\n"
             f"key_bits = {s.key_bits}\nseed = {s.seed}\n"
+            f"insecure_test_keys = {str(s.key_bits < MIN_SECURE_KEY_BITS).lower()}\n"
             + quorum
             + self._broker_toml("coordinator")
             + (
@@ -462,6 +464,7 @@ class FaultFleet:
         return (
             f'device_id = "{device_id}"\nfederation = "{self.name}"\n'
             f'state_dir = "{self.work_dir / device_id}"\nobfuscator_pool_size = 2\n'
+            f"insecure_test_keys = {str(s.key_bits < MIN_SECURE_KEY_BITS).lower()}\n"
             + self._broker_toml(device_id)
             + f'[training]\ndata_file = "{data}"\n'
             "model_options = { input_dim = 64, num_classes = 10, "

@@ -154,3 +154,19 @@ def test_device_run_takes_sigterm_before_its_start_up(tmp_path: Path) -> None:
         assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, before)
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_serve_refuses_keys_under_2048_bits_without_the_test_switch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "coordinator.toml"
+    base = f'federation = "f"\nstate_dir = "{tmp_path / "c"}"\nkey_bits = 1024\n'
+    config.write_text(base)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert cli_service.main(["coordinator", "serve", "--config", str(config)]) == 2
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    err = capsys.readouterr().err
+    assert "key_bits = 1024 is below 2048" in err and "insecure_test_keys" in err
+    assert not (tmp_path / "c").exists()  # refused before anything started

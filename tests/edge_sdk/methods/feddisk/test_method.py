@@ -105,6 +105,7 @@ class Fleet:
             federation=FED,
             state_dir=self.tmp / device_id,
             obfuscator_pool_size=0,
+            insecure_test_keys=True,
         )
         client = EdgeClient(
             config,
