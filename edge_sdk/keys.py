@@ -244,13 +244,7 @@ class EpochSteps(DeviceCore):
         logger.error(
             "%s: refusing key epoch %d: %s", self.device_id, notice.epoch, reason
         )
-        self._tell_coordinator(
-            ErrorCode.METHOD_MISMATCH,
-            reason,
-            round_index=notice.round,
-            message_id=derived_id(self.device_id, "method_mismatch", notice.epoch),
-            in_reply_to=notice.message_id,
-        )
+        self._refuse_epoch(notice, ErrorCode.METHOD_MISMATCH, reason)
 
     def _refuse_weak_keys(self, notice: KeyEpochStart) -> None:
         """Sit out an epoch whose Paillier modulus could be factored."""
@@ -260,11 +254,17 @@ class EpochSteps(DeviceCore):
             "= true in its config for tests only)"
         )
         logger.error("%s: sitting out: %s", self.device_id, reason)
+        self._refuse_epoch(notice, ErrorCode.INSECURE_PARAMETERS, reason)
+
+    def _refuse_epoch(
+        self, notice: KeyEpochStart, code: ErrorCode, reason: str
+    ) -> None:
+        """Answer ``code`` to the epoch's notice: the coordinator leaves us out."""
         self._tell_coordinator(
-            ErrorCode.INSECURE_PARAMETERS,
+            code,
             reason,
             round_index=notice.round,
-            message_id=derived_id(self.device_id, "insecure_parameters", notice.epoch),
+            message_id=derived_id(self.device_id, str(code), notice.epoch),
             in_reply_to=notice.message_id,
         )
 
