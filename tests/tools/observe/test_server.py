@@ -161,10 +161,25 @@ def test_with_a_token_every_request_without_it_gets_401(telemetry: Telemetry) ->
         assert _get(server.url + "api/status", Authorization="Bearer wrong")[0] == 401
         bearer = f"Bearer {token}"
         assert _get(server.url + "metrics", Authorization=bearer)[0] == 200
-        status, _, page = _get(server.url + f"?token={token}")
-        assert status == 200
-        assert f'src="dashboard.js?token={token}"'.encode() in page
-        assert _get(server.url + f"dashboard.css?token={token}")[0] == 200
+        status, _, page = _get(server.url, Authorization=bearer)
+        assert status == 200 and token.encode() not in page
+        assert b'src="dashboard.js"' in page
+
+
+def test_a_token_in_the_query_string_is_refused_even_when_right(
+    telemetry: Telemetry,
+) -> None:
+    token = "s3cret-token"
+    with ObserveServer(lambda: _status(telemetry), LOOPBACK, token=token) as server:
+        for path in (f"?token={token}", f"api/status?token={token}", "metrics?token="):
+            status, _, body = _get(server.url + path)
+            assert status == 400 and b"/login" in body, path
+            assert token.encode() not in body
+        bearer = f"Bearer {token}"  # not even with the header beside it
+        assert (
+            _get(server.url + f"api/status?token={token}", Authorization=bearer)[0]
+            == 400
+        )
 
 
 def test_the_view_is_read_only_and_unknown_paths_are_404(

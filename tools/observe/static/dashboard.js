@@ -5,7 +5,6 @@
   const REFRESH_MS = 2000;
   const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
     "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
-  const token = new URLSearchParams(window.location.search).get("token");
 
   function $(id) { return document.getElementById(id); }
 
@@ -261,9 +260,10 @@
   }
 
   function refresh() {
-    const headers = token ? { Authorization: "Bearer " + token } : {};
-    fetch("api/status", { headers: headers, cache: "no-store" })
+    // same-origin: the session cookie the login set goes along by itself
+    fetch("api/status", { credentials: "same-origin", cache: "no-store" })
       .then(function (response) {
+        if (response.status === 401) { window.location.assign("login"); }
         if (!response.ok) { throw new Error("HTTP " + response.status); }
         return response.json();
       })
