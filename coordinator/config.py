@@ -69,6 +69,9 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     [http]                            # dashboard, /api/status, /metrics (off)
     listen = "127.0.0.1:9464"         # beyond loopback needs a token:
     # token: better from the environment, URSA_HTTP__TOKEN
+    # allowed_hosts = ["dash.example.org"]   # Host names answered besides IPs
+    # tls_cert = "dash.pem"           # HTTPS itself (with tls_key), or TLS
+    # tls_key = "dash.key"            # at a reverse proxy
 
 ``[[methods]]`` is `ursa.coordinator.methods_config`'s discriminated union:
 exactly one selection method, at most one training method (without one,
@@ -184,12 +187,27 @@ class HttpConfig(_Frozen):
     """The operator's HTTP view: dashboard, ``/api/status``, ``/metrics``.
 
     Off unless ``listen`` (or ``serve --http``) names an address. Beyond
-    loopback a ``token`` is required (better from URSA_HTTP__TOKEN).
+    loopback a ``token`` is required (better from URSA_HTTP__TOKEN), and
+    without ``tls_cert``/``tls_key`` (or TLS at a reverse proxy) it travels in
+    clear. Only IP literals, ``localhost``, the listen host and
+    ``allowed_hosts`` are answered as ``Host`` (DNS-rebinding defence).
     """
 
     listen: str | None = None
     """``HOST:PORT``, e.g. ``127.0.0.1:9464``."""
     token: SecretStr | None = None
+    allowed_hosts: tuple[str, ...] = ()
+    """Names the view is reached by, e.g. ``["dash.example.org"]`` (no port)."""
+    tls_cert: Path | None = None
+    """PEM certificate (chain): serve HTTPS (with `tls_key`)."""
+    tls_key: Path | None = None
+    """Its unencrypted PEM private key."""
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Self:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        return self
 
 
 class EnrolmentConfig(_Frozen):

@@ -33,7 +33,10 @@ from ursa.tools.cli.logs import LOG_FORMATS, configure_logging
 from ursa.tools.compose import ServiceSetupError, build_coordinator, build_device
 
 if TYPE_CHECKING:
+    from ursa.coordinator.config import HttpConfig
+    from ursa.coordinator.service import CoordinatorService
     from ursa.edge_sdk.client import EdgeClient
+    from ursa.tools.observe.server import ObserveServer
 
     # argparse has no public name for the object add_subparsers() returns.
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -60,6 +63,23 @@ def register(sub: Subparsers) -> None:
         "--http-token",
         help="token the HTTP view requires (needed beyond loopback; better: "
         "[http] token or URSA_HTTP__TOKEN)",
+    )
+    serve.add_argument(
+        "--http-tls",
+        nargs=2,
+        type=Path,
+        metavar=("CERT", "KEY"),
+        help="serve the HTTP view over HTTPS with this PEM certificate and "
+        "unencrypted key (default: [http] tls_cert, tls_key)",
+    )
+    serve.add_argument(
+        "--http-allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name the HTTP view is reached by (its Host header), besides IP "
+        "literals, localhost and the listen host; repeatable, added to "
+        "[http] allowed_hosts",
     )
     serve.set_defaults(handler=_serve, default_log_level="INFO", leave=True)
     fleet.register_coordinator(commands)
@@ -124,16 +144,13 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if stop.is_set():
         return 0
-    listen = args.http or config.http.listen
-    token = args.http_token or (
-        config.http.token.get_secret_value() if config.http.token else None
-    )
     view = None
+    listen = args.http or config.http.listen
     if listen:
-        from ursa.tools.observe.server import ObserveConfigError, observe_service
+        from ursa.tools.observe.server import ObserveConfigError
 
         try:
-            view = observe_service(service, listen, token=token)
+            view = _observe(service, listen, config.http, args)
         except ObserveConfigError as exc:
             print(f"ursa coordinator serve: {exc}", file=sys.stderr)
             return 2
@@ -148,6 +165,30 @@ def _serve(args: argparse.Namespace) -> int:
         if view is not None:
             view.stop()
     return 0
+
+
+def _observe(
+    service: CoordinatorService,
+    listen: str,
+    http: HttpConfig,
+    args: argparse.Namespace,
+) -> ObserveServer:
+    """The HTTP view on ``listen``, started: ``--http*`` flags over ``[http]``.
+
+    Raises:
+        ObserveConfigError: it may not start as configured.
+    """
+    from ursa.tools.observe.server import TlsFiles, observe_service
+
+    token = args.http_token or (http.token.get_secret_value() if http.token else None)
+    cert, key = args.http_tls or (http.tls_cert, http.tls_key)
+    return observe_service(
+        service,
+        listen,
+        token=token,
+        allowed_hosts=(*http.allowed_hosts, *args.http_allowed_host),
+        tls=TlsFiles(cert, key) if cert is not None and key is not None else None,
+    )
 
 
 def _device_run(args: argparse.Namespace) -> int:
