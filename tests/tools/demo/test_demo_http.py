@@ -87,7 +87,7 @@ def test_demo_serves_the_dashboard_status_and_metrics_while_it_runs(
         assert 0 <= entry["accuracy"] <= 1 and len(entry["per_class_accuracy"]) == 10
     assert metrics and "ursa_round " in metrics[-1]
     assert 'ursa_accuracy{source="server"}' in metrics[-1]
-    assert b"dashboard.js?token=" in pages[-1]
+    assert b'src="dashboard.js"' in pages[-1] and TOKEN.encode() not in pages[-1]
     assert _read(base + "api/status") is None  # the view stopped with the demo
     written = json.loads((tmp_path / "report" / "report.json").read_text())
     assert "http_token" not in written["settings"]
