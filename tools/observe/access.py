@@ -35,6 +35,7 @@ __all__ = [
     "TlsFiles",
     "TokenGate",
     "host_name",
+    "session_cookie",
     "tls_context",
 ]
 

@@ -49,6 +49,7 @@ from ursa.tools.observe.access import (
     ObserveConfigError,
     TlsFiles,
     TokenGate,
+    host_name,
     tls_context,
 )
 
@@ -306,7 +307,7 @@ class ObserveServer:
                 b"a token is required (Authorization: Bearer, or sign in at /login)\n",
                 _BEARER,
             )
-        return self.respond(path)
+        return self._respond(path)
 
     def login(self, form: bytes, *, secure: bool, client: str) -> Reply:
         """The answer to POST /login with ``form`` (url-encoded ``token=``).
@@ -328,7 +329,7 @@ class ObserveServer:
         body = _static("login.html").replace(_LOGIN_MESSAGE, message)
         return Reply(status, _HTML, body, _LOGIN_CSP | _BEARER)
 
-    def respond(self, path: str) -> Reply:
+    def _respond(self, path: str) -> Reply:
         """The answer to GET ``path``, once the request was admitted."""
         if path in _ASSETS:
             name, content_type = _ASSETS[path]
@@ -448,11 +449,14 @@ def _handler_class(server: ObserveServer) -> type[BaseHTTPRequestHandler]:
         do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = do_PUT  # noqa: N815
 
         def _host_ok(self) -> bool:
-            if server.host_allowed(self.headers.get("Host")):
+            host = self.headers.get("Host")
+            if server.host_allowed(host):
                 return True
+            name = host_name(host or "")  # [a-z0-9.-] or an IP, or None
             logger.warning(
-                "HTTP view: refused a request for an unexpected Host from %s "
-                "(a name it is served by goes in [http] allowed_hosts)",
+                "HTTP view: refused a request for Host %s from %s (a name it is "
+                "served by goes in [http] allowed_hosts)",
+                repr(name[:80]) if name else "(missing or malformed)",
                 self._client(),
             )
             self._send(
