@@ -5,15 +5,13 @@ from __future__ import annotations
 import http.client
 import ipaddress
 import logging
-import time
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from ursa.coordinator.live_status import ServiceStatus
-from ursa.coordinator.telemetry import Telemetry
+from tests.tools.observe.statuses import fixed_status
 from ursa.tools.observe.access import (
     COOKIE_NAME,
     HostCheck,
@@ -27,27 +25,6 @@ from ursa.tools.observe.server import LOGIN_BODY_MAX_BYTES, Listen, ObserveServe
 TOKEN = "s3cret-token-0123456789"
 ALLOWED = ("dash.example.org",)
 NAMES = HostCheck("127.0.0.1", ALLOWED)
-
-
-def _status() -> ServiceStatus:
-    return ServiceStatus(
-        federation="fed",
-        stage="training",
-        epoch=1,
-        round=2,
-        rounds_total=5,
-        rounds_completed=1,
-        enrolled=("d1",),
-        online=frozenset({"d1"}),
-        connected=True,
-        messages_sent=1,
-        messages_received=1,
-        bytes_sent=1,
-        bytes_received=1,
-        crypto_s=0.0,
-        telemetry=Telemetry().snapshot(),
-        collected_at=time.time(),
-    )
 
 
 # --- the Host check, pure ------------------------------------------------------
@@ -180,7 +157,7 @@ def test_the_login_form(form: bytes, right: bool) -> None:
 @pytest.fixture
 def served() -> Iterator[ObserveServer]:
     view = ObserveServer(
-        _status, Listen("127.0.0.1", 0), token=TOKEN, allowed_hosts=ALLOWED
+        fixed_status, Listen("127.0.0.1", 0), token=TOKEN, allowed_hosts=ALLOWED
     )
     with view:
         yield view
@@ -295,7 +272,7 @@ def test_post_goes_only_to_login_and_its_body_is_capped(served: ObserveServer) -
 
 
 def test_without_a_token_there_is_no_login() -> None:
-    with ObserveServer(_status, Listen("127.0.0.1", 0)) as view:
+    with ObserveServer(fixed_status, Listen("127.0.0.1", 0)) as view:
         status, headers, _ = _call(view, "GET", "/login")
         assert status == 303 and headers["Location"] == "./"
         assert _login(view, "x")[0] == 404

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.tools.observe.statuses import fixed_status
 from ursa.coordinator.live_status import ServiceStatus
 from ursa.coordinator.telemetry import Telemetry
 from ursa.tools.observe.access import COOKIE_NAME
@@ -38,26 +39,8 @@ REBOUND = "rebind.test"
 
 def _status() -> ServiceStatus:
     telemetry = Telemetry()
-    telemetry.set_methods(["dubhe"])
     telemetry.round_completed(1, ("d1",))
-    return ServiceStatus(
-        federation="fed",
-        stage="training",
-        epoch=1,
-        round=2,
-        rounds_total=5,
-        rounds_completed=1,
-        enrolled=("d1", "d2"),
-        online=frozenset({"d1"}),
-        connected=True,
-        messages_sent=1,
-        messages_received=1,
-        bytes_sent=1,
-        bytes_received=1,
-        crypto_s=0.0,
-        telemetry=telemetry.snapshot(),
-        collected_at=time.time(),
-    )
+    return fixed_status(telemetry)
 
 
 _ON_FDS_3_AND_4 = (

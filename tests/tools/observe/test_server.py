@@ -3,7 +3,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -11,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.tools.observe.statuses import fixed_status
 from ursa.coordinator.live_status import ServiceStatus
-from ursa.coordinator.site_links import SiteLink
 from ursa.coordinator.telemetry import Telemetry
 from ursa.tools.observe.server import (
     Listen,
@@ -22,28 +21,6 @@ from ursa.tools.observe.server import (
 )
 
 LOOPBACK = Listen("127.0.0.1", 0)
-
-
-def _status(telemetry: Telemetry, round_index: int = 2) -> ServiceStatus:
-    return ServiceStatus(
-        federation="fed",
-        stage="training",
-        epoch=1,
-        round=round_index,
-        rounds_total=5,
-        rounds_completed=round_index - 1,
-        enrolled=("d1", "d2", "d3"),
-        online=frozenset({"d1", "d2"}),
-        connected=True,
-        messages_sent=10,
-        messages_received=20,
-        bytes_sent=1000,
-        bytes_received=3000,
-        crypto_s=0.5,
-        telemetry=telemetry.snapshot(),
-        collected_at=time.time(),
-        site_links={"site-a": SiteLink(True, 1.0), "site-b": SiteLink(False, 2.0)},
-    )
 
 
 @pytest.fixture
@@ -60,7 +37,7 @@ def telemetry() -> Telemetry:
 
 @pytest.fixture
 def served(telemetry: Telemetry) -> Iterator[ObserveServer]:
-    with ObserveServer(lambda: _status(telemetry), LOOPBACK) as server:
+    with ObserveServer(lambda: fixed_status(telemetry), LOOPBACK) as server:
         yield server
 
 
@@ -136,8 +113,8 @@ def test_two_views_in_one_process_keep_their_own_registries(
 ) -> None:
     other = Telemetry()
     with (
-        ObserveServer(lambda: _status(telemetry, 4), LOOPBACK) as a,
-        ObserveServer(lambda: _status(other, 7), LOOPBACK) as b,
+        ObserveServer(lambda: fixed_status(telemetry, 4), LOOPBACK) as a,
+        ObserveServer(lambda: fixed_status(other, 7), LOOPBACK) as b,
     ):
         assert _samples(_get(a.url + "metrics")[2].decode())[("ursa_round", ())] == 4
         assert _samples(_get(b.url + "metrics")[2].decode())[("ursa_round", ())] == 7
@@ -145,14 +122,16 @@ def test_two_views_in_one_process_keep_their_own_registries(
 
 def test_beyond_loopback_a_token_is_required(telemetry: Telemetry) -> None:
     with pytest.raises(ObserveConfigError, match="needs a token"):
-        ObserveServer(lambda: _status(telemetry), Listen("0.0.0.0", 0))
+        ObserveServer(lambda: fixed_status(telemetry), Listen("0.0.0.0", 0))
     with pytest.raises(ObserveConfigError, match="needs a token"):
-        ObserveServer(lambda: _status(telemetry), Listen("example.org", 0))
+        ObserveServer(lambda: fixed_status(telemetry), Listen("example.org", 0))
 
 
 def test_with_a_token_every_request_without_it_gets_401(telemetry: Telemetry) -> None:
     token = "s3cret-token"
-    with ObserveServer(lambda: _status(telemetry), LOOPBACK, token=token) as server:
+    with ObserveServer(
+        lambda: fixed_status(telemetry), LOOPBACK, token=token
+    ) as server:
         for path in ("", "api/status", "metrics", "dashboard.js", "nowhere"):
             status, headers, body = _get(server.url + path)
             assert status == 401, path
@@ -170,7 +149,9 @@ def test_a_token_in_the_query_string_is_refused_even_when_right(
     telemetry: Telemetry,
 ) -> None:
     token = "s3cret-token"
-    with ObserveServer(lambda: _status(telemetry), LOOPBACK, token=token) as server:
+    with ObserveServer(
+        lambda: fixed_status(telemetry), LOOPBACK, token=token
+    ) as server:
         for path in (f"?token={token}", f"api/status?token={token}", "metrics?token="):
             status, _, body = _get(server.url + path)
             assert status == 400 and b"/login" in body, path
@@ -200,7 +181,7 @@ def test_a_failing_source_is_a_500_not_a_dead_server(telemetry: Telemetry) -> No
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("store gone")
-        return _status(telemetry)
+        return fixed_status(telemetry)
 
     with ObserveServer(flaky, LOOPBACK) as server:
         assert _get(server.url + "api/status")[0] == 500
@@ -237,7 +218,7 @@ def test_without_prometheus_client_the_page_works_and_metrics_say_why(
 ) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # not installed
     monkeypatch.delitem(sys.modules, "ursa.tools.observe.metrics", raising=False)
-    with ObserveServer(lambda: _status(telemetry), LOOPBACK) as server:
+    with ObserveServer(lambda: fixed_status(telemetry), LOOPBACK) as server:
         status, _, body = _get(server.url + "metrics")
         assert status == 501 and b"pip install 'ursa-fl[ops]'" in body
         assert _get(server.url + "api/status")[0] == 200

@@ -8,7 +8,6 @@ import ipaddress
 import logging
 import socket
 import ssl
-import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from tests.tools.observe.statuses import fixed_status
 from ursa.coordinator.live_status import ServiceStatus
-from ursa.coordinator.telemetry import Telemetry
 from ursa.tools.observe.access import TlsFiles, tls_context
 from ursa.tools.observe.server import Listen, ObserveConfigError, ObserveServer
 
@@ -26,24 +25,7 @@ TOKEN = "tls-token-0123456789"
 
 
 def _status() -> ServiceStatus:
-    return ServiceStatus(
-        federation="fed",
-        stage="training",
-        epoch=1,
-        round=3,
-        rounds_total=5,
-        rounds_completed=2,
-        enrolled=("d1",),
-        online=frozenset({"d1"}),
-        connected=True,
-        messages_sent=1,
-        messages_received=1,
-        bytes_sent=1,
-        bytes_received=1,
-        crypto_s=0.0,
-        telemetry=Telemetry().snapshot(),
-        collected_at=time.time(),
-    )
+    return fixed_status(round_index=3)
 
 
 def _write_pair(
