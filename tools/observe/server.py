@@ -66,6 +66,7 @@ __all__ = [
     "TlsFiles",
     "observe_service",
     "parse_listen",
+    "query_token_refusal",
 ]
 
 logger = logging.getLogger("ursa.observe")
@@ -143,6 +144,22 @@ def parse_listen(text: str) -> Listen:
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ObserveConfigError(f"--http {text!r}: expected HOST:PORT")
     return Listen(host, int(port))
+
+
+def query_token_refusal(target: str) -> Reply | None:
+    """A 400 for a request whose URL holds a ``token`` (right or not), else None.
+
+    A token in a URL lands in the history, a ``Referer`` and proxies' logs:
+    it is refused before it is looked at, so no one learns to send it so.
+    """
+    if "token" not in parse_qs(urlsplit(target).query, keep_blank_values=True):
+        return None
+    return Reply(
+        HTTPStatus.BAD_REQUEST,
+        _TEXT,
+        b"the token does not go in URLs: sign in at /login, "
+        b"or send Authorization: Bearer\n",
+    )
 
 
 def _static(name: str) -> bytes:
@@ -284,15 +301,10 @@ class ObserveServer:
 
     def get(self, target: str, headers: Headers) -> Reply:
         """The answer to GET ``target`` (path and query) with ``headers``."""
-        parts = urlsplit(target)
-        if "token" in parse_qs(parts.query, keep_blank_values=True):
-            return Reply(
-                HTTPStatus.BAD_REQUEST,
-                _TEXT,
-                b"the token does not go in URLs: sign in at /login, "
-                b"or send Authorization: Bearer\n",
-            )
-        path = parts.path
+        refused = query_token_refusal(target)
+        if refused is not None:
+            return refused
+        path = urlsplit(target).path
         gate = self._gate
         if path == "/login":
             if gate is None:
@@ -435,6 +447,11 @@ def _handler_class(server: ObserveServer) -> type[BaseHTTPRequestHandler]:
                 return
             if urlsplit(self.path).path != "/login":
                 self._send(Reply(HTTPStatus.METHOD_NOT_ALLOWED, _TEXT, b"read-only\n"))
+                return
+            refused = query_token_refusal(self.path)
+            if refused is not None:
+                self.close_connection = True  # the form stays unread
+                self._send(refused)
                 return
             form = self._form()
             if form is not None:

@@ -25,6 +25,7 @@ from ursa.tools.observe.server import LOGIN_BODY_MAX_BYTES, Listen, ObserveServe
 TOKEN = "s3cret-token-0123456789"
 ALLOWED = ("dash.example.org",)
 NAMES = HostCheck("127.0.0.1", ALLOWED)
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 
 # --- the Host check, pure ------------------------------------------------------
@@ -197,9 +198,10 @@ def _login(
     headers: dict[str, str] | None = None,
 ) -> tuple[int, http.client.HTTPMessage, bytes]:
     """POST the login form as a browser does."""
-    form = {"Content-Type": "application/x-www-form-urlencoded", **(headers or {})}
     body = f"token={token}".encode()
-    return _call(view, "POST", "/login", host=host, body=body, headers=form)
+    return _call(
+        view, "POST", "/login", host=host, body=body, headers=FORM | (headers or {})
+    )
 
 
 def test_an_unexpected_or_missing_host_gets_421_whatever_the_request(
@@ -254,6 +256,11 @@ def test_a_browser_signs_in_once_and_then_reads_with_the_cookie(
     assert _call(served, "GET", "/api/status", headers=cookie)[0] == 200
     assert _call(served, "GET", "/metrics", headers=cookie)[0] == 200
     assert _call(served, "GET", f"/api/status?token={TOKEN}", headers=cookie)[0] == 400
+    right = f"token={TOKEN}".encode()
+    status, headers, _ = _call(
+        served, "POST", f"/login?token={TOKEN}", body=right, headers=FORM
+    )
+    assert status == 400 and "Set-Cookie" not in headers  # the right form, too
     assert all(TOKEN not in r.getMessage() for r in caplog.records)
 
 
