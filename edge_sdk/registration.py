@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from ursa.crypto.encoding import DEFAULT_SCALE_BITS
 from ursa.protocol.codebook import Category, Codebook
 
 Thresholds = Mapping[int, float]
@@ -195,6 +196,25 @@ def best_try(
 ) -> int:
     """The agent's answer ``h* = argmin_h ||p_o,h - p_u||_1`` (first on ties)."""
     return int(np.argmin(try_distances(try_sums, counts, target)))
+
+
+def plausible_try_sum(
+    totals: NDArray[np.floating], count: int, scale_bits: int = DEFAULT_SCALE_BITS
+) -> bool:
+    """Whether ``count`` honest label distributions can sum to ``totals``.
+
+    Each honest distribution is in [0, 1] per class and sums to 1, up to the
+    fixed point's rounding (at most ``2**-(scale_bits + 1)`` a value): so each
+    total lies in [0, count] and all add up to ``count``, within that slack. A
+    party that encrypts other values directly and keeps the sum within these
+    bounds is not caught (packed Paillier has no per-party range proof).
+    """
+    t = np.asarray(totals, dtype=np.float64)
+    if count < 1 or t.ndim != 1 or not np.isfinite(t).all():
+        return False
+    slack = count * t.size * 2.0**-scale_bits
+    inside = bool(((t >= -slack) & (t <= count + slack)).all())
+    return inside and abs(float(t.sum()) - count) <= slack
 
 
 def search_score(

@@ -32,6 +32,10 @@ from ursa.protocol.messages.base import (
     _Frozen,
 )
 
+DISTRIBUTION_BOUND = 1.0
+"""Largest label proportion a device encodes (`FixedPoint` bound): the agent's
+and the coordinator's checks of a try's distributions follow from it."""
+
 RANK_PAGE_SIZE = 256
 """Most entries in one `RankRequest` page (as `SEAL_PAGE_SIZE` for sealing)."""
 
@@ -106,11 +110,29 @@ class TrySums(BaseMessage):
 
 
 class AgentAnswer(BaseMessage):
-    """Agent to coordinator: only the index of the best try, signed."""
+    """Agent to coordinator: the index of the best try, and the bad sums, signed.
+
+    ``bad_tries`` (positions in `TrySums.sums`) lists the sums no honest
+    members can produce (a slot over its bound, a ciphertext count the layout
+    does not have, totals that are not the member count's distributions): the
+    coordinator drops the offending member and sums again instead of re-keying.
+    ``best_try`` is the best of the others; None when every sum was bad.
+    """
 
     kind: Literal["agent_answer"] = "agent_answer"
-    best_try: Count
+    best_try: Count | None
+    bad_tries: Annotated[tuple[Count, ...], Field(max_length=MAX_TRIES)] = ()
     signature: Signature = b""
+
+    @_model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if len(set(self.bad_tries)) != len(self.bad_tries):
+            raise ValueError("a bad try is named twice")
+        if self.best_try is None and not self.bad_tries:
+            raise ValueError("no best try, yet no bad sum")
+        if self.best_try is not None and self.best_try in self.bad_tries:
+            raise ValueError(f"best try {self.best_try} is also a bad sum")
+        return self
 
 
 class RankEntry(_Frozen):

@@ -20,12 +20,24 @@ DISTRIBUTIONS (H > 1): each member of some try gets a `TryAssignment` and
 answers with its encrypted label distribution once; per try the coordinator
 sums the members' ciphertexts. Tries with a silent member are not offered.
 
+A distribution whose ciphertext count is not the layout's (public: the
+coordinator checks it on arrival) or that does not parse drops its sender
+from the round's tries; its tries go on without it.
+
 AGENT: the complete tries' sums go to the epoch's agent (`TrySums`), which
-answers the index of the best one, signed. If the agent stays silent past
-the window, or is offline, the first complete try (try 0 when complete) is
-selected, logged, and the runtime starts a new key epoch before the next
-round (the agent holds the only answer the protocol trusts). With no
-complete try, try 0 is repaired from devices that did deliver, topped up to K.
+answers the index of the best one, signed, and the positions of sums no
+honest members can produce (`AgentAnswer.bad_tries`: a slot over its bound,
+totals that are not the member count's distributions). With a good try left,
+the best good one is selected. When every sum is bad, the members common to
+every bad try are the suspects (one malformed contribution spoils every try
+it is summed into); one of them is dropped and the tries summed again and
+re-sent, at most `MAX_RESUMS` times; with no common member the round takes a
+uniform selection outside the bad tries. None of this re-keys: the agent
+answered. If the agent stays silent past the window, or is offline, the first
+complete try (try 0 when complete) is selected, logged, and the runtime
+starts a new key epoch before the next round (the agent holds the only
+answer the protocol trusts). With no complete try, try 0 is repaired from
+devices that did deliver, topped up to K.
 
 RANKS (stratified draw, the epoch's first round only): before its devices
 can draw, each registrant needs its rank. The coordinator sends the agent
@@ -50,7 +62,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Set
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, NoReturn
 
 from ursa._compat import StrEnum
 from ursa.coordinator.core import derived_id
@@ -60,10 +72,12 @@ from ursa.coordinator.methods.dubhe.ranks import (
     RankHandout,
 )
 from ursa.coordinator.methods.dubhe.tries import (
+    common_suspects,
     complete_tries,
     fallback_selection,
     make_tries,
     short_tries,
+    without,
 )
 from ursa.coordinator.plugin import EpochView
 from ursa.coordinator.seal_pages import BoxVerdict
@@ -74,6 +88,7 @@ from ursa.coordinator.selection_method import (
     SelectionRequest,
 )
 from ursa.coordinator.store import RoundRecord
+from ursa.crypto.encoding import FixedPoint
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import verify_signature
 from ursa.crypto.paillier import EncryptedVector, encrypted_vector_from, sum_encrypted
@@ -90,6 +105,7 @@ from ursa.protocol.messages import (
     TrySums,
     Volunteer,
 )
+from ursa.protocol.messages.dubhe import DISTRIBUTION_BOUND
 from ursa.protocol.router import RejectedError, Router
 
 __all__ = ["DubheSelection", "DubheStep"]
@@ -98,6 +114,10 @@ logger = logging.getLogger("ursa.coordinator.dubhe")
 
 MAX_BACKOFF = 16
 """A short volunteering window is retried 2, 4, ... up to 16 windows later."""
+MAX_RESUMS = 8
+"""Re-sums after an all-bad agent answer, each without one more suspect."""
+DISTRIBUTION_CODEC = FixedPoint(DISTRIBUTION_BOUND)
+"""The devices' label-distribution codec: its layout fixes the ciphertext count."""
 
 
 class DubheStep(StrEnum):
@@ -130,6 +150,13 @@ class _Round:
     """The agent's verified choice, handed over at the next step."""
     retries: int = 0
     """Volunteering windows that closed short of K (each next one is longer)."""
+    k: int = 0
+    dropped: set[str] = field(default_factory=set)
+    """Out of this round's tries: a malformed distribution, or a suspect of
+    an all-bad agent answer (kept in memory: a restart asks again)."""
+    bad_sums: tuple[int, ...] | None = None
+    """Try indices of the agent's all-bad answer, for the next step to act on."""
+    resums: int = 0
 
     def count(self, draws: tuple[bool, ...]) -> None:
         """Add one volunteer's draws to the per-try counts."""
@@ -141,6 +168,10 @@ class _Round:
     def members(self) -> set[str]:
         """Every device in some tentative set."""
         return {d for t in self.tentative or () for d in t}
+
+    def tries(self) -> tuple[tuple[str, ...], ...]:
+        """The tentative sets without the dropped members."""
+        return without(self.tentative or (), self.dropped)
 
 
 class DubheSelection(SelectionMethod):
@@ -221,6 +252,7 @@ class DubheSelection(SelectionMethod):
             request.epoch,
             DubheStep.VOLUNTEERING,
             request.now + self._volunteer_s,
+            k=request.k,
         )
         if self._ranks_owed(request):
             self._round.step = DubheStep.RANKS
@@ -233,6 +265,7 @@ class DubheSelection(SelectionMethod):
             self.open_round(request)
             return
         work = self._restored(record, request.now)
+        work.k = request.k
         self._round = work
         if work.step is DubheStep.VOLUNTEERING and self._ranks_owed(request):
             work.step = DubheStep.RANKS
@@ -347,10 +380,11 @@ class DubheSelection(SelectionMethod):
         epoch, online = ctx.epoch_view(), ctx.online_devices()
         assert work.tentative is not None and epoch is not None
         delivered = set(work.distributions)
-        waiting = (work.members() & online) - delivered  # the dead never send
-        if waiting and request.now < work.deadline_at:
+        waiting = (work.members() & online) - delivered - work.dropped
+        if waiting and request.now < work.deadline_at:  # the dead never send
             return None
-        candidates = complete_tries(work.tentative, delivered)
+        tries = work.tries()
+        candidates = complete_tries(tries, delivered)
         if candidates and epoch.agent in online and epoch.public_key is not None:
             work.candidates = candidates
             ctx.store.set_candidates(work.round, candidates)
@@ -359,9 +393,11 @@ class DubheSelection(SelectionMethod):
             self._send_try_sums(work)
             return None
         volunteers_alive = {d for d in work.volunteers if d in online}
-        alive = sorted(delivered | volunteers_alive | set(request.eligible))
+        alive = sorted(
+            (delivered | volunteers_alive | set(request.eligible)) - work.dropped
+        )
         try_index, selected = fallback_selection(
-            work.tentative, candidates, alive, request.k, request.rng
+            tries, candidates, alive, request.k, request.rng
         )
         logger.warning(
             "round %d: agent %s unavailable or no complete try; fallback to try %s",
@@ -374,6 +410,8 @@ class DubheSelection(SelectionMethod):
     def _agent(self, work: _Round, request: SelectionRequest) -> Selection | None:
         if work.answer is not None:
             return work.answer
+        if work.bad_sums is not None:
+            return self._after_bad_sums(work, request)
         ctx = self._context()
         epoch = ctx.epoch_view()
         agent = None if epoch is None else epoch.agent
@@ -389,7 +427,50 @@ class DubheSelection(SelectionMethod):
             "offline" if agent_gone else "silent past the deadline",
             candidates[0],
         )
-        return Selection(work.tentative[candidates[0]], candidates[0], rekey=True)
+        return Selection(work.tries()[candidates[0]], candidates[0], rekey=True)
+
+    def _after_bad_sums(
+        self, work: _Round, request: SelectionRequest
+    ) -> Selection | None:
+        """Every try sum was bad: drop a suspect and sum again, or select around.
+
+        Never a re-key: the agent answered, and what it refused is one device's
+        contribution, not the epoch's key.
+        """
+        bad, work.bad_sums = work.bad_sums or (), None
+        suspects = common_suspects(work.tries(), bad)
+        if suspects and work.resums < MAX_RESUMS:
+            culprit = suspects[int(request.rng.integers(len(suspects)))]
+            work.dropped.add(culprit)
+            work.resums += 1
+            candidates = complete_tries(work.tries(), set(work.distributions))
+            logger.warning(
+                "round %d: every try sum bad (%s); dropping %s (%d in every bad "
+                "try) and summing %d tries again",
+                work.round,
+                ", ".join(map(str, bad)),
+                culprit,
+                len(suspects),
+                len(candidates),
+            )
+            if candidates:
+                work.candidates = candidates
+                self._context().store.set_candidates(work.round, candidates)
+                work.deadline_at = request.now + self._agent_s
+                self._send_try_sums(work)
+                return None
+        spoilt = {d for h in bad for d in work.tries()[h]} | work.dropped
+        clean = sorted(set(request.eligible) - spoilt)
+        pool = clean if len(clean) >= request.k else sorted(request.eligible)
+        chosen = request.rng.permutation(len(pool))[: request.k]
+        logger.warning(
+            "round %d: every try sum bad and no single suspect; a uniform "
+            "selection from %d devices %s, no new key epoch",
+            work.round,
+            len(pool),
+            "outside the bad tries" if pool is clean else "(all eligible)",
+        )
+        return Selection(tuple(sorted(pool[int(i)] for i in chosen)), None)
 
     # --- sending --------------------------------------------------------------------
 
@@ -413,7 +494,7 @@ class DubheSelection(SelectionMethod):
         epoch = ctx.epoch_view()
         if epoch is None or epoch.public_key is None or work.tentative is None:
             return
-        public_key, tentative = epoch.public_key, work.tentative
+        public_key, tentative = epoch.public_key, work.tries()
         candidates = work.candidates or ()
         sums = tuple(
             sum_encrypted(
@@ -425,6 +506,7 @@ class DubheSelection(SelectionMethod):
             federation=ctx.federation,
             round=work.round,
             sender=COORDINATOR,
+            message_id=derived_id("try_sums", work.epoch, work.round, work.resums),
             sums=sums,
             member_counts=tuple(len(tentative[h]) for h in candidates),
         )
@@ -494,19 +576,45 @@ class DubheSelection(SelectionMethod):
         if device in work.distributions:
             logger.info("duplicate distribution of %s ignored", device)
             return
+        if device in work.dropped:
+            raise RejectedError(
+                ErrorCode.UNAUTHORISED, f"dropped from round {work.round}'s tries"
+            )
         try:
             vector = encrypted_vector_from(
                 message.distribution, epoch.public_key, num_parties=1
             )
         except CryptoError as exc:
-            raise RejectedError(ErrorCode.BAD_CIPHERTEXT, str(exc)) from None
+            self._drop_malformed(work, device, str(exc))
+        layout = DISTRIBUTION_CODEC.layout(work.k, epoch.public_key.key_bits)
+        needed = layout.num_plaintexts(self._num_classes)
         if vector.length != self._num_classes:
-            raise RejectedError(
-                ErrorCode.BAD_CIPHERTEXT,
+            self._drop_malformed(
+                work,
+                device,
                 f"distribution has {vector.length} values, not {self._num_classes}",
+            )
+        if len(vector.ciphertexts) != needed:
+            self._drop_malformed(
+                work,
+                device,
+                f"distribution has {len(vector.ciphertexts)} ciphertexts; "
+                f"{self._num_classes} values for K={work.k} take {needed}",
             )
         ctx.store.add_distribution(work.round, device, message.distribution)
         work.distributions[device] = vector
+
+    def _drop_malformed(self, work: _Round, device: str, reason: str) -> NoReturn:
+        """Drop `device` from the round's tries (they go on without it); refuse."""
+        work.dropped.add(device)
+        logger.warning(
+            "round %d: %s's distribution is malformed (%s); its tries go on "
+            "without it",
+            work.round,
+            device,
+            reason,
+        )
+        raise RejectedError(ErrorCode.BAD_CIPHERTEXT, reason)
 
     def _on_agent_answer(self, message: AgentAnswer) -> None:
         device = message.sender  # admission checked it is the topic's device
@@ -523,13 +631,25 @@ class DubheSelection(SelectionMethod):
         except CryptoError as exc:
             raise RejectedError(ErrorCode.BAD_SIGNATURE, str(exc)) from None
         candidates = work.candidates or ()
-        if not 0 <= message.best_try < len(candidates) or work.tentative is None:
+        best = message.best_try
+        named = (*message.bad_tries, *(() if best is None else (best,)))
+        if any(p >= len(candidates) for p in named) or work.tentative is None:
             raise RejectedError(
                 ErrorCode.MALFORMED,
-                f"best_try {message.best_try} outside the {len(candidates)} sums",
+                f"try positions {named} outside the {len(candidates)} sums",
             )
-        h = candidates[message.best_try]
-        work.answer = Selection(work.tentative[h], h)
+        if message.bad_tries:
+            logger.warning(
+                "round %d: agent found try sums %s bad (of %d)",
+                work.round,
+                ", ".join(str(candidates[p]) for p in message.bad_tries),
+                len(candidates),
+            )
+        if best is None:  # every sum bad: the next step drops a suspect
+            work.bad_sums = tuple(candidates[p] for p in message.bad_tries)
+            return
+        h = candidates[best]
+        work.answer = Selection(work.tries()[h], h)
 
     def _on_sealed_ranks(self, message: SealedRanks) -> None:
         """A page's sealed ranks: relay each entry's first box to its device."""

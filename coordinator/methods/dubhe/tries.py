@@ -16,7 +16,14 @@ import numpy as np
 from ursa.coordinator.device_sets import IndexedDevices
 from ursa.coordinator.selection import draw_tries
 
-__all__ = ["complete_tries", "fallback_selection", "make_tries", "short_tries"]
+__all__ = [
+    "common_suspects",
+    "complete_tries",
+    "fallback_selection",
+    "make_tries",
+    "short_tries",
+    "without",
+]
 
 
 def make_tries(
@@ -67,8 +74,32 @@ def short_tries(
 def complete_tries(
     tries: Sequence[Sequence[str]], delivered: set[str] | frozenset[str]
 ) -> tuple[int, ...]:
-    """Indices of the tries all of whose members delivered their distribution."""
-    return tuple(h for h, members in enumerate(tries) if set(members) <= delivered)
+    """Indices of the non-empty tries all of whose members delivered."""
+    return tuple(
+        h for h, members in enumerate(tries) if members and set(members) <= delivered
+    )
+
+
+def without(
+    tries: Sequence[Sequence[str]], dropped: Set[str]
+) -> tuple[tuple[str, ...], ...]:
+    """The tries with the `dropped` members taken out (order kept, maybe empty)."""
+    return tuple(tuple(d for d in members if d not in dropped) for members in tries)
+
+
+def common_suspects(
+    tries: Sequence[Sequence[str]], bad: Iterable[int]
+) -> tuple[str, ...]:
+    """Members in every bad try: the only devices one cheater can be (sorted).
+
+    The coordinator sees which sums the agent found bad, never a distribution:
+    a single malformed contribution spoils every try it is summed into, so its
+    sender is in all of them. Empty when no member is (two cheaters, or none).
+    """
+    sets = [set(tries[h]) for h in bad]
+    if not sets:
+        return ()
+    return tuple(sorted(set.intersection(*sets)))
 
 
 def fallback_selection(

@@ -37,6 +37,7 @@ from ursa.crypto.encoding import PackingLayout
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import (
+    PaillierSecretKey,
     decrypt_real_sum,
     decrypt_vector,
     encrypt_reals,
@@ -59,6 +60,7 @@ from ursa.edge_sdk.methods.dubhe.ranks import (
 from ursa.edge_sdk.registration import (
     best_try,
     participation_probability,
+    plausible_try_sum,
     stratified_volunteer,
     volunteer,
 )
@@ -321,33 +323,63 @@ class Dubhe(DeviceMethod):
         )
 
     def _on_try_sums(self, message: TrySums) -> None:
+        """As agent: decrypt each try's sum; answer the best, and the bad ones.
+
+        A sum that does not decrypt within its bounds, or whose totals no
+        ``count`` honest distributions produce, is named bad (signed) instead
+        of failing the whole answer: the coordinator drops its culprit.
+        """
         ctx, announce = self.ctx, self._current_round(message.round)
         keys = ctx.keys(announce.epoch)
         secret_key = keys.secret_key
         if keys.notice.agent != ctx.device_id or secret_key is None:
             raise ValueError("try sums, but this device is not the agent")
         started = time.perf_counter()
-        sums = []
-        for blob, count in zip(message.sums, message.member_counts, strict=True):
-            vector = encrypted_vector_from(blob, secret_key.public_key)
-            if vector.num_parties != count:
-                raise ValueError(
-                    "a try sum's party count differs from its member count"
+        sums: dict[int, NDArray[np.float64]] = {}
+        pairs = zip(message.sums, message.member_counts, strict=True)
+        for h, (blob, count) in enumerate(pairs):
+            totals = _try_totals(secret_key, announce.k, blob, count)
+            if totals is None or not plausible_try_sum(totals, count):
+                logger.warning(
+                    "%s: round %d: try sum %d of %d members is bad",
+                    ctx.device_id,
+                    message.round,
+                    h,
+                    count,
                 )
-            sums.append(
-                decrypt_real_sum(secret_key, DISTRIBUTION_CODEC, announce.k, vector)
-            )
-        best = best_try(np.stack(sums), np.asarray(message.member_counts))
+                continue
+            sums[h] = totals
+        good = sorted(sums)
+        counts = np.asarray(message.member_counts)[good]
+        best = (
+            good[best_try(np.stack([sums[h] for h in good]), counts)] if good else None
+        )
         ctx.stats.crypto_s += time.perf_counter() - started
         me = ctx.device_id
         answer = AgentAnswer(
             federation=ctx.federation,
             round=message.round,
             sender=me,
-            message_id=derived_id(me, "answer", announce.epoch, message.round),
+            message_id=derived_id(
+                me, "answer", announce.epoch, message.round, message.message_id
+            ),
             best_try=best,
+            bad_tries=tuple(h for h in range(len(message.sums)) if h not in sums),
         )
         ctx.send(ctx.signed(answer))
+
+
+def _try_totals(
+    secret_key: PaillierSecretKey, k: int, blob: bytes, count: int
+) -> NDArray[np.float64] | None:
+    """One try's decrypted class totals; None when the sum is malformed."""
+    try:
+        vector = encrypted_vector_from(blob, secret_key.public_key)
+        if vector.num_parties != count:
+            raise CryptoError(f"{vector.num_parties} parties for {count} members")
+        return decrypt_real_sum(secret_key, DISTRIBUTION_CODEC, k, vector)
+    except CryptoError:
+        return None
 
 
 def _agent_identity(keys: EpochKeys) -> DevicePublicIdentity:
