@@ -608,8 +608,7 @@ class DubheSelection(SelectionMethod):
         """Drop `device` from the round's tries (they go on without it); refuse."""
         work.dropped.add(device)
         logger.warning(
-            "round %d: %s's distribution is malformed (%s); its tries go on "
-            "without it",
+            "round %d: %s's distribution is malformed (%s); its tries go on without it",
             work.round,
             device,
             reason,
