@@ -6,6 +6,7 @@ fields refused)::
     [[methods]]
     kind = "dubhe"                    # selection: the encrypted registry (or "random")
     draw = "paper"                    # or "stratified" (ursa's option)
+    max_participation = 0.5           # at most this share of any 20 rounds
 
     [[methods]]
     kind = "climb"                    # training: FedAvg weighted by CLIMB's duals
@@ -83,6 +84,15 @@ class DubheSpec(_Spec):
     role: ClassVar[MethodRole] = MethodRole.SELECTION
     kind: Literal["dubhe"] = "dubhe"
     draw: Draw = "paper"
+    max_participation: float = Field(default=0.5, gt=0.0, le=1.0)
+    """Largest share of any ``participation_window`` consecutive rounds one
+    device is selected in (coordinator only; 1.0: no cap). A device's draws
+    are private, so one that always volunteers looks like an honest device
+    of a rare category; the cap bounds what it gains. 0.5: no device in more
+    than half the rounds, at a measured cost in balance
+    (docs/bounded_influence.md, "Selection")."""
+    participation_window: int = Field(default=20, ge=1, le=10_000)
+    """The cap's sliding window, in rounds."""
 
 
 class RandomSpec(_Spec):

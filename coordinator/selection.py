@@ -18,7 +18,7 @@ round costs O(H·K + volunteers) whatever the fleet's size.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Protocol
 
 import numpy as np
@@ -55,6 +55,7 @@ def draw_tries(
     k: int,
     tries: int,
     rng: np.random.Generator,
+    excluded: Set[str] = frozenset(),
 ) -> tuple[tuple[str, ...], ...]:
     """Per try, exactly K devices: trim the volunteers or top them up (uniformly).
 
@@ -71,6 +72,8 @@ def draw_tries(
     repeats (each draw is accepted with probability above 1/2), so the cost
     is O(H·K + volunteers) whatever the fleet's size. Either way a seeded
     generator reproduces the sets for the same ``eligible`` order.
+    ``excluded`` devices (Dubhe's participation cap) are in no try, as
+    volunteers or as top-ups; the eligible others must number at least K.
 
     Returns:
         H tuples of K device ids, each sorted.
@@ -81,8 +84,10 @@ def draw_tries(
     if k < 1:
         raise SelectionError(f"K={k} must be at least 1")
     size = len(eligible)
+    if excluded:
+        volunteers = {d: v for d, v in volunteers.items() if d not in excluded}
     if size < DENSE_FACTOR * k * tries:
-        return _dense_tries(volunteers, eligible, k, tries, rng)
+        return _dense_tries(volunteers, eligible, k, tries, rng, excluded)
     ordered = sorted(volunteers)
     sets: list[tuple[str, ...]] = []
     for h in range(tries):
@@ -91,7 +96,7 @@ def draw_tries(
             picked = rng.choice(len(pool), size=k, replace=False)
             sets.append(tuple(sorted(pool[int(i)] for i in picked)))
             continue
-        taken, chosen = set(pool), list(pool)
+        taken, chosen = set(pool) | set(excluded), list(pool)
         while len(chosen) < k:
             for position in rng.integers(0, size, size=REJECTION_BATCH):
                 device = eligible.at(int(position))
@@ -110,9 +115,10 @@ def _dense_tries(
     k: int,
     tries: int,
     rng: np.random.Generator,
+    excluded: Set[str] = frozenset(),
 ) -> tuple[tuple[str, ...], ...]:
     """`draw_tries` of a small fleet: every device sorted, `finalize_selections`."""
-    online = {eligible.at(i) for i in range(len(eligible))}
+    online = {eligible.at(i) for i in range(len(eligible))} - excluded
     devices = sorted(online.union(volunteers))
     draws = np.zeros((tries, len(devices)), dtype=bool)
     up = np.zeros(len(devices), dtype=bool)

@@ -11,7 +11,9 @@ from collections.abc import Callable, Mapping
 
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.methods.dubhe import DubheSelection
+from ursa.coordinator.methods.dubhe.participation import ParticipationCap
 from ursa.coordinator.methods.random import RandomSelection
+from ursa.coordinator.methods_config import DubheSpec
 from ursa.coordinator.selection_method import SelectionMethod
 
 __all__ = ["SELECTION_METHODS", "selection_method"]
@@ -19,6 +21,12 @@ __all__ = ["SELECTION_METHODS", "selection_method"]
 
 def _dubhe(config: CoordinatorConfig) -> SelectionMethod:
     d = config.deadlines
+    spec = config.selection_method()
+    cap = (
+        ParticipationCap(spec.max_participation, spec.participation_window)
+        if isinstance(spec, DubheSpec)
+        else None
+    )
     return DubheSelection(
         tries=config.tries,
         num_classes=config.registry.num_classes,
@@ -26,6 +34,7 @@ def _dubhe(config: CoordinatorConfig) -> SelectionMethod:
         distributions_s=d.distributions_s,
         agent_s=d.agent_s,
         draw="stratified" if config.stratified_draw() else "paper",
+        cap=cap,
     )
 
 

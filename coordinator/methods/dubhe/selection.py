@@ -39,6 +39,11 @@ starts a new key epoch before the next round (the agent holds the only
 answer the protocol trusts). With no complete try, try 0 is repaired from
 devices that did deliver, topped up to K.
 
+PARTICIPATION CAP: a device selected in ``limit`` of the last ``window``
+rounds is in no try of the next (`ursa.coordinator.methods.dubhe.
+participation`), as a volunteer or a top-up; its counts are rebuilt from the
+store's round records after a restart.
+
 RANKS (stratified draw, the epoch's first round only): before its devices
 can draw, each registrant needs its rank. The coordinator sends the agent
 the epoch's anonymous registrations in `RankRequest` pages and relays each
@@ -66,6 +71,7 @@ from typing import ClassVar, NoReturn
 
 from ursa._compat import StrEnum
 from ursa.coordinator.core import derived_id
+from ursa.coordinator.methods.dubhe.participation import ParticipationCap
 from ursa.coordinator.methods.dubhe.ranks import (
     RANKS_DONE_KEY,
     RANKS_KEY,
@@ -184,6 +190,7 @@ class DubheSelection(SelectionMethod):
         distributions_s: The window for the members' distributions.
         agent_s: The window for the agent's answer.
         draw: ``"paper"`` or ``"stratified"`` (the devices' volunteer draw).
+        cap: The participation cap (None: none).
     """
 
     name: ClassVar[str] = "dubhe"
@@ -197,6 +204,7 @@ class DubheSelection(SelectionMethod):
         distributions_s: float,
         agent_s: float,
         draw: str = "paper",
+        cap: ParticipationCap | None = None,
     ) -> None:
         if draw not in ("paper", "stratified"):
             raise ValueError(f"unknown draw {draw!r}: 'paper' or 'stratified'")
@@ -210,6 +218,8 @@ class DubheSelection(SelectionMethod):
         self._agent_s = agent_s
         self._ctx: SelectionContext | None = None
         self._round: _Round | None = None
+        self._cap = cap
+        self._cap_loaded = False
 
     @property
     def private_selection(self) -> bool:
@@ -247,6 +257,7 @@ class DubheSelection(SelectionMethod):
 
     def open_round(self, request: SelectionRequest) -> None:
         """A new round: collect volunteers for one window (ranks first if owed)."""
+        self._load_cap(request.round)
         self._round = _Round(
             request.round,
             request.epoch,
@@ -264,6 +275,7 @@ class DubheSelection(SelectionMethod):
         if record is None or record.epoch != request.epoch:
             self.open_round(request)
             return
+        self._load_cap(request.round)
         work = self._restored(record, request.now)
         work.k = request.k
         self._round = work
@@ -296,6 +308,8 @@ class DubheSelection(SelectionMethod):
             selection = steps[step](work, request)
             if selection is not None:
                 work.step = DubheStep.SELECTED
+                if self._cap is not None:
+                    self._cap.record(work.round, selection.selected)
                 return selection
             if work.step is step:
                 return None
@@ -362,7 +376,12 @@ class DubheSelection(SelectionMethod):
             len(eligible),
         )
         tentative = make_tries(
-            work.volunteers, eligible, request.k, self._tries, request.rng
+            work.volunteers,
+            eligible,
+            request.k,
+            self._tries,
+            request.rng,
+            self._held_back(work.round, eligible, request.k),
         )
         work.tentative = tentative
         self._context().store.set_tries(work.round, tentative)
@@ -740,6 +759,49 @@ class DubheSelection(SelectionMethod):
         for page in handout.pages_to_send(again=again):
             message = handout.request(page, self._entries, ctx.federation, round_index)
             ctx.send(message, epoch.agent)
+
+    # --- the participation cap --------------------------------------------------------
+
+    def _load_cap(self, round_index: int) -> None:
+        """Once per start: the cap's counts from the store's last window of rounds."""
+        cap = self._cap
+        if cap is None or self._cap_loaded:
+            return
+        self._cap_loaded = True
+        store = self._context().store
+        first = max(1, round_index - cap.window + 1)
+        stored = (store.round(r) for r in range(first, round_index))
+        cap.restore(
+            (r.round, r.selected) for r in stored if r is not None and r.selected
+        )
+
+    def _held_back(
+        self, round_index: int, eligible: Set[str], k: int
+    ) -> frozenset[str]:
+        """Devices over the cap this round; none when the rest are fewer than K."""
+        if self._cap is None:
+            return frozenset()
+        held = self._cap.capped(round_index)
+        if not held:
+            return held
+        if len(eligible) - sum(1 for d in held if d in eligible) < k:
+            logger.warning(
+                "round %d: without the %d devices at the participation cap "
+                "fewer than K=%d are eligible; the cap is lifted this round",
+                round_index,
+                len(held),
+                k,
+            )
+            return frozenset()
+        logger.info(
+            "round %d: %d devices at the participation cap (%d of %d rounds) "
+            "sit this round out",
+            round_index,
+            len(held),
+            self._cap.limit,
+            self._cap.window,
+        )
+        return held
 
     # --- plumbing ---------------------------------------------------------------------
 

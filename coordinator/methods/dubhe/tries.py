@@ -32,6 +32,7 @@ def make_tries(
     k: int,
     tries: int,
     rng: np.random.Generator,
+    excluded: Set[str] = frozenset(),
 ) -> tuple[tuple[str, ...], ...]:
     """The H tentative sets of exactly K from the volunteers' per-try draws.
 
@@ -43,7 +44,8 @@ def make_tries(
     The runtime's eligible devices are an `IndexedDevices` kept per event,
     so the top-up draws by position: O(H·K + volunteers) per round whatever
     the fleet's size (`draw_tries`). Any other collection is sorted by id
-    first (O(N log N)), so a seeded generator is reproducible.
+    first (O(N log N)), so a seeded generator is reproducible. ``excluded``
+    devices (over the participation cap) are in no try.
 
     Raises:
         SelectionError: fewer than K devices to choose from in some try.
@@ -53,7 +55,7 @@ def make_tries(
         if isinstance(eligible, IndexedDevices)
         else IndexedDevices(sorted(set(eligible)))
     )
-    return draw_tries(volunteers, indexed, k, tries, rng)
+    return draw_tries(volunteers, indexed, k, tries, rng, excluded)
 
 
 def short_tries(
