@@ -28,6 +28,7 @@ from ursa.coordinator.identity_refusals import IdentityRefusals
 from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.refusal_log import RefusalLog, Stored
+from ursa.coordinator.registry_check import RegistryChecking
 from ursa.coordinator.rounds import RoundState, Stage, advance
 from ursa.coordinator.seal_pages import SealPaging
 from ursa.coordinator.selection_method import SelectionMethod
@@ -92,6 +93,8 @@ class EpochWork:
     pending: set[str] | None = None
     """Online recipients not yet registered nor sitting out; built when
     registration opens, shrunk on each registration, departure and sit-out."""
+    check: RegistryChecking | None = None
+    """The agent's one-hot check of the registrations (registration closed)."""
     members: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -43,6 +43,7 @@ import logging
 from ursa.coordinator.core import EpochWork, ServiceCore, derived_id
 from ursa.coordinator.enrolment import device_keys_of
 from ursa.coordinator.identity_refusals import REFUSAL_REKEYS_KEY
+from ursa.coordinator.registry_check import RegistryCheckError, RegistryChecking
 from ursa.coordinator.rounds import Stage, advance
 from ursa.coordinator.seal_pages import BoxVerdict, SealPaging
 from ursa.crypto.errors import CryptoError
@@ -51,6 +52,7 @@ from ursa.crypto.paillier import (
     PaillierPublicKey,
     add_encrypted,
     encrypted_vector_from,
+    sum_encrypted,
 )
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.envelope import encode, signing_bytes
@@ -62,6 +64,7 @@ from ursa.protocol.messages import (
     KeyEpochStart,
     Registration,
     RegistrySum,
+    RegistryVerdict,
     SealedKeys,
     SealedSecretKey,
     SealRequest,
@@ -249,12 +252,15 @@ class EpochStages(ServiceCore):
         if work.pending is None:  # once per epoch (and after a restart)
             online = work.members & self._online
             work.pending = set(online - self._sitting_out() - work.registered)
-        all_in = bool(work.registered) and not work.pending
-        if not (all_in or self._deadline_passed(now)):
-            return
+        if work.check is None:
+            all_in = bool(work.registered) and not work.pending
+            if not (all_in or self._deadline_passed(now)):
+                return
         if work.running_sum is None:
             logger.warning("key epoch %d: nobody registered; new epoch", work.epoch)
             self._start_key_epoch(now, frozenset({work.agent}))
+            return
+        if not self._registry_checked(work, now):
             return
         message = RegistrySum(
             federation=self._config.federation,
@@ -480,7 +486,8 @@ class EpochStages(ServiceCore):
         if device in work.registered:
             logger.info("duplicate registration of %s ignored", device)
             return
-        if self._state.stage is not Stage.REGISTRATION or work.public_key is None:
+        closed = self._state.stage is not Stage.REGISTRATION or work.check is not None
+        if closed or work.public_key is None:
             raise RejectedError(ErrorCode.LATE, "registration is closed")
         stratified = self._config.stratified_draw()
         if stratified != (message.rank_key is not None):
@@ -507,9 +514,7 @@ class EpochStages(ServiceCore):
             total = vector
         else:
             total = add_encrypted(work.public_key, work.running_sum, vector)
-        rank_entry = (
-            None if message.rank_key is None else (message.registry, message.rank_key)
-        )
+        rank_entry = (message.registry, message.rank_key or b"")
         self._store.add_registration(
             work.epoch, device, total.to_bytes(work.public_key), rank_entry
         )
@@ -518,3 +523,110 @@ class EpochStages(ServiceCore):
         self._epoch_device_changed(device)
         if work.pending is not None:
             work.pending.discard(device)
+
+    # --- the agent's one-hot check (bounded influence: selection) -------------
+
+    def _registry_checked(self, work: EpochWork, now: float) -> bool:
+        """Whether the agent checked every registration; starts the check.
+
+        `ursa.coordinator.registry_check`. A stalled agent is asked again
+        after ``agent_s``; one gone offline ends the epoch (a new agent).
+        """
+        check = work.check
+        if check is None:
+            blobs = self._store.registry_blobs(work.epoch)
+            check = work.check = RegistryChecking.start(work.epoch, blobs, self._rng)
+            logger.info(
+                "key epoch %d: agent %s checks %d registrations in %d pages",
+                work.epoch,
+                work.agent,
+                len(blobs),
+                check.paging.num_pages,
+            )
+            self._send_registry_check(work, check, now, again=False)
+            return False
+        if check.is_complete:
+            return True
+        if work.agent not in self._online:
+            logger.warning(
+                "key epoch %d: agent %s offline before checking the "
+                "registrations; new epoch",
+                work.epoch,
+                work.agent,
+            )
+            self._start_key_epoch(now, frozenset({work.agent}))
+        elif now - check.sent_at >= self._config.deadlines.agent_s:
+            logger.warning(
+                "key epoch %d: no registry verdict from agent %s for %.0f s; "
+                "asking again",
+                work.epoch,
+                work.agent,
+                now - check.sent_at,
+            )
+            self._send_registry_check(work, check, now, again=True)
+        return False
+
+    def _send_registry_check(
+        self, work: EpochWork, check: RegistryChecking, now: float, *, again: bool
+    ) -> None:
+        check.sent_at = now
+        federation, round_index = self._config.federation, self._state.round
+        for request in check.requests(federation, round_index, again=again):
+            self._send(request, work.agent)
+
+    def _on_registry_verdict(self, message: RegistryVerdict) -> None:
+        """The agent's signed verdict on one page: leave its bad entries out."""
+        work = self._current_epoch(message.epoch)
+        check = work.check
+        if message.sender != work.agent or check is None:
+            raise RejectedError(
+                ErrorCode.UNAUTHORISED, "only the agent answers a registry check"
+            )
+        try:
+            verify_signature(
+                self._enrolled[work.agent], signing_bytes(message), message.signature
+            )
+            fresh = check.record(message.page, message.entries, message.bad)
+        except CryptoError as exc:
+            raise RejectedError(ErrorCode.BAD_SIGNATURE, str(exc)) from None
+        except RegistryCheckError as exc:
+            raise RejectedError(ErrorCode.MALFORMED, str(exc)) from None
+        if not fresh:
+            return
+        check.sent_at = self._clock()
+        if not check.is_complete:
+            self._send_registry_check(work, check, check.sent_at, again=False)
+            return
+        if check.excluded:
+            self._exclude_registrations(work, check)
+
+    def _exclude_registrations(self, work: EpochWork, check: RegistryChecking) -> None:
+        """Take the registrations the agent refused out of the epoch and its sum."""
+        public_key = work.public_key
+        assert public_key is not None
+        good = check.good()
+        for device in check.excluded:
+            work.registered.discard(device)
+            self._epoch_device_changed(device)
+        work.running_sum = (
+            sum_encrypted(
+                public_key,
+                (
+                    encrypted_vector_from(check.blobs[d], public_key, num_parties=1)
+                    for d in good
+                ),
+            )
+            if good
+            else None
+        )
+        total = (
+            None if work.running_sum is None else work.running_sum.to_bytes(public_key)
+        )
+        self._store.drop_registrations(work.epoch, sorted(check.excluded), total)
+        logger.warning(
+            "key epoch %d: %d registrations are not one-hot (%s); left out of the "
+            "epoch and its registry sum",
+            work.epoch,
+            len(check.excluded),
+            ", ".join(sorted(check.excluded)),
+        )

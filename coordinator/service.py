@@ -106,6 +106,7 @@ from ursa.protocol.messages import (
     Heartbeat,
     Hello,
     Registration,
+    RegistryVerdict,
     SealedKeys,
     SealedSecretKey,
     Status,
@@ -797,6 +798,7 @@ class CoordinatorService(Recovery):
         router.register(SealedSecretKey, self._on_sealed_secret_key, owner=own)
         router.register(SealedKeys, self._on_sealed_keys, owner=own)
         router.register(Registration, self._on_registration, owner=own)
+        router.register(RegistryVerdict, self._on_registry_verdict, owner=own)
         router.register(ErrorReply, self._on_error_reply, owner=own)
         router.register(Heartbeat, lambda m: None, owner=own)
         return router

@@ -47,6 +47,7 @@ import json
 import logging
 import secrets
 import sqlite3
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -534,8 +535,9 @@ class CoordinatorStore:
     ) -> None:
         """One more registrant and the new running sum.
 
-        ``rank_entry``: the stratified draw's (registry ciphertext, one-time
-        public key), kept for the epoch's rank hand-out.
+        ``rank_entry``: (registry ciphertext, the stratified draw's one-time
+        public key or b""), kept for the agent's one-hot check and the
+        epoch's rank hand-out.
         """
         with self.transaction():
             self._write("INSERT INTO registrations VALUES (?, ?)", (epoch, device_id))
@@ -548,6 +550,29 @@ class CoordinatorStore:
                     "INSERT INTO rank_entries VALUES (?, ?, ?, ?)",
                     (epoch, device_id, *rank_entry),
                 )
+
+    def registry_blobs(self, epoch: int) -> dict[str, bytes]:
+        """Device -> registry ciphertext of an epoch's registrants (the check's)."""
+        rows = self._exec(
+            "SELECT device_id, registry FROM rank_entries WHERE epoch = ?", (epoch,)
+        ).fetchall()
+        return {str(r[0]): bytes(r[1]) for r in rows}
+
+    def drop_registrations(
+        self, epoch: int, devices: Sequence[str], running_sum: bytes | None
+    ) -> None:
+        """Registrants the agent's check left out, and the sum of the others."""
+        with self.transaction():
+            for device in devices:
+                for table in ("registrations", "rank_entries"):
+                    self._write(
+                        f"DELETE FROM {table} WHERE epoch = ? AND device_id = ?",
+                        (epoch, device),
+                    )
+            self._write(
+                "UPDATE epochs SET running_sum = ? WHERE epoch = ?",
+                (running_sum, epoch),
+            )
 
     def rank_entries(self, epoch: int) -> dict[str, tuple[bytes, bytes]]:
         """Device -> (registry ciphertext, one-time key) of an epoch's registrants."""

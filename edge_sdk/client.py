@@ -88,6 +88,7 @@ from ursa.protocol.messages import (
     Hello,
     KeyEpochStart,
     ModelAvailable,
+    RegistryCheck,
     RegistrySum,
     Relay,
     SealedSecretKey,
@@ -627,6 +628,7 @@ class EdgeClient(EpochSteps, EndSteps):
         router.register(AgentPublicKey, self._on_agent_public_key, owner=epoch)
         router.register(SealedSecretKey, self._on_sealed_secret_key, owner=epoch)
         router.register(RegistrySum, self._on_registry_sum, owner=rounds)
+        router.register(RegistryCheck, self._on_registry_check, owner=rounds)
         router.register(SelectionResult, self._on_selection_result, owner=rounds)
         router.register(ModelAvailable, self._on_model_available, owner=model)
         router.register(TransferManifest, self._on_manifest, owner=model)

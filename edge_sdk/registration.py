@@ -128,6 +128,11 @@ def registry_vector(index: int, codebook: Codebook) -> NDArray[np.int64]:
     return vector
 
 
+def is_one_hot(values: Sequence[int]) -> bool:
+    """Whether a decrypted registration is an honest registry: one 1, all else 0."""
+    return all(v in (0, 1) for v in values) and sum(values) == 1
+
+
 def _registry(registry_sum: NDArray[np.integer]) -> NDArray[np.int64]:
     r = np.asarray(registry_sum)
     if r.ndim != 1 or (r < 0).any() or not np.issubdtype(r.dtype, np.integer):

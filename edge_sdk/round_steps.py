@@ -16,7 +16,9 @@ import time
 import numpy as np
 
 from ursa.crypto.encoding import PackingLayout
+from ursa.crypto.errors import CryptoError
 from ursa.crypto.paillier import (
+    PaillierSecretKey,
     decrypt_vector,
     encrypt_vector,
     encrypted_vector_from,
@@ -27,6 +29,7 @@ from ursa.edge_sdk.device_core import (
     derived_id,
 )
 from ursa.edge_sdk.registration import (
+    is_one_hot,
     registry_vector,
 )
 from ursa.edge_sdk.trainer import TrainingReport
@@ -34,7 +37,9 @@ from ursa.protocol.codebook import Codebook
 from ursa.protocol.messages import (
     ErrorCode,
     Registration,
+    RegistryCheck,
     RegistrySum,
+    RegistryVerdict,
     SelectionResult,
 )
 from ursa.protocol.router import NotReadyError
@@ -79,6 +84,48 @@ class RoundSteps(DeviceCore):
             )
         )
         self._registered_epoch = epoch.epoch
+
+    def _on_registry_check(self, message: RegistryCheck) -> None:
+        """As agent: name the page's registrations that are not one-hot, signed.
+
+        The entries come shuffled and without device ids; a registration of,
+        say, +5 on one slot and -1 on four others adds up like an honest one,
+        so only a look at each one finds it.
+        """
+        epoch = self._require_epoch(message.epoch)
+        secret_key = self._secret_key
+        if epoch.agent != self.device_id or secret_key is None:
+            raise ValueError("registry check, but this device is not the agent")
+        started = time.perf_counter()
+        layout = PackingLayout(1, epoch.max_parties, epoch.key_bits)
+        length = Codebook(epoch.num_classes, epoch.groups).length
+        bad = tuple(
+            j
+            for j, blob in enumerate(message.registries)
+            if not _one_hot(secret_key, layout, length, blob)
+        )
+        self.stats.crypto_s += time.perf_counter() - started
+        if bad:
+            logger.warning(
+                "%s: %d of %d registrations on page %d are not one-hot",
+                self.device_id,
+                len(bad),
+                len(message.registries),
+                message.page,
+            )
+        verdict = RegistryVerdict(
+            federation=self._config.federation,
+            round=0,
+            sender=self.device_id,
+            message_id=derived_id(
+                self.device_id, "registry_verdict", epoch.epoch, message.message_id
+            ),
+            epoch=epoch.epoch,
+            page=message.page,
+            entries=len(message.registries),
+            bad=bad,
+        )
+        self._send(self._signed(verdict))
 
     def _on_registry_sum(self, message: RegistrySum) -> None:
         epoch = self._require_epoch(message.epoch)
@@ -144,3 +191,16 @@ class RoundSteps(DeviceCore):
             round_index,
             report.num_examples,
         )
+
+
+def _one_hot(
+    secret_key: PaillierSecretKey, layout: PackingLayout, length: int, blob: bytes
+) -> bool:
+    """Whether one registration decrypts to a one-hot registry of `length` slots."""
+    try:
+        vector = encrypted_vector_from(blob, secret_key.public_key, num_parties=1)
+        if vector.length != length:
+            return False
+        return is_one_hot(decrypt_vector(secret_key, layout, vector))
+    except CryptoError:
+        return False

@@ -74,7 +74,9 @@ from ursa.protocol.messages.dubhe import (
     RankEntry,
     RankRequest,
     Registration,
+    RegistryCheck,
     RegistrySum,
+    RegistryVerdict,
     SealedRank,
     SealedRanks,
     TryAssignment,
@@ -250,7 +252,9 @@ __all__ = [
     "RedundancyReply",
     "RedundancyResult",
     "Registration",
+    "RegistryCheck",
     "RegistrySum",
+    "RegistryVerdict",
     "Relay",
     "ResampleRequest",
     "RevealedShare",
@@ -300,6 +304,8 @@ Message = Annotated[
     | SealedKeys
     | Registration
     | RegistrySum
+    | RegistryCheck
+    | RegistryVerdict
     | RankRequest
     | SealedRanks
     | SealedRank

@@ -71,6 +71,53 @@ class RegistrySum(BaseMessage):
     num_parties: Positive
 
 
+class RegistryCheck(BaseMessage):
+    """Coordinator to agent: one page of the epoch's registries, shuffled, no ids.
+
+    Sent when registration closes, before the `RegistrySum`: the agent
+    decrypts each entry and names those that are not one-hot (exactly one
+    slot 1, the others 0), so they leave the sum. The order over all pages is
+    a uniformly random permutation of the registrants; `page` counts from 0.
+    """
+
+    kind: Literal["registry_check"] = "registry_check"
+    epoch: Count
+    page: Count = 0
+    pages: Positive = 1
+    registries: Annotated[
+        tuple[Blob, ...], Field(min_length=1, max_length=RANK_PAGE_SIZE)
+    ]
+
+    @_model_validator(mode="after")
+    def _page_in_range(self) -> Self:
+        if self.page >= self.pages:
+            raise ValueError(f"page {self.page} of {self.pages} pages")
+        return self
+
+
+class RegistryVerdict(BaseMessage):
+    """Agent to coordinator: one checked page's entries that are not one-hot, signed.
+
+    ``entries`` repeats the page's length (a verdict for another page cut is
+    refused); ``bad`` are positions in it.
+    """
+
+    kind: Literal["registry_verdict"] = "registry_verdict"
+    epoch: Count
+    page: Count
+    entries: Annotated[int, Field(ge=1, le=RANK_PAGE_SIZE)]
+    bad: Annotated[tuple[Count, ...], Field(max_length=RANK_PAGE_SIZE)] = ()
+    signature: Signature = b""
+
+    @_model_validator(mode="after")
+    def _bad_in_page(self) -> Self:
+        if len(set(self.bad)) != len(self.bad):
+            raise ValueError("an entry is named twice")
+        if any(b >= self.entries for b in self.bad):
+            raise ValueError(f"a bad entry outside the page's {self.entries}")
+        return self
+
+
 class Volunteer(BaseMessage):
     """Device to coordinator: one Bernoulli(P) draw per try (length = tries)."""
 

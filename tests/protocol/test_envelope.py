@@ -93,6 +93,8 @@ def _examples() -> list[m.BaseMessage]:
         m.SealedRanks(**DEV, epoch=1, page=1, boxes=(m.RankBox(entry=0, box=CT[:69]),)),
         m.SealedRank(**COORD, epoch=1, box=CT[:69]),
         m.RegistrySum(**COORD, epoch=1, registry_sum=CT, num_parties=30),
+        m.RegistryCheck(**COORD, epoch=1, page=0, pages=2, registries=(CT, CT)),
+        m.RegistryVerdict(**DEV, epoch=1, page=0, entries=2, bad=(1,), signature=SIG),
         m.RoundAnnounce(
             **COORD,
             epoch=1,
@@ -106,7 +108,7 @@ def _examples() -> list[m.BaseMessage]:
         m.TryAssignment(**COORD, try_indices=(0, 2)),
         m.EncryptedDistribution(**DEV, distribution=CT),
         m.TrySums(**COORD, sums=(CT, CT, CT), member_counts=(20, 20, 20)),
-        m.AgentAnswer(**DEV, best_try=2, signature=SIG),
+        m.AgentAnswer(**DEV, best_try=2, bad_tries=(0,), signature=SIG),
         m.SelectionResult(**COORD, selected=("dev-01", "dev-02"), try_index=2),
         m.TransferManifest(
             **COORD,
