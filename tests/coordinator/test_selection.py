@@ -159,3 +159,14 @@ def test_draw_tries_is_reproducible_for_the_same_order() -> None:
     b = draw_tries(dict(reversed(volunteers.items())), eligible, 5, 2,
                    np.random.default_rng(11))  # fmt: skip
     assert a == b
+
+
+@pytest.mark.parametrize("size", [8, 400], ids=["dense", "sparse"])
+def test_draw_tries_never_puts_an_excluded_device_in_a_try(size: int) -> None:
+    devices = IndexedDevices(f"d{i:03d}" for i in range(size))
+    held = {"d000", "d001", "d002"}
+    volunteers = {d: (True, True) for d in ("d000", "d001", "d003")}
+    for seed in range(20):
+        tries = draw_tries(volunteers, devices, 3, 2, np.random.default_rng(seed), held)
+        assert all(len(t) == 3 and not held & set(t) for t in tries)
+        assert all("d003" in t for t in tries)  # the one volunteer left is kept

@@ -2,14 +2,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ursa.edge_sdk.registration import (
     RegistrationError,
     assign_ranks,
     best_try,
     categorize,
+    is_one_hot,
     participation_probabilities,
     participation_probability,
+    plausible_try_sum,
     registry_indices,
     registry_vector,
     search_score,
@@ -172,3 +176,19 @@ def test_stratified_input_errors() -> None:
         stratified_quotas(np.zeros(4, dtype=int), 5, 0, 0, 0)
     with pytest.raises(RegistrationError, match="non-negative"):
         stratified_quotas(REGISTRY, 5, -1, 0, 0)
+
+
+@given(st.lists(st.integers(-3, 3), min_size=1, max_size=12))
+def test_only_one_one_and_zeros_is_one_hot(values: list[int]) -> None:
+    honest = values.count(1) == 1 and values.count(0) == len(values) - 1
+    assert is_one_hot(values) is honest
+
+
+def test_a_try_sum_is_plausible_only_as_count_distributions() -> None:
+    assert plausible_try_sum(np.array([1.5, 0.5, 0.0, 1.0]), 3)
+    assert plausible_try_sum(np.array([3.0, 0.0]), 3)
+    assert not plausible_try_sum(np.array([3.5, -0.5]), 3)  # a negative class
+    assert not plausible_try_sum(np.array([2.0, 0.5]), 3)  # short of the count
+    assert not plausible_try_sum(np.array([4.0, 0.0]), 3)  # over it
+    assert not plausible_try_sum(np.array([np.nan, 3.0]), 3)
+    assert not plausible_try_sum(np.array([1.0]), 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,11 +11,13 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.methods.dubhe import DubheSelection, DubheStep
+from ursa.coordinator.methods.dubhe.participation import ParticipationCap
 from ursa.coordinator.plugin import EpochView
 from ursa.coordinator.selection_method import Selection, SelectionRequest
 from ursa.coordinator.store import CoordinatorStore
 from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.paillier import (
+    EncryptedVector,
     PaillierPublicKey,
     PaillierSecretKey,
     decrypt_real_sum,
@@ -318,3 +321,163 @@ def test_a_restart_mid_distributions_resends_to_the_silent_and_counts_once(
             )
         )
     assert refused.value.code == ErrorCode.BAD_CIPHERTEXT
+
+
+# --- bounded influence: malformed distributions, bad sums, the cap ---------------
+
+
+def _raw_distribution(key: PaillierPublicKey, ciphertexts: int) -> bytes:
+    """A one-party distribution of CLASSES values in `ciphertexts` ciphertexts."""
+    cts = tuple(key.raw_encrypt(0) for _ in range(ciphertexts))
+    return EncryptedVector(key.fingerprint(), CLASSES, 1, cts).to_bytes(key)
+
+
+def _deliver(router: Router, key: PaillierPublicKey, devices: list[str]) -> None:
+    for device in devices:
+        router.dispatch(
+            EncryptedDistribution(
+                federation=FED,
+                round=1,
+                sender=device,
+                distribution=distribution(key, device, [0.25] * CLASSES),
+            )
+        )
+
+
+def _answer(**fields: object) -> AgentAnswer:
+    answer = AgentAnswer(federation=FED, round=1, sender="d4", **fields)
+    return answer.model_copy(update={"signature": AGENT.sign(signing_bytes(answer))})
+
+
+def _two_tries(ctx: FakeContext, router: Router, dubhe: DubheSelection) -> None:
+    """Tries {d0, d1} and {d0, d2}: d0 volunteered in both, d1 and d2 in one."""
+    dubhe.open_round(request(ctx, 0.0))
+    volunteer(router, "d0", (True, True))
+    volunteer(router, "d1", (True, False))
+    volunteer(router, "d2", (False, True))
+    assert dubhe.select(request(ctx, 1.0)) is None
+    assert dubhe.step is DubheStep.DISTRIBUTIONS
+
+
+def test_a_distribution_of_the_wrong_ciphertext_count_drops_its_sender_only(
+    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+) -> None:
+    public = keys[0]
+    ctx = FakeContext(store, public)
+    dubhe, router = method(ctx, tries=2)
+    _two_tries(ctx, router, dubhe)
+    bad = EncryptedDistribution(
+        federation=FED, round=1, sender="d0", distribution=_raw_distribution(public, 2)
+    )
+
+    with pytest.raises(RejectedError) as refused:
+        router.dispatch(bad)
+    assert refused.value.code == ErrorCode.BAD_CIPHERTEXT
+    assert "2 ciphertexts" in refused.value.reason
+    with pytest.raises(RejectedError):  # a second try, well-formed: still out
+        _deliver(router, public, ["d0"])
+    _deliver(router, public, ["d1", "d2"])
+    assert dubhe.select(request(ctx, 2.0)) is None  # nobody left to wait for
+
+    [(sums, _)] = ctx.of(TrySums)
+    assert isinstance(sums, TrySums) and sums.member_counts == (1, 1)
+    router.dispatch(_answer(best_try=1))
+    assert dubhe.select(request(ctx, 3.0)) == Selection(("d2",), 1)
+
+
+def test_bad_sums_beside_a_good_one_select_the_best_good_try_without_a_rekey(
+    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+) -> None:
+    ctx = FakeContext(store, keys[0])
+    dubhe, router = method(ctx, tries=2)
+    _two_tries(ctx, router, dubhe)
+    _deliver(router, keys[0], ["d0", "d1", "d2"])
+    assert dubhe.select(request(ctx, 2.0)) is None
+
+    with pytest.raises(ValueError, match="also a bad sum"):
+        AgentAnswer(federation=FED, round=1, sender="d4", best_try=0, bad_tries=(0,))
+    with pytest.raises(RejectedError):  # a position past the sums
+        router.dispatch(_answer(best_try=0, bad_tries=(2,)))
+    router.dispatch(_answer(best_try=1, bad_tries=(0,)))
+
+    assert dubhe.select(request(ctx, 3.0)) == Selection(("d0", "d2"), 1)
+
+
+def test_all_bad_sums_drop_the_member_they_share_and_sum_again(
+    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+) -> None:
+    public, secret = keys
+    ctx = FakeContext(store, public)
+    dubhe, router = method(ctx, tries=2)
+    _two_tries(ctx, router, dubhe)
+    _deliver(router, public, ["d0", "d1", "d2"])
+    assert dubhe.select(request(ctx, 2.0)) is None
+
+    router.dispatch(_answer(best_try=None, bad_tries=(0, 1)))
+    assert dubhe.select(request(ctx, 3.0)) is None  # d0, in both, is dropped
+    first, again = (m for m, _ in ctx.of(TrySums))
+    assert isinstance(again, TrySums) and again.member_counts == (1, 1)
+    assert again.message_id != first.message_id  # the agent answers it anew
+    for blob in again.sums:
+        vector = encrypted_vector_from(blob, public)
+        total = decrypt_real_sum(secret, DISTRIBUTION_CODEC, 2, vector)
+        np.testing.assert_allclose(total, [0.25] * CLASSES, atol=1e-6)
+    router.dispatch(_answer(best_try=0))
+
+    assert dubhe.select(request(ctx, 4.0)) == Selection(("d1",), 0)
+
+
+def test_all_bad_sums_with_no_shared_member_select_uniformly_without_a_rekey(
+    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+) -> None:
+    ctx = FakeContext(store, keys[0])
+    dubhe, router = method(ctx, tries=2)
+    dubhe.open_round(request(ctx, 0.0))
+    for device, draws in (("d0", (True, False)), ("d1", (True, False))):
+        volunteer(router, device, draws)
+    for device in ("d2", "d3"):
+        volunteer(router, device, (False, True))
+    dubhe.select(request(ctx, 1.0))
+    _deliver(router, keys[0], ["d0", "d1", "d2", "d3"])
+    dubhe.select(request(ctx, 2.0))
+
+    router.dispatch(_answer(best_try=None, bad_tries=(0, 1)))
+    selection = dubhe.select(request(ctx, 3.0))
+
+    assert selection is not None and not selection.rekey
+    assert len(selection.selected) == 2 and len(ctx.of(TrySums)) == 1
+
+
+def test_a_device_at_the_participation_cap_sits_the_round_out(
+    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+) -> None:
+    store.add_round(2, 1, b"announce")
+    store.add_round(3, 1, b"announce")
+    store.set_selection(1, ("d0", "d1"), 0, b"result")
+    store.set_selection(2, ("d0", "d3"), 0, b"result")
+    ctx = FakeContext(store, keys[0])
+    dubhe = DubheSelection(
+        tries=1,
+        num_classes=CLASSES,
+        volunteer_s=10,
+        distributions_s=10,
+        agent_s=10,
+        cap=ParticipationCap(0.5, 4),  # 2 of any 4 rounds, 1 of rounds 1..3
+    )
+    dubhe.attach(ctx)
+    router = Router("coordinator")
+    dubhe.register(router)
+    third = SelectionRequest(
+        round=3, epoch=1, k=2, eligible=frozenset(DEVICES),
+        rng=np.random.default_rng(0), now=0.0,
+    )  # fmt: skip
+    dubhe.open_round(third)  # the cap's counts come from the store
+    for device in ("d0", "d1", "d2"):
+        router.dispatch(
+            Volunteer(federation=FED, round=3, sender=device, draws=(True,))
+        )
+
+    selection = dubhe.select(dataclasses.replace(third, now=10.0))
+
+    # round 3's window is rounds 1..3: one selection each; d0, d1, d3 had theirs
+    assert selection is not None and selection.selected == ("d2", "d4")

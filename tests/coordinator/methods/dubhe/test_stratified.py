@@ -24,7 +24,9 @@ from ursa.protocol.messages import ErrorCode
 
 
 def stratified(federation: Any, **overrides: Any) -> Any:
-    fed = federation(methods=(DubheSpec(draw="stratified"),), **overrides)
+    # the pure draw knows no participation cap
+    spec = DubheSpec(draw="stratified", max_participation=1.0)
+    fed = federation(methods=(spec,), **overrides)
     fed.device_methods = (DeviceDubheSpec(draw="stratified"),)
     return fed
 

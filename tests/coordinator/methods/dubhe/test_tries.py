@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.methods.dubhe.tries import (
+    common_suspects,
     complete_tries,
     fallback_selection,
     make_tries,
     short_tries,
+    without,
 )
 from ursa.coordinator.selection import SelectionError
 
@@ -65,3 +67,18 @@ def test_complete_tries_and_fallback() -> None:
         tries, (), ["b", "d", "e"], 2, np.random.default_rng(0)
     )
     assert h is None and "b" in chosen and len(chosen) == 2 and "a" not in chosen
+
+
+def test_without_takes_members_out_and_an_emptied_try_is_never_complete() -> None:
+    tries = (("a", "b"), ("b", "c"), ("c",))
+    left = without(tries, {"b", "c"})
+    assert left == (("a",), (), ())
+    assert complete_tries(left, frozenset({"a"})) == (0,)
+
+
+def test_the_common_suspects_are_the_members_of_every_bad_try() -> None:
+    tries = (("a", "b", "x"), ("c", "x"), ("b", "d", "x"))
+    assert common_suspects(tries, [0, 1, 2]) == ("x",)
+    assert common_suspects(tries, [0, 2]) == ("b", "x")
+    assert common_suspects((("a",), ("b",)), [0, 1]) == ()
+    assert common_suspects(tries, []) == ()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ursa.crypto.paillier import (
+    EncryptedVector,
     decrypt_real_sum,
     encrypt_reals,
     encrypted_vector_from,
@@ -156,3 +157,51 @@ def test_the_agent_answers_the_plaintext_best_try_and_others_refuse(
     other_router.dispatch(announce())
     with pytest.raises(ValueError, match="not the agent"):
         other_router.dispatch(message)
+
+
+def test_the_agent_names_a_bad_sum_and_answers_the_best_of_the_others(
+    new_context: Any, keys: Any
+) -> None:
+    public, _ = keys
+    good = sum_encrypted(
+        public,
+        [
+            encrypt_reals(public, DISTRIBUTION_CODEC, K, np.array(d))
+            for d in ([1.0, 0, 0, 0], [0.0, 1, 0, 0])
+        ],
+    ).to_bytes(public)
+    overflow = EncryptedVector(
+        public.fingerprint(), 4, 2, (public.raw_encrypt(public.n - 1),)
+    ).to_bytes(public)  # -1: every slot's bits set
+    shifted = sum_encrypted(  # in range, but 3 of one class for 2 members
+        public,
+        [
+            encrypt_reals(public, DISTRIBUTION_CODEC, K, np.array(d))
+            for d in ([1.0, 0, 0, 0], [1.0, 1.0, -1.0, 1.0])
+        ],
+    ).to_bytes(public)
+    wrong_parties = encrypt_reals(
+        public, DISTRIBUTION_CODEC, K, np.array([1.0, 0, 0, 0])
+    ).to_bytes(public)
+    message = TrySums(
+        federation=FED, round=5, sender="coordinator",
+        sums=(overflow, good, shifted, wrong_parties, b"junk"),
+        member_counts=(2, 2, 2, 2, 2),
+    )  # fmt: skip
+    ctx = new_context()
+    ctx.the_roster = Roster(3, 0, REGISTRY)
+    _, router = attached(ctx)
+    router.dispatch(announce())
+
+    router.dispatch(message)
+
+    answer = ctx.sent[-1]
+    assert isinstance(answer, AgentAnswer)
+    assert answer.best_try == 1 and answer.bad_tries == (0, 2, 3, 4)
+    again = message.model_copy(
+        update={"sums": (overflow,), "member_counts": (2,), "message_id": "resum"}
+    )
+    router.dispatch(again)
+    every = ctx.sent[-1]
+    assert isinstance(every, AgentAnswer) and every.best_try is None
+    assert every.bad_tries == (0,) and every.message_id != answer.message_id
