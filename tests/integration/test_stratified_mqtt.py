@@ -60,7 +60,11 @@ def test_the_served_federation_selects_exactly_the_pure_stratified_sets(
     monkeypatch.setattr(device_dubhe, "new_one_time_key", recorded)
     fed = mqtt_federation("itstrat")
     config = fed.coordinator_config(
-        N, k=K, tries=H, rounds=ROUNDS, methods=(DubheSpec(draw="stratified"),)
+        N,
+        k=K,
+        tries=H,
+        rounds=ROUNDS,  # the pure draw's tries: no participation cap
+        methods=(DubheSpec(draw="stratified", max_participation=1.0),),
     )
     service = CoordinatorService(config)
     service.start()

@@ -428,7 +428,7 @@ class DubheSelection(SelectionMethod):
 
     def _agent(self, work: _Round, request: SelectionRequest) -> Selection | None:
         if work.answer is not None:
-            return work.answer
+            return self._topped_up(work, work.answer, request)
         if work.bad_sums is not None:
             return self._after_bad_sums(work, request)
         ctx = self._context()
@@ -447,6 +447,25 @@ class DubheSelection(SelectionMethod):
             candidates[0],
         )
         return Selection(work.tries()[candidates[0]], candidates[0], rekey=True)
+
+    def _topped_up(
+        self, work: _Round, selection: Selection, request: SelectionRequest
+    ) -> Selection:
+        """The agent's try, topped up to K when members were dropped from it.
+
+        The honest fleet keeps K participants a round; the top-up is uniform
+        over the eligible devices outside the try (not dropped, not capped),
+        as a short try's is. O(N) only in a round that dropped a member.
+        """
+        need = request.k - len(selection.selected)
+        if need <= 0 or not work.dropped:
+            return selection
+        held = self._cap.capped(work.round) if self._cap is not None else frozenset()
+        taken = set(selection.selected) | work.dropped
+        pool = sorted(d for d in request.eligible if d not in taken and d not in held)
+        extra = [pool[int(i)] for i in request.rng.permutation(len(pool))[:need]]
+        chosen = tuple(sorted((*selection.selected, *extra)))
+        return Selection(chosen, selection.try_index, selection.rekey)
 
     def _after_bad_sums(
         self, work: _Round, request: SelectionRequest
