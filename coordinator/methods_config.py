@@ -6,7 +6,7 @@ fields refused)::
     [[methods]]
     kind = "dubhe"                    # selection: the encrypted registry (or "random")
     draw = "paper"                    # or "stratified" (ursa's option)
-    max_participation = 0.5           # at most this share of any 20 rounds
+    max_participation = 0.5           # at most this share of any 10 rounds
 
     [[methods]]
     kind = "climb"                    # training: FedAvg weighted by CLIMB's duals
@@ -91,7 +91,7 @@ class DubheSpec(_Spec):
     of a rare category; the cap bounds what it gains. 0.5: no device in more
     than half the rounds, at a measured cost in balance
     (docs/bounded_influence.md, "Selection")."""
-    participation_window: int = Field(default=20, ge=1, le=10_000)
+    participation_window: int = Field(default=10, ge=1, le=10_000)
     """The cap's sliding window, in rounds."""
 
 

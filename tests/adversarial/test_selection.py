@@ -256,7 +256,7 @@ def test_a_device_volunteering_in_every_try_is_held_to_the_cap(
     tmp_path: Path,
 ) -> None:
     rounds, k, n = 40, 3, 20
-    spec = DubheSpec()  # the defaults: 0.5 of any 20 rounds
+    spec = DubheSpec()  # the defaults: 0.5 of any 10 rounds
     limit = int(spec.max_participation * spec.participation_window)
     fed = _run(
         tmp_path, _with_method(AlwaysVolunteers()), rounds=rounds, methods=(spec,)

@@ -2,16 +2,16 @@
 
 A device's volunteer draws are private (eq. 6 from its own category), so the
 coordinator cannot tell a device that always says yes from an honest one in a
-rare category. What it can bound is the outcome: in the window of the last
-``w = min(window, r)`` rounds ending at round ``r`` (rounds count from 1,
-across key epochs, so a re-key does not reset it) a device is selected at
-most ``max(1, floor(max_participation * w))`` times; one that reached it in
-the ``w - 1`` rounds before sits round ``r``'s tries out, as a volunteer and
-as a top-up. So in any ``window`` consecutive rounds a device is selected at
-most ``limit = floor(max_participation * window)`` times, and in the first
-rounds at most the same share of them, whatever it sends. The cap is lifted
-for a round whose eligible devices, without the capped ones, are fewer than
-K (a round never selects fewer than K for it).
+rare category. What it can bound is the outcome: a device selected in
+``limit = floor(max_participation * window)`` of the last ``window`` rounds
+(counted across key epochs, so a re-key does not reset it) sits the next
+round's tries out, as a volunteer and as a top-up. So in any ``window``
+consecutive rounds a device is selected at most ``limit`` times, whatever it
+sends. Rounds before the first count as rounds it was not in, so a short
+run never meets the cap: it bounds a device that is selected often over a
+whole window, not the honest luck of a few rounds. The cap is lifted for a
+round whose eligible devices, without the capped ones, are fewer than K (a
+round never selects fewer than K for it).
 
 Pure bookkeeping: the selections come from the method, and after a restart
 from the store's round records (`ParticipationCap.restore`).
@@ -41,7 +41,6 @@ class ParticipationCap:
         if window < 1:
             raise ValueError(f"window {window} must be >= 1")
         self.window = window
-        self._share = max_participation
         self.limit = max(1, math.floor(max_participation * window))
         """Most selections of one device in ``window`` consecutive rounds."""
         self._rounds: dict[int, tuple[str, ...]] = {}
@@ -75,20 +74,14 @@ class ParticipationCap:
     def capped(self, round_index: int) -> frozenset[str]:
         """Devices that may not be selected in ``round_index``.
 
-        Those selected `limit_at` times in the rounds of its window before
-        it: one more would exceed the share in the window ending at this
-        round. O(devices selected in the window), never a pass over the fleet.
+        Those selected ``limit`` times in the ``window - 1`` rounds before it:
+        one more would exceed ``limit`` in the window ending at this round.
+        O(devices selected in the window), never a pass over the fleet.
         """
         if self.is_off:
             return frozenset()
         self._forget_before(round_index - self.window + 1)
-        limit = self.limit_at(round_index)
-        return frozenset(d for d, n in self._counts.items() if n >= limit)
-
-    def limit_at(self, round_index: int) -> int:
-        """Most selections of one device in the window ending at ``round_index``."""
-        span = max(1, min(self.window, round_index))
-        return max(1, math.floor(self._share * span))
+        return frozenset(d for d, n in self._counts.items() if n >= self.limit)
 
     def _forget_before(self, first: int) -> None:
         for old in [r for r in self._rounds if r < first]:
