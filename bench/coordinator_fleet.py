@@ -69,7 +69,9 @@ from ursa.protocol.messages import (
     Hello,
     KeyEpochStart,
     Registration,
+    RegistryCheck,
     RegistrySum,
+    RegistryVerdict,
     RoundAnnounce,
     SealedBox,
     SealedKeys,
@@ -267,6 +269,8 @@ class SimulatedFleet:
             return kind, self._on_agent_public_key(message)
         elif isinstance(message, SealedSecretKey) and device is not None:
             return kind, self._on_sealed_secret_key(message)
+        elif isinstance(message, RegistryCheck):
+            return kind, self._on_registry_check(message)
         elif isinstance(message, RegistrySum):
             self._on_registry_sum(message)
         elif isinstance(message, RoundAnnounce):
@@ -511,6 +515,30 @@ class SimulatedFleet:
                 distribution=blob,
             )
         )
+
+    def _on_registry_check(self, message: RegistryCheck) -> Iterator[Outgoing]:
+        """The agent's verdict: every registration here is an honest pool entry.
+
+        The simulated registrations are the pool's one-hot ones, so the agent
+        names none bad without decrypting them (its cost is the device's,
+        not the coordinator's this bench measures).
+        """
+        epoch = self._epoch
+        if epoch is None:
+            return
+        agent = self._identity(epoch.agent)
+        me = agent.device_id
+        verdict = RegistryVerdict(
+            federation=self.federation,
+            run=self.run,
+            round=0,
+            sender=me,
+            message_id=derived_id(me, "registry_verdict", message.message_id),
+            epoch=message.epoch,
+            page=message.page,
+            entries=len(message.registries),
+        )
+        yield self._outgoing(self._signed(agent, verdict))
 
     def _on_try_sums(self, message: TrySums) -> Iterator[Outgoing]:
         epoch, announce = self._epoch, self._announce

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from ursa.coordinator.registry_check import RegistryCheckError, RegistryChecking
+from ursa.coordinator.rounds import Stage
+from ursa.protocol.envelope import decode
+from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import RANK_PAGE_BUDGET, RegistryVerdict
 
 FED = "fed"
@@ -55,3 +60,44 @@ def test_a_verdict_of_another_cut_or_page_is_refused() -> None:
 def test_long_registrations_make_smaller_pages() -> None:
     check = _check(300, blob_bytes=RANK_PAGE_BUDGET // 100)
     assert max(len(p) for p in check.paging.pages) == 100
+
+
+def _kind(payload: bytes) -> str:
+    try:
+        return str(decode(payload).kind)
+    except ProtocolError:
+        return "?"
+
+
+def _hold_verdicts(sender: str, receiver: str, topic: str, payload: bytes) -> bool:
+    return receiver == "coordinator" and _kind(payload) == "registry_verdict"
+
+
+def test_the_sum_waits_for_a_signed_verdict_and_a_restart_checks_again(
+    federation: Any,
+) -> None:
+    fed = federation(num_devices=4, k=2, tries=1, rounds=1)
+    fed.bus.drop_filter = _hold_verdicts
+    fed.start()
+    assert fed.coordinator.state.stage is Stage.REGISTRATION
+    assert fed.messages("registry_sum") == []
+    ((_, verdict),) = fed.messages("registry_verdict")
+    assert verdict.entries == 4 and verdict.bad == ()
+    ((_, check),) = fed.messages("registry_check")
+    assert "d00" not in repr(check.model_dump())  # no device id in the page
+
+    fed.bus.drop_filter = None
+    forged = verdict.model_copy(update={"signature": b"\0" * 64, "message_id": "f1"})
+    fed.send_as(verdict.sender, forged)
+    assert [e.code for e in fed.errors_to(verdict.sender)] == ["bad_signature"]
+    assert fed.messages("registry_sum") == []
+
+    fed.coordinator_transport.kill()  # a restart mid-check: the pages go again
+    fed.coordinator.store.close()
+    fed.coordinator = fed.new_coordinator()
+    fed.coordinator.start()
+    fed.settle()
+
+    assert len(fed.messages("registry_check")) == 2
+    ((_, registry_sum),) = fed.messages("registry_sum")
+    assert registry_sum.num_parties == 4 and fed.coordinator.is_done
