@@ -349,6 +349,13 @@ def _answer(**fields: object) -> AgentAnswer:
     return answer.model_copy(update={"signature": AGENT.sign(signing_bytes(answer))})
 
 
+def _assert_topped_up(selection: Selection | None, h: int, kept: str) -> None:
+    """Try `h` without the dropped d0, topped up to K, and no new key epoch."""
+    assert selection is not None and selection.try_index == h
+    assert kept in selection.selected and "d0" not in selection.selected
+    assert len(selection.selected) == 2 and not selection.rekey
+
+
 def _two_tries(ctx: FakeContext, router: Router, dubhe: DubheSelection) -> None:
     """Tries {d0, d1} and {d0, d2}: d0 volunteered in both, d1 and d2 in one."""
     dubhe.open_round(request(ctx, 0.0))
@@ -382,10 +389,7 @@ def test_a_distribution_of_the_wrong_ciphertext_count_drops_its_sender_only(
     [(sums, _)] = ctx.of(TrySums)
     assert isinstance(sums, TrySums) and sums.member_counts == (1, 1)
     router.dispatch(_answer(best_try=1))
-    selection = dubhe.select(request(ctx, 3.0))  # try 1 without d0, topped up
-    assert selection is not None and selection.try_index == 1
-    assert "d2" in selection.selected and "d0" not in selection.selected
-    assert len(selection.selected) == 2 and not selection.rekey
+    _assert_topped_up(dubhe.select(request(ctx, 3.0)), 1, "d2")
 
 
 def test_bad_sums_beside_a_good_one_select_the_best_good_try_without_a_rekey(
@@ -427,10 +431,7 @@ def test_all_bad_sums_drop_the_member_they_share_and_sum_again(
         np.testing.assert_allclose(total, [0.25] * CLASSES, atol=1e-6)
     router.dispatch(_answer(best_try=0))
 
-    selection = dubhe.select(request(ctx, 4.0))  # try 0 without d0, topped up
-    assert selection is not None and selection.try_index == 0
-    assert "d1" in selection.selected and "d0" not in selection.selected
-    assert len(selection.selected) == 2 and not selection.rekey
+    _assert_topped_up(dubhe.select(request(ctx, 4.0)), 0, "d1")
 
 
 def test_all_bad_sums_with_no_shared_member_select_uniformly_without_a_rekey(

@@ -159,27 +159,22 @@ def test_the_agent_answers_the_plaintext_best_try_and_others_refuse(
         other_router.dispatch(message)
 
 
+def _summed(public: Any, *distributions: list[float]) -> bytes:
+    """The encrypted sum of `distributions`, as a try's sum goes to the agent."""
+    vectors = [encrypt_reals(public, DISTRIBUTION_CODEC, K, d) for d in distributions]
+    return sum_encrypted(public, vectors).to_bytes(public)
+
+
 def test_the_agent_names_a_bad_sum_and_answers_the_best_of_the_others(
     new_context: Any, keys: Any
 ) -> None:
     public, _ = keys
-    good = sum_encrypted(
-        public,
-        [
-            encrypt_reals(public, DISTRIBUTION_CODEC, K, np.array(d))
-            for d in ([1.0, 0, 0, 0], [0.0, 1, 0, 0])
-        ],
-    ).to_bytes(public)
+    good = _summed(public, [1.0, 0, 0, 0], [0.0, 1, 0, 0])
     overflow = EncryptedVector(
         public.fingerprint(), 4, 2, (public.raw_encrypt(public.n - 1),)
     ).to_bytes(public)  # -1: every slot's bits set
-    shifted = sum_encrypted(  # in range, but 3 of one class for 2 members
-        public,
-        [
-            encrypt_reals(public, DISTRIBUTION_CODEC, K, np.array(d))
-            for d in ([1.0, 0, 0, 0], [1.0, 1.0, -1.0, 1.0])
-        ],
-    ).to_bytes(public)
+    # in range, but 3 of one class for 2 members
+    shifted = _summed(public, [1.0, 0, 0, 0], [1.0, 1.0, -1.0, 1.0])
     wrong_parties = encrypt_reals(
         public, DISTRIBUTION_CODEC, K, np.array([1.0, 0, 0, 0])
     ).to_bytes(public)
