@@ -104,13 +104,19 @@ def test_a_device_outside_the_registry_does_not_volunteer(new_context: Any) -> N
     assert ctx.sent == []
 
 
-def test_the_distribution_is_the_label_histogram_after_a_bytes_trip(
-    new_context: Any, keys: Any
-) -> None:
+def _the_agent(new_context: Any) -> tuple[Any, Router]:
+    """A device (d0, the epoch's agent) in the registry, the round announced."""
     ctx = new_context()
     ctx.the_roster = Roster(3, 0, REGISTRY)
     _, router = attached(ctx)
     router.dispatch(announce())
+    return ctx, router
+
+
+def test_the_distribution_is_the_label_histogram_after_a_bytes_trip(
+    new_context: Any, keys: Any
+) -> None:
+    ctx, router = _the_agent(new_context)
     assign = TryAssignment(
         federation=FED, round=5, sender="coordinator", try_indices=(0, 2)
     )
@@ -140,10 +146,7 @@ def test_the_agent_answers_the_plaintext_best_try_and_others_refuse(
         federation=FED, round=5, sender="coordinator", sums=tuple(sums),
         member_counts=(2, 2),
     )  # fmt: skip
-    ctx = new_context()
-    ctx.the_roster = Roster(3, 0, REGISTRY)
-    _, router = attached(ctx)
-    router.dispatch(announce())
+    ctx, router = _the_agent(new_context)
     router.dispatch(message)
     answer = ctx.sent[-1]
     expected = best_try(np.stack([sum(t) for t in tries]), np.array([2, 2]))
@@ -183,10 +186,7 @@ def test_the_agent_names_a_bad_sum_and_answers_the_best_of_the_others(
         sums=(overflow, good, shifted, wrong_parties, b"junk"),
         member_counts=(2, 2, 2, 2, 2),
     )  # fmt: skip
-    ctx = new_context()
-    ctx.the_roster = Roster(3, 0, REGISTRY)
-    _, router = attached(ctx)
-    router.dispatch(announce())
+    ctx, router = _the_agent(new_context)
 
     router.dispatch(message)
 
