@@ -22,8 +22,11 @@ that the device sits the epoch out.
 
 Registration: each recipient's encrypted one-hot registry (one party, the
 epoch key, the codebook's length) joins a running sum, once per device; when
-every online recipient has registered, or at the deadline, the encrypted
-`RegistrySum` is published (retained) and the first round opens. Under
+every online recipient has registered, or at the deadline, the agent checks
+each registration is one-hot on an anonymous shuffled list
+(`ursa.coordinator.registry_check`: refused registrants leave the epoch and
+the sum), then the encrypted `RegistrySum` of the others is published
+(retained) and the first round opens. Under
 Dubhe's stratified draw a registration carries a one-time public key, kept
 with its ciphertext for the rank hand-out (`ursa.coordinator.methods.dubhe.
 ranks`); a registration whose draw differs is refused (``method_mismatch``). Whom it
