@@ -46,7 +46,11 @@ import logging
 from ursa.coordinator.core import EpochWork, ServiceCore, derived_id
 from ursa.coordinator.enrolment import device_keys_of
 from ursa.coordinator.identity_refusals import REFUSAL_REKEYS_KEY
-from ursa.coordinator.registry_check import RegistryCheckError, RegistryChecking
+from ursa.coordinator.registry_check import (
+    RegistryCheckError,
+    RegistryChecking,
+    shuffle_generator,
+)
 from ursa.coordinator.rounds import Stage, advance
 from ursa.coordinator.seal_pages import BoxVerdict, SealPaging
 from ursa.crypto.errors import CryptoError
@@ -538,7 +542,8 @@ class EpochStages(ServiceCore):
         check = work.check
         if check is None:
             blobs = self._store.registry_blobs(work.epoch)
-            check = work.check = RegistryChecking.start(work.epoch, blobs, self._rng)
+            rng = shuffle_generator(self._config.seed, work.epoch)
+            check = work.check = RegistryChecking.start(work.epoch, blobs, rng)
             logger.info(
                 "key epoch %d: agent %s checks %d registrations in %d pages",
                 work.epoch,

@@ -33,7 +33,20 @@ from ursa.protocol.messages import (
     RegistryCheck,
 )
 
-__all__ = ["RegistryCheckError", "RegistryChecking"]
+__all__ = ["RegistryCheckError", "RegistryChecking", "shuffle_generator"]
+
+SHUFFLE_STREAM = 0x5EC4
+"""Sub-stream of the coordinator's seed that shuffles the check's entries."""
+
+
+def shuffle_generator(seed: int | None, epoch: int) -> np.random.Generator:
+    """The check's own generator: the coordinator's seeded draws stay as they were.
+
+    Seeded runs shuffle reproducibly; an unseeded coordinator from OS entropy.
+    """
+    return np.random.default_rng(
+        None if seed is None else [seed, epoch, SHUFFLE_STREAM]
+    )
 
 
 class RegistryCheckError(ValueError):

@@ -265,10 +265,10 @@ def test_a_device_volunteering_in_every_try_is_held_to_the_cap(
     counts = fed.selections()
     assert fed.coordinator.is_done and fed.key_epochs() == 1
     assert _max_in_window(fed, CHEAT, spec.participation_window) <= limit
-    assert counts[CHEAT] <= spec.max_participation * rounds  # without: 31 of 40
+    assert counts[CHEAT] <= spec.max_participation * rounds  # without: 34 of 40
     honest = [counts[d] for d in fed.device_ids if d != CHEAT]
     fair = rounds * k / n  # every device has a category of its own
-    assert np.mean(honest) >= 0.85 * fair  # without the cap: 0.78 of it
+    assert np.mean(honest) >= 0.85 * fair  # without the cap: 0.76 of it
 
 
 # --- row 5: a registration that is not one-hot -------------------------------------
