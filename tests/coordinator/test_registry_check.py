@@ -85,7 +85,7 @@ def test_the_sum_waits_for_a_signed_verdict_and_a_restart_checks_again(
     assert verdict.entries == 4 and verdict.bad == ()
     ((_, check),) = fed.messages("registry_check")
     own = set(type(check).model_fields) - set(BaseMessage.model_fields)
-    assert own == {"epoch", "page", "pages", "registries"}  # no device id
+    assert own == {"kind", "epoch", "page", "pages", "registries"}  # no device id
 
     fed.bus.drop_filter = None
     forged = verdict.model_copy(update={"signature": b"\0" * 64, "message_id": "f1"})
