@@ -246,7 +246,7 @@ def test_coordinator_serve_http_serves_metrics_that_move(
     config_file.write_text(
         f'federation = "servehttp"\nstate_dir = "{base.state_dir}"\n'
         f"min_devices = {n}\nk = 3\ntries = 2\nrounds = {rounds}\n"
-        f"key_bits = {base.key_bits}\n"
+        f"key_bits = {base.key_bits}\ninsecure_test_keys = true\n"
         f'[broker]\nurl = "{fed.url}"\nusername = "coordinator"\nkeepalive_s = 5\n'
         '[enrolment]\nmode = "tofu"\n'
         "[deadlines]\nvolunteer_s = 5\ndistributions_s = 5\nagent_s = 5\n"
