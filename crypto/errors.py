@@ -9,6 +9,7 @@ CryptoError
  │    └── SlotOverflowError  a decoded slot exceeds its bound (carry or bad input)
  ├── SealError             a sealed box that is tampered, misaddressed or malformed
  ├── SignatureError        a signature that does not verify
+ ├── UntrustedIdentityError  an identity no valid operator certificate vouches for
  └── BackendUnavailableError  an optional backend (TenSEAL) is not installed
 """
 
@@ -53,6 +54,14 @@ class SealError(CryptoError):
 
 class SignatureError(CryptoError):
     """A signature does not verify under the claimed signer's key."""
+
+
+class UntrustedIdentityError(CryptoError):
+    """An identity without a valid operator certificate for its keys.
+
+    Malformed, tampered, expired, of another federation or role, signed by
+    another operator key, or for other keys than the ones presented.
+    """
 
 
 class BackendUnavailableError(CryptoError):
