@@ -280,9 +280,7 @@ class OperatorKey:
         expires_at: int,
     ) -> Certificate:
         """Sign ``subject``'s keys for ``federation`` until ``expires_at``."""
-        unsigned = Certificate(
-            role, subject, federation, serial, issued_at, expires_at
-        )
+        unsigned = Certificate(role, subject, federation, serial, issued_at, expires_at)
         signature = self._key.sign(_transcript(self._public.key, unsigned.body()))
         return Certificate(
             role, subject, federation, serial, issued_at, expires_at, signature

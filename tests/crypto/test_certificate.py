@@ -18,6 +18,7 @@ from ursa.crypto.trust_anchor import TrustAnchor
 
 NOW = 1_800_000_000
 OPERATOR = OperatorKey.generate()
+OPERATOR_PUBLIC = OPERATOR.public()
 
 
 def _certificate(
@@ -35,7 +36,7 @@ def _certificate(
 
 
 def _verify(
-    certificate: Certificate, key: OperatorPublicKey = OPERATOR.public()
+    certificate: Certificate, key: OperatorPublicKey = OPERATOR_PUBLIC
 ) -> DevicePublicIdentity:
     return key.verify(certificate, federation="trial", role=Role.DEVICE, now=NOW)
 
