@@ -56,6 +56,10 @@ MAX_TRIES = 256
 
 MAX_SIGNATURE_BYTES = 64
 
+MAX_CERTIFICATE_BYTES = 512
+"""Longest operator certificate on the wire (`ursa.crypto.certificate`'s are
+at most 285 bytes; the room is for a later version)."""
+
 
 # Topic names (the last topic level). Commands, replies and ciphertexts use CONTROL.
 CONTROL = "control"
@@ -112,6 +116,10 @@ class ErrorCode(StrEnum):
     or box): it says why, and sits the round out."""
     EVALUATION_FAILED = "evaluation_failed"
     """The device's evaluation raised in this round (same handling)."""
+    UNTRUSTED_IDENTITY = "untrusted_identity"
+    """The device refused keys no valid operator certificate vouches for (an
+    agent, ring member, secure-aggregation peer, seal recipient or coordinator
+    the coordinator presented): it takes no part with them."""
     INTERNAL = "internal"
 
 
@@ -173,6 +181,10 @@ Key32 = Annotated[bytes, Field(min_length=32, max_length=32)]
 
 Blob = Annotated[bytes, Field(min_length=1, max_length=MAX_CHUNK_SIZE)]
 """A ciphertext, sealed box or inline tensor: non-empty, at most one chunk."""
+
+
+CertificateBytes = Annotated[bytes, Field(max_length=MAX_CERTIFICATE_BYTES)]
+"""An operator certificate (`ursa.crypto.certificate`), or b"" (none, tofu)."""
 
 
 Signature = Annotated[

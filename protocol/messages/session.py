@@ -8,11 +8,13 @@ from pydantic import Field
 from pydantic import model_validator as _model_validator
 from typing_extensions import Self
 
+from ursa.crypto.identity import DevicePublicIdentity
 from ursa.protocol.messages.base import (
     COORDINATOR,
     METRICS,
     STATUS,
     BaseMessage,
+    CertificateBytes,
     Count,
     DeviceId,
     Id,
@@ -25,12 +27,17 @@ from ursa.protocol.messages.base import (
 
 
 class Hello(BaseMessage):
-    """Device to coordinator: enrol with identity public keys (pinned or TOFU)."""
+    """Device to coordinator: enrol with identity public keys (pinned or TOFU).
+
+    `certificate`: the device's operator certificate for these keys, which the
+    coordinator checks and relays with the keys (b"": none, a tofu device).
+    """
 
     kind: Literal["hello"] = "hello"
     device_id: DeviceId
     x25519_public: Key32
     ed25519_public: Key32
+    certificate: CertificateBytes = b""
     capabilities: Annotated[tuple[Name, ...], Field(max_length=16)] = ()
 
     @_model_validator(mode="after")
@@ -45,11 +52,25 @@ class IdentityKeys(_Frozen):
 
     Not a message: part of `EnrolResult` (the coordinator's, whose id is
     `COORDINATOR`) and, as `DeviceKeys`, of `KeyEpochStart` and `SealRequest`.
+    `certificate` is the operator's certificate for these keys, relayed so the
+    receiver can check them against the operator key it was provisioned with
+    (b"": none, a tofu federation).
     """
 
     device_id: Id
     x25519_public: Key32
     ed25519_public: Key32
+    certificate: CertificateBytes = b""
+
+    def public_identity(self) -> DevicePublicIdentity:
+        """The keys as a `DevicePublicIdentity` (not checked against `certificate`).
+
+        Raises:
+            IdentityFormatError: an invalid Ed25519 point.
+        """
+        return DevicePublicIdentity(
+            self.device_id, self.x25519_public, self.ed25519_public
+        )
 
 
 class DeviceKeys(IdentityKeys):
