@@ -65,6 +65,7 @@ from ursa.protocol.messages import (
     COORDINATOR,
     DEFAULT_CHUNK_SIZE,
     BaseMessage,
+    DeviceKeys,
     MaskedUpdate,
     ModelUpdate,
     RevealedShare,
@@ -467,7 +468,8 @@ def measure_setting(
         got_roster = secure.carry(d, roster)
         with device_cpu[d].on("share"):
             sealed = participants[d].share(
-                peer_adverts(got_roster), got_roster.participants
+                peer_adverts(got_roster, DeviceKeys.public_identity),
+                got_roster.participants,
             )
             shares = _shares_message(d, got_roster, sealed)
         got_shares = secure.carry(d, shares)

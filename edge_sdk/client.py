@@ -53,7 +53,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ursa._compat import StrEnum
-from ursa.crypto.errors import CryptoError
+from ursa.crypto.certificate import Role
+from ursa.crypto.errors import CryptoError, UntrustedIdentityError
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
@@ -86,6 +87,7 @@ from ursa.protocol.messages import (
     ErrorReply,
     FederationEnd,
     Hello,
+    IdentityKeys,
     KeyEpochStart,
     ModelAvailable,
     RegistryCheck,
@@ -226,6 +228,8 @@ class EdgeClient(EpochSteps, EndSteps):
         )
         self.stats = DeviceStats()
         self.enrolled = threading.Event()
+        self._trust = config.trust.anchor(config.federation, config.device_id)
+        self._certificate = b""
         self._coordinator: DevicePublicIdentity | None = None
         self._refused_coordinators: set[str] = set()
         self._epoch: KeyEpochStart | None = None
@@ -293,6 +297,9 @@ class EdgeClient(EpochSteps, EndSteps):
         cfg = self._config
         self._store = DeviceStateDir(cfg.state_dir)
         self._identity = DeviceIdentity.load_or_create(cfg.state_dir, cfg.device_id)
+        self._certificate = cfg.trust.own_certificate(
+            self._trust, self._identity.public(), Role.DEVICE
+        )
         with self._lock:
             self._restore()
             self._restore_training()
@@ -327,6 +334,7 @@ class EdgeClient(EpochSteps, EndSteps):
                 device_id=self.device_id,
                 x25519_public=public.x25519_public,
                 ed25519_public=public.ed25519_public,
+                certificate=self._certificate,
             )
         )
 
@@ -726,6 +734,9 @@ class EdgeClient(EpochSteps, EndSteps):
     def _refused(self, message: BaseMessage, exc: Exception) -> None:
         if not isinstance(exc, _REFUSALS):
             raise exc
+        if isinstance(exc, UntrustedIdentityError):
+            self._refuse_untrusted(message, exc)
+            return
         kind, why = message_kind(message), escape(str(exc))
         logger.warning("%s: refused %s: %s", self.device_id, kind, why)
 
@@ -836,6 +847,9 @@ class _Context:
         self, peer: DevicePublicIdentity, context: bytes, box: bytes
     ) -> bytes:
         return open_sealed(self._client._identity, peer, context, box)
+
+    def peer_identity(self, keys: IdentityKeys) -> DevicePublicIdentity:
+        return self._client._trusted(keys)
 
     def verify_coordinator(self, message: BaseMessage) -> None:
         coordinator = self._client._coordinator

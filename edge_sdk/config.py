@@ -10,6 +10,10 @@ files and the environment; `EdgeClient` receives a `DeviceConfig`::
     coordinator_fingerprint = "<32 hex>"  # optional pin; else trust on first use
     obfuscator_pool_size = 4
 
+    [trust]                               # `ursa.protocol.trust_config`
+    operator_public_key = "<64 hex>"      # from `ursa operator init`
+    certificate = "/etc/ursa/dev001.cert" # from `ursa operator certify device`
+
     [broker]
     url = "mqtts://broker.example:8883"
     username = "dev001"                   # = device id (Mosquitto ACL %u)
@@ -66,12 +70,14 @@ from ursa.protocol.admission_limits import AdmissionLimits
 from ursa.protocol.broker_config import BrokerConfig
 from ursa.protocol.envelope import DEFAULT_MAX_MESSAGE_BYTES
 from ursa.protocol.messages import COORDINATOR, ID_PATTERN, NAME_PATTERN
+from ursa.protocol.trust_config import TrustConfig
 
 __all__ = [
     "AdmissionLimits",
     "BrokerConfig",
     "DeviceConfig",
     "DeviceTrainingConfig",
+    "TrustConfig",
     "load_device_config",
 ]
 
@@ -131,7 +137,11 @@ class DeviceConfig(_Frozen):
     state_dir: Path
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     coordinator_fingerprint: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
-    """Pin of the coordinator's identity; None trusts the first one seen."""
+    """Pin of the coordinator's identity; None trusts the first one seen (or,
+    under ``[trust]``, the first one the operator certified)."""
+    trust: TrustConfig = Field(default_factory=TrustConfig)
+    """The operator's public key and this device's certificate; without them
+    (tofu) the device takes its peers' keys from the coordinator."""
     obfuscator_pool_size: int = Field(default=DEFAULT_POOL_SIZE, ge=0, le=4096)
     """Precomputed obfuscators (0: compute each at encryption time)."""
     labels_file: Path | None = None

@@ -20,10 +20,13 @@ from typing import TypeVar
 import numpy as np
 from numpy.typing import NDArray
 
+from ursa.crypto.certificate import Role
 from ursa.crypto.encoding import FixedPoint
+from ursa.crypto.errors import UntrustedIdentityError
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity, verify_signature
 from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
+from ursa.crypto.trust_anchor import TrustAnchor
 from ursa.edge_sdk.callbacks import (
     DeviceCallbacks,
     DeviceError,
@@ -44,10 +47,17 @@ from ursa.edge_sdk.data_check import (
 from ursa.edge_sdk.state import DeviceStateDir, StoredEpoch, StoredRun
 from ursa.edge_sdk.trainer import Trainer
 from ursa.protocol.envelope import encode, message_digest, message_kind, signing_bytes
-from ursa.protocol.messages import BaseMessage, ErrorCode, ErrorReply, KeyEpochStart
+from ursa.protocol.messages import (
+    BaseMessage,
+    ErrorCode,
+    ErrorReply,
+    IdentityKeys,
+    KeyEpochStart,
+)
 from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import NotReadyError
 from ursa.protocol.topics import name_for, qos_for, up_topic
+from ursa.protocol.untrusted_text import escape
 
 __all__ = [
     "DISTRIBUTION_CODEC",
@@ -108,6 +118,10 @@ class DeviceCore:
     _outbox: Outbox
     stats: DeviceStats
     enrolled: threading.Event
+    _trust: TrustAnchor
+    """Whom relayed identities must be certified by (`ursa.protocol.trust_config`)."""
+    _certificate: bytes
+    """This device's operator certificate, sent in its Hello (b"": tofu)."""
     _coordinator: DevicePublicIdentity | None
     _refused_coordinators: set[str]
     """Fingerprints of coordinators this device refused (and said so, once)."""
@@ -214,6 +228,37 @@ class DeviceCore:
             round_index=round_index,
             message_id=derived_id(self.device_id, "data_mismatch", epoch),
             in_reply_to=in_reply_to,
+        )
+
+    def _trusted(
+        self, keys: IdentityKeys, role: Role = Role.DEVICE
+    ) -> DevicePublicIdentity:
+        """The identity behind relayed keys, if the operator certified them.
+
+        The one place a device takes a peer's keys from the coordinator: under
+        an operator key a made-up agent, ring member or peer stops here.
+
+        Raises:
+            UntrustedIdentityError: no valid certificate for these keys (the
+                client then refuses the message with ``untrusted_identity``).
+        """
+        return self._trust.check(keys.public_identity(), keys.certificate, role)
+
+    def _refuse_untrusted(
+        self, message: BaseMessage, exc: UntrustedIdentityError
+    ) -> None:
+        """One ERROR and an ``untrusted_identity`` reply for keys nobody vouched for."""
+        kind, why = message_kind(message), escape(str(exc))
+        logger.error(
+            "%s: refusing %s: untrusted identity: %s", self.device_id, kind, why
+        )
+        self._tell_coordinator(
+            ErrorCode.UNTRUSTED_IDENTITY,
+            f"{kind}: {why}",
+            round_index=message.round,
+            message_id=derived_id(self.device_id, "untrusted", message.message_id),
+            in_reply_to=message.message_id,
+            run=message.run,
         )
 
     def _tell_coordinator(

@@ -4,16 +4,18 @@ Every method that sums under encryption (Dubhe, CLIMB, FedDisk) uses the
 epoch's keys through `DeviceContext.keys`; none owns them. The steps follow
 Dubhe Fig. 4 (left half):
 
-Pin the coordinator identity from `EnrolResult.coordinator_keys` (or check
-the configured fingerprint); adopt a signed `KeyEpochStart`, taking the
+Pin the coordinator identity from `EnrolResult.coordinator_keys` (checked
+against its operator certificate under ``[trust]``, and against the
+configured fingerprint if set); adopt a signed `KeyEpochStart`, taking the
 agent's identity from its `agent_keys` (covered by the coordinator's
-signature), and compute the registry slot from the local label histogram
-(Algorithm 1, never sent). The agent generates the Paillier key,
-stores its secret key (0600) before publishing the signed public key, and
-seals the secret key to every recipient, bound to federation and epoch, page
-by page as the coordinator's `SealRequest` pages arrive (each page's boxes
-go back in one `SealedKeys`). The others verify the public key's signature
-and open their box, checking the secret key matches the public key.
+signature, and certified by the operator under ``[trust]``), and compute
+the registry slot from the local label histogram (Algorithm 1, never sent).
+The agent generates the Paillier key, stores its secret key (0600) before
+publishing the signed public key, and seals the secret key to every
+recipient the operator certified, bound to federation and epoch, page by
+page as the coordinator's `SealRequest` pages arrive (each page's boxes go
+back in one `SealedKeys`). The others verify the public key's signature and
+open their box, checking the secret key matches the public key.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from __future__ import annotations
 import logging
 import time
 
-from ursa.crypto.errors import CryptoError
+from ursa.crypto.certificate import Role
+from ursa.crypto.errors import CryptoError, UntrustedIdentityError
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import (
     MIN_SECURE_KEY_BITS,
@@ -66,11 +69,11 @@ def _public_identity(keys: IdentityKeys) -> DevicePublicIdentity:
     return DevicePublicIdentity(keys.device_id, keys.x25519_public, keys.ed25519_public)
 
 
-def _coordinator_identity(message: EnrolResult) -> DevicePublicIdentity:
-    """The coordinator identity an acceptance carries."""
+def _coordinator_keys(message: EnrolResult) -> IdentityKeys:
+    """The coordinator keys an acceptance carries."""
     if message.coordinator_keys is None:
         raise ValueError("enrolment accepted without the coordinator's keys")
-    return _public_identity(message.coordinator_keys)
+    return message.coordinator_keys
 
 
 HELLO_RETRY_S = 10.0
@@ -115,7 +118,7 @@ class EpochSteps(DeviceCore):
             reason = escape(message.reason)
             logger.error("%s: enrolment refused: %s", self.device_id, reason)
             return
-        identity = _coordinator_identity(message)
+        identity = self._trusted(_coordinator_keys(message), Role.COORDINATOR)
         pin = self._config.coordinator_fingerprint
         if identity.device_id != COORDINATOR:
             raise ValueError("coordinator identity has the wrong id")
@@ -230,7 +233,7 @@ class EpochSteps(DeviceCore):
         ):
             self._refuse_weak_keys(message)
             return
-        agent = _public_identity(message.agent_keys)
+        agent = self._trusted(message.agent_keys)  # the sealed key's sender
         if message.agent == self.device_id and agent != self._identity.public():
             raise ValueError("the epoch names this device with other identity keys")
         self._adopt_epoch(message, encode(message), persist=True)
@@ -354,13 +357,20 @@ class EpochSteps(DeviceCore):
     def _seal_page(
         self, message: SealRequest, context: bytes, plaintext: bytes
     ) -> list[SealedBox]:
-        """A box per recipient but this device; one with bad keys is skipped."""
+        """A box per recipient but this device; one with bad keys is skipped.
+
+        A recipient the operator did not certify is refused (it could be the
+        coordinator's own key, and the box the epoch's secret key).
+        """
         boxes: list[SealedBox] = []
         for keys in message.recipients:
             if keys.device_id == self.device_id:
                 continue
             try:
-                box = seal(self._identity, _public_identity(keys), context, plaintext)
+                box = seal(self._identity, self._trusted(keys), context, plaintext)
+            except UntrustedIdentityError as exc:
+                self._refuse_untrusted(message, exc)
+                continue
             except CryptoError as exc:
                 logger.warning(
                     "%s: cannot seal the key to %s: %s",

@@ -42,6 +42,7 @@ from ursa.protocol.messages import (
     BaseMessage,
     Chunk,
     ErrorReply,
+    IdentityKeys,
     KeyEpochStart,
     ModelAvailable,
     TransferManifest,
@@ -148,6 +149,15 @@ class PeerChannel(Protocol):
 
         Raises:
             CryptoError: the box does not open.
+        """
+        ...
+
+    def peer_identity(self, keys: IdentityKeys) -> DevicePublicIdentity:
+        """The identity behind keys the coordinator relayed, operator-certified.
+
+        Raises:
+            UntrustedIdentityError: under ``[trust]``, no valid operator
+                certificate for these keys.
         """
         ...
 

@@ -164,6 +164,7 @@ class ModelSteps(RoundSteps):
                 send=self._send,
                 verify_coordinator=self._verify_coordinator,
                 message_id=lambda step, r: derived_id(self.device_id, step, r),
+                peer_identity=self._trusted,
             )  # its own randomness: rounding and DP noise no seed can predict
         return self._masking
 

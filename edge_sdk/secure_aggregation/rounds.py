@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ursa.crypto.discrete_gaussian import sample_discrete_gaussian
-from ursa.crypto.errors import CryptoError
+from ursa.crypto.errors import CryptoError, UntrustedIdentityError
 from ursa.crypto.fixed_point import VectorLayout
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.edge_sdk.secure_aggregation.participant import (
@@ -45,6 +45,7 @@ from ursa.edge_sdk.secure_aggregation.participant import (
 from ursa.models.weights import flatten
 from ursa.protocol.messages import (
     BaseMessage,
+    DeviceKeys,
     ErrorCode,
     ErrorReply,
     RevealedShare,
@@ -84,6 +85,8 @@ older round gets no answer)."""
 Send = Callable[[BaseMessage], None]
 Verify = Callable[[BaseMessage], None]
 MessageId = Callable[[str, int], str]
+PeerIdentity = Callable[[DeviceKeys], DevicePublicIdentity]
+"""A roster entry's identity, checked against its operator certificate."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,8 @@ class MaskingRounds:
         verify_coordinator: Checks the pinned coordinator's signature.
         message_id: ``message_id(step, round)``: stable ids, so a re-sent
             answer is the same message.
+        peer_identity: A roster peer's identity, operator-certified (the
+            device's trust anchor); raises `UntrustedIdentityError` otherwise.
         rng: Rounding and DP noise; by default fresh from the OS. Not the
             device's seeded generator: a coordinator that knew that seed could
             subtract the noise, and drawing from it would shift the device's
@@ -134,6 +139,7 @@ class MaskingRounds:
         send: Send,
         verify_coordinator: Verify,
         message_id: MessageId,
+        peer_identity: PeerIdentity,
         rng: np.random.Generator | None = None,
     ) -> None:
         self._identity = identity
@@ -141,6 +147,7 @@ class MaskingRounds:
         self._send = send
         self._verify = verify_coordinator
         self._message_id = message_id
+        self._peer_identity = peer_identity
         self._rng = rng if rng is not None else np.random.default_rng()
         self._rounds: OrderedDict[int, _Round] = OrderedDict()
 
@@ -203,8 +210,8 @@ class MaskingRounds:
         work = self._current(message.round, message.model_version)
         if work is None or self._resend(work, "shares"):
             return
-        peers = peer_adverts(message)
         try:
+            peers = peer_adverts(message, self._peer_identity)
             boxes = work.participant.share(peers, message.participants)
         except (SecAggError, CryptoError, ValueError) as exc:
             self._refuse(work, "roster", exc)
@@ -331,7 +338,11 @@ class MaskingRounds:
             round=work.setup.round,
             sender=self.device_id,
             message_id=self._message_id("secagg-refused", work.setup.round),
-            code=ErrorCode.SECURE_AGGREGATION_FAILED,
+            code=(
+                ErrorCode.UNTRUSTED_IDENTITY
+                if isinstance(exc, UntrustedIdentityError)
+                else ErrorCode.SECURE_AGGREGATION_FAILED
+            ),
             reason=f"refused the {what}: {exc}"[:256],
         )
         self._answer(work, "refused", reply)
@@ -401,15 +412,15 @@ def encode_contribution(
     return EncodedContribution(vector, layout, norm)
 
 
-def peer_adverts(roster: SecAggRoster) -> list[PeerAdvert]:
-    """The roster's neighbours as the participant checks them."""
+def peer_adverts(roster: SecAggRoster, peer_identity: PeerIdentity) -> list[PeerAdvert]:
+    """The roster's neighbours as the participant checks them.
+
+    Raises:
+        UntrustedIdentityError: ``peer_identity`` refused a neighbour's keys.
+    """
     return [
         PeerAdvert(
-            identity=DevicePublicIdentity(
-                peer.identity.device_id,
-                peer.identity.x25519_public,
-                peer.identity.ed25519_public,
-            ),
+            identity=peer_identity(peer.identity),
             c_public=peer.c_public,
             s_public=peer.s_public,
             signature=peer.advert_signature,

@@ -37,6 +37,7 @@ from ursa.protocol.messages import (
     COORDINATOR,
     BaseMessage,
     Chunk,
+    IdentityKeys,
     RedundancyAsk,
     RedundancyResult,
     RingHop,
@@ -139,6 +140,10 @@ class FleetDevice:
     ) -> bytes:
         """A box ``peer`` sealed to this device."""
         return open_sealed(self.identity, peer, context, box)
+
+    def peer_identity(self, keys: IdentityKeys) -> DevicePublicIdentity:
+        """The keys as given: a stand-alone run has no operator."""
+        return keys.public_identity()
 
     def verify_coordinator(self, message: BaseMessage) -> None:
         """Refuse: a stand-alone run knows its peers and signs no ring start."""

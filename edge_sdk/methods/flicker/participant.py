@@ -50,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.crypto.ckks import CkksPublicContext, require_tenseal
-from ursa.crypto.errors import CryptoError
+from ursa.crypto.errors import CryptoError, UntrustedIdentityError
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.edge_sdk.method import PeerChannel
 from ursa.edge_sdk.methods.flicker import algorithm as dev
@@ -273,12 +273,14 @@ class FlickerParticipant:
         """Learn the ring's keys from a signed `RingStart` (a service run)."""
         try:
             self._channel.verify_coordinator(message)
+        except (CryptoError, ValueError) as exc:
+            raise RefusedError(f"ring start: {exc}") from None
+        try:  # operator-certified (`peer_identity`): an untrusted one is refused
             members = {
-                k.device_id: DevicePublicIdentity(
-                    k.device_id, k.x25519_public, k.ed25519_public
-                )
-                for k in message.members
+                k.device_id: self._channel.peer_identity(k) for k in message.members
             }
+        except UntrustedIdentityError:
+            raise
         except (CryptoError, ValueError) as exc:
             raise RefusedError(f"ring start: {exc}") from None
         if set(members) != set(message.order):

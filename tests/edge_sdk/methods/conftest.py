@@ -17,7 +17,7 @@ from ursa.edge_sdk.method import EpochKeys, Roster
 from ursa.edge_sdk.state import DeviceStateDir
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer, Trainer
 from ursa.models.weights import Arrays
-from ursa.protocol.messages import BaseMessage, KeyEpochStart
+from ursa.protocol.messages import BaseMessage, IdentityKeys, KeyEpochStart
 from ursa.protocol.router import NotReadyError
 
 FED = "fed"
@@ -102,6 +102,9 @@ class FakeContext:
         self, peer: DevicePublicIdentity, context: bytes, box: bytes
     ) -> bytes:
         return open_sealed(self.identity, peer, context, box)
+
+    def peer_identity(self, keys: IdentityKeys) -> DevicePublicIdentity:
+        return keys.public_identity()
 
     def verify_coordinator(self, message: BaseMessage) -> None:
         if not self.coordinator_pinned:
