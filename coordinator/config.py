@@ -26,6 +26,11 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     pins = { dev001 = "<32 hex digits from `ursa device identity`>" }
     # or: `ursa coordinator enrol` (<state_dir>/enrolment.json, merged)
 
+    [trust]                           # `ursa.protocol.trust_config`
+    operator_public_key = "<64 hex from `ursa operator init`>"
+    certificate = "/etc/ursa/coordinator.cert"   # `ursa operator certify coordinator`
+    # with an operator key, a Hello's valid certificate stands in for a pin
+
     [deadlines]
     key_epoch_s = 60.0
     registration_s = 60.0
@@ -145,6 +150,7 @@ from ursa.protocol.broker_config import BrokerConfig
 from ursa.protocol.codebook import Codebook, CodebookError
 from ursa.protocol.messages import ID_PATTERN, SEAL_PAGE_SIZE
 from ursa.protocol.transport import DEFAULT_MAX_PAYLOAD_BYTES
+from ursa.protocol.trust_config import TrustConfig
 
 if TYPE_CHECKING:  # imported lazily: training_round -> core -> this module
     from ursa.coordinator.training_round import TrainingConfig
@@ -408,6 +414,10 @@ class CoordinatorConfig(_Frozen):
     devices join by themselves; without it every device must be re-pinned."""
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     enrolment: EnrolmentConfig = Field(default_factory=EnrolmentConfig)
+    trust: TrustConfig = Field(default_factory=TrustConfig)
+    """The operator's public key and the coordinator's certificate
+    (`ursa.protocol.trust_config`): devices then enrol by certificate and
+    check every identity the coordinator relays."""
     deadlines: DeadlinesConfig = Field(default_factory=DeadlinesConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     key_epochs: KeyEpochConfig = Field(default_factory=KeyEpochConfig)

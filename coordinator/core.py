@@ -146,6 +146,8 @@ class ServiceCore:
     _identity: DeviceIdentity
     _state: RoundState
     _enrolled: dict[str, DevicePublicIdentity]
+    _certificates: dict[str, bytes]
+    """Enrolled devices' operator certificates, relayed with their keys."""
     _presence: Presence
     _online: set[str]
     """``_presence.online``: who the coordinator counts as online."""

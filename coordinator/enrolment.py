@@ -19,8 +19,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from ursa.coordinator.config import EnrolmentConfig
-from ursa.crypto.errors import CryptoError
+from ursa.crypto.errors import CryptoError, UntrustedIdentityError
 from ursa.crypto.identity import DevicePublicIdentity
+from ursa.crypto.trust_anchor import TrustAnchor
 from ursa.protocol.messages import (
     COORDINATOR,
     DeviceKeys,
@@ -65,10 +66,14 @@ def decide_enrolment(
     known: DevicePublicIdentity | None,
     policy: EnrolmentConfig,
     revoked: Collection[str] = frozenset(),
+    trust: TrustAnchor | None = None,
 ) -> EnrolmentDecision:
     """Accept or refuse a Hello under `policy`, given the enrolled identity if any.
 
     A ``revoked`` device (`ursa coordinator revoke`) is refused in either mode.
+    Under an operator ``trust`` anchor the Hello must carry a valid operator
+    certificate for its keys, which then stands in for a pin (the operator
+    enrolled the device when it certified it).
     """
     if hello.device_id in revoked:
         return EnrolmentDecision(False, "enrolment of this device id was revoked")
@@ -76,6 +81,12 @@ def decide_enrolment(
         identity = identity_of(hello)
     except CryptoError as exc:
         return EnrolmentDecision(False, f"invalid identity keys: {exc}")
+    certified = trust is not None and trust.operator is not None
+    if trust is not None:
+        try:
+            trust.check(identity, bytes(hello.certificate))
+        except UntrustedIdentityError as exc:
+            return EnrolmentDecision(False, f"untrusted identity: {exc}")
     fingerprint = identity.fingerprint()
     if known is not None:
         if known == identity:
@@ -83,7 +94,7 @@ def decide_enrolment(
         return EnrolmentDecision(
             False, "identity keys differ from the enrolled ones for this device id"
         )
-    if policy.mode == "pinned":
+    if policy.mode == "pinned" and not certified:
         pin = policy.pins.get(hello.device_id)
         if pin is None:
             return EnrolmentDecision(False, "device id is not on the enrolment list")
@@ -92,21 +103,29 @@ def decide_enrolment(
     return EnrolmentDecision(True, "enrolled", is_new=True, identity=identity)
 
 
-def keys_of(identity: DevicePublicIdentity) -> IdentityKeys:
-    """The wire form of a public identity (any id, the coordinator's included)."""
+def keys_of(identity: DevicePublicIdentity, certificate: bytes = b"") -> IdentityKeys:
+    """The wire form of a public identity (any id, the coordinator's included).
+
+    ``certificate``: its operator certificate, relayed so the receiver can
+    check the keys (b"": none, tofu).
+    """
     return IdentityKeys(
         device_id=identity.device_id,
         x25519_public=identity.x25519_public,
         ed25519_public=identity.ed25519_public,
+        certificate=certificate,
     )
 
 
-def device_keys_of(identity: DevicePublicIdentity) -> DeviceKeys:
+def device_keys_of(
+    identity: DevicePublicIdentity, certificate: bytes = b""
+) -> DeviceKeys:
     """The wire form of a device's public identity (never the coordinator's)."""
     return DeviceKeys(
         device_id=identity.device_id,
         x25519_public=identity.x25519_public,
         ed25519_public=identity.ed25519_public,
+        certificate=certificate,
     )
 
 
@@ -118,8 +137,12 @@ def enrol_result(
     round_index: int,
     device_id: str,
     epoch: int | None,
+    certificate: bytes = b"",
 ) -> EnrolResult:
-    """The reply to a Hello: an acceptance carries the coordinator's public keys."""
+    """The reply to a Hello: an acceptance carries the coordinator's public keys.
+
+    ``certificate``: the coordinator's operator certificate (b"": tofu).
+    """
     if coordinator.device_id != COORDINATOR:
         raise ValueError(f"the coordinator identity must have id {COORDINATOR!r}")
     return EnrolResult(
@@ -130,5 +153,7 @@ def enrol_result(
         accepted=decision.accepted,
         reason=decision.reason,
         epoch=epoch,
-        coordinator_keys=keys_of(coordinator) if decision.accepted else None,
+        coordinator_keys=(
+            keys_of(coordinator, certificate) if decision.accepted else None
+        ),
     )

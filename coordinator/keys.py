@@ -142,7 +142,9 @@ class EpochStages(ServiceCore):
                 sender=COORDINATOR,
                 epoch=epoch,
                 agent=agent,
-                agent_keys=device_keys_of(self._enrolled[agent]),
+                agent_keys=device_keys_of(
+                    self._enrolled[agent], self._certificates.get(agent, b"")
+                ),
                 num_classes=registry.num_classes,
                 groups=registry.groups,
                 sigma=registry.sigma,
@@ -199,7 +201,9 @@ class EpochStages(ServiceCore):
             if device not in self._enrolled:  # forgotten (revoked) meanwhile
                 self._record_box(work, device)
         keys = tuple(
-            device_keys_of(self._enrolled[d]) for d in devices if d in self._enrolled
+            device_keys_of(self._enrolled[d], self._certificates.get(d, b""))
+            for d in devices
+            if d in self._enrolled
         )
         if not keys:
             return

@@ -78,6 +78,10 @@ class CoordinatorView(Protocol):
         """An enrolled device's identity keys, or None."""
         ...
 
+    def device_certificate(self, device: str) -> bytes:
+        """An enrolled device's operator certificate (b"": none, tofu)."""
+        ...
+
 
 class RoundPlugin(ABC):
     """Training phase of a round (after the exactly-K selection)."""

@@ -74,6 +74,7 @@ class Recovery(EpochStages, RoundStages):
             logger.warning("forgetting enrolled device %s: %s", device, reason)
             self._store.unenrol(device)
             del self._enrolled[device]
+            self._certificates.pop(device, None)
             self._device_changed(device)
         return stale
 
@@ -111,6 +112,7 @@ class Recovery(EpochStages, RoundStages):
         self._enrolled = {
             d: DevicePublicIdentity.from_bytes(b) for d, b in store.enrolled().items()
         }
+        self._certificates = store.certificates()
         self._forget_stale(self._enrolment_list())
         if self._enrolment_watch is not None:  # applied: ticks skip it until it changes
             self._enrolment_reads_applied = self._enrolment_watch.reads

@@ -85,6 +85,7 @@ from ursa.coordinator.site_links import SiteLink, SiteLinks
 from ursa.coordinator.startup_hold import MAX_HELD, StartupHold
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
+from ursa.crypto.certificate import Role
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.secret_file import ensure_private_dir
 from ursa.protocol.admission_limits import (
@@ -225,6 +226,10 @@ class CoordinatorService(Recovery):
         self._stopped = threading.Event()
         self._state = RoundState()
         self._enrolled = {}
+        self._certificates = {}
+        self._trust = config.trust.anchor(config.federation, COORDINATOR)
+        self._certificate = b""
+        """The coordinator's own operator certificate (b"": tofu)."""
         self._presence = Presence(
             grace_s=config.deadlines.outage_grace_s,
             on_change=lambda device, _online: self._device_changed(device),
@@ -346,6 +351,10 @@ class CoordinatorService(Recovery):
         """An enrolled device's identity keys (its peers verify it with them)."""
         return self._enrolled.get(device)
 
+    def device_certificate(self, device: str) -> bytes:
+        """An enrolled device's operator certificate (b"": none, tofu)."""
+        return self._certificates.get(device, b"")
+
     def epoch_view(self) -> EpochView | None:
         """The current key epoch's public data (for the round plugin)."""
         with self._lock:
@@ -373,6 +382,9 @@ class CoordinatorService(Recovery):
             cfg.state_dir, COORDINATOR, key_path=cfg.identity_key_path()
         )
         public = self._identity.public()
+        self._certificate = cfg.trust.own_certificate(
+            self._trust, public, Role.COORDINATOR
+        )
         (cfg.state_dir / IDENTITY_PUBLIC_FILENAME).write_text(
             f"{public.to_bytes().hex()}\nfingerprint {public.fingerprint()}\n"
         )
@@ -395,6 +407,7 @@ class CoordinatorService(Recovery):
                 num_classes=cfg.registry.num_classes,
                 state_dir=cfg.state_dir,
                 devices=self._enrolled,
+                certificates=self._certificates,
                 store=self._store,
                 outbox=self._outbox,
                 clock=self._clock,
@@ -811,6 +824,14 @@ class CoordinatorService(Recovery):
             self._check_identity_refusal(message)  # signed, names our acceptance
             self._refused_by(message.sender, message.reason)
             return
+        if message.code == ErrorCode.UNTRUSTED_IDENTITY:  # someone swapped keys
+            report(
+                logging.ERROR,
+                "%s refused keys this coordinator relayed: %s",
+                message.sender,
+                message.reason,
+            )
+            return
         if message.code in _SITS_OUT:  # an operator must act
             report(
                 logging.ERROR,
@@ -981,7 +1002,7 @@ class CoordinatorService(Recovery):
             self._store.set_meta(REFUSING_KEY, json.dumps(sorted(self._refusing)))
         known = self._enrolled.get(device)
         listed, policy = self._enrolment()
-        decision = decide_enrolment(message, known, policy, listed.revoked)
+        decision = decide_enrolment(message, known, policy, listed.revoked, self._trust)
         if decision.accepted and decision.is_new and decision.identity is not None:
             self._store.enrol(
                 device,
@@ -994,6 +1015,10 @@ class CoordinatorService(Recovery):
             self._device_changed(device)
             self._store.set_online(device, True)
             logger.info("enrolled %s (%s)", device, decision.identity.fingerprint())
+        certificate = bytes(message.certificate)
+        if decision.accepted and certificate != self._certificates.get(device, b""):
+            self._store.set_certificate(device, certificate)  # checked, or renewed
+            self._certificates[device] = certificate
         elif not decision.accepted:
             self._refusals.write(
                 self._clock(),
@@ -1012,6 +1037,7 @@ class CoordinatorService(Recovery):
             round_index=self._state.round,
             device_id=device,
             epoch=self._state.epoch or None,
+            certificate=self._certificate,
         )
         if reply.accepted:
             reply = self._sign(reply)

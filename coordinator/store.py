@@ -104,6 +104,8 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS devices (
     device_id TEXT PRIMARY KEY, identity BLOB NOT NULL,
     fingerprint TEXT NOT NULL, enrolled_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS certificates (
+    device_id TEXT PRIMARY KEY, certificate BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS presence (
     device_id TEXT PRIMARY KEY, online INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS epochs (
@@ -454,6 +456,18 @@ class CoordinatorStore:
             (device_id, identity, fingerprint, now),
         )
 
+    def certificates(self) -> dict[str, bytes]:
+        """Device id -> the operator certificate its last accepted Hello carried."""
+        rows = self._exec("SELECT device_id, certificate FROM certificates")
+        return {str(d): bytes(c) for d, c in rows.fetchall()}
+
+    def set_certificate(self, device_id: str, certificate: bytes) -> None:
+        """Keep a device's operator certificate (a renewed one replaces it)."""
+        self._write(
+            "INSERT OR REPLACE INTO certificates VALUES (?, ?)",
+            (device_id, certificate),
+        )
+
     def online(self) -> set[str]:
         """Devices whose last status said online."""
         rows = self._exec("SELECT device_id FROM presence WHERE online = 1")
@@ -469,6 +483,7 @@ class CoordinatorStore:
         """Forget an enrolled device (revoked, or re-enrolled with new keys)."""
         with self.transaction():
             self._write("DELETE FROM devices WHERE device_id = ?", (device_id,))
+            self._write("DELETE FROM certificates WHERE device_id = ?", (device_id,))
             self._write("DELETE FROM presence WHERE device_id = ?", (device_id,))
 
     # --- recent errors ------------------------------------------------------

@@ -50,6 +50,8 @@ from ursa.protocol.secure_aggregation import advert_transcript
 __all__ = ["Advert", "KeysFold", "RoundHead", "SharesFold", "UnmaskFold"]
 
 Identities = Callable[[str], DevicePublicIdentity | None]
+Certificates = Callable[[str], bytes]
+"""A device's operator certificate, relayed with its keys (b"": none)."""
 
 
 @dataclass(frozen=True)
@@ -105,11 +107,16 @@ class KeysFold(Fold[SecAggKeys, dict[str, Advert]]):
     """SA1: signed per-round keys from the selected devices (see the module doc)."""
 
     def __init__(
-        self, head: RoundHead, setup: SecAggSetup, identities: Identities
+        self,
+        head: RoundHead,
+        setup: SecAggSetup,
+        identities: Identities,
+        certificates: Certificates = lambda _device: b"",
     ) -> None:
         self._head = head
         self._setup = setup
         self._identities = identities
+        self._certificates = certificates
 
     @property
     def setup(self) -> SecAggSetup:
@@ -186,7 +193,7 @@ class KeysFold(Fold[SecAggKeys, dict[str, Advert]]):
                 advert = state[peer]
                 peers.append(
                     PeerKeys(
-                        identity=device_keys_of(identity),
+                        identity=device_keys_of(identity, self._certificates(peer)),
                         c_public=advert.c_public,
                         s_public=advert.s_public,
                         advert_signature=advert.signature,

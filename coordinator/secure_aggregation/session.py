@@ -216,7 +216,16 @@ class SecureAggregation(BeforeTraining):
             info.model,
             info.version,
         )
-        work = _Round(info, head, KeysFold(head, setup, ctx.view.device_identity))
+        work = _Round(
+            info,
+            head,
+            KeysFold(
+                head,
+                setup,
+                ctx.view.device_identity,
+                ctx.view.device_certificate,
+            ),
+        )
         self._round = work
         if threshold > len(selected):
             work.abandoned = (

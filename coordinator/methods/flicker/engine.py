@@ -142,6 +142,8 @@ class FlickerCoordinator(FlickerWire):
         clock: Seconds, for deadlines (tests inject a fake one).
         rng: Ring order.
         key_owner: The CKKS key pair; a fresh one by default.
+        certificates: The devices' operator certificates, relayed with their
+            keys in a signed `RingStart` (a live table, like ``devices``).
     """
 
     def __init__(
@@ -155,9 +157,13 @@ class FlickerCoordinator(FlickerWire):
         key_owner: CkksKeyOwner | None = None,
         outbox: Outbox | None = None,
         sign: Sign | None = None,
+        certificates: Mapping[str, bytes] | None = None,
     ) -> None:
         super().__init__(config, devices, transport, outbox=outbox)
         self._sign = sign
+        self._certificates: Mapping[str, bytes] = (
+            certificates if certificates is not None else {}
+        )
         self.key_owner = key_owner if key_owner is not None else CkksKeyOwner()
         self._context = self.key_owner.public_context()
         self._clock = clock
@@ -460,7 +466,10 @@ class FlickerCoordinator(FlickerWire):
             hop_deadline_s=self.config.hop_deadline_s,
         )
         if self._sign is not None:
-            members = tuple(device_keys_of(self.devices[d]) for d in ring.live)
+            members = tuple(
+                device_keys_of(self.devices[d], self._certificates.get(d, b""))
+                for d in ring.live
+            )
             start = self._sign(start.model_copy(update={"members": members}))
         for device in ring.live:
             self._send(start, device)

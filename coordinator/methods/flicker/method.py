@@ -121,10 +121,13 @@ class FlickerMethod:
         clock: Callable[[], float],
         sign: Sign,
         seed: int | None = None,
+        certificates: Mapping[str, bytes] | None = None,
     ) -> None:
         """Load (or create) the CKKS key and restore a saved run.
 
-        ``devices`` is the service's live enrolment table; replies go into the
+        ``devices`` is the service's live enrolment table, ``certificates``
+        its devices' operator certificates (relayed in `RingStart` with the
+        members' keys, so each member can check them); replies go into the
         service's ``outbox``, which it flushes. The ring order comes from a
         generator of its own (from ``seed``), so running FLICKER leaves the
         service's draws (agents, trims) as they are without it.
@@ -147,6 +150,7 @@ class FlickerMethod:
             key_owner=load_or_create_key_owner(state_dir),
             outbox=outbox,
             sign=sign,
+            certificates=certificates,
         )
         self._engine, self._store, self._clock = engine, store, clock
         record = store.method_state(self.name, RUN_KEY)
