@@ -27,6 +27,7 @@ _AREAS = (
     "ursa.tools.cli.units",
     "ursa.tools.cli.demo",
     "ursa.tools.cli.doctor",
+    "ursa.tools.cli.operator",
 )
 
 

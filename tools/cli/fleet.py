@@ -315,10 +315,12 @@ def _identity(args: argparse.Namespace) -> int:
         print(f"ursa device identity: {exc}", file=sys.stderr)
         return 1
     fingerprint = identity.public().fingerprint()
+    public = identity.public().to_bytes().hex()
     if args.json:
         data = {
             "device_id": config.device_id,
             "fingerprint": fingerprint,
+            "public": public,
             "created": created,
             "state_dir": str(config.state_dir),
         }
@@ -326,10 +328,12 @@ def _identity(args: argparse.Namespace) -> int:
         return 0
     print(f"device {config.device_id}")
     print(f"fingerprint {fingerprint}")
+    print(f"public {public}")
     if created:
         print(f"(new identity in {config.state_dir / IDENTITY_FILENAME})")
     print(
         "enrol it on the coordinator's host: ursa coordinator enrol --config FILE "
-        f"--device {config.device_id} --fingerprint {fingerprint}"
+        f"--device {config.device_id} --fingerprint {fingerprint}; or certify it "
+        f"(operator trust): ursa operator certify device --identity {public} ..."
     )
     return 0
