@@ -17,7 +17,8 @@ from ursa.edge_sdk.config import DeviceConfig
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
-from ursa.protocol.topics import name_for, up_topic
+from ursa.protocol.topics import down_topic, name_for, up_topic
+from ursa.protocol.trust_config import TrustConfig
 
 FEDERATION = "fed"
 
@@ -79,6 +80,8 @@ class Federation:
         self.config = CoordinatorConfig(**settings)
         self.device_methods: tuple[Any, ...] | None = None
         """The devices' ``[[methods]]`` (None: their default, Dubhe)."""
+        self.device_trust: dict[str, TrustConfig] = {}
+        """A device's ``[trust]`` (`tests.operator_trust`; none: tofu)."""
         self.coordinator = self.new_coordinator()
         self.devices: dict[str, EdgeClient] = {}
         self.transports: dict[str, InMemoryTransport] = {}
@@ -116,6 +119,13 @@ class Federation:
         topic = up_topic(FEDERATION, on or device_id, name_for(message.kind))
         self.raw.publish(topic, encode(message))
 
+    def send_down(self, device_id: str, message: Any) -> None:
+        """Publish ``message`` on a device's down topic, in the coordinator's run."""
+        if not message.run:
+            message = message.model_copy(update={"run": self.coordinator.run_id})
+        topic = down_topic(FEDERATION, device_id, name_for(message.kind))
+        self.raw.publish(topic, encode(message))
+
     def new_coordinator(self) -> CoordinatorService:
         transport = InMemoryTransport(self.bus, "coordinator")
         self.coordinator_transport = transport
@@ -129,6 +139,7 @@ class Federation:
             obfuscator_pool_size=0,
             methods=self.device_methods,
             insecure_test_keys=True,  # 512-bit keys: the tests are about logic
+            trust=self.device_trust.get(device_id, TrustConfig()),
         )
 
     def new_device(self, device_id: str) -> EdgeClient:
