@@ -14,7 +14,7 @@ bus, 512-bit Paillier keys.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import pytest
 from tests.coordinator.conftest import FEDERATION, Federation
 from tests.operator_trust import Operator
 from ursa.crypto.certificate import OperatorKey, Role
-from ursa.crypto.identity import DeviceIdentity
+from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.paillier import PaillierSecretKey, generate_keypair
 from ursa.crypto.sealing import seal
 from ursa.edge_sdk.device_core import seal_context
@@ -105,16 +105,26 @@ def holds(client: Any, secret_key: PaillierSecretKey) -> bool:
 # --- the made-up agent -------------------------------------------------------
 
 
-def made_up_agent(
-    fed: Federation, agent: str, certificate: Callable[[DeviceIdentity], bytes]
+Publish = Callable[[str, bytes], None]
+
+
+def forge_agent(
+    publish: Publish,
+    real: KeyEpochStart,
+    coordinator: DeviceIdentity,
+    recipients: Mapping[str, DevicePublicIdentity],
+    agent: str,
+    certificate: Callable[[DeviceIdentity], bytes],
+    key_bits: int = 512,
 ) -> tuple[int, PaillierSecretKey]:
     """Sign an epoch naming ``agent`` with keys the coordinator made; seal to all.
 
-    Returns the forged epoch and the secret key a device that fell for it holds.
+    What the issue's attacker sent, on whatever bus ``publish`` writes to:
+    the signed notice after ``real``, the made-up agent's signed public key
+    and one box per recipient "from" it. Returns the forged epoch and the
+    secret key a device that fell for it holds.
     """
-    coordinator = coordinator_key(fed)
-    fake = DeviceIdentity.generate(agent)
-    real = fed.messages("key_epoch_start")[-1][1]
+    federation, fake = real.federation, DeviceIdentity.generate(agent)
     epoch = real.epoch + 1
     keys = DeviceKeys(
         device_id=agent,
@@ -132,41 +142,40 @@ def made_up_agent(
             "signature": b"",
         }
     )
-    publish = fed.raw.publish
     publish(
-        global_topic(FEDERATION, name_for(notice.kind)),
+        global_topic(federation, name_for(notice.kind)),
         encode(signed(coordinator, notice)),
     )
-    public_key, secret_key = generate_keypair(512)
-    announce = AgentPublicKey(
-        federation=FEDERATION,
-        run=fed.coordinator.run_id,
-        round=0,
-        sender=agent,
-        epoch=epoch,
-        public_key=public_key.to_bytes(),
-    )
+    public_key, secret_key = generate_keypair(key_bits)
+    head = {"federation": federation, "run": real.run, "round": 0, "sender": agent}
+    announce = AgentPublicKey(**head, epoch=epoch, public_key=public_key.to_bytes())
     publish(
-        global_topic(FEDERATION, name_for(announce.kind)),
+        global_topic(federation, name_for(announce.kind)),
         encode(signed(fake, announce)),
     )
-    context = seal_context(FEDERATION, epoch)
-    for device, client in fed.devices.items():
-        box = seal(
-            fake, client._identity.public(), context, secret_key.secret_to_bytes()
-        )
-        sealed = SealedSecretKey(
-            federation=FEDERATION,
-            run=fed.coordinator.run_id,
-            round=0,
-            sender=agent,
-            epoch=epoch,
-            recipient=device,
-            box=box,
-        )
-        publish(down_topic(FEDERATION, device, name_for(sealed.kind)), encode(sealed))
-    fed.bus.flush()
+    context, plaintext = seal_context(federation, epoch), secret_key.secret_to_bytes()
+    for device, public in recipients.items():
+        box = seal(fake, public, context, plaintext)
+        sealed = SealedSecretKey(**head, epoch=epoch, recipient=device, box=box)
+        publish(down_topic(federation, device, name_for(sealed.kind)), encode(sealed))
     return epoch, secret_key
+
+
+def made_up_agent(
+    fed: Federation, agent: str, certificate: Callable[[DeviceIdentity], bytes]
+) -> tuple[int, PaillierSecretKey]:
+    """`forge_agent` on the in-memory bus, after the fleet's last real epoch."""
+    recipients = {d: c._identity.public() for d, c in fed.devices.items()}
+    forged = forge_agent(
+        fed.raw.publish,
+        fed.messages("key_epoch_start")[-1][1],
+        coordinator_key(fed),
+        recipients,
+        agent,
+        certificate,
+    )
+    fed.bus.flush()
+    return forged
 
 
 def no_certificate(_fake: DeviceIdentity) -> bytes:

@@ -35,6 +35,7 @@ from ursa.edge_sdk.method import DeviceMethod
 from ursa.edge_sdk.trainer import Trainer
 from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
+from ursa.protocol.trust_config import TrustConfig
 from ursa.tools.broker.mosquitto import MosquittoBroker
 
 DEVICE_PREFIX = "dev"
@@ -143,6 +144,8 @@ class MqttFederation:
             broker, "observer", subscriptions=["#"], handler=self.capture
         )
         self.clients: dict[str, EdgeClient] = {}
+        self.device_trust: dict[str, TrustConfig] = {}
+        """A device's ``[trust]`` (`tests.operator_trust`; none: tofu)."""
 
     @property
     def url(self) -> str:
@@ -196,6 +199,7 @@ class MqttFederation:
                 keepalive_s=5,
             ),
             obfuscator_pool_size=2,
+            trust=self.device_trust.get(device_id, TrustConfig()),
         )
 
     def start_device(
