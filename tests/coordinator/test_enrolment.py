@@ -112,3 +112,23 @@ def test_a_revoked_device_is_refused_in_either_mode() -> None:
         assert decide_enrolment(_hello(known), known, policy).accepted
         refused = decide_enrolment(_hello(known), known, policy, {"a"})
         assert not refused.accepted and "revoked" in refused.reason
+
+
+def test_an_operator_certificate_stands_in_for_a_pin_and_is_required() -> None:
+    from ursa.crypto.certificate import OperatorKey, Role
+    from ursa.crypto.trust_anchor import TrustAnchor
+    from ursa.tools.cli.operator import certify
+
+    operator = OperatorKey.generate()
+    trust = TrustAnchor(operator.public(), "f")
+    device = DeviceIdentity.generate("a").public()
+    certificate = certify(operator, Role.DEVICE, device, federation="f").to_bytes()
+    pinned = EnrolmentConfig(mode="pinned")  # "a" is on no list
+    hello = _hello(device).model_copy(update={"certificate": certificate})
+    assert decide_enrolment(hello, None, pinned, trust=trust).is_new
+    bare = decide_enrolment(_hello(device), None, pinned, trust=trust)
+    assert not bare.accepted and "untrusted identity" in bare.reason
+    impostor = _hello(DeviceIdentity.generate("a").public())
+    forged = impostor.model_copy(update={"certificate": certificate})
+    refused = decide_enrolment(forged, None, EnrolmentConfig(mode="tofu"), trust=trust)
+    assert not refused.accepted and "does not match" in refused.reason
