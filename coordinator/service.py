@@ -382,11 +382,11 @@ class CoordinatorService(Recovery):
             cfg.state_dir, COORDINATOR, key_path=cfg.identity_key_path()
         )
         public = self._identity.public()
-        self._certificate = cfg.trust.own_certificate(
-            self._trust, public, Role.COORDINATOR
-        )
         (cfg.state_dir / IDENTITY_PUBLIC_FILENAME).write_text(
             f"{public.to_bytes().hex()}\nfingerprint {public.fingerprint()}\n"
+        )  # first, so a start without its certificate yet leaves what to certify
+        self._certificate = cfg.trust.own_certificate(
+            self._trust, public, Role.COORDINATOR
         )
         self._store = CoordinatorStore(
             cfg.state_dir / DB_FILENAME, commit=cfg.store.policy()

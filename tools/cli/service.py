@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ursa.crypto.errors import UntrustedIdentityError
 from ursa.protocol.connect import ConnectAbortedError
 from ursa.protocol.transport import TransportError
 from ursa.tools.cli import fleet, model
@@ -158,6 +159,9 @@ def _serve(args: argparse.Namespace) -> int:
         service.run(stop, until_done=not args.keep_running)
     except ConnectAbortedError:
         return 0  # stopped while waiting for the broker
+    except UntrustedIdentityError as exc:  # its certificate: a restart cannot fix
+        print(f"ursa coordinator serve: {exc}", file=sys.stderr)
+        return 2
     except TransportError as exc:  # a refusal: credentials, ACL
         print(f"ursa coordinator serve: {exc}", file=sys.stderr)
         return 1
@@ -207,6 +211,9 @@ def _device_run(args: argparse.Namespace) -> int:
         client.run(stop)  # returns at the end of the federation, too
     except ConnectAbortedError:
         return 0  # stopped while waiting for the broker
+    except UntrustedIdentityError as exc:  # its certificate: a restart cannot fix
+        print(f"ursa device run: {exc}", file=sys.stderr)
+        return 2
     except TransportError as exc:  # a refusal: credentials, ACL
         print(f"ursa device run: {exc}", file=sys.stderr)
         return 1
