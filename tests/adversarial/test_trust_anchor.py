@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 
 from tests.coordinator.conftest import FEDERATION, Federation
-from tests.operator_trust import Operator
 from ursa.crypto.certificate import OperatorKey, Role
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.paillier import PaillierSecretKey, generate_keypair
@@ -40,6 +39,7 @@ from ursa.protocol.messages import (
 )
 from ursa.protocol.topics import down_topic, global_topic, name_for
 from ursa.tools.cli.operator import certify
+from ursa.tools.operator_provisioning import OperatorProvisioning
 
 UNTRUSTED = "untrusted_identity"
 
@@ -53,7 +53,7 @@ def operator_fleet(
     **overrides: Any,
 ) -> Federation:
     """A fleet whose coordinator and devices hold operator certificates (or none)."""
-    operator = Operator(tmp_path / "operator", FEDERATION)
+    operator = OperatorProvisioning(tmp_path / "operator", FEDERATION)
     if trusted and coordinator_certified:
         overrides["trust"] = operator.coordinator(tmp_path / "coordinator")
     fed = Federation(tmp_path, num_devices=num_devices, **overrides)

@@ -22,10 +22,10 @@ from tests.adversarial.test_trust_anchor import (
     holds,
     no_certificate,
 )
-from tests.operator_trust import Operator
 from ursa.coordinator.service import CoordinatorService
 from ursa.crypto.identity import DeviceIdentity
 from ursa.protocol.messages import COORDINATOR
+from ursa.tools.operator_provisioning import OperatorProvisioning
 
 from .conftest import KEY_BITS
 
@@ -38,7 +38,7 @@ def test_every_device_refuses_a_made_up_agent_over_mosquitto(
     mqtt_federation: Any, tmp_path: Path
 ) -> None:
     fed = mqtt_federation("ittrust")
-    operator = Operator(tmp_path / "operator", "ittrust")
+    operator = OperatorProvisioning(tmp_path / "operator", "ittrust")
     config = fed.coordinator_config(
         N, k=2, tries=2, rounds=0, trust=operator.coordinator(tmp_path / "coordinator")
     )

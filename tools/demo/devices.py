@@ -82,7 +82,12 @@ def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> Edg
     FLICKER's image resampling (the shared feature extractor) is built here.
     A failed connect is retried.
     """
-    from ursa.edge_sdk.config import BrokerConfig, DeviceConfig, DeviceTrainingConfig
+    from ursa.edge_sdk.config import (
+        BrokerConfig,
+        DeviceConfig,
+        DeviceTrainingConfig,
+        TrustConfig,
+    )
     from ursa.protocol.transport import TransportError
     from ursa.tools.compose import build_device
     from ursa.tools.demo.flicker import device_flicker
@@ -100,6 +105,7 @@ def _start_client(spec: FleetSpec, device: DeviceSpec, connect_lock: Any) -> Edg
         allow_plain_aggregation=spec.allow_plain_aggregation,
         insecure_test_keys=spec.insecure_test_keys,
         methods=_methods(spec),
+        trust=spec.trust.get(device.device_id, TrustConfig()),
         training=DeviceTrainingConfig(
             data_file=str(data_file),
             architecture=spec.architecture,

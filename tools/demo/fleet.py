@@ -10,6 +10,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from ursa.protocol.trust_config import TrustConfig
+
 __all__ = ["DeviceReport", "DeviceSpec", "FleetSpec"]
 
 
@@ -51,6 +53,8 @@ class FleetSpec:
     """The devices accept the run's Paillier keys under 2048 bits (--key-bits)."""
     log_level: int = logging.WARNING
     extra: dict[str, Any] = field(default_factory=dict)
+    trust: dict[str, TrustConfig] = field(default_factory=dict)
+    """Each device's ``[trust]``: the demo certifies every device (none: tofu)."""
 
 
 @dataclass(frozen=True)

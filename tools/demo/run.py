@@ -35,6 +35,7 @@ from ursa.tools.demo.settings import (
     DemoError,
     TrainingDemoSettings,
 )
+from ursa.tools.operator_provisioning import OperatorProvisioning
 
 if TYPE_CHECKING:
     from ursa.coordinator.methods.flicker.method import FlickerMethod
@@ -206,6 +207,10 @@ class DemoRun:
         s = self.settings
         made_initial = made.initial if made is not None else None
         config = coordinator_config(s, self.workdir, url, initial, made_initial)
+        operator = OperatorProvisioning(self.workdir / "operator", FEDERATION)
+        config = config.model_copy(
+            update={"trust": operator.coordinator(config.state_dir)}
+        )  # a trial's setup: the operator certifies the coordinator and every device
         hooks = training_hooks(evaluate, on_round, made)
         plugin = training_plugin(config, hooks, self.telemetry)
         classifier = plugin.classifier if isinstance(plugin, FeddiskPlugin) else plugin
@@ -230,6 +235,8 @@ class DemoRun:
             f"keys, broker {url}"
         )
         fleet_settings = _fleet(s, url, self.workdir, model_config)
+        root = fleet_settings["state_root"]
+        fleet_settings["trust"] = {d: operator.device(root / d, d) for d in ids}
         if service.flicker is not None:
             from ursa.tools.demo.flicker import flicker_extra
 

@@ -1,8 +1,11 @@
-"""Provision a test fleet under an operator key, as `ursa operator certify` would.
+"""An operator that certifies a whole fleet at once: `ursa demo`'s and the tests'.
 
-`Operator.device` and `Operator.coordinator` create the party's identity in
-its state directory (the SDK and the service load that file), certify it and
-return the ``[trust]`` section that names the certificate file.
+A field trial's operator runs `ursa operator certify` once per party, on a
+machine apart from the coordinator. A demo (and a test) plays every role on
+one host: `OperatorProvisioning.device` and `.coordinator` create the party's
+identity in its state directory (the SDK and the service load that file),
+certify it with a fresh operator key and return the ``[trust]`` section that
+names the certificate file, so the run is in ``operator`` mode like a trial.
 """
 
 from __future__ import annotations
@@ -11,19 +14,22 @@ from pathlib import Path
 
 from ursa.crypto.certificate import OperatorKey, Role
 from ursa.crypto.identity import DeviceIdentity
+from ursa.crypto.secret_file import ensure_private_dir
 from ursa.protocol.messages import COORDINATOR
 from ursa.protocol.trust_config import TrustConfig
 from ursa.tools.cli.operator import certify
 
+__all__ = ["OperatorProvisioning"]
 
-class Operator:
-    """An operator key and the certificates it issued (files under ``directory``)."""
+
+class OperatorProvisioning:
+    """A fresh operator key and the certificates it issued (under ``directory``)."""
 
     def __init__(self, directory: Path, federation: str) -> None:
         self.key = OperatorKey.generate()
         self.directory = directory
         self.federation = federation
-        directory.mkdir(parents=True, exist_ok=True)
+        ensure_private_dir(directory, "operator")
 
     def device(self, state_dir: Path, device_id: str) -> TrustConfig:
         """The ``[trust]`` of a certified device (its identity in ``state_dir``)."""
