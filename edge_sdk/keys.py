@@ -64,11 +64,6 @@ __all__ = ["EpochSteps"]
 logger = logging.getLogger("ursa.edge_sdk")
 
 
-def _public_identity(keys: IdentityKeys) -> DevicePublicIdentity:
-    """The identity behind wire keys (raises CryptoError on invalid keys)."""
-    return DevicePublicIdentity(keys.device_id, keys.x25519_public, keys.ed25519_public)
-
-
 def _coordinator_keys(message: EnrolResult) -> IdentityKeys:
     """The coordinator keys an acceptance carries."""
     if message.coordinator_keys is None:
@@ -274,7 +269,7 @@ class EpochSteps(DeviceCore):
     def _adopt_epoch(
         self, notice: KeyEpochStart, payload: bytes, *, persist: bool
     ) -> None:
-        agent = _public_identity(notice.agent_keys)
+        agent = notice.agent_keys.public_identity()  # checked on arrival
         if self._pool is not None:
             self._pool.close()
         self._epoch, self._epoch_payload, self._agent = notice, payload, agent
