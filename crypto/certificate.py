@@ -153,9 +153,9 @@ class Certificate:
                     f"certificate of {len(data)} bytes has no whole signature"
                 )
             subject = DevicePublicIdentity(subject_id, x25519, ed25519)
-        except (IndexError, ValueError, struct.error) as exc:
-            raise UntrustedIdentityError(f"malformed certificate: {exc}") from exc
-        except CryptoError as exc:
+        except UntrustedIdentityError:
+            raise
+        except (IndexError, ValueError, struct.error, CryptoError) as exc:
             raise UntrustedIdentityError(f"malformed certificate: {exc}") from exc
         return cls(role, subject, federation, serial, issued_at, expires_at, signature)
 

@@ -45,6 +45,7 @@ from ursa.protocol.topics import down_topic, global_topic, name_for
 from ursa.tools.data.metrics import distance_to_uniform, distributions
 from ursa.tools.data.partition import dubhe_partition
 from ursa.tools.demo.settings import VOLUNTEER_S
+from ursa.tools.operator_provisioning import OperatorProvisioning
 
 __all__ = ["DemoSettings", "run_selection_demo"]
 
@@ -187,10 +188,12 @@ def run_selection_demo(
             any_device = down_topic(FEDERATION, "any", result_name)
             observer.subscribe(any_device.replace("/any/", "/+/"))
             observer.connect()
+            operator = OperatorProvisioning(Path(tmp) / "operator", FEDERATION)
             service = CoordinatorService(
                 CoordinatorConfig(
                     federation=FEDERATION,
                     state_dir=Path(tmp) / "coordinator",
+                    trust=operator.coordinator(Path(tmp) / "coordinator"),
                     broker=CoordinatorBroker(url=url),
                     enrolment=EnrolmentConfig(mode="tofu"),
                     min_devices=settings.devices,
@@ -225,6 +228,7 @@ def run_selection_demo(
                         obfuscator_pool_size=2,
                         methods=(DeviceDubheSpec(draw=settings.draw),),
                         insecure_test_keys=settings.key_bits < MIN_SECURE_KEY_BITS,
+                        trust=operator.device(Path(tmp) / device_id, device_id),
                     ),
                     labels,
                     rng=np.random.default_rng([settings.seed, i]),
