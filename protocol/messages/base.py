@@ -24,11 +24,13 @@ from typing_extensions import Self
 
 from ursa._compat import StrEnum
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """2: `KeyEpochStart` carries the federation's signed method list. 3: one
 `secure_mean` family. 4: every message carries `run`; `EnrolResult` is signed.
 6: model updates are summed under masks (`secure_aggregation`); `KeyEpochStart`
-signs the aggregation mode."""
+signs the aggregation mode. 7: bounded influence and safe defaults (the agent's
+registry check, signed named refusals, operator certificates on every relayed
+identity; docs/protocol.md "Version 7")."""
 
 COORDINATOR = "coordinator"
 """The `sender` of coordinator messages; reserved, never a device id."""

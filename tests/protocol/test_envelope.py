@@ -365,7 +365,7 @@ def test_other_protocol_version_raises_version_error(version: int) -> None:
     with pytest.raises(VersionError) as info:
         decode(_envelope(m.Heartbeat(**DEV, seq=1), protocol_version=version))
     assert info.value.version == version
-    assert info.value.supported == m.PROTOCOL_VERSION == 6
+    assert info.value.supported == m.PROTOCOL_VERSION == 7
 
 
 @pytest.mark.parametrize("version", ["1", 1.0, True, None])
