@@ -27,7 +27,6 @@ travels in clear.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import ssl
@@ -43,6 +42,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ursa.coordinator.live_status import ServiceStatus, service_status
 from ursa.coordinator.telemetry import RecentErrors
+from ursa.protocol.loopback import is_loopback
 from ursa.tools.observe.access import (
     Headers,
     HostCheck,
@@ -121,13 +121,8 @@ class Listen:
 
     @property
     def is_loopback(self) -> bool:
-        """True for 127.0.0.0/8, ::1 and ``localhost``."""
-        if self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False  # a host name: it may resolve anywhere
+        """True for 127.0.0.0/8, ::1 and ``localhost`` (a name may resolve anywhere)."""
+        return is_loopback(self.host)
 
 
 def parse_listen(text: str) -> Listen:
