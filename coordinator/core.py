@@ -36,7 +36,12 @@ from ursa.coordinator.store import CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.paillier import EncryptedVector, PaillierPublicKey
-from ursa.protocol.envelope import encode, message_kind, signing_bytes
+from ursa.protocol.envelope import (
+    encode,
+    message_kind,
+    signed_by_coordinator,
+    signing_bytes,
+)
 from ursa.protocol.messages import COORDINATOR, BaseMessage, ErrorReply
 from ursa.protocol.outbox import Outbox
 from ursa.protocol.topics import (
@@ -313,8 +318,18 @@ class ServiceCore:
         return stamped.model_copy(update={"signature": signature})
 
     def _encode(self, message: BaseMessage) -> bytes:
-        """The wire bytes of a message of this run."""
-        return encode(self._in_run(message))
+        """The wire bytes of a message of this run, signed where devices check.
+
+        The one signing point for what the coordinator sends
+        (`envelope.signed_by_coordinator`); a message signed before it was
+        stamped with this run is signed again.
+        """
+        stamped = self._in_run(message)
+        if signed_by_coordinator(stamped) and (
+            stamped is not message or not stamped.signature
+        ):
+            stamped = self._sign(stamped)
+        return encode(stamped)
 
     def _send(self, message: BaseMessage, device: str | None = None) -> None:
         """Queue `message` for one device's down topic, or the global topic."""

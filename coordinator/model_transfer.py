@@ -87,9 +87,13 @@ def model_transfer_id(federation: str, model: str, version: int) -> str:
 
 
 def model_notice(
-    federation: str, model: str, round_index: int, version: int
+    federation: str, model: str, round_index: int, version: int, sha256: str
 ) -> ModelAvailable:
-    """The retained notice: round ``round_index`` trains from ``version``."""
+    """The retained notice: round ``round_index`` trains from ``version``.
+
+    It names the SHA-256 of the version's bytes, so the signed notice pins
+    the content, not only the version number.
+    """
     return ModelAvailable(
         federation=federation,
         round=round_index,
@@ -97,6 +101,7 @@ def model_notice(
         model=model,
         model_version=version,
         transfer_id=model_transfer_id(federation, model, version),
+        sha256=sha256,
     )
 
 

@@ -163,9 +163,11 @@ _FAILED = frozenset(
         ErrorCode.EVALUATION_FAILED,
         ErrorCode.PLAIN_REFUSED,
         ErrorCode.SECURE_AGGREGATION_FAILED,
+        ErrorCode.TRANSFER_FAILED,
     }
 )
-"""A selected device's own work failed: the open round stops waiting for it."""
+"""A selected device's own work failed (or the model it holds is not the signed
+notice's): the open round stops waiting for it."""
 
 IDENTITY_PUBLIC_FILENAME = "coordinator.pub"
 """Hex of the coordinator's public identity, for devices that pin it by config."""

@@ -460,8 +460,15 @@ class TrainingPlugin(RoundPlugin):
         self._published_version = version
 
     def _notice(self, work: OpenRound) -> ModelAvailable:
+        # a round trains from the latest version: only its own end makes a newer one
+        latest = self._latest
+        assert work.base_version == latest.version, "a round's base is the latest"
         return model_notice(
-            self._federation, self.config.model, work.index, work.base_version
+            self._federation,
+            self.config.model,
+            work.index,
+            latest.version,
+            latest.sha256,
         )
 
     def _republish(self, work: OpenRound) -> None:

@@ -75,7 +75,12 @@ from ursa.edge_sdk.trainer import NoOpTrainer, Trainer
 from ursa.models.weights import Arrays
 from ursa.protocol.admission_limits import AdmissionLimiter, AdmissionStats
 from ursa.protocol.connect import connect_patiently
-from ursa.protocol.envelope import decode, encode, message_kind
+from ursa.protocol.envelope import (
+    decode,
+    encode,
+    message_kind,
+    signed_by_coordinator,
+)
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -84,6 +89,7 @@ from ursa.protocol.messages import (
     Chunk,
     ChunkRequest,
     EnrolResult,
+    ErrorCode,
     ErrorReply,
     FederationEnd,
     Hello,
@@ -654,6 +660,8 @@ class EdgeClient(EpochSteps, EndSteps):
 
     def _process(self, message: BaseMessage) -> None:
         """Dispatch; once a message is consumed, retry the ones that waited."""
+        if not self._authentic(message):
+            return
         try:
             outcome = self._router.dispatch(message)
         except _REFUSALS as exc:
@@ -663,6 +671,40 @@ class EdgeClient(EpochSteps, EndSteps):
             logger.debug("%s: no handler for %s", self.device_id, message_kind(message))
         elif outcome is Dispatch.HANDLED:
             self._router.retry_parked(self._refused)
+
+    def _authentic(self, message: BaseMessage) -> bool:
+        """Whether a coordinator message carries the pinned coordinator's signature.
+
+        The one check of what the coordinator sends (every kind but a chunk:
+        `envelope.signed_by_coordinator`), before any handler sees it. An
+        `EnrolResult` is checked by its handler against the trust anchor (it
+        is what pins the coordinator's key); an error before any key is
+        pinned is taken unchecked, since all it can do is prompt a Hello.
+        """
+        if not signed_by_coordinator(message) or isinstance(message, EnrolResult):
+            return True
+        kind = message_kind(message)
+        coordinator = self._coordinator
+        if coordinator is None:
+            if isinstance(message, ErrorReply):
+                return True
+            logger.warning(
+                "%s: dropped %s: no coordinator key is pinned yet", self.device_id, kind
+            )
+            return False
+        try:
+            self._verify(coordinator, message)
+        except CryptoError as exc:
+            logger.warning(
+                "%s: refused %s: %s: not signed by the pinned coordinator %s (%s)",
+                self.device_id,
+                kind,
+                ErrorCode.BAD_SIGNATURE.value,
+                coordinator.fingerprint()[:16],
+                escape(str(exc)),
+            )
+            return False
+        return True
 
     def _registration_key(self, epoch: int) -> bytes | None:
         """The first method's key for this epoch's registration (None: none)."""

@@ -118,6 +118,7 @@ class ModelSteps(RoundSteps):
     _notice_at: float
     _model_version: int | None
     _model_arrays: Arrays | None
+    _model_sha256: str | None
     _model_parts: Reassembler
     _model_inflight: dict[str, int]
     _wanted: _Wanted | None
@@ -133,6 +134,7 @@ class ModelSteps(RoundSteps):
         self._notice_at = 0.0
         self._model_version = None
         self._model_arrays = None
+        self._model_sha256 = None
         self._model_parts = Reassembler(
             max_transfer_bytes=self.max_model_bytes,
             max_total_bytes=2 * self.max_model_bytes,
@@ -258,6 +260,10 @@ class ModelSteps(RoundSteps):
                 continue
             if self._model_version != notice.model_version:
                 self._want(notice.model_version, notice.transfer_id)
+                continue
+            if self._model_sha256 != notice.sha256:
+                self._pending_rounds.discard(round_index)
+                self._sent_updates[notice.round] = [self._digest_refused(notice)]
                 continue
             if not all(m.ready_to_train(round_index) for m in self._methods):
                 continue
@@ -386,6 +392,27 @@ class ModelSteps(RoundSteps):
             len(payload),
         )
 
+    def _digest_refused(self, notice: ModelAvailable) -> ErrorReply:
+        """The held bytes of the round's version are not the signed notice's: say so.
+
+        The chunks matched their manifest, so only a coordinator whose notice
+        and manifest disagree gets here; the device trains nothing that round.
+        """
+        held = self._model_sha256 or ""
+        logger.error(
+            "%s: round %d: model version %d's bytes (sha256 %s...) are not the "
+            "ones the signed model notice names (%s...); not training from them",
+            self.device_id,
+            notice.round,
+            notice.model_version,
+            held[:12],
+            notice.sha256[:12],
+        )
+        reason = (
+            f"model version {notice.model_version} does not match the notice's sha256"
+        )
+        return self._round_refused(notice, ErrorCode.TRANSFER_FAILED, reason)
+
     def _plain_refused(self, notice: ModelAvailable) -> ErrorReply:
         """The epoch sums in the clear and this device does not allow it: say so."""
         logger.error(
@@ -394,13 +421,20 @@ class ModelSteps(RoundSteps):
             self.device_id,
             notice.round,
         )
+        reason = "this device sends no plain model update"
+        return self._round_refused(notice, ErrorCode.PLAIN_REFUSED, reason)
+
+    def _round_refused(
+        self, notice: ModelAvailable, code: ErrorCode, reason: str
+    ) -> ErrorReply:
+        """Tell the coordinator this device sends no update in the notice's round."""
         reply = ErrorReply(
             federation=self._config.federation,
             round=notice.round,
             sender=self.device_id,
-            message_id=derived_id(self.device_id, "plain-refused", notice.round),
-            code=ErrorCode.PLAIN_REFUSED,
-            reason="this device sends no plain model update",
+            message_id=derived_id(self.device_id, code.value, notice.round),
+            code=code,
+            reason=reason,
             in_reply_to=notice.message_id,
         )
         self._send(reply)
@@ -418,6 +452,7 @@ class ModelSteps(RoundSteps):
             self._model_parts.discard(transfer_id)
         self._model_inflight.clear()
         self._model_version = self._model_arrays = self._model_notice = None
+        self._model_sha256 = None
         self._notice_at = 0.0
         self._wanted = None
         self._unfit_version = None
@@ -500,6 +535,7 @@ class ModelSteps(RoundSteps):
         if self._model_version is not None and version <= self._model_version:
             return
         self._model_version, self._model_arrays = version, arrays
+        self._model_sha256 = hashlib.sha256(payload).hexdigest()
         self.training_stats.models_downloaded += 1
         if self._wanted is not None and self._wanted.version <= version:
             self._wanted = None

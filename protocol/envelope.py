@@ -19,12 +19,14 @@ from pydantic import ValidationError
 
 from ursa.protocol.errors import DecodeError, OversizeError, VersionError
 from ursa.protocol.messages import (
+    COORDINATOR,
     ID_PATTERN,
     MAX_CHUNK_SIZE,
     MESSAGE_ADAPTER,
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
     BaseMessage,
+    Chunk,
     Message,
 )
 
@@ -92,6 +94,19 @@ def signing_bytes(message: BaseMessage) -> bytes:
     body = message.model_dump(mode="python", exclude={"signature"})
     packed: bytes = msgpack.packb(body, use_bin_type=True)
     return SIGNING_DOMAIN + packed
+
+
+def signed_by_coordinator(message: BaseMessage) -> bool:
+    """Whether `message` must carry the coordinator's signature to be acted on.
+
+    Every message the coordinator sends but a `Chunk`: the coordinator signs
+    them all at one point and a device checks them all at one point, so a
+    notice no one listed cannot travel unsigned. A chunk's bytes are bound by
+    the SHA-256 its signed `TransferManifest` names (and a model's by the
+    signed `ModelAvailable` too); a chunk that does not match is dropped and
+    asked for again.
+    """
+    return message.sender == COORDINATOR and not isinstance(message, Chunk)
 
 
 def message_digest(message: BaseMessage) -> str:

@@ -10,9 +10,11 @@ liveness), `keys` (the Paillier key epoch), `transfer` (chunked transfers),
 Ciphertexts, keys, sealed boxes and tensors are raw `bytes`;
 `ursa.protocol.envelope` puts them on the wire as msgpack.
 
-Messages that carry authority (key epoch, agent answers, selection result)
-have a `signature` field: Ed25519 over `envelope.signing_bytes(message)`,
-empty until signed.
+Every message has a `signature` field: Ed25519 over
+`envelope.signing_bytes(message)`, empty until signed. The coordinator signs
+everything it sends but a `Chunk` (`envelope.signed_by_coordinator`), and a
+device acts on nothing of the coordinator's that the pinned coordinator key
+did not sign; a kind a device or the agent signs says so in its docstring.
 """
 
 from __future__ import annotations

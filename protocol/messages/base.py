@@ -24,13 +24,15 @@ from typing_extensions import Self
 
 from ursa._compat import StrEnum
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """2: `KeyEpochStart` carries the federation's signed method list. 3: one
 `secure_mean` family. 4: every message carries `run`; `EnrolResult` is signed.
 6: model updates are summed under masks (`secure_aggregation`); `KeyEpochStart`
 signs the aggregation mode. 7: bounded influence and safe defaults (the agent's
 registry check, signed named refusals, operator certificates on every relayed
-identity; docs/protocol.md "Version 7")."""
+identity; docs/protocol.md "Version 7"). 8: every coordinator message but a
+chunk is signed, and `ModelAvailable` names the model's SHA-256
+(docs/protocol.md "Version 8")."""
 
 COORDINATOR = "coordinator"
 """The `sender` of coordinator messages; reserved, never a device id."""
@@ -234,6 +236,10 @@ class BaseMessage(_Frozen):
     sender: Id
     message_id: Id = Field(default_factory=_new_message_id)
     sent_at: Annotated[float, Field(ge=0.0)] = Field(default_factory=time.time)
+    signature: Signature = b""
+    """Ed25519 over `envelope.signing_bytes`, empty until signed. Every
+    coordinator message but a `Chunk` (bound by its signed manifest's SHA-256)
+    carries the coordinator's; a kind a device or the agent signs says so."""
 
     topic: ClassVar[str] = CONTROL
     """The last topic level this kind travels on."""
@@ -258,7 +264,6 @@ class ErrorReply(BaseMessage):
     reason: Text
     in_reply_to: Id | None = None
     in_reply_to_digest: Sha256Hex | None = None
-    signature: Signature = b""
 
     @_model_validator(mode="after")
     def _digest_names_a_message(self) -> Self:

@@ -27,7 +27,6 @@ from ursa.protocol.messages.base import (
     Count,
     Key32,
     Positive,
-    Signature,
     TryIndices,
     _Frozen,
 )
@@ -107,7 +106,6 @@ class RegistryVerdict(BaseMessage):
     page: Count
     entries: Annotated[int, Field(ge=1, le=RANK_PAGE_SIZE)]
     bad: Annotated[tuple[Count, ...], Field(max_length=RANK_PAGE_SIZE)] = ()
-    signature: Signature = b""
 
     @_model_validator(mode="after")
     def _bad_in_page(self) -> Self:
@@ -169,7 +167,6 @@ class AgentAnswer(BaseMessage):
     kind: Literal["agent_answer"] = "agent_answer"
     best_try: Count | None
     bad_tries: Annotated[tuple[Count, ...], Field(max_length=MAX_TRIES)] = ()
-    signature: Signature = b""
 
     @_model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -30,7 +30,7 @@ from pydantic import model_validator as _model_validator
 from typing_extensions import Self
 
 from ursa.crypto.encoding import FixedPoint
-from ursa.protocol.messages.base import CONTROL, Positive, Signature
+from ursa.protocol.messages.base import CONTROL, Positive
 from ursa.protocol.messages.secure_mean import MeanHeader
 
 __all__ = [
@@ -113,7 +113,6 @@ class MeanResult(MeanHeader):
         Field(min_length=1, max_length=_MAX_VALUES),
     ]
     num_parties: Positive
-    signature: Signature = b""
 
     @_model_validator(mode="after")
     def _shape(self) -> Self:

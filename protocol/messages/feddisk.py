@@ -13,7 +13,6 @@ from ursa.protocol.messages.base import (
     BaseMessage,
     Count,
     Name,
-    Signature,
 )
 
 __all__ = [
@@ -40,7 +39,6 @@ class MadeVerdict(BaseMessage):
     model_version: Count
     stop: bool
     best_version: Count
-    signature: Signature = b""
 
 
 class FeddiskSwitch(BaseMessage):

@@ -24,7 +24,6 @@ from ursa.protocol.messages.base import (
     Id,
     Positive,
     Relay,
-    Signature,
     unique_entries,
 )
 from ursa.protocol.messages.session import DeviceKeys
@@ -53,7 +52,6 @@ class RingStart(BaseMessage):
     order: Annotated[DeviceList, Field(min_length=3)]
     hop_deadline_s: Annotated[float, Field(gt=0.0)]
     members: Annotated[tuple[DeviceKeys, ...], Field(max_length=MAX_DEVICES)] = ()
-    signature: Signature = b""
 
 
 class RingHop(BaseMessage):

@@ -22,7 +22,6 @@ from ursa.protocol.messages.base import (
     Name,
     Positive,
     Relay,
-    Signature,
     _Frozen,
     unique_entries,
 )
@@ -58,7 +57,6 @@ class KeyEpochStart(BaseMessage):
     aggregation: Literal["secure", "plain"] = "secure"
     """How the rounds sum model updates: under masks, or in the clear (a device
     sends a plain update only if its own config allows it)."""
-    signature: Signature = b""
 
     @_model_validator(mode="after")
     def _registry_params(self) -> Self:
@@ -170,7 +168,6 @@ class AgentPublicKey(BaseMessage):
     relay: ClassVar[Relay] = Relay.AGENT
     epoch: Count
     public_key: Annotated[bytes, Field(min_length=1, max_length=4096)]
-    signature: Signature = b""
 
 
 class SealedSecretKey(BaseMessage):

@@ -23,7 +23,6 @@ from ursa.protocol.messages.base import (
     Count,
     Id,
     Name,
-    Signature,
 )
 
 END = "end"
@@ -51,7 +50,6 @@ class FederationEnd(BaseMessage):
         default_factory=dict
     )
     """The coordinator's evaluation of the final model (e.g. ``accuracy``)."""
-    signature: Signature = b""
 
     @_model_validator(mode="after")
     def _model_named_whole(self) -> Self:

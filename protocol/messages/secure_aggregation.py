@@ -102,7 +102,6 @@ class SecAggSetup(_RoundModel):
     noise_multiplier: Annotated[float, Field(ge=0.0)] = 0.0
     metrics: bool = True
     """Whether the vector carries the fleet's training metrics (off under DP)."""
-    signature: Signature = b""
 
     @_model_validator(mode="after")
     def _threshold_fits(self) -> Self:
@@ -214,7 +213,6 @@ class SecAggUnmask(_RoundModel):
     topic: ClassVar[str] = CONTROL
     survivors: DeviceList
     dropped: _PeerList = ()
-    signature: Signature = b""
 
     @_model_validator(mode="after")
     def _disjoint(self) -> Self:

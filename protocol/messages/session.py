@@ -20,7 +20,6 @@ from ursa.protocol.messages.base import (
     Id,
     Key32,
     Name,
-    Signature,
     Text,
     _Frozen,
 )
@@ -94,7 +93,6 @@ class EnrolResult(BaseMessage):
     reason: Text = ""
     epoch: Count | None = None
     coordinator_keys: IdentityKeys | None = None
-    signature: Signature = b""
 
     @_model_validator(mode="after")
     def _coordinator_keys(self) -> Self:

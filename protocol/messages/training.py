@@ -19,7 +19,7 @@ from ursa.protocol.messages.base import (
     Id,
     Name,
     Positive,
-    Signature,
+    Sha256Hex,
 )
 
 MAX_UPDATE_METRICS = 16
@@ -55,11 +55,15 @@ class SelectionResult(BaseMessage):
     kind: Literal["selection_result"] = "selection_result"
     selected: DeviceList
     try_index: Count | None = None
-    signature: Signature = b""
 
 
 class ModelAvailable(BaseMessage):
-    """Coordinator to all: a global model version, fetched by its transfer."""
+    """Coordinator to all: a global model version, fetched by its transfer.
+
+    ``sha256`` is the version's bytes' digest, signed with the notice: a
+    device trains round ``round`` only from exactly those bytes, whoever sent
+    the chunks.
+    """
 
     kind: Literal["model_available"] = "model_available"
     topic: ClassVar[str] = MODEL
@@ -67,6 +71,7 @@ class ModelAvailable(BaseMessage):
     model: Name
     model_version: Count
     transfer_id: Id
+    sha256: Sha256Hex
     format: Literal["state_dict", "onnx"] = "state_dict"
 
 

@@ -24,9 +24,10 @@ from tests.coordinator.conftest import FEDERATION, Federation, device_labels
 from ursa.coordinator.refusal_limits import RefusalLimits
 from ursa.coordinator.status import read_status
 from ursa.coordinator.telemetry import RecentErrors
+from ursa.crypto.identity import DeviceIdentity
 from ursa.edge_sdk.callbacks import DeviceCallbacks, DeviceError
 from ursa.edge_sdk.client import EdgeClient
-from ursa.protocol.envelope import encode
+from ursa.protocol.envelope import encode, signing_bytes
 from ursa.protocol.inmemory import InMemoryTransport
 from ursa.protocol.messages import COORDINATOR, ErrorCode, ErrorReply
 from ursa.protocol.topics import down_topic, name_for
@@ -196,6 +197,10 @@ def test_a_hostile_coordinators_reason_forges_no_device_line(
             reason=FORGED,
             run=fed.coordinator.run_id,
         )
+        own_key = DeviceIdentity.load_or_create(fed.config.state_dir, COORDINATOR)
+        reply = reply.model_copy(
+            update={"signature": own_key.sign(signing_bytes(reply))}
+        )  # the hostile coordinator signs what it sends
         topic = down_topic(FEDERATION, HONEST[0], name_for(reply.kind))
         fed.raw.publish(topic, encode(reply))
         written = [r for r in records.records[start:] if r.name.startswith("ursa.edge")]

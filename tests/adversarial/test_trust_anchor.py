@@ -267,7 +267,8 @@ def ask_to_seal_to_a_ghost(fed: Federation) -> str:
             ),
         ),
     )
-    fed.send_down(notice.agent, request)
+    request = request.model_copy(update={"run": fed.coordinator.run_id})
+    fed.send_down(notice.agent, signed(coordinator_key(fed), request))  # its own key
     return str(notice.agent)
 
 

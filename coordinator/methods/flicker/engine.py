@@ -75,7 +75,7 @@ from ursa.coordinator.methods.flicker.redundancy import (
     RedundancyRelay,
 )
 from ursa.coordinator.methods.flicker.ring import FlickerRing, RingError
-from ursa.coordinator.methods.flicker.wire import ContextTransfer, FlickerWire
+from ursa.coordinator.methods.flicker.wire import ContextTransfer, FlickerWire, Sign
 from ursa.crypto.ckks import CkksKeyOwner
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DevicePublicIdentity
@@ -111,8 +111,6 @@ __all__ = [
 logger = logging.getLogger("ursa.coordinator.methods.flicker.algorithm")
 
 Clock = Callable[[], float]
-Sign = Callable[[BaseMessage], BaseMessage]
-"""The coordinator's signature over a message (a service run signs `RingStart`)."""
 
 COSINE_SLACK = 1e-3
 """A decrypted cosine of two count vectors lies in [0, 1] up to CKKS error."""
@@ -159,8 +157,7 @@ class FlickerCoordinator(FlickerWire):
         sign: Sign | None = None,
         certificates: Mapping[str, bytes] | None = None,
     ) -> None:
-        super().__init__(config, devices, transport, outbox=outbox)
-        self._sign = sign
+        super().__init__(config, devices, transport, outbox=outbox, sign=sign)
         self._certificates: Mapping[str, bytes] = (
             certificates if certificates is not None else {}
         )

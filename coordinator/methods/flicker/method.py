@@ -32,13 +32,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ursa.coordinator.methods.flicker import algorithm as fl
-from ursa.coordinator.methods.flicker.engine import FlickerCoordinator, Sign
+from ursa.coordinator.methods.flicker.engine import FlickerCoordinator
 from ursa.coordinator.methods.flicker.keyfile import load_or_create_key_owner
 from ursa.coordinator.methods.flicker.outcome import (
     FlickerOutcome,
     FlickerServiceConfig,
     Phase,
 )
+from ursa.coordinator.methods.flicker.wire import Sign
 from ursa.coordinator.methods_config import FlickerSpec
 from ursa.coordinator.store import CoordinatorStore
 from ursa.crypto.ckks import require_tenseal

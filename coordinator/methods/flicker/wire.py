@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ursa.coordinator.methods.flicker.outcome import (
@@ -32,7 +32,12 @@ from ursa.protocol.chunking import (
     select_chunks,
     split,
 )
-from ursa.protocol.envelope import decode, encode, message_kind
+from ursa.protocol.envelope import (
+    decode,
+    encode,
+    message_kind,
+    signed_by_coordinator,
+)
 from ursa.protocol.errors import OversizeError, ProtocolError, VersionError
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -96,6 +101,10 @@ class ContextTransfer:
         return request.transfer_id == self.manifest.transfer_id
 
 
+Sign = Callable[[BaseMessage], BaseMessage]
+"""The coordinator's signature over a message: stamps the run, then signs."""
+
+
 class FlickerWire:
     """Decoding, admission, outbox and error replies; subclasses add `on_message`.
 
@@ -106,6 +115,8 @@ class FlickerWire:
         transport: Where messages go; None inside a `CoordinatorService`,
             whose outbox (``outbox``) the service flushes itself.
         outbox: The queue to publish through (default: its own).
+        sign: The coordinator's signature; a service run signs every message
+            but a chunk with it (`envelope.signed_by_coordinator`), as its own.
     """
 
     def __init__(
@@ -115,8 +126,10 @@ class FlickerWire:
         transport: Transport | None,
         *,
         outbox: Outbox | None = None,
+        sign: Sign | None = None,
     ) -> None:
         self.config = config
+        self._sign = sign
         self.devices = devices
         self.rejections: list[Rejection] = []
         """The newest `MAX_REJECTIONS_KEPT` refusals (reasons escaped)."""
@@ -230,9 +243,17 @@ class FlickerWire:
         else:
             topic, retain = down_topic(fed, device, name), False
         run = self.config.run
+        stamped = message
         if message.run != run:  # every message carries the service's run
-            message = message.model_copy(update={"run": run})
-        self._outbox.put(topic, encode(message), qos_for(name), retain)
+            stamped = message.model_copy(update={"run": run})
+        sign = self._sign
+        if (
+            sign is not None
+            and signed_by_coordinator(stamped)
+            and (stamped is not message or not stamped.signature)
+        ):
+            stamped = sign(stamped)
+        self._outbox.put(topic, encode(stamped), qos_for(name), retain)
 
     def _relay(self, payload: bytes, device: str) -> None:
         """Queue a device's message, as received, for another device."""

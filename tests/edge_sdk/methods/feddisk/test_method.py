@@ -23,7 +23,13 @@ from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.models.registry import initial_arrays
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.chunking import split
-from ursa.protocol.envelope import decode, encode, message_kind, signing_bytes
+from ursa.protocol.envelope import (
+    decode,
+    encode,
+    message_kind,
+    signed_by_coordinator,
+    signing_bytes,
+)
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -86,6 +92,8 @@ class Fleet:
     def __init__(self, tmp: Path) -> None:
         self.tmp, self.bus = tmp, InMemoryBus()
         self.identity = DeviceIdentity.generate(COORDINATOR)
+        self.digests: dict[tuple[str, int], str] = {}
+        """The SHA-256 of each (model, version) published, for its notice."""
         self.up: list[BaseMessage] = []
         self.hub = InMemoryTransport(self.bus, COORDINATOR)
         self.hub.set_handler(lambda topic, payload: self.up.append(decode(payload)))
@@ -118,6 +126,10 @@ class Fleet:
         return client
 
     def send(self, message: BaseMessage, device: str | None = None) -> None:
+        """Publish as the coordinator does: signed, but a chunk or a relayed message."""
+        if signed_by_coordinator(message) and not message.signature:
+            signature = self.identity.sign(signing_bytes(message))
+            message = message.model_copy(update={"signature": signature})
         name = name_for(message_kind(message))
         if device is None:
             topic, retain = global_topic(FED, name), name in RETAINED_GLOBAL_NAMES
@@ -188,6 +200,7 @@ class Fleet:
         )
         for part in (manifest, *chunks):
             self.send(part)
+        self.digests[(model, version)] = manifest.sha256
         self.announce(model, version, round_index=version + 1)
 
     def announce(self, model: str, version: int, *, round_index: int) -> None:
@@ -200,6 +213,7 @@ class Fleet:
                 model=model,
                 model_version=version,
                 transfer_id=tid,
+                sha256=self.digests.get((model, version), "0" * 64),
             )
         )
 
