@@ -1,4 +1,4 @@
-"""`ursa bench crypto`: packed Paillier registries and CKKS figures (SPEC §8 rows 1-5).
+"""`ursa bench crypto`: packed Paillier registries and CKKS figures, with budgets.
 
 Both ways of encrypting a registry are measured in the same run: the packed one
 ursa uses (one ciphertext for the 56 slots) and the paper's (one phe ciphertext
@@ -127,7 +127,7 @@ def _ckks_figures(repeats: int) -> dict[str, float | int]:
 
 
 def run(*, as_json: bool, repeats: int = 15) -> int:
-    """Measure, print, and return 1 if a SPEC §8 budget (rows 1-5) is missed."""
+    """Measure, print, and return 1 if a budget is missed."""
     figures: dict[str, float | int] = {}
     figures.update(_paillier_figures(repeats))
     figures.update(_ckks_figures(repeats))

@@ -7,7 +7,7 @@ encrypted count update. On the coordinator: key generation, encrypting
 ``GD/||GD||``, decrypting ``GD``, a cosine and an update. Then the whole
 protocol runs once on table D1 over the in-memory bus (every message encoded
 as on MQTT) and the payload bytes each device sent and received are reported.
-Budget (SPEC §4): the public context a device downloads is <= 500,000 bytes.
+Budget: the public context a device downloads is <= 500,000 bytes.
 """
 
 from __future__ import annotations

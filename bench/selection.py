@@ -1,4 +1,4 @@
-"""`ursa bench selection`: Dubhe selection rounds per second at N = 100,000 (SPEC §8).
+"""`ursa bench selection`: Dubhe selection rounds per second at N = 100,000.
 
 A round is what happens after registration, every round: each device computes
 eq. (6) from the overall registry and flips its coin, and the coordinator trims
@@ -42,7 +42,7 @@ def _require(condition: bool, message: str) -> None:
 
 
 def run(*, as_json: bool, repeats: int = 30) -> int:
-    """Measure, print, and return 1 if the SPEC §8 selection budget is missed."""
+    """Measure, print, and return 1 if the selection budget is missed."""
     rng = np.random.default_rng(0)
     population = dubhe_partition(NUM_CLIENTS, NUM_CLASSES, 10.0, 1.5, rng)
     p = distributions(population.counts)

@@ -16,7 +16,7 @@ global + server_lr * sum_i(a_i * delta_i) / sum_i(a_i)`` with ``a_i``:
 * `Weighting.EQUAL`: 1 per participant. Dubhe's FedVC (§4.1, eq. 1): every
   virtual client trains on the same number of samples, so all weigh the same.
 * `Weighting.CLIMB`: 1 per participant, over deltas the devices already scaled
-  by their CLIMB weight ``w_i = 1 + lambda_i - mean(lambda)`` (SPEC §5,
+  by their CLIMB weight ``w_i = 1 + lambda_i - mean(lambda)`` (docs/methods.md;
   `ursa.edge_sdk.climb`). Numerically the same as EQUAL; it is its own member so
   that a round records which rule it used, and because the coordinator must
   *not* rescale: it never learns ``w_i``.

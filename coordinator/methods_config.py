@@ -144,7 +144,7 @@ class FeddiskSpec(_Spec):
 class FlickerSpec(_Spec):
     """FLICKER: CKKS global class counts; the most skewed device resamples.
 
-    Defaults equal `ursa.coordinator.methods.flicker.types`' (papers/003 §4.1).
+    Defaults equal `ursa.coordinator.methods.flicker.types`' (the FLICKER paper, §4.1).
     """
 
     role: ClassVar[MethodRole] = MethodRole.BALANCING

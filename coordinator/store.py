@@ -32,7 +32,7 @@ volunteer's or distribution's round and device, a registration's epoch and
 device: `NaturalKey`) is recognised by that record (`has_record`); other
 messages by a ``seen`` row of their message id.
 
-What is stored is what the coordinator may know (SPEC §2): device public
+What is stored is what the coordinator may know (docs/threat_model.md): device public
 identities, who is online, the agent, public keys, ciphertexts (running
 registry sum, encrypted distributions), volunteers' draws, tentative sets,
 the selection and the signed notices it published; under the stratified

@@ -1,6 +1,6 @@
 """CKKS vectors over TenSEAL: the key owner decrypts, devices encrypt and compute.
 
-FLICKER (papers/003, SPEC §4, §5) uses CKKS two ways:
+FLICKER (the FLICKER paper) uses CKKS two ways:
 
 * **Ring sum.** Devices encrypt class counts under the coordinator's public key
   and add them hop by hop (`CkksPublicContext.encrypt` / `add` / `add_plain`);

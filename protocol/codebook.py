@@ -1,7 +1,7 @@
 """Dubhe registry codebook: which registry slot stands for which set of classes.
 
-The registry is the wire layout shared by devices and the coordinator (SPEC §5,
-Dubhe §5.1, eq. 5). For a reference set ``G`` (must contain ``C``) the slots are
+The registry is the wire layout shared by devices and the coordinator (Dubhe
+§5.1, eq. 5). For a reference set ``G`` (must contain ``C``) the slots are
 all ``i``-subsets of the ``C`` classes for each ``i`` in ``G``, in
 ``itertools.combinations`` order (lexicographic), concatenated in increasing
 ``i``. The length is ``sum(comb(C, i) for i in G)``: 56 for ``C=10,
@@ -35,7 +35,7 @@ class CodebookError(ValueError):
 
 
 def default_groups(num_classes: int) -> tuple[int, ...]:
-    """The default reference set ``{1, 2, C}`` (SPEC §5), as a sorted tuple."""
+    """The default reference set ``{1, 2, C}`` (Dubhe's), as a sorted tuple."""
     if num_classes < 2:
         raise CodebookError(f"need at least 2 classes, got {num_classes}")
     return tuple(sorted({1, 2, num_classes}))

@@ -23,8 +23,8 @@ DEFAULT_TIMEOUT_S = 10.0
 class MqttConfig(BaseModel):
     """How to reach the broker and how to behave on it (frozen).
 
-    The defaults are the ursa wire profile (SPEC §3): MQTT 3.1.1 (the embedded
-    amqtt broker speaks nothing newer), a persistent session (`clean_start`
+    The defaults are the ursa wire profile (docs/brokers.md): MQTT 3.1.1 (the
+    embedded amqtt broker speaks nothing newer), a persistent session (`clean_start`
     False) so QoS 1 messages wait for a device that is briefly offline, and a
     30 s keepalive. For a device, client id = username = device id.
     """

@@ -1,4 +1,4 @@
-"""The import direction of SPEC §1, and torch kept out of the light import paths."""
+"""The packages' import direction, and torch kept out of the light import paths."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "edge_sdk": {"coordinator", "tools", "bench"},
     "coordinator": {"edge_sdk", "tools", "bench"},
 }
-# modules allowed to import torch (SPEC §1)
+# modules allowed to import torch
 TORCH_ALLOWED_PREFIXES = ("models/", "edge_sdk/training")
 
 

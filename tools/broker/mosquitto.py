@@ -3,7 +3,7 @@
 `write_mosquitto_config` writes what an operator installs (and what the tests
 run): `mosquitto.conf`, a password file in Mosquitto 2's PBKDF2-SHA512 format
 (hashed here, so no password ever appears on a command line), and the pattern
-ACL that confines every device to its own subtree (SPEC §2, §3):
+ACL that confines every device to its own subtree (docs/brokers.md):
 
     device (username = client id = device id, forced by use_username_as_clientid)
       write      ursa/v1/<fed>/dev/<own id>/up/<name>   (each protocol name)

@@ -1,4 +1,4 @@
-"""Partitioners (SPEC §6): N x C integer label-count matrices with known skew.
+"""Partitioners: N x C integer label-count matrices with known skew.
 
 * `dubhe_partition`: global imbalance ratio rho from half-normal class sizes
   and a requested average L1 distance EMD_avg between each device's label

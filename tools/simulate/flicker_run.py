@@ -8,7 +8,7 @@ encrypted cosine similarity, the dominant device's resampling steps and
 encrypted count updates, until ``GI >= nabla`` or every device is saturated.
 Every decrypted value is checked against the plaintext result, and every CKKS
 operation is counted (`CountingContext`, `CountingKeyOwner`). The local
-baselines of papers/003 §4.2 are `run_local_baseline`.
+baselines of the FLICKER paper, §4.2, are `run_local_baseline`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FLICKER's count tables and reported results, transcribed from papers/003.
+"""FLICKER's count tables and reported results, transcribed from the FLICKER paper.
 
 Four devices x four classes. D1, D2, D3 are Table 1 (CIFAR-10, first four
 classes), AG is Table 6's "with-imbalance" column (AG News). The paper's

@@ -2,12 +2,12 @@
 
 The paper's count tables are scaled down to digits 0-3 (`scale_table`); each
 device holds real images. No correction, local under-sampling, local
-over-sampling (papers/003 §4.2) and FLICKER (with the data-level resampling of
+over-sampling (the FLICKER paper, §4.2) and FLICKER (with the data-level resampling of
 `ursa.edge_sdk.methods.flicker.resampling` and the encrypted global redundancy test)
 each
 change the devices' training views; an MLP trains by FedAvg on them, and the
 accuracy, per-class F1 and the normalised accuracy ``A / max(1, Y/X)``
-(papers/003 eq. 4) are reported over several seeds.
+(the FLICKER paper, eq. 4) are reported over several seeds.
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ def run_train_comparison(
     The table is scaled down to digits 0-3 (`scale_table`); each method's
     resampled devices train an MLP by FedAvg for ``rounds`` rounds. Reports,
     per method, mean and std over ``seeds`` of the accuracy, per-class F1 and
-    the normalised accuracy ``A / max(1, Y/X)`` (papers/003 eq. 4).
+    the normalised accuracy ``A / max(1, Y/X)`` (the FLICKER paper, eq. 4).
     """
     settings = {"nabla": nabla, "nabla_client": nabla_client, "theta": theta}
     per_method: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}

@@ -2,7 +2,7 @@
 
 ``random``: K devices uniformly without replacement (all N when K = N).
 
-``dubhe`` (the paper's draw, SPEC §5): every device registers its category
+``dubhe`` (the Dubhe paper's draw): every device registers its category
 (Algorithm 1, `ursa.edge_sdk.registration`) with sigma from the paper's
 parameter search (`search_sigma`: the sigma grid of
 `ursa.coordinator.selection.sigma_grid`, H tries per point scored by the

@@ -1,4 +1,4 @@
-"""Population generators for the selection simulator, by name (SPEC §6).
+"""Population generators for the selection simulator, by name.
 
 * ``"dubhe"``: `ursa.tools.data.partition.dubhe_partition` (the default). Every
   device is ``(1 - s) p_g + s q_k``: a common i.i.d. share ``1 - s`` (about

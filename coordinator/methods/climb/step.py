@@ -1,4 +1,4 @@
-"""CLIMB's coordinator half: the dual step before a round trains (SPEC §5, Alg. 1).
+"""CLIMB's coordinator half: the dual step before a round trains (CLIMB, Alg. 1).
 
 `ClimbDualStep` is a `ursa.coordinator.before_training.BeforeTraining` step:
 in rounds 1, 1 + ``dual_period``, ... it runs CLIMB's dual step as a

@@ -1,6 +1,6 @@
 """FedDisk phase 1 over the wire, coordinator side: the MADE loss step's messages.
 
-After a MADE round produced global version v, one loss step (SPEC §5
+After a MADE round produced global version v, one loss step (docs/methods.md, FedDisk;
 FedDisk, paper §IV-B) is a `ursa.coordinator.secure_mean` of purpose
 ``feddisk.made_loss`` (`made_loss_wire`), then a `ursa.coordinator.wait.Wait`
 for the agent's verdict::

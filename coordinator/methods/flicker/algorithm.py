@@ -1,7 +1,7 @@
 """FLICKER on the coordinator: ring order, GI, localisation and the correction loop.
 
-FLICKER (papers/003 §2, SPEC §5) runs before training. The coordinator holds
-the CKKS secret key; by design (SPEC §2) it learns the global class counts
+FLICKER (the FLICKER paper, §2) runs before training. The coordinator holds
+the CKKS secret key; by design (docs/threat_model.md) it learns the global class counts
 ``GD``, each device's cosine similarity with ``GD`` and the dominant device's
 count changes, never a device's own counts.
 
@@ -22,7 +22,7 @@ One run, as a state machine (`FlickerState`, stages `Stage`):
    excluded and localisation runs again (rule 2); when every device is
    saturated the run ends (``StopReason.ALL_SATURATED``).
 
-The coordinator side of the global redundancy test (papers/003 §3.2.2) is
+The coordinator side of the global redundancy test (the FLICKER paper, §3.2.2) is
 `decrypt_block_similarities`.
 """
 
@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 DEFAULT_NABLA = 0.1
-"""Target global imbalance (papers/003 §4.1)."""
+"""Target global imbalance (the FLICKER paper, §4.1)."""
 MIN_RING_DEVICES = 3
 """With two devices each would learn the other's counts from the global sum."""
 DEFAULT_MAX_UPDATES = 10_000
@@ -108,7 +108,7 @@ def _counts(values: npt.ArrayLike, what: str) -> IntArray:
 
 
 def global_imbalance(global_counts: npt.ArrayLike) -> float:
-    """Return ``GI = min(GD) / max(GD)`` (papers/003 eq. 2).
+    """Return ``GI = min(GD) / max(GD)`` (the FLICKER paper, eq. 2).
 
     Raises:
         FlickerError: the counts are not non-negative integers or all zero.

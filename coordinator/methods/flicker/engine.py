@@ -1,6 +1,6 @@
 """FLICKER over the wire, coordinator side: CKKS context, ring relay, GI, correction.
 
-The protocol (papers/003 §2, SPEC §3, §5), as `FlickerCoordinator` drives it::
+The protocol (the FLICKER paper, §2), as `FlickerCoordinator` drives it::
 
     1  CkksContextAnnounce(transfer id) -> all (retained), then the public
        context (no Galois keys, ~465 KB) as manifest + chunks -> all;

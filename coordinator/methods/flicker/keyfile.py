@@ -1,6 +1,6 @@
 """The coordinator's CKKS key, kept in its state dir like its signing key.
 
-FLICKER's trust model gives the coordinator the CKKS secret key (papers/003;
+FLICKER's trust model gives the coordinator the CKKS secret key (the FLICKER paper;
 the Paillier secret key of Dubhe and CLIMB still never reaches it). A
 restarted coordinator must decrypt the ring's and the devices' ciphertexts
 of the run it resumes, so the key is a file, ``<state_dir>/ckks.key``, with

@@ -1,7 +1,7 @@
 """The correction loop of a FLICKER run as open requests (pure: no I/O, no clock).
 
 After the ring, the coordinator alternates two kinds of request
-(papers/003 §2.1.2-§2.1.4), each with a step number and a deadline:
+(the FLICKER paper, §2.1.2-§2.1.4), each with a step number and a deadline:
 
 * ``cosine``: every localisation candidate returns its masked cosine; when
   all answered, or at the deadline with those that did, the dominant device

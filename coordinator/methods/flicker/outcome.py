@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 DEFAULT_NABLA_CLIENT = 0.05
-"""Target local imbalance sent to the dominant device (papers/003 §4.1)."""
+"""Target local imbalance sent to the dominant device (the FLICKER paper, §4.1)."""
 DEFAULT_HOP_DEADLINE_S = 30.0
 DEFAULT_REPLY_DEADLINE_S = 60.0
 DEFAULT_REDUNDANCY_DEADLINE_S = 30.0

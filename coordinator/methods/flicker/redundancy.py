@@ -1,7 +1,7 @@
 """The coordinator's part of FLICKER's global redundancy test (pure: no I/O, no clock).
 
 During a resampling step the dominant device may run the global test of
-papers/003 §3.2.2 (the design, and what each party learns, is in
+the FLICKER paper, §3.2.2 (the design, and what each party learns, is in
 `ursa.edge_sdk.methods.flicker.global_redundancy`)::
 
     dominant -> RedundancyOffer(recipient, recipients, layout, box) -> coordinator

@@ -1,4 +1,4 @@
-"""CLIMB's dual steps, device side (SPEC §5; coordinator: ``methods/climb``).
+"""CLIMB's dual steps, device side (docs/methods.md; coordinator: ``methods/climb``).
 
 A device running `Climb` keeps its own dual variable ``lambda_i`` (0 at
 first) and its current weight ``w_i`` (1 at first), both persisted as the

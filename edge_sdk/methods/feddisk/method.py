@@ -1,4 +1,4 @@
-"""FedDisk on the device (SPEC §5; coordinator: ``coordinator/methods/feddisk``).
+"""FedDisk on the device (coordinator: ``coordinator/methods/feddisk``).
 
 A device running `FedDisk` (its trainer a `PhasedTrainer`) trains the global MADE in
 ordinary rounds (model ``settings.made_model``) and, per MADE round:

@@ -1,6 +1,6 @@
 """FLICKER on a device: local imbalance, the resampling step and its encrypted messages.
 
-A device (papers/003 §2-§3, SPEC §5) only ever encrypts and computes under the
+A device (the FLICKER paper, §2-§3) only ever encrypts and computes under the
 coordinator's CKKS public context:
 
 * ring hop: `encrypt_counts` (first device) or `add_counts` (the others);
@@ -63,7 +63,7 @@ __all__ = [
 ]
 
 DEFAULT_NABLA_CLIENT = 0.05
-"""Target local imbalance of a resampling device (papers/003 §4.1)."""
+"""Target local imbalance of a resampling device (the FLICKER paper, §4.1)."""
 DEFAULT_THETA = 0.10
 """Fraction of the majority class tested for redundancy per step (§4.1: 10%)."""
 DEFAULT_REDUNDANT_FRACTION = 0.5
@@ -112,7 +112,7 @@ def _counts(values: npt.ArrayLike) -> IntArray:
 
 
 def local_imbalance(counts: npt.ArrayLike) -> float:
-    """Return ``LI = min(LD) / max(LD)`` (papers/003 eq. 1).
+    """Return ``LI = min(LD) / max(LD)`` (the FLICKER paper, eq. 1).
 
     Raises:
         ResamplingError: counts are not non-negative integers or all zero.

@@ -1,4 +1,4 @@
-"""FLICKER's global redundancy test on the wire (papers/003 §3.2.2): packing and crypto.
+"""FLICKER's global redundancy test on the wire (FLICKER §3.2.2): packing and crypto.
 
 The dominant device asks whether each candidate of its local test (unit
 feature vector ``b``, class ``L``) looks like at least ``chi`` of the other

@@ -14,7 +14,7 @@ rounds see the balanced data. Two ways to resample:
 
 * with a shared feature extractor and images (`DataResampler`): rotated or
   flipped copies of the minority class, under-sampling by feature
-  redundancy with the global test over the wire (papers/003 §3);
+  redundancy with the global test over the wire (the FLICKER paper, §3);
 * otherwise by count (`CountResampler`): random copies and removals of the
   class's own samples (labels, and the samples when given).
 

@@ -1,4 +1,4 @@
-"""FLICKER's data-level resampling of images (papers/003 §3); stored data stays.
+"""FLICKER's data-level resampling of images (the FLICKER paper, §3); stored data stays.
 
 A `TrainingView` says which of the device's stored samples it trains on
 (``kept``) plus synthetic samples; every operation returns a new view and
@@ -75,7 +75,7 @@ __all__ = [
 ]
 
 DEFAULT_ETA = 0.98
-"""Cosine threshold of the global redundancy test (papers/003 §4.1)."""
+"""Cosine threshold of the global redundancy test (the FLICKER paper, §4.1)."""
 DEFAULT_CHI = 0.5
 """Share of the other devices' vectors that must exceed ``eta`` (the paper
 gives no value; 0.5 = a sample is redundant if most of the fleet's samples

@@ -80,7 +80,7 @@ def test_ckks_operations_are_counted_as_the_paper_does() -> None:
     ops = fl["ckks_ops"]
     n = len(fl["devices"])
     localised = sum(len(e["localise"]) for e in fl["steps"] if "localise" in e)
-    # ring N+1, each localisation 2k+1, each update 2 (papers/003 §2.2)
+    # ring N+1, each localisation 2k+1, each update 2 (the FLICKER paper, §2.2)
     expected = (n + 1) + (2 * localised + fl["localisations"]) + 2 * fl["updates"]
     assert ops["total"] == expected
     assert ops["total"] <= ops["paper_worst_case"]
