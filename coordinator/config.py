@@ -19,7 +19,8 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     [broker]
     url = "mqtt://127.0.0.1:1883"     # mqtts:// for TLS (mqtt:// beyond loopback
     username = "coordinator"          # is refused unless allow_plaintext = true)
-    # password: better from the environment, URSA_BROKER__PASSWORD
+    # password: better from the environment, URSA_BROKER__PASSWORD,
+    # or password_file = "/etc/ursa/coordinator.password" (mode 0600)
 
     [enrolment]
     mode = "pinned"                   # or "tofu"
@@ -104,7 +105,6 @@ parsed as JSON when they parse, else taken as strings.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -120,7 +120,6 @@ from pydantic import (
 )
 from typing_extensions import Self
 
-from ursa._compat import tomllib
 from ursa.coordinator.methods_config import (
     DEFAULT_METHODS,
     ClimbSpec,
@@ -148,6 +147,7 @@ from ursa.models.spec import check_architecture
 from ursa.protocol.admission_limits import AdmissionLimits
 from ursa.protocol.broker_config import BrokerConfig
 from ursa.protocol.codebook import Codebook, CodebookError
+from ursa.protocol.config_file import DEFAULT_ENV_PREFIX, load_service_config
 from ursa.protocol.messages import ID_PATTERN, SEAL_PAGE_SIZE
 from ursa.protocol.transport import DEFAULT_MAX_PAYLOAD_BYTES
 from ursa.protocol.trust_config import TrustConfig
@@ -167,11 +167,9 @@ __all__ = [
     "RegistryConfig",
     "StoreConfig",
     "TrainingSection",
-    "config_data_from",
     "load_coordinator_config",
 ]
 
-DEFAULT_ENV_PREFIX = "URSA_"
 DEFAULT_KEY_BITS = 2048
 """~112-bit security; tests use 512/1024 (breakable, for speed only)."""
 DEFAULT_MAX_PARTIES = 100_000
@@ -544,60 +542,18 @@ class CoordinatorConfig(_Frozen):
         return self.training if self.training is not None else TrainingSection()
 
 
-def config_data_from(
-    path: Path | None, environ: Mapping[str, str], prefix: str = DEFAULT_ENV_PREFIX
-) -> dict[str, Any]:
-    """Read a TOML or JSON file (if given) and apply ``URSA_*`` overrides.
-
-    Raises:
-        ValueError: the file is neither TOML nor JSON, or does not parse.
-    """
-    data: dict[str, Any] = {}
-    if path is not None:
-        text = Path(path).read_bytes()
-        if path.suffix.lower() == ".json":
-            data = json.loads(text)
-        elif path.suffix.lower() == ".toml":
-            data = tomllib.loads(text.decode())
-        else:
-            raise ValueError(f"config file must end in .toml or .json: {path}")
-        if not isinstance(data, dict):
-            raise ValueError(f"config file {path} must hold a table/object")
-    for name, raw in environ.items():
-        if not name.startswith(prefix) or len(name) == len(prefix):
-            continue
-        keys = name[len(prefix) :].lower().split("__")
-        target = data
-        for key in keys[:-1]:
-            child = target.setdefault(key, {})
-            if not isinstance(child, dict):
-                raise ValueError(f"{name}: {key!r} is not a table")
-            target = child
-        target[keys[-1]] = _env_value(raw)
-    return data
-
-
-def _env_value(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
-
-
 def load_coordinator_config(
     path: Path | None, environ: Mapping[str, str] | None = None
 ) -> CoordinatorConfig:
     """Load the coordinator config (entry points only; pass `os.environ`).
 
     Only variables naming a `CoordinatorConfig` field are applied, so other
-    ``URSA_*`` variables (e.g. ``URSA_REQUIRE_MOSQUITTO``) do not get in the way.
+    ``URSA_*`` variables (e.g. ``URSA_REQUIRE_MOSQUITTO``) do not get in the way;
+    relative paths in the file resolve against its folder.
+
+    Raises:
+        ConfigError: one line per problem, naming the file or variable and
+            the key, with no secret value (`ursa.protocol.config_file`).
     """
     env = os.environ if environ is None else environ
-    fields = set(CoordinatorConfig.model_fields)
-    wanted = {
-        k: v
-        for k, v in env.items()
-        if k.startswith(DEFAULT_ENV_PREFIX)
-        and k[len(DEFAULT_ENV_PREFIX) :].lower().split("__")[0] in fields
-    }
-    return CoordinatorConfig.model_validate(config_data_from(path, wanted))
+    return load_service_config(CoordinatorConfig, path, env)

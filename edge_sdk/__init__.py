@@ -49,6 +49,7 @@ from ursa.edge_sdk.trainer import (
     TrainingReport,
 )
 from ursa.models.spec import ModelMismatchError
+from ursa.protocol.config_file import ConfigError
 
 if TYPE_CHECKING:
     from ursa.edge_sdk.training import (
@@ -63,6 +64,7 @@ __all__ = [
     "ArrayTrainer",
     "Climb",
     "ClimbConfig",
+    "ConfigError",
     "DeviceCallbacks",
     "DeviceConfig",
     "DeviceContext",

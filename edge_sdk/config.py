@@ -18,7 +18,8 @@ files and the environment; `EdgeClient` receives a `DeviceConfig`::
     url = "mqtts://broker.example:8883"
     username = "dev001"                   # = device id (Mosquitto ACL %u)
     tls_ca_file = "/etc/ursa/ca.crt"
-    # password from the environment: URSA_BROKER__PASSWORD
+    # password from the environment: URSA_BROKER__PASSWORD,
+    # or password_file = "/etc/ursa/dev001.password" (mode 0600)
 
     [training]                            # optional: a device that trains (torch)
     data_file = "data.npz"                # x and y arrays; or a data-set spec
@@ -50,7 +51,6 @@ values where they parse (``URSA_OBFUSCATOR_POOL_SIZE=8``).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,7 +59,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import Self
 
-from ursa._compat import tomllib
 from ursa.edge_sdk.methods_config import (
     DeviceMethodSpec,
     check_device_methods,
@@ -68,6 +67,7 @@ from ursa.edge_sdk.methods_config import (
 from ursa.models.spec import check_architecture
 from ursa.protocol.admission_limits import AdmissionLimits
 from ursa.protocol.broker_config import BrokerConfig
+from ursa.protocol.config_file import load_service_config
 from ursa.protocol.envelope import DEFAULT_MAX_MESSAGE_BYTES
 from ursa.protocol.messages import COORDINATOR, ID_PATTERN, NAME_PATTERN
 from ursa.protocol.trust_config import TrustConfig
@@ -81,7 +81,6 @@ __all__ = [
     "load_device_config",
 ]
 
-ENV_PREFIX = "URSA_"
 DEFAULT_POOL_SIZE = 4
 """Obfuscators precomputed per key epoch: a registry plus a few distributions."""
 
@@ -191,33 +190,12 @@ def load_device_config(
 ) -> DeviceConfig:
     """Load a `DeviceConfig` from TOML/JSON with ``URSA_*`` overrides (entry points).
 
+    Relative paths in the file resolve against its folder.
+
     Raises:
-        ValueError: unknown file type or a file that does not parse.
-        pydantic.ValidationError: invalid values.
+        ConfigError: one line per problem, naming the file or variable and
+            the key, with no secret value (`ursa.protocol.config_file`); a
+            `ValueError`, so older ``except ValueError`` code still holds.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        raw = Path(path).read_bytes()
-        suffix = Path(path).suffix.lower()
-        if suffix == ".json":
-            data = json.loads(raw)
-        elif suffix == ".toml":
-            data = tomllib.loads(raw.decode())
-        else:
-            raise ValueError(f"config file must end in .toml or .json: {path}")
     env = os.environ if environ is None else environ
-    fields = set(DeviceConfig.model_fields)
-    for name, value in env.items():
-        if not name.startswith(ENV_PREFIX):
-            continue
-        keys = name[len(ENV_PREFIX) :].lower().split("__")
-        if keys[0] not in fields:
-            continue
-        target = data
-        for key in keys[:-1]:
-            target = target.setdefault(key, {})
-        try:
-            target[keys[-1]] = json.loads(value)
-        except ValueError:
-            target[keys[-1]] = value
-    return DeviceConfig.model_validate(data)
+    return load_service_config(DeviceConfig, path, env)

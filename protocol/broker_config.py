@@ -30,6 +30,12 @@ class BrokerConfig(BaseModel):
     ``tls_ca_file`` or the system's CAs). Plaintext ``mqtt://`` is refused
     for any host but loopback unless ``allow_plaintext`` says so (a lab
     network): the password and every message would travel in clear.
+
+    The password comes from ``password`` (better from the environment:
+    ``URSA_BROKER__PASSWORD``) or from ``password_file``, a file only its
+    owner can read (mode 0600 or stricter, checked at load and at connect):
+    one file per device under systemd's credentials or a secrets mount, not
+    one variable per device.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -37,6 +43,8 @@ class BrokerConfig(BaseModel):
     url: str = DEFAULT_BROKER_URL
     username: str | None = None
     password: SecretStr | None = None
+    password_file: Path | None = None
+    """A file holding the password (trailing newline ignored), mode 0600."""
     tls_ca_file: Path | None = None
     keepalive_s: int = Field(default=DEFAULT_KEEPALIVE_S, ge=5, le=3600)
     timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
@@ -51,6 +59,10 @@ class BrokerConfig(BaseModel):
     def _check_url(self) -> Self:
         if self.reconnect_min_delay_s > self.reconnect_max_delay_s:
             raise ValueError("reconnect_min_delay_s exceeds reconnect_max_delay_s")
+        if self.password is not None and self.password_file is not None:
+            raise ValueError("give password or password_file, not both")
+        if self.password_file is not None:
+            _read_password_file(self.password_file)
         parts = urlsplit(self.url)
         if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
             raise ValueError(f"broker url must be mqtt://host:port, got {self.url!r}")
@@ -85,7 +97,7 @@ class BrokerConfig(BaseModel):
             port=parts.port or (8883 if tls else 1883),
             client_id=client_id,
             username=self.username,
-            password=self.password,
+            password=self._password(),
             tls=tls,
             tls_ca_file=self.tls_ca_file if tls else None,
             keepalive_s=self.keepalive_s,
@@ -96,3 +108,32 @@ class BrokerConfig(BaseModel):
             will_payload=b"" if will is None else will[1],
             will_retain=True,
         )
+
+    def _password(self) -> SecretStr | None:
+        if self.password_file is None:
+            return self.password
+        return SecretStr(_read_password_file(self.password_file))
+
+
+def _read_password_file(path: Path) -> str:
+    """The password in ``path``, if only its owner may read the file.
+
+    Raises:
+        ValueError: missing, unreadable, empty, or readable by group or others
+            (the message names the file and its mode, never its content).
+    """
+    try:
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise ValueError(
+                f"password_file {path} has mode {mode:04o}: others may read it; "
+                f"chmod 600 {path}"
+            )
+        text = path.read_text(encoding="utf-8").rstrip("\r\n")
+    except OSError as exc:
+        raise ValueError(f"password_file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"password_file {path}: not UTF-8 text") from None
+    if not text:
+        raise ValueError(f"password_file {path} is empty")
+    return text

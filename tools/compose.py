@@ -249,7 +249,7 @@ def holdout_evaluator(config: CoordinatorConfig) -> Evaluator | None:
         raise ServiceSetupError(
             f"[evaluation] holdout_file {TRAIN_EXTRA_HINT}"
         ) from None
-    x, y = load_training_data(path)
+    x, y = load_training_data(path, setting="[evaluation] holdout_file")
     options = dict(section.model_options)
 
     def score(round_index: int, version: int, arrays: Arrays) -> dict[str, Any]:
@@ -390,12 +390,13 @@ def load_labels(path: Path) -> NDArray[np.int64]:
 
 
 def load_training_data(
-    data_file: str,
+    data_file: str, *, setting: str = "[training] data_file"
 ) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
     """Local samples and labels: a ``.npz`` (``x``, ``y``) or a `load_dataset` spec.
 
     Raises:
-        ServiceSetupError: the file is missing, unreadable or not a data set.
+        ServiceSetupError: the file is missing, unreadable or not a data set
+            (the message names ``setting``, the config key it came from).
     """
     from ursa.tools.data.datasets import DatasetError
     from ursa.tools.data.loaders import load_dataset
@@ -404,7 +405,7 @@ def load_training_data(
     try:
         data = load_dataset(spec)
     except DatasetError as exc:
-        raise ServiceSetupError(f"[training] data_file: {exc}") from None
+        raise ServiceSetupError(f"{setting}: {exc}") from None
     return data.x.astype(np.float32), data.y.astype(np.int64)
 
 

@@ -154,7 +154,8 @@ def test_training_section_maps_to_training_config(tmp_path: Path) -> None:
     config = load_coordinator_config(path, {"URSA_TRAINING__SERVER_LR": "0.5"})
     assert config.method_names() == ("dubhe", "climb")
     assert config.training is not None
-    assert config.training.initial_weights == Path("weights.ursw")
+    # relative to the config file's folder, not the working directory
+    assert config.training.initial_weights == tmp_path / "weights.ursw"
     method = config.training_method()
     assert method is not None and method.kind == "climb"
     assert (method.dual_period, method.dual_timeout_s) == (2, 7.0)
@@ -245,7 +246,8 @@ def test_device_training_section_with_env(tmp_path: Path) -> None:
     config = device_config.load_device_config(path, env)
     training = config.training
     assert training is not None
-    assert (training.data_file, training.architecture) == ("data.npz", "mlp")
+    data_file = str(tmp_path / "data.npz")  # beside the config, wherever it runs
+    assert (training.data_file, training.architecture) == (data_file, "mlp")
     assert training.model_options["hidden_sizes"] == [32]
     assert training.train == {"epochs": 2, "lr": 0.1}
     climb = config.method_list()[1]

@@ -12,6 +12,7 @@ PUBLIC = [
     "ArrayTrainer",
     "Climb",
     "ClimbConfig",
+    "ConfigError",
     "DeviceCallbacks",
     "DeviceConfig",
     "DeviceContext",

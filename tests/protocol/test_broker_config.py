@@ -81,3 +81,37 @@ def test_plaintext_beyond_loopback_is_refused_unless_allowed(url: str) -> None:
 )  # fmt: skip
 def test_loopback_plaintext_and_any_tls_need_no_permission(url: str) -> None:
     BrokerConfig(url=url)
+
+
+def test_a_password_file_only_its_owner_reads_gives_the_password(
+    tmp_path: Path,
+) -> None:
+    secret = tmp_path / "dev001.password"
+    secret.write_text("s3cret-pw\n")
+    secret.chmod(0o600)
+
+    config = BrokerConfig(username="dev001", password_file=secret)
+
+    password = config.mqtt_config("dev001").password
+    assert password is not None and password.get_secret_value() == "s3cret-pw"
+
+
+def test_a_password_file_others_may_read_is_refused_without_its_content(
+    tmp_path: Path,
+) -> None:
+    secret = tmp_path / "dev001.password"
+    secret.write_text("s3cret-pw\n")
+    secret.chmod(0o644)
+
+    with pytest.raises(ValueError, match="mode 0644: others may read it") as caught:
+        BrokerConfig(username="dev001", password_file=secret)
+    assert "s3cret-pw" not in str(caught.value)
+
+
+def test_a_password_and_a_password_file_are_one_too_many(tmp_path: Path) -> None:
+    secret = tmp_path / "p"
+    secret.write_text("x")
+    secret.chmod(0o600)
+
+    with pytest.raises(ValueError, match="not both"):
+        BrokerConfig(password="y", password_file=secret)  # type: ignore[arg-type]

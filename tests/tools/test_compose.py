@@ -370,3 +370,25 @@ def test_a_holdout_file_scores_every_version_beside_federated_evaluation(
     del fields["training"]["architecture"]
     with pytest.raises(compose.ServiceSetupError, match="needs \\[training\\] arch"):
         compose.holdout_evaluator(CoordinatorConfig.model_validate(fields))
+
+
+def test_a_missing_holdout_file_is_named_as_the_evaluation_setting(
+    tmp_path: Path,
+) -> None:
+    from ursa.coordinator.config import CoordinatorConfig
+
+    options = {"input_dim": 8, "num_classes": 3, "hidden_sizes": [4]}
+    config = CoordinatorConfig.model_validate(
+        {
+            "federation": "f",
+            "state_dir": tmp_path / "c",
+            "methods": [DUBHE, {"kind": "fedavg"}],
+            "training": {"architecture": "mlp", "model_options": options},
+            "registry": {"num_classes": 3, "groups": [1, 3], "sigma": [0.5, 0.0]},
+            "evaluation": {"holdout_file": str(tmp_path / "missing.npz")},
+        }
+    )
+    with pytest.raises(compose.ServiceSetupError) as caught:
+        compose.holdout_evaluator(config)
+    assert str(caught.value).startswith("[evaluation] holdout_file: ")
+    assert "[training]" not in str(caught.value)

@@ -70,6 +70,7 @@ __all__ = [
     "DEFAULT_MAX_QUEUED_MESSAGES",
     "DEFAULT_PERSISTENCE_DIR",
     "DEVICE_UP_NAMES",
+    "PERSISTENCE_DIRNAME",
     "MosquittoBroker",
     "MosquittoError",
     "MosquittoFiles",
@@ -98,6 +99,9 @@ DEVICE_UP_NAMES = tuple(sorted({cls.topic for cls in MESSAGE_TYPES.values()}))
 DEFAULT_PBKDF2_ITERATIONS = 101
 #: Where Debian's mosquitto package keeps persistence (owned by `mosquitto`).
 DEFAULT_PERSISTENCE_DIR = Path("/var/lib/mosquitto")
+#: `ursa broker mosquitto-config`'s persistence folder, beside the config: one
+#: database per broker, never the package's shared one.
+PERSISTENCE_DIRNAME = "data"
 _USERNAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _FEDERATION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _SEARCH_PATHS = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -83,11 +84,21 @@ def entry() -> None:
     sys.exit(code)
 
 
+BROKEN_PIPE_EXIT = 128 + 13
+"""The exit code of a command whose reader went away (128 + SIGPIPE, as git's)."""
+
+
 def _run(args: argparse.Namespace) -> int:
     configure_logging(log_level(args), args.log_format)
     handler: Handler = args.handler
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # inside the try: a closed pipe shows here, not at exit
+        return code
     except ConfigError as exc:  # one clear message, no traceback
         print(f"ursa: config error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `ursa coordinator status | head`: the reader is done
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error at interpreter exit
+        return BROKEN_PIPE_EXIT

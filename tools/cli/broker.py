@@ -129,8 +129,8 @@ def register(sub: Subparsers) -> None:
     cfg.add_argument(
         "--persistence-dir",
         type=Path,
-        help="Mosquitto's persistence location (default /var/lib/mosquitto, "
-        "which Debian's package gives to the mosquitto user)",
+        help="Mosquitto's persistence location (default: data/ beside the "
+        "config, so two brokers on one host never share a database)",
     )
     cfg.add_argument(
         "--no-persistence",
@@ -205,7 +205,7 @@ def _run_mosquitto_config(args: argparse.Namespace) -> int:
     from ursa.tools.broker.mosquitto import (
         DEFAULT_MAX_QUEUED_BYTES,
         DEFAULT_MAX_QUEUED_MESSAGES,
-        DEFAULT_PERSISTENCE_DIR,
+        PERSISTENCE_DIRNAME,
         MosquittoError,
         write_mosquitto_config,
     )
@@ -253,7 +253,8 @@ def _run_mosquitto_config(args: argparse.Namespace) -> int:
             install_dir=args.install_dir,
             persistence_dir=None
             if args.no_persistence
-            else args.persistence_dir or DEFAULT_PERSISTENCE_DIR,
+            else args.persistence_dir
+            or (args.install_dir or args.out.resolve()) / PERSISTENCE_DIRNAME,
             log_dest=args.log_dest,
             max_queued_messages=args.max_queued_messages or DEFAULT_MAX_QUEUED_MESSAGES,
             max_queued_bytes=args.max_queued_bytes or DEFAULT_MAX_QUEUED_BYTES,

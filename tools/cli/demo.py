@@ -11,6 +11,9 @@ if TYPE_CHECKING:
     # argparse has no public name for the object add_subparsers() returns.
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
+DEFAULT_DEMO_HTTP = "127.0.0.1:9464"
+"""Where a bare ``ursa demo --http`` serves the dashboard (loopback, no token)."""
+
 # (training demo, selection-only demo) defaults of the shared options
 _DEFAULTS = {
     "devices": (20, 50),
@@ -130,8 +133,10 @@ def register(sub: Subparsers) -> None:
     demo.add_argument(
         "--http",
         metavar="HOST:PORT",
+        nargs="?",
+        const=DEFAULT_DEMO_HTTP,
         help="serve the live dashboard, /api/status and /metrics while the "
-        "(training) demo runs, e.g. 127.0.0.1:9464",
+        f"(training) demo runs (a bare --http: {DEFAULT_DEMO_HTTP})",
     )
     demo.add_argument(
         "--http-token", help="token the HTTP view requires (needed beyond loopback)"

@@ -31,7 +31,9 @@ def register(sub: Subparsers) -> None:
         "extra the config needs); warnings do not fail.",
     )
     doctor.add_argument(
-        "--config", type=Path, help="device TOML/JSON (its broker, training, methods)"
+        "--config",
+        type=Path,
+        help="device or coordinator TOML/JSON (its broker, training, methods)",
     )
     doctor.add_argument("--host", help="broker host (overrides the config's)")
     doctor.add_argument("--port", type=int, help="broker port (overrides the config's)")
@@ -87,6 +89,28 @@ def _print(findings: list[Finding]) -> None:
         print(f"{mark}  {finding.check:<{width}}  {finding.summary}")
 
 
+def _config_needs(path: Path) -> tuple[Needs, MqttConfig]:
+    """What a device's or the coordinator's config needs, and its broker login.
+
+    A file without ``device_id`` is the coordinator's (its broker user logs in
+    with ``--login``); either is read with its own service's checks.
+    """
+    from ursa.protocol.config_file import read_config_file
+    from ursa.protocol.messages import COORDINATOR
+    from ursa.tools.cli.fleet import coordinator_config, device_config
+    from ursa.tools.doctor import Needs
+
+    if "device_id" in read_config_file(path):
+        device = device_config(path)
+        kinds = {method.kind for method in device.method_list()}
+        needs = Needs(trains=device.training is not None, ckks="flicker" in kinds)
+        return needs, device.broker.mqtt_config(device.device_id)
+    coordinator = coordinator_config(path)
+    kinds = {method.kind for method in coordinator.methods}
+    needs = Needs(trains=coordinator.training is not None, ckks="flicker" in kinds)
+    return needs, coordinator.broker.mqtt_config(COORDINATOR)
+
+
 def _read_config(args: argparse.Namespace) -> tuple[Needs, MqttConfig | None]:
     """What the config needs and how to reach its broker (None: no broker given)."""
     from ursa.protocol.mqtt_config import MqttConfig
@@ -95,12 +119,7 @@ def _read_config(args: argparse.Namespace) -> tuple[Needs, MqttConfig | None]:
     needs = Needs()
     mqtt: MqttConfig | None = None
     if args.config is not None:
-        from ursa.tools.cli.fleet import device_config
-
-        config = device_config(args.config)
-        kinds = {method.kind for method in config.method_list()}
-        needs = Needs(trains=config.training is not None, ckks="flicker" in kinds)
-        mqtt = config.broker.mqtt_config(config.device_id)
+        needs, mqtt = _config_needs(args.config)
     elif args.host is not None:
         mqtt = MqttConfig(
             host=args.host,

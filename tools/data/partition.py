@@ -25,6 +25,7 @@ measured on the rounded counts meets the request.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,7 +184,8 @@ def dubhe_partition(
     if emd > top * (1 + EMD_TOLERANCE):
         raise PartitionError(
             f"EMD_avg {emd} is out of reach: at most {top:.3f} for rho={rho}, "
-            f"C={num_classes}"
+            f"C={num_classes} and {num_clients} devices; ask for an EMD of at "
+            f"most {math.floor(top * 100) / 100:.2f} (--emd), or more devices"
         )
     best, best_gap = counts, abs(top - emd)
     for _ in range(60):

@@ -85,11 +85,84 @@ def write_report(
         written += _plots(report, folder)
     except ImportError:
         report["plots"] = "skipped: matplotlib is not installed"
-    files = [*written, "report.json"]
+    files = ["summary.md", *written, "report.json"]
     report["files"] = files
+    (folder / "summary.md").write_text(summary_markdown(report))
     text = json.dumps(json_safe(report), indent=2, allow_nan=False)
     (folder / "report.json").write_text(text + "\n")
     return files
+
+
+def summary_markdown(report: dict[str, Any]) -> str:
+    """The page to open first: the settings, the figures and what they mean."""
+    settings = report.get("settings", {})
+    rounds = report.get("rounds", [])
+    lines = [
+        "# ursa demo",
+        "",
+        f"Methods: {', '.join(report.get('methods', []))}. "
+        + ", ".join(
+            f"{k} {v}" for k, v in settings.items() if _plain(v) and k != "report_dir"
+        )
+        + ".",
+        "",
+        "| figure | value | |",
+        "|---|---|---|",
+    ]
+    rows = [
+        (
+            "final accuracy (held-out test split)",
+            report.get("final_accuracy"),
+            "higher is better",
+        ),
+        (
+            f"worst class (class {report.get('worst_class')}) accuracy",
+            report.get("worst_class_accuracy"),
+            "higher is better: what skew costs",
+        ),
+        (
+            "mean ‖p_o - p_u‖₁ of the selected K",
+            report.get("mean_l1_to_uniform"),
+            "lower is better: 0 is a perfectly balanced class mix",
+        ),
+        (
+            "the same for K drawn at random",
+            report.get("random_selection_l1_to_uniform"),
+            "the reference the selection method beats (or not)",
+        ),
+        ("rounds completed", len(rounds), ""),
+        ("wall time, s", report.get("elapsed_s"), ""),
+    ]
+    for name, value, note in rows:
+        if value is not None:
+            shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+            lines.append(f"| {name} | {shown} | {note} |")
+    selected, random = (
+        report.get("mean_l1_to_uniform"),
+        report.get("random_selection_l1_to_uniform"),
+    )
+    if isinstance(selected, float) and isinstance(random, float) and random > 0:
+        gain = 100 * (1 - selected / random)
+        how = f"{gain:.0f}% closer to" if gain >= 0 else f"{-gain:.0f}% further from"
+        lines += [
+            "",
+            f"The selection brought the participants' class mix {how} uniform "
+            "than random selection would (the same devices, the same K). An "
+            "accuracy reference (random selection, FedAvg) needs a second run: "
+            "`ursa demo --methods random,fedavg` with the same seed.",
+        ]
+    lines += [
+        "",
+        "Files: `report.json` (every figure), `accuracy.png` (overall and worst "
+        "class), `selection.png` (class balance per round), `model.onnx` (the "
+        "final model).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, int | float | str) and not isinstance(value, bool)
 
 
 def _plots(report: dict[str, Any], folder: Path) -> list[str]:
@@ -97,17 +170,31 @@ def _plots(report: dict[str, Any], folder: Path) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rounds = report["rounds"]
     xs = [r["round"] for r in rounds]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     per_class = np.array([r["per_class_accuracy"] for r in rounds], dtype=float)
+    worst = report.get("worst_class")
     for c in range(per_class.shape[1] if per_class.ndim == 2 else 0):
-        ax.plot(xs, per_class[:, c], linewidth=0.8, alpha=0.6, label=f"class {c}")
+        if c != worst:
+            ax.plot(xs, per_class[:, c], color="0.8", linewidth=0.7)
+    if isinstance(worst, int) and per_class.ndim == 2:
+        ax.plot(
+            xs, per_class[:, worst], "r-", linewidth=1.8, label=f"worst: class {worst}"
+        )
     ax.plot(xs, [r["accuracy"] for r in rounds], "k-", linewidth=2.5, label="overall")
+    ax.plot([], [], color="0.8", linewidth=0.7, label="other classes")
     ax.set(xlabel="round", ylabel="test accuracy", ylim=(0, 1.02))
-    ax.set_title("global model on the held-out test split")
-    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    settings = report.get("settings", {})
+    ax.set_title(
+        f"{', '.join(report.get('methods', []))}: {settings.get('devices')} devices, "
+        f"K={settings.get('k')}, seed {settings.get('seed')} (held-out test split)",
+        fontsize=10,
+    )
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(folder / "accuracy.png", dpi=110)
     plt.close(fig)
@@ -117,7 +204,8 @@ def _plots(report: dict[str, Any], folder: Path) -> list[str]:
     baseline = report.get("random_selection_l1_to_uniform")
     if baseline is not None:
         ax.axhline(baseline, color="grey", linestyle="--", label="random K (mean)")
-    ax.set(xlabel="round", ylabel="||p_o - p_u||_1")
+    ax.set(xlabel="round", ylabel="||p_o - p_u||_1 (lower is better)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(
         f"class balance of the participants ({report['settings']['selection']})"
     )

@@ -248,10 +248,11 @@ class DemoRun:
         deadline = time.monotonic() + s.timeout_s
         noted_flicker = False
         try:
-            stage = None
+            stage, enrolled = None, 0
             while loop.is_alive() and time.monotonic() < deadline:
                 loop.join(1.0)
                 stage = self._note_stage(service, stage)
+                enrolled = self._note_enrolled(service, enrolled)
                 if not noted_flicker and service.flicker is not None:
                     noted_flicker = self._note_flicker(service.flicker)
                 exited = any(p.exitcode is not None for p in procs)
@@ -377,6 +378,24 @@ class DemoRun:
             f"{section['wall_s']:.1f} s)"
         )
         return True
+
+    def _note_enrolled(self, service: CoordinatorService, last: int) -> int:
+        """``12/20 devices enrolled`` while they start (torch imports take a while).
+
+        A line when the count changes, and the full count once enrolment is
+        over; -1 after that.
+        """
+        if last < 0:
+            return last
+        total = self.settings.devices
+        if str(service.state.stage) != "enrolment":
+            if last != total:
+                self.progress.note(f"{total}/{total} devices enrolled")
+            return -1
+        count = len(service.online_devices())
+        if count != last:
+            self.progress.note(f"{count}/{total} devices enrolled")
+        return count
 
     def _note_stage(self, service: CoordinatorService, last: str | None) -> str:
         """Say what the coordinator waits for, until the first round trains."""

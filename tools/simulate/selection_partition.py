@@ -34,6 +34,7 @@ EMD_avg; neither is claimed to be the paper's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -133,7 +134,8 @@ def pairs_partition(
     if emd > top * (1 + EMD_TOLERANCE):
         raise PartitionError(
             f"EMD_avg {emd} is out of reach: at most {top:.3f} for rho={rho}, "
-            f"C={num_classes}"
+            f"C={num_classes} and {num_clients} devices; ask for an EMD of at "
+            f"most {math.floor(top * 100) / 100:.2f} (--emd), or more devices"
         )
     even = build(0.5)
     if abs(emd_avg(even) - emd) <= EMD_TOLERANCE * emd:

@@ -334,3 +334,15 @@ def test_regenerating_a_site_without_a_bridge_removes_its_password(
     assert run([*argv, *LOCAL, "--force"]) == 0
     assert not (site / "bridge").exists()
     assert "include_dir" not in (site / "mosquitto.conf").read_text()
+
+
+def test_persistence_defaults_to_a_folder_beside_the_config(tmp_path: Path) -> None:
+    """Two brokers on one host never share Debian's /var/lib/mosquitto."""
+    for name in ("site-a", "site-b"):
+        out = tmp_path / name
+        argv = ["broker", "mosquitto-config", "--out", str(out), "--devices", "d1"]
+        assert run([*argv, "--user", getpass.getuser()]) == 0
+        conf = (out / "mosquitto.conf").read_text()
+        assert f"persistence_location {out.resolve() / 'data'}/" in conf
+        assert "/var/lib/mosquitto" not in conf
+        assert (out / "data").is_dir()

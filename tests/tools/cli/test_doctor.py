@@ -53,6 +53,34 @@ def test_a_config_that_does_not_validate_is_one_line(
     assert err.startswith("ursa doctor: config: ") and err.count("\n") == 1
 
 
+@pytest.mark.integration
+def test_a_coordinator_config_is_checked_as_the_coordinators(
+    mosquitto: MosquittoBroker,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = tmp_path / "coordinator.toml"
+    config.write_text(
+        'federation = "trial"\n'
+        f'state_dir = "{tmp_path / "state"}"\n'
+        "min_devices = 3\nk = 2\ntries = 2\n"
+        "[broker]\n"
+        f'url = "mqtt://{mosquitto.host}:{mosquitto.port}"\n'
+        'username = "coordinator"\n'
+    )
+    monkeypatch.setenv("URSA_BROKER__PASSWORD", mosquitto.credentials["coordinator"])
+    args = ["doctor", "--no-imports", "--config", str(config), "--login", "--json"]
+
+    code = main(args)
+
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    data = json.loads(out)
+    broker = next(c for c in data["checks"] if c["check"] == "broker")
+    assert "logged in as coordinator" in broker["summary"]
+
+
 def test_login_without_a_broker_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--no-imports", "--login"]) == 1
     assert "--login need" in capsys.readouterr().err

@@ -26,3 +26,18 @@ def test_a_seed_deals_the_same_skewed_population_every_time() -> None:
 def test_a_population_that_cannot_be_dealt_raises_value_error() -> None:
     with pytest.raises(ValueError):
         demo_population(TrainingDemoSettings(devices=10, rho=0.5))
+
+
+def test_an_emd_out_of_reach_names_one_that_is_reachable() -> None:
+    import re
+
+    with pytest.raises(ValueError) as caught:
+        demo_population(TrainingDemoSettings(devices=4, k=2, tries=2))
+    hint = re.search(r"an EMD of at most ([0-9.]+) \(--emd\)", str(caught.value))
+    assert hint is not None, str(caught.value)
+
+    reachable = float(hint.group(1))
+    population = demo_population(
+        TrainingDemoSettings(devices=4, k=2, tries=2, emd=reachable)
+    )
+    assert np.asarray(population.counts).shape == (4, 10)

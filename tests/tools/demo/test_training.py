@@ -55,9 +55,14 @@ def test_tiny_demo_reports_held_out_accuracy_and_identical_onnx(
     }
     assert all(d["crypto_ms"] > 0 and d["bytes_sent"] > 0 for d in printed["devices"])
     files = set(printed["files"])
-    assert {"report.json", "model.onnx", "accuracy.png"} <= files
+    assert {"summary.md", "report.json", "model.onnx", "accuracy.png"} <= files
+    assert printed["files"][0] == "summary.md"  # the page to open first
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "lower is better" in summary and "dubhe, climb" in summary
+    assert f"{printed['final_accuracy']:.4g}" in summary
     assert all((tmp_path / "report" / f).stat().st_size > 0 for f in files)
     assert "2/2 round 2: acc" in err.getvalue()
+    assert "ursa demo: 6/6 devices enrolled" in err.getvalue()  # no silent start
     # federated evaluation (next to CLIMB's dual step): the model after round 1
     # on the devices' own held-out data, beside the server's test accuracy
     section = printed["federated_eval"]
