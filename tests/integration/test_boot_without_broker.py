@@ -100,9 +100,14 @@ def test_serve_and_device_run_wait_for_a_broker_that_starts_later(
         assert "all 1 rounds complete" in text
         for device in DEVICES:
             assert f"device {device}: connected after" in text
+        assert f"coordinator: federation {FED}, methods dubhe" in text  # start-up
         for process in processes[1:]:  # the devices stop cleanly on SIGTERM
             process.terminate()
             assert process.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+        text = log_path.read_text()
+        assert text.count("device: stopping (SIGTERM)") == len(DEVICES), text[-3000:]
+        for device in DEVICES:
+            assert f"device {device}: stopped" in text
     finally:
         for process in processes:
             if process.poll() is None:

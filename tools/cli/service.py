@@ -34,13 +34,15 @@ from ursa.tools.cli.logs import LOG_FORMATS, configure_logging
 from ursa.tools.compose import ServiceSetupError, build_coordinator, build_device
 
 if TYPE_CHECKING:
-    from ursa.coordinator.config import HttpConfig
+    from ursa.coordinator.config import CoordinatorConfig, HttpConfig
     from ursa.coordinator.service import CoordinatorService
     from ursa.edge_sdk.client import EdgeClient
     from ursa.tools.observe.server import ObserveServer
 
     # argparse has no public name for the object add_subparsers() returns.
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+
+logger = logging.getLogger("ursa.cli")
 
 
 def register(sub: Subparsers) -> None:
@@ -109,19 +111,42 @@ def register(sub: Subparsers) -> None:
     model.register(sub)
 
 
-def _stop_on_signals() -> threading.Event:
+def _stop_on_signals(who: str) -> threading.Event:
+    """An event SIGTERM and SIGINT set; ``<who>: stopping (SIGTERM)`` is logged.
+
+    The line comes from a watcher thread, not the handler (a handler that
+    logs could wait on a lock the interrupted code holds).
+    """
     stop = threading.Event()
+    received: list[str] = []
 
     def handle(signum: int, frame: object) -> None:
+        received.append(signal.Signals(signum).name)
         stop.set()
+
+    def say() -> None:
+        stop.wait()
+        if received:
+            logger.info("%s: stopping (%s)", who, received[0])
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
+    threading.Thread(target=say, name="ursa-stop-note", daemon=True).start()
     return stop
 
 
+def _summary_of_coordinator(config: CoordinatorConfig) -> str:
+    """The start-up line: what this coordinator runs, with whom, where."""
+    return (
+        f"coordinator: federation {config.federation}, methods "
+        f"{', '.join(config.method_names())}, broker {config.broker.url}, "
+        f"K={config.k} of {config.min_devices} devices, {config.tries} tries, "
+        f"{config.rounds} rounds, state {config.state_dir}"
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
-    stop = _stop_on_signals()  # first: a SIGTERM during start-up exits 0
+    stop = _stop_on_signals("coordinator")  # first: a SIGTERM in start-up exits 0
     from ursa.crypto.paillier_keys import MIN_SECURE_KEY_BITS
 
     config = fleet.coordinator_config(args.config)
@@ -155,8 +180,11 @@ def _serve(args: argparse.Namespace) -> int:
         except ObserveConfigError as exc:
             print(f"ursa coordinator serve: {exc}", file=sys.stderr)
             return 2
+    logger.info("%s", _summary_of_coordinator(config))
     try:
         service.run(stop, until_done=not args.keep_running)
+        if stop.is_set():
+            logger.info("coordinator: stopped")
     except ConnectAbortedError:
         return 0  # stopped while waiting for the broker
     except UntrustedIdentityError as exc:  # its certificate: a restart cannot fix
@@ -196,7 +224,7 @@ def _observe(
 
 
 def _device_run(args: argparse.Namespace) -> int:
-    stop = _stop_on_signals()  # first: a SIGTERM while torch loads exits 0
+    stop = _stop_on_signals("device")  # first: a SIGTERM while torch loads exits 0
     config = fleet.device_config(args.config)
     try:
         client = build_device(config, args.labels)
@@ -208,7 +236,17 @@ def _device_run(args: argparse.Namespace) -> int:
     try:
         if args.infer:
             return _run_and_infer(client, stop)
+        logger.info(
+            "device %s: federation %s, methods %s, broker %s, state %s",
+            config.device_id,
+            config.federation,
+            ", ".join(m.kind for m in config.method_list()),
+            config.broker.url,
+            config.state_dir,
+        )
         client.run(stop)  # returns at the end of the federation, too
+        if stop.is_set():
+            logger.info("device %s: stopped", config.device_id)
     except ConnectAbortedError:
         return 0  # stopped while waiting for the broker
     except UntrustedIdentityError as exc:  # its certificate: a restart cannot fix
