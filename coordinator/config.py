@@ -44,10 +44,10 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     refusal_rekeys = 1                # per device per window; then it sits out
     refusal_window_s = 3600.0
 
-    [registry]
-    num_classes = 10
-    groups = [1, 2, 10]
-    sigma = [0.7, 0.1, 0.0]
+    [registry]                        # Dubhe's registry (`RegistryConfig`)
+    num_classes = 10                  # default: the model's output size
+    groups = [1, 2, 10]               # default: [1, 2, num_classes]
+    sigma = [0.7, 0.1, 0.0]           # default: one per group, the last 0.0
 
     [[methods]]                       # one selection method
     kind = "dubhe"
@@ -303,8 +303,28 @@ class EvaluationConfig(_Frozen):
     torch and ``[training] architecture``."""
 
 
+def default_groups(num_classes: int) -> tuple[int, ...]:
+    """Dubhe's reference set ``{1, 2, C}`` (``{1, C}`` for two classes)."""
+    return (1, 2, num_classes) if num_classes > 2 else (1, num_classes)
+
+
+def default_sigma(groups: tuple[int, ...]) -> tuple[float, ...]:
+    """0.7 for single classes, 0.1 for the groups between, 0.0 for all C."""
+    return tuple(0.0 if g == groups[-1] else 0.7 if g == 1 else 0.1 for g in groups)
+
+
 class RegistryConfig(_Frozen):
-    """Dubhe registry parameters, sent to devices in the signed key-epoch notice."""
+    """Dubhe registry parameters, sent to devices in the signed key-epoch notice.
+
+    A device registers the smallest group of classes that holds most of its
+    data: ``groups`` are the group sizes (Dubhe's reference set ``G``, which
+    must hold ``num_classes``), ``sigma`` one threshold per group (the share
+    of a device's samples outside the group it may still register under; the
+    last, all classes, is 0). Both follow ``num_classes`` unless given:
+    ``groups = [1, 2, C]`` and ``sigma = [0.7, 0.1, 0.0]``. `ursa coordinator
+    serve` takes ``num_classes`` from the model's output size when the
+    section does not name it, and refuses a mismatch.
+    """
 
     num_classes: int = Field(default=10, ge=2, le=4096)
     groups: tuple[int, ...] = (1, 2, 10)
@@ -320,6 +340,24 @@ class RegistryConfig(_Frozen):
             Codebook(self.num_classes, self.groups).length
         )
         return plaintexts * 2 * ((key_bits + 7) // 8)  # the margin covers the header
+
+    @model_validator(mode="before")
+    @classmethod
+    def _follow_num_classes(cls, data: Any) -> Any:
+        """``groups`` and ``sigma`` left out follow ``num_classes``."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        classes = data.get("num_classes", 10)
+        if "groups" not in data and isinstance(classes, int):
+            data["groups"] = default_groups(classes)
+        groups = data.get("groups")
+        ints = isinstance(groups, list | tuple) and all(
+            isinstance(g, int) for g in groups
+        )
+        if "sigma" not in data and ints and groups:
+            data["sigma"] = default_sigma(tuple(groups))
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -24,6 +24,7 @@ Setup problems (missing weights, data or torch, a bad setting) raise
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,9 +65,13 @@ __all__ = [
     "final_output",
     "load_labels",
     "load_training_data",
+    "model_classes",
+    "registry_of_the_model",
     "torch_trainer",
     "training_plugin",
 ]
+
+logger = logging.getLogger("ursa.compose")
 
 TRAIN_EXTRA_HINT = "needs torch: pip install 'ursa-fl[train]'"
 
@@ -296,6 +301,7 @@ def build_coordinator(
     from ursa.coordinator.telemetry import Telemetry
     from ursa.crypto.errors import BackendUnavailableError
 
+    config = registry_of_the_model(config)
     telemetry = Telemetry()
     plugin = training_plugin(config, hooks, telemetry)
     output = final_output(config)
@@ -318,6 +324,65 @@ def build_coordinator(
         )
     except BackendUnavailableError as exc:
         raise ServiceSetupError(f"[[methods]] flicker: {exc}") from None
+
+
+def model_classes(config: CoordinatorConfig) -> int | None:
+    """The classes the federation's model outputs (None: no model, or not known).
+
+    ``[training] model_options.num_classes`` (the built-in models name it),
+    else the length of the last vector of ``[training] initial_weights``
+    (the output layer's bias, last in a state dict).
+
+    Raises:
+        ServiceSetupError: the initial weights cannot be read.
+    """
+    from ursa.models.weights import WeightsError, arrays_from_bytes
+
+    if config.training_method() is None:
+        return None
+    section = config.training_section()
+    named = section.model_options.get("num_classes")
+    if isinstance(named, int) and not isinstance(named, bool):
+        return named
+    if section.initial_weights is None:
+        return None
+    try:
+        arrays = arrays_from_bytes(Path(section.initial_weights).read_bytes())
+    except (OSError, WeightsError) as exc:
+        raise ServiceSetupError(f"[training] initial_weights: {brief(exc)}") from None
+    vectors = [np.shape(a)[0] for a in arrays.values() if np.ndim(a) == 1]
+    return int(vectors[-1]) if vectors else None
+
+
+def registry_of_the_model(config: CoordinatorConfig) -> CoordinatorConfig:
+    """``config`` with Dubhe's class count taken from the model (or checked).
+
+    A ``[registry]`` that does not name ``num_classes`` follows the model's
+    output size (``groups`` and ``sigma`` with it); one that names another
+    count is refused, since devices would register classes the model does
+    not have.
+
+    Raises:
+        ServiceSetupError: ``[registry] num_classes`` is not the model's.
+    """
+    from ursa.coordinator.config import RegistryConfig
+
+    classes = model_classes(config)
+    registry = config.registry
+    if classes is None or classes == registry.num_classes:
+        return config
+    if "num_classes" in registry.model_fields_set:
+        raise ServiceSetupError(
+            f"[registry] num_classes = {registry.num_classes}, but the model "
+            f"outputs {classes} classes: set num_classes = {classes} (groups and "
+            "sigma follow it), or leave it out"
+        )
+    try:
+        follows = RegistryConfig(num_classes=classes, max_parties=registry.max_parties)
+    except ValueError as exc:
+        raise ServiceSetupError(f"[registry]: {brief(exc)}") from None
+    logger.info("[registry] num_classes = %d, from the model's output size", classes)
+    return config.model_copy(update={"registry": follows})
 
 
 ONNX_CHECK_SAMPLES = 64

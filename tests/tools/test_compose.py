@@ -392,3 +392,57 @@ def test_a_missing_holdout_file_is_named_as_the_evaluation_setting(
         compose.holdout_evaluator(config)
     assert str(caught.value).startswith("[evaluation] holdout_file: ")
     assert "[training]" not in str(caught.value)
+
+
+def _three_class_config(tmp_path: Path, **registry: Any) -> Any:
+    from ursa.coordinator.config import CoordinatorConfig
+
+    options = {"input_dim": 8, "num_classes": 3, "hidden_sizes": [4]}
+    fields: dict[str, Any] = {
+        "federation": "f",
+        "state_dir": tmp_path / "c",
+        "methods": [DUBHE, {"kind": "fedavg"}],
+        "training": {"architecture": "mlp", "model_options": options},
+    }
+    if registry:
+        fields["registry"] = registry
+    return CoordinatorConfig.model_validate(fields)
+
+
+def test_the_registry_follows_a_three_class_model(tmp_path: Path) -> None:
+    config = compose.registry_of_the_model(_three_class_config(tmp_path))
+
+    assert config.registry.num_classes == 3
+    assert config.registry.groups == (1, 2, 3)
+    assert config.registry.sigma == (0.7, 0.1, 0.0)
+
+
+def test_a_registry_that_names_other_classes_than_the_model_is_refused(
+    tmp_path: Path,
+) -> None:
+    config = _three_class_config(tmp_path, num_classes=10)
+
+    with pytest.raises(compose.ServiceSetupError, match="outputs 3 classes"):
+        compose.registry_of_the_model(config)
+
+
+def test_the_class_count_comes_from_the_initial_weights_without_options(
+    tmp_path: Path,
+) -> None:
+    from ursa.coordinator.config import CoordinatorConfig
+    from ursa.models.weights import arrays_to_bytes
+
+    weights = tmp_path / "w.ursw"
+    arrays = {"w": np.zeros((3, 8), np.float32), "b": np.zeros(3, np.float32)}
+    weights.write_bytes(arrays_to_bytes(arrays))
+    config = CoordinatorConfig.model_validate(
+        {
+            "federation": "f",
+            "state_dir": tmp_path / "c",
+            "methods": [DUBHE, {"kind": "fedavg"}],
+            "training": {"initial_weights": str(weights)},
+        }
+    )
+
+    assert compose.model_classes(config) == 3
+    assert compose.registry_of_the_model(config).registry.num_classes == 3

@@ -115,7 +115,8 @@ def _stop_on_signals(who: str) -> threading.Event:
     """An event SIGTERM and SIGINT set; ``<who>: stopping (SIGTERM)`` is logged.
 
     The line comes from a watcher thread, not the handler (a handler that
-    logs could wait on a lock the interrupted code holds).
+    logs could wait on a lock the interrupted code holds); `_stopped` waits
+    for it, so ``stopping`` always comes before ``stopped``.
     """
     stop = threading.Event()
     received: list[str] = []
@@ -131,8 +132,24 @@ def _stop_on_signals(who: str) -> threading.Event:
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
-    threading.Thread(target=say, name="ursa-stop-note", daemon=True).start()
+    watcher = threading.Thread(target=say, name="ursa-stop-note", daemon=True)
+    watcher.start()
+    _WATCHERS[id(stop)] = watcher
     return stop
+
+
+_WATCHERS: dict[int, threading.Thread] = {}
+"""Each stop event's watcher thread (one per command run)."""
+
+
+def _stopped(stop: threading.Event, line: str) -> None:
+    """Log ``line`` after the watcher's ``stopping`` line, if a signal stopped us."""
+    if not stop.is_set():
+        return
+    watcher = _WATCHERS.get(id(stop))
+    if watcher is not None:
+        watcher.join(1.0)
+    logger.info("%s", line)
 
 
 def _summary_of_coordinator(config: CoordinatorConfig) -> str:
@@ -183,8 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
     logger.info("%s", _summary_of_coordinator(config))
     try:
         service.run(stop, until_done=not args.keep_running)
-        if stop.is_set():
-            logger.info("coordinator: stopped")
+        _stopped(stop, "coordinator: stopped")
     except ConnectAbortedError:
         return 0  # stopped while waiting for the broker
     except UntrustedIdentityError as exc:  # its certificate: a restart cannot fix
@@ -245,8 +261,7 @@ def _device_run(args: argparse.Namespace) -> int:
             config.state_dir,
         )
         client.run(stop)  # returns at the end of the federation, too
-        if stop.is_set():
-            logger.info("device %s: stopped", config.device_id)
+        _stopped(stop, f"device {config.device_id}: stopped")
     except ConnectAbortedError:
         return 0  # stopped while waiting for the broker
     except UntrustedIdentityError as exc:  # its certificate: a restart cannot fix
