@@ -53,7 +53,7 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     kind = "dubhe"
 
     [[methods]]                       # optional: one training method
-    kind = "climb"                    # fedavg | climb | feddisk
+    kind = "climb"                    # fedavg | fedprox | climb | feddisk
     dual_timeout_s = 60.0             # the method's own fields
 
     [training]                        # the training method's shared settings
@@ -122,16 +122,17 @@ from typing_extensions import Self
 
 from ursa.coordinator.methods_config import (
     DEFAULT_METHODS,
-    ClimbSpec,
     DubheSpec,
     FedAvgSpec,
     FeddiskSpec,
     FlickerSpec,
     MethodSpec,
     SelectionSpec,
+    TrainingSpec,
     check_methods,
     flicker_spec,
     method_names,
+    method_settings,
     selection_spec,
     training_spec,
 )
@@ -148,7 +149,7 @@ from ursa.protocol.admission_limits import AdmissionLimits
 from ursa.protocol.broker_config import BrokerConfig
 from ursa.protocol.codebook import Codebook, CodebookError
 from ursa.protocol.config_file import DEFAULT_ENV_PREFIX, load_service_config
-from ursa.protocol.messages import ID_PATTERN, SEAL_PAGE_SIZE
+from ursa.protocol.messages import ID_PATTERN, SEAL_PAGE_SIZE, MethodSetting
 from ursa.protocol.transport import DEFAULT_MAX_PAYLOAD_BYTES
 from ursa.protocol.trust_config import TrustConfig
 
@@ -415,9 +416,7 @@ class TrainingSection(BaseModel):
         self.training_config(FedAvgSpec())  # a bad TrainingConfig field fails the load
         return self
 
-    def training_config(
-        self, method: FedAvgSpec | ClimbSpec | FeddiskSpec
-    ) -> TrainingConfig:
+    def training_config(self, method: TrainingSpec) -> TrainingConfig:
         """The classifier's `TrainingConfig` under ``method``."""
         from ursa.coordinator.training_round import TrainingConfig
 
@@ -537,7 +536,7 @@ class CoordinatorConfig(_Frozen):
         if self.training is not None and self.training_method() is None:
             raise ValueError(
                 "[training] needs a training method: add [[methods]] with "
-                "kind = 'fedavg', 'climb' or 'feddisk'"
+                "kind = 'fedavg', 'fedprox', 'climb' or 'feddisk'"
             )
         method = self.training_method()
         if isinstance(method, FeddiskSpec):
@@ -558,6 +557,10 @@ class CoordinatorConfig(_Frozen):
         """The methods signed into each key epoch, in config order."""
         return method_names(self.methods)
 
+    def method_settings(self) -> tuple[MethodSetting, ...]:
+        """The methods' settings signed beside their names (FedProx's ``mu``)."""
+        return method_settings(self.methods)
+
     def selection_method(self) -> SelectionSpec:
         """The selection method (exactly one, checked at load)."""
         return selection_spec(self.methods)
@@ -567,7 +570,7 @@ class CoordinatorConfig(_Frozen):
         method = self.selection_method()
         return isinstance(method, DubheSpec) and method.draw == "stratified"
 
-    def training_method(self) -> FedAvgSpec | ClimbSpec | FeddiskSpec | None:
+    def training_method(self) -> TrainingSpec | None:
         """The training method; None for a selection-only federation."""
         return training_spec(self.methods)
 

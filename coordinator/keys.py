@@ -151,6 +151,7 @@ class EpochStages(ServiceCore):
                 max_parties=registry.max_parties,
                 key_bits=cfg.key_bits,
                 methods=cfg.method_names(),
+                method_settings=cfg.method_settings(),
                 aggregation=self._plugin.aggregation_mode(),
             )
         )

@@ -13,6 +13,10 @@ fields refused)::
     dual_timeout_s = 60.0
 
     [[methods]]
+    kind = "fedprox"                  # or: FedAvg with a proximal term on devices
+    mu = 0.01                         # signed into each key epoch
+
+    [[methods]]
     kind = "flicker"                  # balancing: before the first key epoch
     nabla = 0.1
 
@@ -21,7 +25,8 @@ A federation has exactly one selection method, at most one training method
 balancing method (FLICKER, run once before the first key epoch). The kinds,
 in this order, are the list signed into every `KeyEpochStart`, so a device
 configured differently refuses the epoch (``method_mismatch``) instead of
-silently skipping a method's steps.
+silently skipping a method's steps; the settings devices take from the
+coordinator (FedProx's ``mu``) are signed beside them (`method_settings`).
 
 This module imports nothing from the coordinator's runtime (the runtime's
 config imports it); `ursa.tools.compose` turns the specs into plugins.
@@ -35,7 +40,8 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ursa.protocol.messages import NAME_PATTERN
+from ursa.coordinator.methods.fedprox.settings import FedProxSpec
+from ursa.protocol.messages import NAME_PATTERN, MethodSetting
 from ursa.protocol.methods import MethodRole, MethodsError, check_method_list
 
 __all__ = [
@@ -45,6 +51,7 @@ __all__ = [
     "Draw",
     "DubheSpec",
     "FedAvgSpec",
+    "FedProxSpec",
     "FeddiskSpec",
     "FlickerSpec",
     "MethodRole",
@@ -52,9 +59,11 @@ __all__ = [
     "MethodsError",
     "RandomSpec",
     "SelectionSpec",
+    "TrainingSpec",
     "check_methods",
     "flicker_spec",
     "method_names",
+    "method_settings",
     "selection_spec",
     "training_spec",
 ]
@@ -63,6 +72,10 @@ __all__ = [
 class _Spec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     role: ClassVar[MethodRole]
+
+    def signed_settings(self) -> tuple[MethodSetting, ...]:
+        """Settings devices take from the coordinator (default: none)."""
+        return ()
 
 
 Draw = Literal["paper", "stratified"]
@@ -161,13 +174,22 @@ class FlickerSpec(_Spec):
 
 
 MethodSpec = Annotated[
-    DubheSpec | RandomSpec | FedAvgSpec | ClimbSpec | FeddiskSpec | FlickerSpec,
+    DubheSpec
+    | RandomSpec
+    | FedAvgSpec
+    | ClimbSpec
+    | FeddiskSpec
+    | FedProxSpec
+    | FlickerSpec,
     Field(discriminator="kind"),
 ]
 """One ``[[methods]]`` table."""
 
 SelectionSpec = DubheSpec | RandomSpec
 """The selection methods' specs."""
+
+TrainingSpec = FedAvgSpec | ClimbSpec | FeddiskSpec | FedProxSpec
+"""The training methods' specs."""
 
 DEFAULT_METHODS: tuple[MethodSpec, ...] = (DubheSpec(),)
 """Selection only, as before ``[[methods]]`` existed."""
@@ -183,17 +205,20 @@ def method_names(methods: Sequence[MethodSpec]) -> tuple[str, ...]:
     return tuple(m.kind for m in methods)
 
 
+def method_settings(methods: Sequence[MethodSpec]) -> tuple[MethodSetting, ...]:
+    """The methods' settings signed beside their names (FedProx's ``mu``)."""
+    return tuple(s for m in methods for s in m.signed_settings())
+
+
 def flicker_spec(methods: Sequence[MethodSpec]) -> FlickerSpec | None:
     """FLICKER's table, if the federation runs it."""
     return next((m for m in methods if isinstance(m, FlickerSpec)), None)
 
 
-def training_spec(
-    methods: Sequence[MethodSpec],
-) -> FedAvgSpec | ClimbSpec | FeddiskSpec | None:
+def training_spec(methods: Sequence[MethodSpec]) -> TrainingSpec | None:
     """The training method, if any."""
     for spec in methods:
-        if isinstance(spec, FedAvgSpec | ClimbSpec | FeddiskSpec):
+        if isinstance(spec, TrainingSpec):
             return spec
     return None
 

@@ -158,6 +158,8 @@ class TrainingPlugin(RoundPlugin):
         before_training: Steps run in order before each round trains (e.g.
             CLIMB's dual step); they name the signed method and may set the
             weighting.
+        method: The training method devices run when no step names one
+            (``fedavg``; ``fedprox`` aggregates as FedAvg too).
 
     Raises:
         ModelStoreError: no checkpoint and no (usable) initial weights.
@@ -175,8 +177,10 @@ class TrainingPlugin(RoundPlugin):
         on_round: Callable[[RoundRecord], None] | None = None,
         clock: Clock = time.time,
         before_training: Sequence[BeforeTraining] = (),
+        method: str = "fedavg",
     ) -> None:
         self.config = config or TrainingConfig()
+        self._method = method
         steps = tuple(before_training)
         self._secure: SecureAggregation | None = None
         if self.config.aggregation.secure:
@@ -424,9 +428,9 @@ class TrainingPlugin(RoundPlugin):
         return self.config.aggregation.mode
 
     def methods(self) -> tuple[str, ...]:
-        """The training method devices must run: the steps' methods, else fedavg."""
+        """The training method devices must run: the steps' methods, else `method`."""
         signed = (s.name for s in self._steps if s.signed)
-        return tuple(dict.fromkeys(signed)) or ("fedavg",)
+        return tuple(dict.fromkeys(signed)) or (self._method,)
 
     def is_complete(self, round_index: int) -> bool:
         """Whether the round has been aggregated (or ended without updates)."""

@@ -71,11 +71,14 @@ class TrainPlan:
         delta_scale: The factor on the uploaded delta (CLIMB's ``w_i``).
         scaled: Whether a method scaled the delta (the coordinator then
             averages without example counts).
+        proximal_mu: FedProx's ``mu``, signed by the coordinator: the trainer
+            adds ``(mu / 2) * ||w - w_global||^2`` to its loss (0: none).
     """
 
     round: int
     delta_scale: float = 1.0
     scaled: bool = False
+    proximal_mu: float = 0.0
 
 
 @dataclass(frozen=True)

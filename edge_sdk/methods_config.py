@@ -10,6 +10,9 @@ Tables told apart by ``kind``, each with the method's device settings::
     eta_d = 0.1                 # `ursa.edge_sdk.climb.ClimbConfig` fields
 
     [[methods]]
+    kind = "fedprox"            # or: mu comes signed from the coordinator
+
+    [[methods]]
     kind = "flicker"            # `FlickerSpec` fields
     features_file = "centroids.npz"
 
@@ -37,9 +40,11 @@ __all__ = [
     "DeviceMethodSpec",
     "DubheSpec",
     "FedAvgSpec",
+    "FedProxSpec",
     "FeddiskSpec",
     "FlickerSpec",
     "RandomSpec",
+    "TrainingSpec",
     "check_device_methods",
     "default_methods",
     "flicker_spec",
@@ -76,6 +81,18 @@ class FedAvgSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     role: ClassVar[MethodRole] = MethodRole.TRAINING
     kind: Literal["fedavg"] = "fedavg"
+
+
+class FedProxSpec(BaseModel):
+    """FedProx: local training with the proximal term; ``mu`` is the coordinator's.
+
+    The device takes ``mu`` from the key epoch's signed settings
+    (`ursa.edge_sdk.methods.fedprox`), so it has nothing to set here.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    role: ClassVar[MethodRole] = MethodRole.TRAINING
+    kind: Literal["fedprox"] = "fedprox"
 
 
 class ClimbSpec(ClimbConfig):
@@ -130,10 +147,19 @@ class FlickerSpec(BaseModel):
 
 
 DeviceMethodSpec = Annotated[
-    DubheSpec | RandomSpec | FedAvgSpec | ClimbSpec | FeddiskSpec | FlickerSpec,
+    DubheSpec
+    | RandomSpec
+    | FedAvgSpec
+    | FedProxSpec
+    | ClimbSpec
+    | FeddiskSpec
+    | FlickerSpec,
     Field(discriminator="kind"),
 ]
 """One device ``[[methods]]`` table."""
+
+TrainingSpec = FedAvgSpec | FedProxSpec | ClimbSpec | FeddiskSpec
+"""The training methods' tables."""
 
 
 def default_methods(*, trains: bool) -> tuple[DeviceMethodSpec, ...]:
@@ -159,7 +185,7 @@ def check_device_methods(methods: Sequence[DeviceMethodSpec], *, trains: bool) -
     if trains and not training:
         raise MethodsError(
             "[training] needs a training method in [[methods]] "
-            "(kind = 'fedavg', 'climb' or 'feddisk')"
+            "(kind = 'fedavg', 'fedprox', 'climb' or 'feddisk')"
         )
 
 
@@ -168,12 +194,10 @@ def flicker_spec(methods: Sequence[DeviceMethodSpec]) -> FlickerSpec | None:
     return next((m for m in methods if isinstance(m, FlickerSpec)), None)
 
 
-def training_spec(
-    methods: Sequence[DeviceMethodSpec],
-) -> FedAvgSpec | ClimbSpec | FeddiskSpec | None:
+def training_spec(methods: Sequence[DeviceMethodSpec]) -> TrainingSpec | None:
     """The training method, if any."""
     for spec in methods:
-        if isinstance(spec, FedAvgSpec | ClimbSpec | FeddiskSpec):
+        if isinstance(spec, TrainingSpec):
             return spec
     return None
 

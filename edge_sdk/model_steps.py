@@ -278,12 +278,16 @@ class ModelSteps(RoundSteps):
         arrays = self._model_arrays
         assert arrays is not None
         plan = TrainPlan(notice.round)
-        for method in self._methods:
-            plan = method.plan(plan)
-        scale = plan.delta_scale
         started = time.perf_counter()
         try:
-            result = trainer.train_delta(notice.round, arrays, delta_scale=scale)
+            for method in self._methods:
+                plan = method.plan(plan)
+            result = trainer.train_planned(
+                notice.round,
+                arrays,
+                delta_scale=plan.delta_scale,
+                proximal_mu=plan.proximal_mu,
+            )
         except Exception as exc:  # the app's code: whatever it raises is reported
             reply = self._report_failure(
                 ErrorCode.TRAINING_FAILED, notice.round, exc, notice.message_id
@@ -388,7 +392,7 @@ class ModelSteps(RoundSteps):
             notice.round,
             notice.model_version,
             result.num_examples,
-            scale,
+            plan.delta_scale,
             len(payload),
         )
 

@@ -74,6 +74,9 @@ class ModuleTrainer(ModelTrainer):
         eval_y: Its class labels.
     """
 
+    proximal = True
+    """FedProx's term is added to the loss (`train_proximal`)."""
+
     def __init__(
         self,
         module: nn.Module,
@@ -140,6 +143,14 @@ class ModuleTrainer(ModelTrainer):
         self, round_index: int, global_arrays: Arrays, *, delta_scale: float
     ) -> LocalDelta:
         """`train_module` from ``global_arrays``; the delta times ``delta_scale``."""
+        return self.train_proximal(
+            round_index, global_arrays, delta_scale=delta_scale, mu=0.0
+        )
+
+    def train_proximal(
+        self, round_index: int, global_arrays: Arrays, *, delta_scale: float, mu: float
+    ) -> LocalDelta:
+        """`train_delta` with FedProx's term: ``proximal_mu`` of `train_module`."""
         from ursa.edge_sdk.training import train_module
 
         result = train_module(
@@ -154,6 +165,7 @@ class ModuleTrainer(ModelTrainer):
             optimizer=self.optimizer,
             sample_weights=self.sample_weights,
             delta_scale=delta_scale,
+            proximal_mu=mu,
         )
         metrics = {
             "mean_train_loss": result.mean_train_loss,

@@ -59,6 +59,9 @@ class TorchTrainer(ModelTrainer):
         eval_y: Its labels.
     """
 
+    proximal = True
+    """FedProx's term is added to the loss (`train_proximal`)."""
+
     def __init__(
         self,
         x: npt.ArrayLike,
@@ -124,6 +127,14 @@ class TorchTrainer(ModelTrainer):
         self, round_index: int, global_arrays: Arrays, *, delta_scale: float
     ) -> LocalDelta:
         """`train_local` from ``global_arrays``; the delta times ``delta_scale``."""
+        return self.train_proximal(
+            round_index, global_arrays, delta_scale=delta_scale, mu=0.0
+        )
+
+    def train_proximal(
+        self, round_index: int, global_arrays: Arrays, *, delta_scale: float, mu: float
+    ) -> LocalDelta:
+        """`train_delta` with FedProx's term: ``proximal_mu`` of `train_local`."""
         from ursa.edge_sdk.training import train_local
 
         result = train_local(
@@ -135,6 +146,7 @@ class TorchTrainer(ModelTrainer):
             config=self._config(round_index),
             sample_weights=self.sample_weights,
             delta_scale=delta_scale,
+            proximal_mu=mu,
         )
         metrics = {
             "mean_train_loss": result.mean_train_loss,

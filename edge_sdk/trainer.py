@@ -98,17 +98,47 @@ class ModelTrainer(Trainer):
         climb: CLIMB's dual settings when the device takes part in CLIMB
             (dual steps and scaled deltas), else None.
         wire_dtype: Precision of the uploaded delta.
+        proximal: Whether `train_proximal` adds FedProx's term to the loss
+            (FedProx refuses a trainer without it when the device is built).
     """
 
     model: str = "classifier"
     climb: ClimbConfig | None = None
     wire_dtype: Literal["float32", "float16"] = "float32"
+    proximal: bool = False
 
     @abstractmethod
     def train_delta(
         self, round_index: int, global_arrays: Arrays, *, delta_scale: float
     ) -> LocalDelta:
         """Train locally from ``global_arrays``; the delta times ``delta_scale``."""
+
+    def train_proximal(
+        self, round_index: int, global_arrays: Arrays, *, delta_scale: float, mu: float
+    ) -> LocalDelta:
+        """`train_delta` with ``(mu / 2) * ||w - w_global||^2`` added to the loss.
+
+        Raises:
+            NotImplementedError: the trainer has no proximal term (`proximal`).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot add FedProx's proximal term"
+        )
+
+    def train_planned(
+        self,
+        round_index: int,
+        global_arrays: Arrays,
+        *,
+        delta_scale: float,
+        proximal_mu: float,
+    ) -> LocalDelta:
+        """A round as the methods planned it (`TrainPlan`): proximal if mu > 0."""
+        if proximal_mu > 0.0:
+            return self.train_proximal(
+                round_index, global_arrays, delta_scale=delta_scale, mu=proximal_mu
+            )
+        return self.train_delta(round_index, global_arrays, delta_scale=delta_scale)
 
     @abstractmethod
     def local_loss(self, global_arrays: Arrays) -> float:

@@ -143,6 +143,7 @@ def train_local(
     config: TrainConfig,
     sample_weights: npt.ArrayLike | None = None,
     delta_scale: float = 1.0,
+    proximal_mu: float = 0.0,
 ) -> LocalResult:
     """Train a classifier from the global weights on local data; return its delta.
 
@@ -155,6 +156,8 @@ def train_local(
         config: training hyper-parameters.
         sample_weights: optional non-negative per-sample weights (FedDisk).
         delta_scale: multiplies the delta (CLIMB's ``w_i``).
+        proximal_mu: FedProx's ``mu``: each step's loss gains
+            ``(mu / 2) * ||w - w_global||^2`` (0: none, FedAvg's training).
 
     Raises:
         TrainingError: inconsistent shapes, labels or weights.
@@ -165,7 +168,7 @@ def train_local(
     model = _model_at(model_name, model_config, global_arrays)
     return _train_delta(
         model, global_arrays, xt, yt, weights, loss_fn,
-        config=config, delta_scale=delta_scale,
+        config=config, delta_scale=delta_scale, proximal_mu=proximal_mu,
     )  # fmt: skip
 
 
@@ -180,6 +183,7 @@ def train_module(
     optimizer: OptimizerFactory | None = None,
     sample_weights: npt.ArrayLike | None = None,
     delta_scale: float = 1.0,
+    proximal_mu: float = 0.0,
 ) -> LocalResult:
     """Train the app's own ``model`` from the global weights; return its delta.
 
@@ -196,6 +200,7 @@ def train_module(
         optimizer: builds the round's optimiser from the parameters.
         sample_weights: optional non-negative per-sample weights (FedDisk).
         delta_scale: multiplies the delta (CLIMB's ``w_i``).
+        proximal_mu: FedProx's ``mu`` (as for `train_local`).
 
     Raises:
         TrainingError: inconsistent shapes or weights, or weights that do not
@@ -213,6 +218,7 @@ def train_module(
     return _train_delta(
         model, global_arrays, xt, yt, weights, loss_fn,
         config=config, delta_scale=delta_scale, optimizer=optimizer,
+        proximal_mu=proximal_mu,
     )  # fmt: skip
 
 
@@ -418,6 +424,7 @@ def _train_delta(
     config: TrainConfig,
     delta_scale: float,
     optimizer: OptimizerFactory | None = None,
+    proximal_mu: float = 0.0,
 ) -> LocalResult:
     """Train ``model`` (the global weights loaded) and return the scaled delta.
 
@@ -425,11 +432,15 @@ def _train_delta(
     """
     if not np.isfinite(delta_scale):
         raise TrainingError(f"delta_scale must be finite, got {delta_scale}")
+    if not np.isfinite(proximal_mu) or proximal_mu < 0.0:
+        raise TrainingError(f"proximal_mu must be finite and >= 0, got {proximal_mu}")
     if len(xt) == 0:
         raise TrainingError("cannot train on an empty data set")
     torch.set_num_threads(config.num_threads)
     with torch_seeded(config.seed):
-        loss, seen, steps = _fit(model, xt, yt, weights, loss_fn, config, optimizer)
+        loss, seen, steps = _fit(
+            model, xt, yt, weights, loss_fn, config, optimizer, proximal_mu
+        )
     start = {k: _native(v) for k, v in global_arrays.items()}
     delta = subtract(_to_arrays(model), start)
     if delta_scale != 1.0:
@@ -449,8 +460,15 @@ def _fit(
     loss_fn: LossFn,
     config: TrainConfig,
     optimizer: OptimizerFactory | None = None,
+    proximal_mu: float = 0.0,
 ) -> tuple[float, int, int]:
-    """Run the epochs; return (mean weighted loss, samples seen, steps)."""
+    """Run the epochs; return (mean weighted loss, samples seen, steps).
+
+    With ``proximal_mu`` > 0 each step minimises the loss plus FedProx's
+    ``(mu / 2) * ||w - w_start||^2`` over the trainable parameters, ``w_start``
+    the weights the round began from; the reported loss is the data's alone.
+    """
+    proximal = _proximal_term(model, proximal_mu)
     rng = np.random.default_rng(config.seed)
     n = len(xt)
     if config.fedvc_samples is None:
@@ -470,6 +488,8 @@ def _fit(
             idx = torch.from_numpy(order[start : start + config.batch_size])
             per_sample = loss_fn(model, xt[idx], yt[idx]) * weights[idx]
             loss = per_sample.mean()
+            if proximal is not None:
+                loss = loss + proximal()
             optimiser.zero_grad()
             torch.autograd.backward(loss)
             optimiser.step()
@@ -477,6 +497,21 @@ def _fit(
             seen += len(idx)
             steps += 1
     return total / seen, seen, steps
+
+
+def _proximal_term(model: nn.Module, mu: float) -> Callable[[], torch.Tensor] | None:
+    """FedProx's ``(mu / 2) * ||w - w_start||^2`` now (None when mu is 0)."""
+    if mu == 0.0:
+        return None
+    pairs = [(p, p.detach().clone()) for p in model.parameters() if p.requires_grad]
+
+    def term() -> torch.Tensor:
+        total = torch.zeros(())
+        for p, start in pairs:
+            total = total + ((p - start) ** 2).sum()
+        return total * (mu / 2.0)
+
+    return term
 
 
 def _optimiser(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:

@@ -4,8 +4,9 @@
 the integration tests all build through here, so a ``[[methods]]`` list means
 the same thing everywhere:
 
-* coordinator: the training method (``fedavg``, ``climb`` or ``feddisk``)
-  becomes its `RoundPlugin`: a `TrainingPlugin` (CLIMB: with its
+* coordinator: the training method (``fedavg``, ``fedprox``, ``climb`` or
+  ``feddisk``) becomes its `RoundPlugin`: a `TrainingPlugin` (FedProx:
+  FedAvg's, its ``mu`` signed into each key epoch; CLIMB: with its
   `ClimbDualStep` before each round trains; FedDisk: a `FeddiskPlugin` over a
   MADE and a classifier `TrainingPlugin`); no training method, no plugin
   (rounds end at the selection);
@@ -149,6 +150,7 @@ def training_plugin(
             evaluate=evaluate,
             on_round=hooks.classifier.on_round,
             before_training=steps,
+            method=method.kind,
         )
         if not isinstance(method, FeddiskSpec):
             return classifier

@@ -5,7 +5,8 @@ built itself, and every other kind of the configuration from its table (or
 implied by the trainer): `Dubhe` when it selects, `FedDisk` for a
 `PhasedTrainer`, `Climb` from a ``kind = "climb"`` table or the trainer's
 CLIMB settings, `Flicker` (count-level, over the device's labels) from a
-``kind = "flicker"`` table. Adding a method adds one entry here.
+``kind = "flicker"`` table, `FedProx` from a ``kind = "fedprox"`` table.
+Adding a method adds one entry here.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from ursa.edge_sdk.method import DeviceMethod
 from ursa.edge_sdk.methods.climb import Climb
 from ursa.edge_sdk.methods.dubhe import Dubhe
 from ursa.edge_sdk.methods.feddisk import FedDisk
+from ursa.edge_sdk.methods.fedprox import FedProx
 from ursa.edge_sdk.methods.flicker.method import Flicker
 from ursa.edge_sdk.methods_config import (
     ClimbSpec,
     DeviceMethodSpec,
     DubheSpec,
+    FedProxSpec,
     flicker_spec,
     selection_kind,
     training_spec,
@@ -70,6 +73,8 @@ def _defaults(
         if isinstance(spec, ClimbSpec):
             config = spec.climb_config()
             defaults.append((Climb.name, lambda: Climb(config)))
+        elif isinstance(spec, FedProxSpec):
+            defaults.append((FedProx.name, lambda: FedProx(trainer)))
         elif isinstance(trainer, ModelTrainer) and trainer.climb is not None:
             own = trainer.climb
             defaults.append((Climb.name, lambda: Climb(own)))

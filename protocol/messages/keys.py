@@ -28,6 +28,18 @@ from ursa.protocol.messages.base import (
 from ursa.protocol.messages.session import DeviceKeys
 
 
+class MethodSetting(_Frozen):
+    """One numeric setting of a method the devices run (not a message).
+
+    Signed with its `KeyEpochStart`, so the value a device trains with is the
+    coordinator's (FedProx's ``mu``: `ursa.protocol.fedprox`).
+    """
+
+    method: Name
+    name: Name
+    value: float
+
+
 class KeyEpochStart(BaseMessage):
     """Coordinator to all: a new key epoch, its agent and registry parameters.
 
@@ -35,7 +47,9 @@ class KeyEpochStart(BaseMessage):
     agent's signed `AgentPublicKey` and open its `SealedSecretKey` with them.
     `methods` names the methods the federation runs on its devices (signed
     with the rest), so a device configured for other ones refuses the epoch
-    with `method_mismatch` instead of silently skipping their steps.
+    with `method_mismatch` instead of silently skipping their steps;
+    `method_settings` carries the values those methods' device halves take
+    from the coordinator (FedProx's ``mu``), signed with the rest.
     """
 
     kind: Literal["key_epoch_start"] = "key_epoch_start"
@@ -54,6 +68,7 @@ class KeyEpochStart(BaseMessage):
         Field(min_length=1, max_length=16),
         AfterValidator(unique_entries),
     ]
+    method_settings: Annotated[tuple[MethodSetting, ...], Field(max_length=16)] = ()
     aggregation: Literal["secure", "plain"] = "secure"
     """How the rounds sum model updates: under masks, or in the clear (a device
     sends a plain update only if its own config allows it)."""
@@ -68,7 +83,17 @@ class KeyEpochStart(BaseMessage):
             raise ValueError("sigma needs one threshold per group, the last 0")
         if self.agent_keys.device_id != self.agent:
             raise ValueError("agent_keys must be the keys of the agent")
+        unique_entries(tuple((s.method, s.name) for s in self.method_settings))
+        if not {s.method for s in self.method_settings} <= set(self.methods):
+            raise ValueError("method_settings must belong to listed methods")
         return self
+
+    def method_setting(self, method: str, name: str) -> float | None:
+        """The signed value of ``method``'s setting ``name`` (None: not sent)."""
+        for setting in self.method_settings:
+            if (setting.method, setting.name) == (method, name):
+                return setting.value
+        return None
 
 
 SEAL_PAGE_SIZE = 256
