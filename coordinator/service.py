@@ -72,6 +72,7 @@ from ursa.coordinator.device_sets import OnlineDevices
 from ursa.coordinator.enrolment import decide_enrolment, enrol_result
 from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.identity_refusals import IdentityRefusals
+from ursa.coordinator.method_context import MethodContext
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.registry import selection_method
 from ursa.coordinator.natural_keys import natural_key
@@ -400,8 +401,9 @@ class CoordinatorService(Recovery):
         logger.info("run %s%s", self._run, " (new)" if fresh else "")
         with self._lock:
             self._restore(now)
-        self._plugin.attach(self)
-        self._selection.attach(self)
+        context = self._method_context()
+        self._plugin.attach(context)
+        self._selection.attach(context)
         if self._flicker is not None:
             self._flicker.attach(
                 federation=cfg.federation,
@@ -441,6 +443,20 @@ class CoordinatorService(Recovery):
                 self._admit_safely(topic, payload, charged=True)
             self._step(self._clock())
         self._flush()
+
+    def _method_context(self) -> MethodContext:
+        """The context methods are lent: the service's public surface only."""
+        return MethodContext(
+            federation=self._config.federation,
+            store=self._store,
+            online=self._online_view,
+            epoch=self.epoch_view,
+            sender=self.send,
+            signer=self.sign,
+            announcer=self.reannounce,
+            identities=self.device_identity,
+            certificates=self.device_certificate,
+        )
 
     def _clear_retained(self) -> None:
         """A new run: delete an older run's retained notices from the broker.
