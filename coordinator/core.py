@@ -1,16 +1,17 @@
-"""Shared state and plumbing of the coordinator service (its stages build on it).
+"""State the key epoch's stages still share with the service (being taken apart).
 
-`ServiceCore` holds what every stage needs: the config, the clock, the
-generator, the store, the signing identity, the enrolled and online devices,
-the working copies of the current key epoch and round, the `RoundState`, and
-an outbox. Stages never publish directly: `send` encodes into the outbox and
-the service flushes it after releasing its lock, so a synchronous in-memory
-bus that delivers replies re-entrantly never sees a half-updated state.
+`ServiceCore` holds what the key epoch and the service both read: the
+config, the clock, the generator, the store, the enrolled and online
+devices (`EnrolledDevices`, `Presence`), the working copy of the current key
+epoch and who its rounds draw from (`EpochSets`), the sit-outs, and the
+refusal path. The `RoundState` is the `StageMachine`'s, the current round
+the `RoundCycle`'s, and everything sent goes through `SigningPoint` (the one
+signing point) into the outbox, which the service flushes after releasing
+its lock.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -23,37 +24,29 @@ import numpy as np
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.device_sets import IndexedDevices, OnlineDevices
-from ursa.coordinator.federation_end import FinalOutput
+from ursa.coordinator.ending import Ending
+from ursa.coordinator.enrolled_devices import REFUSING_KEY, EnrolledDevices
 from ursa.coordinator.identity_refusals import IdentityRefusals
 from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.refusal_log import RefusalLog, Stored
 from ursa.coordinator.registry_check import RegistryChecking
-from ursa.coordinator.rounds import RoundState, Stage, advance
+from ursa.coordinator.rounds import RoundState
 from ursa.coordinator.seal_pages import SealPaging
 from ursa.coordinator.selection_method import SelectionMethod
+from ursa.coordinator.signing_point import SigningPoint
+from ursa.coordinator.stage_machine import STATE_KEY, StageMachine
 from ursa.coordinator.store import CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.paillier import EncryptedVector, PaillierPublicKey
-from ursa.protocol.envelope import (
-    encode,
-    message_kind,
-    signed_by_coordinator,
-    signing_bytes,
-)
 from ursa.protocol.messages import COORDINATOR, BaseMessage, ErrorReply
 from ursa.protocol.outbox import Outbox
-from ursa.protocol.topics import (
-    RETAINED_GLOBAL_NAMES,
-    down_topic,
-    global_topic,
-    name_for,
-    qos_for,
-)
 from ursa.protocol.transport import Transport
 
 __all__ = [
+    "REFUSING_KEY",
+    "STATE_KEY",
     "EpochSets",
     "EpochWork",
     "RoundWork",
@@ -65,9 +58,6 @@ logger = logging.getLogger("ursa.coordinator")
 
 _M = TypeVar("_M", bound=BaseMessage)
 
-STATE_KEY = "state"
-REFUSING_KEY = "refusing"
-"""Store meta key: devices that refused this coordinator's identity."""
 SAT_OUT_KEY = "sat_out"
 """Store meta key: JSON ``{device: key epoch}`` of the devices that sat out."""
 
@@ -149,8 +139,10 @@ class ServiceCore:
     _transport: Transport | None
     _store: CoordinatorStore
     _identity: DeviceIdentity
-    _state: RoundState
+    _stages: StageMachine
+    _devices: EnrolledDevices
     _enrolled: dict[str, DevicePublicIdentity]
+    """``_devices.identities``: the enrolled devices' identity keys."""
     _certificates: dict[str, bytes]
     """Enrolled devices' operator certificates, relayed with their keys."""
     _presence: Presence
@@ -165,16 +157,15 @@ class ServiceCore:
     """Online, enrolled and not refusing: kept per device (`_device_changed`)."""
     _online_view: OnlineDevices
     """`_ready` without the devices sitting the key epoch out (read-only)."""
-    _round: RoundWork | None
     _sat_out: dict[str, int]
     """Devices that sat a key epoch out (`method_mismatch`, `data_mismatch`): epoch."""
     _announced_at: float = float("-inf")
     """When the open round was last re-announced (rate limit)."""
     _outbox: Outbox
-    _run: str
-    """This run's id (`CoordinatorStore.run_id`), on every message sent."""
-    _final_output: FinalOutput | None = None
-    """The architecture and ONNX exporter for the final model's files, if known."""
+    _outgoing: SigningPoint
+    """The one signing point: stamps, signs and queues what is sent."""
+    _ending: Ending
+    """When the federation ends, and its `FederationEnd` and final model."""
     _telemetry: Telemetry
     _refusals: RefusalLog
     """Refusal lines and stored errors, within per-device limits."""
@@ -183,32 +174,10 @@ class ServiceCore:
 
     # --- state --------------------------------------------------------------
 
-    def _set_state(self, state: RoundState) -> None:
-        """Adopt and persist a new `RoundState` (callers checked the transition)."""
-        if state.stage != self._state.stage:
-            logger.info(
-                "stage %s -> %s (epoch %d, round %d)",
-                self._state.stage,
-                state.stage,
-                state.epoch,
-                state.round,
-            )
-            self._telemetry.stage_changed(str(state.stage), state.round)
-        self._state = state
-        self._store.set_meta(STATE_KEY, json.dumps(state.to_json()))
-
-    def _advance(self, stage: Stage, now: float, deadline_s: float | None) -> None:
-        """Move to `stage` with a deadline `deadline_s` from `now` (None: none)."""
-        deadline = None if deadline_s is None else now + deadline_s
-        self._set_state(advance(self._state, stage, deadline_at=deadline))
-
-    def _mark_rekey(self) -> None:
-        """Start a new key epoch before the next round (the agent is lost)."""
-        self._set_state(dataclasses.replace(self._state, rekey=True))
-
-    def _deadline_passed(self, now: float) -> bool:
-        deadline = self._state.deadline_at
-        return deadline is not None and now >= deadline
+    @property
+    def _state(self) -> RoundState:
+        """``_stages.state``: the current stage, epoch, round and deadline."""
+        return self._stages.state
 
     def _epoch_view(self) -> EpochView | None:
         """The current key epoch's public data (for methods and plugins)."""
@@ -305,48 +274,6 @@ class ServiceCore:
 
     # --- sending ------------------------------------------------------------
 
-    def _in_run(self, message: _M) -> _M:
-        """`message` stamped with this run (a no-op if it carries it already)."""
-        if message.run == self._run:
-            return message
-        return message.model_copy(update={"run": self._run})
-
-    def _sign(self, message: _M) -> _M:
-        """Stamp the run, then sign: the signature covers the run."""
-        stamped = self._in_run(message)
-        signature = self._identity.sign(signing_bytes(stamped))
-        return stamped.model_copy(update={"signature": signature})
-
-    def _encode(self, message: BaseMessage) -> bytes:
-        """The wire bytes of a message of this run, signed where devices check.
-
-        The one signing point for what the coordinator sends
-        (`envelope.signed_by_coordinator`); a message signed before it was
-        stamped with this run is signed again.
-        """
-        stamped = self._in_run(message)
-        if signed_by_coordinator(stamped) and (
-            stamped is not message or not stamped.signature
-        ):
-            stamped = self._sign(stamped)
-        return encode(stamped)
-
-    def _send(self, message: BaseMessage, device: str | None = None) -> None:
-        """Queue `message` for one device's down topic, or the global topic."""
-        self._send_raw(self._encode(message), message_kind(message), device)
-
-    def _send_raw(self, payload: bytes, kind: str, device: str | None) -> None:
-        fed = self._config.federation
-        name = name_for(kind)
-        if device is None:
-            topic = global_topic(fed, name)
-            retain = name in RETAINED_GLOBAL_NAMES
-        else:
-            topic = down_topic(fed, device, name)
-            retain = False
-        self._outbox.put(topic, payload, qos_for(name), retain)
-        self._telemetry.sent(kind)
-
     def _reject(
         self,
         device: str | None,
@@ -354,7 +281,6 @@ class ServiceCore:
         code: str,
         reason: str,
         in_reply_to: str | None,
-        *,
         counted: bool = False,
     ) -> None:
         """Log (and keep, for status) a refused message; tell the sender, if known.
@@ -387,12 +313,4 @@ class ServiceCore:
             reason=reason[:256],
             in_reply_to=in_reply_to,
         )
-        self._send(reply, device)
-
-    # --- implemented by the stage mixins -------------------------------------
-
-    def _start_key_epoch(self, now: float, exclude: frozenset[str]) -> None:
-        raise NotImplementedError
-
-    def _start_round(self, now: float) -> None:
-        raise NotImplementedError
+        self._outgoing.send(reply, device)

@@ -51,6 +51,7 @@ from ursa.coordinator.registry_check import (
     RegistryChecking,
     shuffle_generator,
 )
+from ursa.coordinator.round_cycle import RoundCycle
 from ursa.coordinator.rounds import Stage, advance
 from ursa.coordinator.seal_pages import BoxVerdict, SealPaging
 from ursa.crypto.errors import CryptoError
@@ -110,6 +111,9 @@ def sealed_through(raw: str | None, epoch: int, page_size: int) -> int:
 class EpochStages(ServiceCore):
     """KEY_EPOCH and REGISTRATION: stage functions and message handlers."""
 
+    _rounds: RoundCycle
+    """The round cycle: a keyed epoch opens its first round there."""
+
     def _start_key_epoch(self, now: float, exclude: frozenset[str]) -> None:
         """Open a new key epoch with a random online agent not in `exclude`."""
         cfg = self._config
@@ -123,19 +127,19 @@ class EpochStages(ServiceCore):
                     quorum,
                     len(online),
                 )
-                self._advance(Stage.ENROLMENT, now, None)
+                self._stages.advance(Stage.ENROLMENT, now, None)
             return
         candidates = [d for d in online if d not in exclude] or online
         if not candidates:
             logger.warning("no online enrolled device can be the agent; waiting")
             if self._state.stage is Stage.KEY_EPOCH:
-                self._advance(Stage.KEY_EPOCH, now, cfg.deadlines.key_epoch_s)
+                self._stages.advance(Stage.KEY_EPOCH, now, cfg.deadlines.key_epoch_s)
             return
         recipients = tuple(online[: cfg.registry.max_parties])
         agent = candidates[int(self._rng.integers(len(candidates)))]
         epoch = self._state.epoch + 1
         registry = cfg.registry
-        notice = self._sign(
+        notice = self._outgoing.sign(
             KeyEpochStart(
                 federation=cfg.federation,
                 round=self._state.round,
@@ -155,7 +159,7 @@ class EpochStages(ServiceCore):
                 aggregation=self._plugin.aggregation_mode(),
             )
         )
-        payload = self._encode(notice)
+        payload = self._outgoing.encode(notice)
         self._store.add_epoch(epoch, agent, recipients, payload)
         self._epoch = EpochWork(
             epoch,
@@ -164,8 +168,8 @@ class EpochStages(ServiceCore):
             payload,
             sealing=SealPaging.plan(recipients, agent, page_size=cfg.seal_page_size),
         )
-        self._round = None
-        self._set_state(
+        self._rounds.forget()
+        self._stages.set(
             advance(
                 self._state,
                 Stage.KEY_EPOCH,
@@ -177,7 +181,7 @@ class EpochStages(ServiceCore):
         logger.info(
             "key epoch %d: agent %s, %d recipients", epoch, agent, len(recipients)
         )
-        self._send_raw(payload, "key_epoch_start", None)
+        self._outgoing.send_raw(payload, "key_epoch_start", None)
         self._send_seal_request()
 
     def _send_seal_request(self, *, again: bool = False) -> None:
@@ -217,7 +221,7 @@ class EpochStages(ServiceCore):
             pages=pages,
             recipients=keys,
         )
-        self._send(request, work.agent)
+        self._outgoing.send(request, work.agent)
 
     def _nudge_sealing(self, now: float) -> None:
         """Ask a stalled agent again for its open pages (lost, or it restarted)."""
@@ -244,11 +248,11 @@ class EpochStages(ServiceCore):
             self._start_key_epoch(now, frozenset())
             return
         if work.public_key is not None:
-            self._advance(
+            self._stages.advance(
                 Stage.REGISTRATION, now, self._config.deadlines.registration_s
             )
             self._stage_registration(now)
-        elif self._deadline_passed(now):
+        elif self._stages.deadline_passed(now):
             logger.warning(
                 "agent %s silent for key epoch %d; choosing another agent",
                 work.agent,
@@ -266,7 +270,7 @@ class EpochStages(ServiceCore):
             work.pending = set(online - self._sitting_out() - work.registered)
         if work.check is None:
             all_in = bool(work.registered) and not work.pending
-            if not (all_in or self._deadline_passed(now)):
+            if not (all_in or self._stages.deadline_passed(now)):
                 return
         if work.running_sum is None:
             logger.warning("key epoch %d: nobody registered; new epoch", work.epoch)
@@ -282,7 +286,7 @@ class EpochStages(ServiceCore):
             registry_sum=work.running_sum.to_bytes(work.public_key),
             num_parties=len(work.registered),
         )
-        payload = self._encode(message)
+        payload = self._outgoing.encode(message)
         work.registry_sum_msg = payload
         self._store.set_registry_sum(work.epoch, payload)
         logger.info(
@@ -291,8 +295,8 @@ class EpochStages(ServiceCore):
             len(work.registered),
             len(work.members) - len(work.registered),
         )
-        self._send_raw(payload, "registry_sum", None)
-        self._start_round(now)
+        self._outgoing.send_raw(payload, "registry_sum", None)
+        self._rounds.start_round(now)
 
     def _rekey_for_refusal(self, device: str) -> None:
         """`device` refused our identity: key again if the epoch counted it.
@@ -386,7 +390,7 @@ class EpochStages(ServiceCore):
         work.public_key = public_key
         work.public_key_msg = payload
         self._store.set_public_key(work.epoch, payload)
-        self._send_raw(payload, "agent_public_key", None)
+        self._outgoing.send_raw(payload, "agent_public_key", None)
 
     def _sealing_agent(self, device: str, epoch: int) -> EpochWork:
         work = self._current_epoch(epoch)
@@ -442,7 +446,7 @@ class EpochStages(ServiceCore):
             recipient=recipient,
             box=box,
         )
-        self._send(relayed, recipient)
+        self._outgoing.send(relayed, recipient)
         return page
 
     def _record_box(
@@ -485,7 +489,7 @@ class EpochStages(ServiceCore):
         if state.stage is Stage.REGISTRATION and state.deadline_at is not None:
             deadline = now + self._config.deadlines.registration_s
             if deadline > state.deadline_at:
-                self._set_state(dataclasses.replace(state, deadline_at=deadline))
+                self._stages.set(dataclasses.replace(state, deadline_at=deadline))
         self._send_seal_request()
 
     def _on_registration(self, message: Registration) -> None:
@@ -585,7 +589,7 @@ class EpochStages(ServiceCore):
         check.sent_at = now
         federation, round_index = self._config.federation, self._state.round
         for request in check.requests(federation, round_index, again=again):
-            self._send(request, work.agent)
+            self._outgoing.send(request, work.agent)
 
     def _on_registry_verdict(self, message: RegistryVerdict) -> None:
         """The agent's signed verdict on one page: leave its bad entries out."""

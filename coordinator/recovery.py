@@ -17,24 +17,15 @@ from __future__ import annotations
 import json
 import logging
 
-from ursa.coordinator.config import EnrolmentConfig
 from ursa.coordinator.core import (
-    REFUSING_KEY,
     SAT_OUT_KEY,
     STATE_KEY,
     EpochWork,
-    RoundWork,
-)
-from ursa.coordinator.enrolment_list import (
-    EnrolmentList,
-    EnrolmentWatch,
 )
 from ursa.coordinator.identity_refusals import REFUSAL_REKEYS_KEY
 from ursa.coordinator.keys import SEAL_PAGES_KEY, EpochStages, sealed_through
-from ursa.coordinator.roundflow import RoundStages
 from ursa.coordinator.rounds import RoundState, Stage
 from ursa.coordinator.seal_pages import SealPaging
-from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierPublicKey, encrypted_vector_from
 from ursa.protocol.envelope import decode
 from ursa.protocol.messages import AgentPublicKey
@@ -44,39 +35,8 @@ __all__ = ["Recovery"]
 logger = logging.getLogger("ursa.coordinator")
 
 
-class Recovery(EpochStages, RoundStages):
+class Recovery(EpochStages):
     """Reload and resume: the stages plus what a restart needs."""
-
-    _enrolment_watch: EnrolmentWatch | None = None
-    _enrolment_reads_applied = 0
-    """`EnrolmentWatch.reads` when the list was last applied (start, ticks)."""
-
-    def _enrolment_list(self) -> EnrolmentList:
-        """The operator's ``enrolment.json``; empty (and logged) when unreadable."""
-        return self._enrolment()[0]
-
-    def _enrolment(self) -> tuple[EnrolmentList, EnrolmentConfig]:
-        """The operator's list and the policy merged with it (re-read on change)."""
-        watch = self._enrolment_watch
-        if watch is None:
-            watch = EnrolmentWatch(self._config.state_dir, self._config.enrolment)
-            self._enrolment_watch = watch
-        return watch.current()
-
-    def _forget_stale(self, listed: EnrolmentList) -> dict[str, str]:
-        """Forget devices revoked, or enrolled again with new keys, by command.
-
-        Returns the forgotten devices with the reason.
-        """
-        fingerprints = {d: i.fingerprint() for d, i in self._enrolled.items()}
-        stale = listed.stale_devices(fingerprints)
-        for device, reason in sorted(stale.items()):
-            logger.warning("forgetting enrolled device %s: %s", device, reason)
-            self._store.unenrol(device)
-            del self._enrolled[device]
-            self._certificates.pop(device, None)
-            self._device_changed(device)
-        return stale
 
     def _apply_revocations(self) -> None:
         """Apply a changed enrolment list now, not at the next start.
@@ -89,12 +49,7 @@ class Recovery(EpochStages, RoundStages):
         without it. A ``stat`` per call (`EnrolmentWatch`); the O(fleet)
         comparison only when the file changed.
         """
-        listed, _ = self._enrolment()
-        watch = self._enrolment_watch
-        if watch is None or watch.reads == self._enrolment_reads_applied:
-            return
-        self._enrolment_reads_applied = watch.reads
-        stale = self._forget_stale(listed)
+        stale = self._devices.revocations()
         work = self._epoch
         holders = sorted(stale.keys() & work.members) if work is not None else []
         if holders and work is not None:
@@ -104,21 +59,15 @@ class Recovery(EpochStages, RoundStages):
                 work.epoch,
                 ", ".join(f"{d} ({stale[d]})" for d in holders),
             )
-            self._mark_rekey()
+            self._stages.mark_rekey()
 
     def _restore(self, now: float) -> None:
         """Reload state from the store and give the current stage a fresh deadline."""
         store = self._store
-        self._enrolled = {
-            d: DevicePublicIdentity.from_bytes(b) for d, b in store.enrolled().items()
-        }
-        self._certificates = store.certificates()
-        self._forget_stale(self._enrolment_list())
-        if self._enrolment_watch is not None:  # applied: ticks skip it until it changes
-            self._enrolment_reads_applied = self._enrolment_watch.reads
+        self._stages.open(store)
+        self._rounds.open(store)
+        self._devices.restore(store)
         self._presence.restore(store.online() & set(self._enrolled))
-        refusing = store.get_meta(REFUSING_KEY)
-        self._refusing = set(json.loads(refusing)) if refusing else set()
         self._identity_refusals.restore(store.get_meta(REFUSAL_REKEYS_KEY))
         sat_out = json.loads(store.get_meta(SAT_OUT_KEY) or "{}")
         self._sat_out = {str(d): int(e) for d, e in sat_out.items()}
@@ -158,14 +107,16 @@ class Recovery(EpochStages, RoundStages):
                         record.running_sum, work.public_key
                     )
             self._epoch = work
-        self._round = self._restore_round(state.round)
+        self._rounds.restore(state.round)
         deadline_s = self._stage_deadline_s(state.stage)
-        self._state = RoundState(
-            stage=state.stage,
-            epoch=state.epoch,
-            round=state.round,
-            deadline_at=None if deadline_s is None else now + deadline_s,
-            rekey=state.rekey,
+        self._stages.resume(
+            RoundState(
+                stage=state.stage,
+                epoch=state.epoch,
+                round=state.round,
+                deadline_at=None if deadline_s is None else now + deadline_s,
+                rekey=state.rekey,
+            )
         )
         logger.info(
             "resumed at stage %s, epoch %d, round %d (%d devices enrolled)",
@@ -173,19 +124,6 @@ class Recovery(EpochStages, RoundStages):
             state.epoch,
             state.round,
             len(self._enrolled),
-        )
-
-    def _restore_round(self, index: int) -> RoundWork | None:
-        record = self._store.round(index) if index else None
-        epoch = self._epoch
-        if record is None or epoch is None or record.epoch != epoch.epoch:
-            return None  # none yet, or a round of an earlier epoch: a new one is keyed
-        return RoundWork(
-            record.round,
-            record.epoch,
-            record.announce,
-            selected=record.selected,
-            result=record.result,
         )
 
     def _stage_deadline_s(self, stage: Stage) -> float | None:
@@ -203,22 +141,24 @@ class Recovery(EpochStages, RoundStages):
             return
         last = self._store.last_result()
         if last is not None:
-            self._deliver_selection(last)
-        work, current = self._epoch, self._round
+            self._rounds.deliver_selection(last)
+        work, current = self._epoch, self._rounds.work
         if work is not None:
-            self._send_raw(work.notice, "key_epoch_start", None)
+            self._outgoing.send_raw(work.notice, "key_epoch_start", None)
             if work.public_key_msg is not None:
-                self._send_raw(work.public_key_msg, "agent_public_key", None)
+                self._outgoing.send_raw(work.public_key_msg, "agent_public_key", None)
             if work.registry_sum_msg is not None:
-                self._send_raw(work.registry_sum_msg, "registry_sum", None)
+                self._outgoing.send_raw(work.registry_sum_msg, "registry_sum", None)
         sealing = None if work is None else work.sealing
         unsealed = sealing is not None and not sealing.is_complete
         if stage is Stage.KEY_EPOCH or (stage is Stage.REGISTRATION and unsealed):
             self._send_seal_request()  # the pages not known complete, again
         if current is not None and stage in (Stage.SELECTING, Stage.TRAINING):
-            self._send_raw(current.announce, "round_announce", None)
-            request = self._selection_request(now)
+            self._outgoing.send_raw(current.announce, "round_announce", None)
+            request = self._rounds.selection_request(now)
             if request is not None:
                 self._selection.resume(request)
         if stage is Stage.TRAINING and current is not None and current.selected:
-            self._plugin.on_selected(current.round, current.selected, self._send)
+            self._plugin.on_selected(
+                current.round, current.selected, self._outgoing.send
+            )

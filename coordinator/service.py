@@ -31,15 +31,21 @@ method may ask for a new key epoch before the next round (Dubhe, when its
 agent is offline or silent). Devices enrolled after a key epoch started join
 at the next one.
 
-Admission (every incoming message, in order; a failure is logged with its
-reason and, where the sender can act, answered with an `ErrorReply`):
-topic parses and belongs to this federation; size cap; msgpack + pydantic
-decode; federation; ``sender`` equals the topic's device (Mosquitto's ACL
-stops a device publishing under another's topic); enrolled (except Hello and
-status); not a message id seen before (persisted); then the stage handler
-checks epoch, round, stage and role. Nothing a device sends can crash it: an
+Admission (every incoming message; `ursa.coordinator.admission`): topic,
+size and rate, decode, federation, sender, run and enrolment; then the
+message id not seen before (persisted); then the stage handler checks
+epoch, round, stage and role. Nothing a device sends can crash it: an
 unexpected exception is logged with its traceback and its transaction rolls
 back (the message is not marked seen, so a re-send is handled afresh).
+
+The service wires its parts and runs their lifecycle: admission, the
+enrolled devices (`enrolled_devices`), the run's `RoundState`
+(`stage_machine`), what it sends (`signing_point`), the
+rounds (`round_cycle`), error replies (`error_replies`), broker and
+site-link outages (`broker_outage`: one loop extends every live phase), the
+retained sweep (`retained_sweep`), the end of the federation (`ending`), and
+the context its methods are lent (`method_context`); the key epoch's stages
+and the restart (`keys`, `recovery`) are still its bases.
 
 Restart: state, epochs, rounds, the methods' progress and seen ids live in
 SQLite; on start the service reloads them, gives the current stage a fresh
@@ -55,9 +61,6 @@ re-published requests bring them back.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
 import logging
 import threading
 import time
@@ -65,11 +68,16 @@ from collections.abc import Callable, Set
 
 import numpy as np
 
+from ursa.coordinator.admission import Admission
+from ursa.coordinator.broker_outage import BrokerOutage
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
-from ursa.coordinator.core import REFUSING_KEY, STATE_KEY
+from ursa.coordinator.core import STATE_KEY
 from ursa.coordinator.device_sets import OnlineDevices
-from ursa.coordinator.enrolment import decide_enrolment, enrol_result
+from ursa.coordinator.ending import Ending
+from ursa.coordinator.enrolled_devices import EnrolledDevices
+from ursa.coordinator.enrolment import enrol_result
+from ursa.coordinator.error_replies import ErrorReplies
 from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.identity_refusals import IdentityRefusals
 from ursa.coordinator.method_context import MethodContext
@@ -79,25 +87,25 @@ from ursa.coordinator.natural_keys import natural_key
 from ursa.coordinator.plugin import EpochView, NoTraining, RoundPlugin, SignedT
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.recovery import Recovery
-from ursa.coordinator.refusal_log import RefusalLog, Stored
+from ursa.coordinator.refusal_log import RefusalLog
+from ursa.coordinator.retained_sweep import RETAINED_SWEEP_S, RetainedSweep
+from ursa.coordinator.round_cycle import RoundCycle
 from ursa.coordinator.rounds import RoundState, Stage
 from ursa.coordinator.selection_method import SelectionMethod
-from ursa.coordinator.site_links import SiteLink, SiteLinks
-from ursa.coordinator.startup_hold import MAX_HELD, StartupHold
+from ursa.coordinator.signing_point import SigningPoint
+from ursa.coordinator.site_links import SiteLink
+from ursa.coordinator.stage_machine import StageMachine
+from ursa.coordinator.startup_hold import MAX_HELD
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
 from ursa.crypto.certificate import Role
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.secret_file import ensure_private_dir
 from ursa.protocol.admission_limits import (
-    LOG_INTERVAL_S,
-    AdmissionLimiter,
     AdmissionStats,
-    DropReason,
 )
 from ursa.protocol.connect import connect_patiently
-from ursa.protocol.envelope import decode, message_kind
-from ursa.protocol.errors import DecodeError, OversizeError, TopicError, VersionError
+from ursa.protocol.envelope import message_kind
 from ursa.protocol.messages import (
     COORDINATOR,
     AgentPublicKey,
@@ -117,15 +125,10 @@ from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import Dispatch, RejectedError, Router
 from ursa.protocol.topics import (
     BRIDGE_STATE_FILTER,
-    DEV,
-    RETAINED_GLOBAL_NAMES,
     STATUS,
-    UP,
     coordinator_subscriptions,
-    federation_filter,
     global_topic,
     parse_bridge_state,
-    parse_topic,
 )
 from ursa.protocol.transport import Transport, TransportError, TransportStats
 
@@ -143,32 +146,6 @@ TRANSIENT_CODES = frozenset(
 )
 """Refusals that depend on when a message came, not on what it says: such a
 message is not marked seen, so the device's retransmission is judged afresh."""
-
-_SITS_OUT = frozenset(
-    {
-        ErrorCode.METHOD_MISMATCH,
-        ErrorCode.DATA_MISMATCH,
-        ErrorCode.MODEL_MISMATCH,
-        ErrorCode.INSECURE_PARAMETERS,
-    }
-)
-"""A device answering these does not fit the federation: not selected this epoch."""
-
-RETAINED_SWEEP_S = 60.0
-"""How often the device up filter is subscribed again, so that the broker
-sends its retained messages there (which no honest device leaves) to be
-cleared: a device's retained bytes live on the broker for at most this long."""
-_FAILED = frozenset(
-    {
-        ErrorCode.TRAINING_FAILED,
-        ErrorCode.EVALUATION_FAILED,
-        ErrorCode.PLAIN_REFUSED,
-        ErrorCode.SECURE_AGGREGATION_FAILED,
-        ErrorCode.TRANSFER_FAILED,
-    }
-)
-"""A selected device's own work failed (or the model it holds is not the signed
-notice's): the open round stops waiting for it."""
 
 IDENTITY_PUBLIC_FILENAME = "coordinator.pub"
 """Hex of the coordinator's public identity, for devices that pin it by config."""
@@ -207,7 +184,6 @@ class CoordinatorService(Recovery):
         telemetry: Telemetry | None = None,
     ) -> None:
         self._config = config
-        self._final_output = final_output
         self._telemetry = telemetry or Telemetry()
         self._telemetry.set_methods(m.kind for m in config.methods)
         self._telemetry.set_traffic(self._traffic)
@@ -227,9 +203,7 @@ class CoordinatorService(Recovery):
         self._lock = threading.RLock()
         self._outbox = Outbox("coordinator")
         self._stopped = threading.Event()
-        self._state = RoundState()
-        self._enrolled = {}
-        self._certificates = {}
+        self._stages = StageMachine(self._telemetry)
         self._trust = config.trust.anchor(config.federation, COORDINATOR)
         self._certificate = b""
         """The coordinator's own operator certificate (b"": tofu)."""
@@ -237,32 +211,71 @@ class CoordinatorService(Recovery):
             grace_s=config.deadlines.outage_grace_s,
             on_change=lambda device, _online: self._device_changed(device),
         )
-        self._limiter = AdmissionLimiter(
-            config.admission, max_message_bytes=config.max_message_bytes
-        )
         self._refusals = RefusalLog(
             logger, keep=lambda *error: self._store.record_error(*error)
         )
+        self._devices = EnrolledDevices(
+            config,
+            trust=self._trust,
+            presence=self._presence,
+            refusals=self._refusals,
+            clock=self._clock,
+            changed=lambda device: self._device_changed(device),
+        )
+        self._enrolled = self._devices.identities
+        self._certificates = self._devices.certificates
+        self._refusing = self._devices.refusing
         self._online = self._presence.online
         self._sat_out = {}
-        self._connected = False
         self._epoch = None
-        self._round = None
         self._started = False
         self._resumed = False
-        self._refusing: set[str] = set()
         self._identity_refusals = IdentityRefusals(config.key_epochs)
         self._ready = set()
         self._online_view = OnlineDevices(
             self._ready, lambda: self._sat_out, lambda: self._state.epoch
         )
-        self._held = StartupHold()
-        self._retained_cleared = 0
-        self._retained_logged: dict[str, float] = {}
-        self._swept_at = 0.0
-        self._site_links = SiteLinks()
-        self._run_drops: dict[str, int] = {}
-        self._run = ""
+        self._retained = RetainedSweep(config.federation, self._outbox, self._telemetry)
+        self._outgoing = SigningPoint(config.federation, self._outbox, self._telemetry)
+        self._admission = Admission(
+            config,
+            telemetry=self._telemetry,
+            refusals=self._refusals,
+            reject=self._reject,
+            run=lambda: self._outgoing.run,
+            is_enrolled=lambda device: device in self._enrolled,
+        )
+        self._ending = Ending(
+            config,
+            plugin=self._plugin,
+            final_output=final_output,
+            send=self._outgoing.send,
+            sign=self._outgoing.sign,
+        )
+        self._rounds = RoundCycle(
+            config,
+            stages=self._stages,
+            selection=self._selection,
+            plugin=self._plugin,
+            ending=self._ending,
+            outgoing=self._outgoing,
+            telemetry=self._telemetry,
+            rng=self._rng,
+            clock=self._clock,
+            online=self._online,
+            epoch=lambda: self._epoch,
+            epoch_view=self._epoch_view,
+            epoch_sets=self._epoch_sets,
+            start_key_epoch=self._start_key_epoch,
+        )
+        self._outage = BrokerOutage(
+            self._presence,
+            (
+                self._stages,
+                self._selection,
+                self._plugin,
+            ),
+        )
         self._router = self._routes()
         self._selection.register(self._router)
         spec = config.flicker_method()
@@ -294,7 +307,7 @@ class CoordinatorService(Recovery):
     @property
     def run_id(self) -> str:
         """This run's id, once started (`CoordinatorStore.run_id`)."""
-        return self._run
+        return self._outgoing.run
 
     @property
     def store(self) -> CoordinatorStore:
@@ -344,11 +357,11 @@ class CoordinatorService(Recovery):
 
     def send(self, message: BaseMessage, device: str | None) -> None:
         """Queue a message (for methods: flushed after the current step)."""
-        self._send(message, device)
+        self._outgoing.send(message, device)
 
     def sign(self, message: SignedT) -> SignedT:
         """``message`` in this run, signed by the coordinator (for the plugin)."""
-        return self._sign(message)
+        return self._outgoing.sign(message)
 
     def device_identity(self, device: str) -> DevicePublicIdentity | None:
         """An enrolled device's identity keys (its peers verify it with them)."""
@@ -369,6 +382,10 @@ class CoordinatorService(Recovery):
         A maintained read-only view (O(1) to get and to test), never a copy.
         """
         return self._online_view
+
+    def reannounce(self) -> None:
+        """Publish the open round's announce again (rate-limited; for methods)."""
+        self._rounds.reannounce()
 
     def start(self, *, stop: threading.Event | None = None) -> None:
         """Open the store, restore state, connect and resume the current stage.
@@ -397,8 +414,9 @@ class CoordinatorService(Recovery):
         self._outbox.wait_for(self._store)  # publish nothing a crash takes back
         now = self._clock()
         fresh = self._store.get_meta(STATE_KEY) is None
-        self._run = self._store.run_id()
-        logger.info("run %s%s", self._run, " (new)" if fresh else "")
+        run = self._store.run_id()
+        self._outgoing.start(self._identity, run)
+        logger.info("run %s%s", run, " (new)" if fresh else "")
         with self._lock:
             self._restore(now)
         context = self._method_context()
@@ -407,7 +425,7 @@ class CoordinatorService(Recovery):
         if self._flicker is not None:
             self._flicker.attach(
                 federation=cfg.federation,
-                run=self._run,
+                run=run,
                 num_classes=cfg.registry.num_classes,
                 state_dir=cfg.state_dir,
                 devices=self._enrolled,
@@ -415,7 +433,7 @@ class CoordinatorService(Recovery):
                 store=self._store,
                 outbox=self._outbox,
                 clock=self._clock,
-                sign=self._sign,
+                sign=self._outgoing.sign,
                 seed=cfg.seed,
             )
         if self._transport is None:
@@ -431,15 +449,15 @@ class CoordinatorService(Recovery):
             if not self._transport.is_connected:
                 self._transport.connect()
         if fresh:
-            self._clear_retained()
+            self._retained.clear_notices()
         self._publish_status(online=True)
-        self._connected = self._transport.is_connected
+        self._outage.started(self._transport.is_connected)
         with self._lock:
             self._resume(self._clock())
             if self._flicker is not None and self._state.stage is Stage.BALANCING:
                 self._flicker.resume()
             self._resumed = True
-            for topic, payload in self._held.take():  # came during the restore
+            for topic, payload in self._admission.take_held():  # came in the restore
                 self._admit_safely(topic, payload, charged=True)
             self._step(self._clock())
         self._flush()
@@ -458,17 +476,6 @@ class CoordinatorService(Recovery):
             certificates=self.device_certificate,
         )
 
-    def _clear_retained(self) -> None:
-        """A new run: delete an older run's retained notices from the broker.
-
-        A coordinator started on an empty store under an existing federation
-        name (a reset) must not leave devices the old run's key epoch, public
-        key, registry sum or round to act on.
-        """
-        fed = self._config.federation
-        for name in sorted(RETAINED_GLOBAL_NAMES - {STATUS}):
-            self._outbox.put(global_topic(fed, name), b"", 1, True)
-
     def _subscribe(self, transport: Transport) -> None:
         transport.set_handler(self.handle)
         transport.set_retained_handler(self._on_retained)
@@ -481,7 +488,7 @@ class CoordinatorService(Recovery):
 
         will = (
             global_topic(self._config.federation, STATUS),
-            self._encode(self._status(online=False)),
+            self._outgoing.encode(self._status(online=False)),
         )
         transport = MqttTransport(
             self._config.broker.mqtt_config(COORDINATOR, will=will)
@@ -499,13 +506,18 @@ class CoordinatorService(Recovery):
         )
 
     def _publish_status(self, *, online: bool) -> None:
-        self._send_raw(self._encode(self._status(online=online)), "status", None)
+        self._outgoing.send_raw(
+            self._outgoing.encode(self._status(online=online)), "status", None
+        )
 
     def tick(self) -> None:
         """Check deadlines and phase conditions now (the run loop calls it)."""
         with self._lock:
             try:
-                self._watch_connection(self._clock())
+                gone = self._outage.watch(self._transport, self._clock())
+                if gone:
+                    with self._store.transaction():
+                        self._departed(gone)
                 self._apply_revocations()
                 self._step(self._clock())
                 self._refusals.flush(self._clock())
@@ -513,7 +525,7 @@ class CoordinatorService(Recovery):
             except Exception:
                 logger.exception("stage step failed; will retry at the next tick")
         self._flush()
-        self._sweep_retained(self._clock())
+        self._retained.sweep(self._transport, self._clock())
 
     def run(
         self, stop: threading.Event | None = None, *, until_done: bool = True
@@ -566,100 +578,32 @@ class CoordinatorService(Recovery):
         """
         with self._lock:
             if not self._resumed:
-                self._hold(topic, payload)
+                self._admission.hold(topic, payload, self._clock())
                 return
             self._admit_safely(topic, payload)
         self._flush()
 
-    def _hold(self, topic: str, payload: bytes) -> None:
-        """Keep a message until the stage is restored, within `StartupHold`'s caps.
-
-        The message takes its token from the sender's admission bucket now
-        (and is not charged again when replayed), so a device's backlog is
-        held only as far as its rate allows, and within its share of bytes.
-        """
-        sender = _sender_of(topic)
-        reason = None
-        if sender:
-            reason = self._limiter.admit(sender, len(payload), self._clock()).reason
-        if reason is None and self._held.offer(sender, topic, payload):
-            return
-        if reason is not None:  # a rate or size drop: the hold never saw it
-            self._held.drop(len(payload))
-            self._telemetry.rejected(reason.value)
-        dropped = self._held.dropped
-        if dropped == 1 or dropped % 1000 == 0:
-            logger.warning(
-                "%d messages (%d bytes) dropped while starting up: over the "
-                "hold's caps (%d messages, %d bytes, %d bytes per device) or a "
-                "device's admission rate; last on %r",
-                dropped,
-                self._held.dropped_bytes,
-                self._held.max_messages,
-                self._held.max_bytes,
-                self._held.max_sender_bytes,
-                topic,
-            )
-
     @property
     def held_dropped(self) -> int:
         """Messages dropped because too many arrived before the stage was restored."""
-        return self._held.dropped
+        return self._admission.held_dropped
 
     @property
     def retained_cleared(self) -> int:
         """Retained messages on device up topics cleared from the broker so far."""
-        return self._retained_cleared
+        return self._retained.cleared
 
     def _on_retained(self, topic: str, payload: bytes) -> None:
         """A stored retained message: cleared if on a device's up topic.
 
-        No honest device retains there (only its status is retained), and the
-        broker keeps what is retained for good and sends it again at every
-        subscription: such a message is deleted (an empty retained publish),
-        logged once per device per `LOG_INTERVAL_S` and never admitted.
         Everything else (statuses, bridge states) is handled as usual.
         """
-        device = _up_device(self._config.federation, topic)
-        if device is None:
+        with self._lock:
+            swept = self._retained.on_retained(topic, payload, self._clock())
+        if not swept:
             self.handle(topic, payload)
             return
-        if not payload:
-            return  # a cleared one
-        with self._lock:
-            self._retained_cleared += 1
-            self._telemetry.rejected("retained")
-            now = self._clock()
-            logged = self._retained_logged.get(device)
-            if logged is None or now - logged >= LOG_INTERVAL_S:
-                self._retained_logged[device] = now
-                logger.warning(
-                    "cleared a retained message of %d bytes %s left on %r "
-                    "(devices never retain on their up topics)",
-                    len(payload),
-                    device,
-                    topic,
-                )
-            self._outbox.put(topic, b"", 1, True)
         self._flush()
-
-    def _sweep_retained(self, now: float) -> None:
-        """Subscribe to the device up filter again every `RETAINED_SWEEP_S`.
-
-        The broker answers a subscription with the retained messages it
-        matches; `_on_retained` clears them.
-        """
-        transport = self._transport
-        if transport is None or not transport.is_connected:
-            return
-        if now - self._swept_at < RETAINED_SWEEP_S:
-            return
-        self._swept_at = now
-        up_filter = coordinator_subscriptions(self._config.federation)[0]
-        try:
-            transport.subscribe(up_filter)
-        except TransportError as exc:
-            logger.warning("could not sweep retained messages: %s", exc)
 
     def _admit_safely(
         self, topic: str, payload: bytes, *, charged: bool = False
@@ -673,73 +617,16 @@ class CoordinatorService(Recovery):
         self, topic: str, payload: bytes, now: float, *, charged: bool = False
     ) -> None:
         """Judge one message (``charged``: its admission token is already taken)."""
-        cfg = self._config
-        try:
-            link = parse_bridge_state(topic, payload)
-            if link is not None:
-                self._on_site_link(*link, now)
-                return
-            parsed = parse_topic(topic)
-        except TopicError as exc:
-            line = "rejected message on an invalid topic: %s"
-            self._refusals.write(
-                now, None, logging.WARNING, line, str(exc), kind="invalid_topic"
-            )
+        link = parse_bridge_state(topic, payload)
+        if link is not None:
+            self._outage.site_link(*link, now)
             return
-        device = parsed.device
-        if parsed.federation != cfg.federation or device is None:
-            line = "rejected message on foreign topic %s"
-            self._refusals.write(
-                now, None, logging.WARNING, line, topic, kind="foreign_topic"
-            )
+        admitted = self._admission.judge(topic, payload, now, charged=charged)
+        if admitted is None:
             return
-        if parsed.direction == "down" or not payload:
-            return  # our own publishes, if a broker echoes them; a cleared retain
-        if not charged and not self._within_limits(device, payload, now):
-            return
-        try:
-            message = decode(payload, max_size=cfg.max_message_bytes)
-        except OversizeError as exc:
-            self._reject(device, "message", ErrorCode.OVERSIZE, str(exc), None)
-            return
-        except VersionError as exc:
-            self._reject(
-                device, "message", ErrorCode.UNSUPPORTED_VERSION, str(exc), None
-            )
-            return
-        except DecodeError as exc:
-            self._reject(
-                device, "message", ErrorCode.MALFORMED, exc.reason, exc.message_id
-            )
-            return
-        kind = message_kind(message)
-        self._telemetry.received(device, kind)
-        if message.federation != cfg.federation:
-            self._reject(
-                device,
-                kind,
-                ErrorCode.UNAUTHORISED,
-                "wrong federation",
-                message.message_id,
-            )
-            return
-        if message.sender != device:
-            reason = f"sender {message.sender!r} does not match the topic's device"
-            self._reject(
-                device, kind, ErrorCode.UNAUTHORISED, reason, message.message_id
-            )
-            return
-        if parsed.direction is None:
+        device, message, kind = admitted.device, admitted.message, admitted.kind
+        if admitted.on_status_topic:
             self._on_status(device, message, now)
-            return
-        if kind != "hello" and message.run != self._run:
-            self._wrong_run(device, kind, message)
-            return
-        if kind != "hello" and device not in self._enrolled:
-            reason = "device is not enrolled (send hello)"
-            self._reject(
-                device, kind, ErrorCode.UNKNOWN_DEVICE, reason, message.message_id
-            )
             return
         natural = natural_key(message)  # its stored record de-duplicates it
         if self._store.is_duplicate(message.message_id, natural):
@@ -765,60 +652,15 @@ class CoordinatorService(Recovery):
                     self._store.mark_seen(message.message_id, now)
             self._step(now)
 
-    def _wrong_run(self, device: str, kind: str, message: BaseMessage) -> None:
-        """A message of another run: counted, answered `wrong_run`, not marked seen.
-
-        The device is on an older run (this coordinator was reset) or on none;
-        the answer makes it say Hello, and the signed `EnrolResult` takes it
-        into this run.
-        """
-        self._run_drops[device] = self._run_drops.get(device, 0) + 1
-        theirs = message.run or "(none)"
-        reason = f"run {theirs} is not this coordinator's run {self._run}"
-        self._reject(device, kind, ErrorCode.WRONG_RUN, reason, message.message_id)
-
     def run_drops(self) -> dict[str, int]:
         """Messages dropped per device because they belong to another run."""
         with self._lock:
-            return dict(self._run_drops)
+            return self._admission.run_drops()
 
     def admission_stats(self) -> AdmissionStats:
         """Messages admitted and dropped by the per-device limits, so far."""
         with self._lock:
-            return self._limiter.stats()
-
-    def _within_limits(self, device: str, payload: bytes, now: float) -> bool:
-        """The per-device rate and size limits, before any decode or crypto work.
-
-        A drop is logged (an oversize one also answered) once per device per
-        `LOG_INTERVAL_S`, with the count since the last line; the rest are
-        only counted, so a flood floods neither the log nor the device.
-        """
-        verdict = self._limiter.admit(device, len(payload), now)
-        if verdict.reason is not None:
-            self._telemetry.rejected(verdict.reason.value)
-        if verdict.is_admitted or not verdict.should_log:
-            return verdict.is_admitted
-        count = verdict.dropped_since_log
-        if verdict.reason is DropReason.OVERSIZE:
-            limit = self._limiter.max_message_bytes
-            size = len(payload)
-            reason = f"message of {size} bytes exceeds the limit of {limit} bytes"
-            self._reject(
-                device, "message", ErrorCode.OVERSIZE, reason, None, counted=True
-            )
-        if verdict.reason is DropReason.RATE or count > 1:
-            limits = self._config.admission
-            logger.warning(
-                "dropping messages from %s over the admission limits (%g/s, burst "
-                "%d, %d bytes): %d dropped since the last report",
-                device,
-                limits.messages_per_s,
-                limits.burst,
-                self._limiter.max_message_bytes,
-                count,
-            )
-        return False
+            return self._admission.stats()
 
     def _routes(self) -> Router:
         """The runtime's handlers (admission already checked each sender)."""
@@ -830,78 +672,34 @@ class CoordinatorService(Recovery):
         router.register(SealedKeys, self._on_sealed_keys, owner=own)
         router.register(Registration, self._on_registration, owner=own)
         router.register(RegistryVerdict, self._on_registry_verdict, owner=own)
-        router.register(ErrorReply, self._on_error_reply, owner=own)
+        replies = ErrorReplies(
+            self._refusals,
+            clock=self._clock,
+            epoch=lambda: self._state.epoch,
+            refused=self._refused_by_reply,
+            sit_out=self._sit_out,
+            failed=self._device_failed,
+        )
+        router.register(ErrorReply, replies.on_error_reply, owner=own)
         router.register(Heartbeat, lambda m: None, owner=own)
         return router
 
-    def _on_error_reply(self, message: ErrorReply) -> None:
-        report = functools.partial(
-            self._refusals.write, self._clock(), message.sender, kind=message.code
-        )
-        if message.code == ErrorCode.COORDINATOR_IDENTITY_MISMATCH:
-            self._check_identity_refusal(message)  # signed, names our acceptance
-            self._refused_by(message.sender, message.reason)
-            return
-        if message.code == ErrorCode.UNTRUSTED_IDENTITY:  # someone swapped keys
-            report(
-                logging.ERROR,
-                "%s refused keys this coordinator relayed: %s",
-                message.sender,
-                message.reason,
-            )
-            return
-        if message.code in _SITS_OUT:  # an operator must act
-            report(
-                logging.ERROR,
-                "%s sits out: %s: %s (excluded from key epoch %d)",
-                message.sender,
-                message.code,
-                message.reason,
-                self._state.epoch,
-            )
-            self._sit_out(message.sender)
-            return
-        if message.code in _FAILED:
-            report(
-                logging.WARNING,
-                "%s reports %s in round %d: %s",
-                message.sender,
-                message.code,
-                message.round,
-                message.reason,
-            )
-            work = self._round
-            training = self._state.stage is Stage.TRAINING
-            if training and work is not None and message.round == work.round:
-                self._plugin.on_device_failed(work.round, message.sender, message.code)
-            return
-        report(
-            logging.INFO,
-            "%s reports %s: %s",
-            message.sender,
-            message.code,
-            message.reason,
-        )
+    def _refused_by_reply(self, message: ErrorReply) -> None:
+        """A device refused our identity: check its signed reply, count it out."""
+        self._check_identity_refusal(message)  # signed, names our acceptance
+        self._refused_by(message.sender, message.reason)
+
+    def _device_failed(self, round_index: int, device: str, code: str) -> None:
+        """A selected device's work failed: the open round stops waiting for it."""
+        work = self._rounds.work
+        training = self._state.stage is Stage.TRAINING
+        if training and work is not None and round_index == work.round:
+            self._plugin.on_device_failed(work.round, device, code)
 
     def _refused_by(self, device: str, reason: str) -> None:
-        """A device pinned another coordinator: name it and the remedy; count it out."""
-        if device in self._refusing:
-            return
-        self._refusals.write(
-            self._clock(),
-            device,
-            logging.ERROR,
-            "%s refuses this coordinator (%s); it sits out until re-pinned "
-            "(`ursa device repin` on it) or this coordinator's identity.key is "
-            "restored from backup",
-            device,
-            reason,
-            kind=ErrorCode.COORDINATOR_IDENTITY_MISMATCH,
-        )
-        self._refusing.add(device)
-        self._device_changed(device)
-        self._store.set_meta(REFUSING_KEY, json.dumps(sorted(self._refusing)))
-        self._rekey_for_refusal(device)  # rate-limited per device (`keys`)
+        """A device pinned another coordinator: count it out, key again if due."""
+        if self._devices.refused_by(device, reason):
+            self._rekey_for_refusal(device)  # rate-limited per device (`keys`)
 
     def _dispatch(self, message: BaseMessage) -> None:
         """The router's handler, else the training plugin's (in an open round)."""
@@ -910,13 +708,15 @@ class CoordinatorService(Recovery):
         kind = message_kind(message)
         if isinstance(message, ChunkRequest):  # downloads, in any stage
             if self._flicker is None or not self._flicker.answers(message):
-                self._plugin.on_message(self._state.round, message, self._send)
-        elif self._state.stage is Stage.TRAINING and self._round is not None:
-            if message.round != self._round.round:
+                self._plugin.on_message(self._state.round, message, self._outgoing.send)
+        elif self._state.stage is Stage.TRAINING and self._rounds.work is not None:
+            if message.round != self._rounds.work.round:
                 raise RejectedError(
                     ErrorCode.WRONG_ROUND, f"round {message.round} not open"
                 )
-            self._plugin.on_message(self._round.round, message, self._send)
+            self._plugin.on_message(
+                self._rounds.work.round, message, self._outgoing.send
+            )
         else:
             raise RejectedError(
                 ErrorCode.UNAUTHORISED, f"a device may not send {kind} now"
@@ -966,88 +766,14 @@ class CoordinatorService(Recovery):
             if self._flicker is not None:
                 self._flicker.device_left(device)
 
-    def _on_site_link(self, site: str, up: bool, now: float) -> None:
-        """A site bridge's state: log it; give open windows a link outage back."""
-        outage = self._site_links.update(site, up, now)
-        if not up:
-            logger.warning(
-                "site link %s is down: its devices cannot reach us until it is back",
-                site,
-            )
-        elif outage > 0:
-            logger.info("site link %s is back after %.0f s", site, outage)
-            self._extend_deadline(outage)
-
     @property
     def site_links(self) -> dict[str, SiteLink]:
         """Every site bridge's last known state (read from any thread)."""
-        return self._site_links.snapshot()
-
-    def _extend_deadline(self, outage_s: float) -> None:
-        """Give the open stage back the time the broker was away."""
-        deadline = self._state.deadline_at
-        if outage_s > 0 and deadline is not None:
-            logger.info("stage deadline extended by the outage's %.0f s", outage_s)
-            self._set_state(
-                dataclasses.replace(self._state, deadline_at=deadline + outage_s)
-            )
-        if outage_s > 0:  # and the methods' own windows
-            self._selection.extend_deadlines(outage_s)
-            self._plugin.extend_deadlines(outage_s)
-
-    def _watch_connection(self, now: float) -> None:
-        """Tell the presence about our own connection; apply ended holds."""
-        transport = self._transport
-        connected = transport is not None and transport.is_connected
-        if connected != self._connected:
-            self._connected = connected
-            if not connected:
-                logger.warning("lost the broker: holding phases open")
-                self._presence.connection_lost(now)
-            else:
-                outage = self._presence.connection_back(now)
-                self._extend_deadline(outage)
-        gone = self._presence.release(now)
-        if gone:
-            with self._store.transaction():
-                self._departed(gone)
+        return self._outage.site_links
 
     def _on_hello(self, message: Hello) -> None:
         device = message.sender  # admission checked it is the topic's device
-        if device in self._refusing:  # a new try, e.g. after `ursa device repin`
-            self._refusing.discard(device)
-            self._device_changed(device)
-            self._store.set_meta(REFUSING_KEY, json.dumps(sorted(self._refusing)))
-        known = self._enrolled.get(device)
-        listed, policy = self._enrolment()
-        decision = decide_enrolment(message, known, policy, listed.revoked, self._trust)
-        if decision.accepted and decision.is_new and decision.identity is not None:
-            self._store.enrol(
-                device,
-                decision.identity.to_bytes(),
-                decision.identity.fingerprint(),
-                self._clock(),
-            )
-            self._enrolled[device] = decision.identity
-            self._presence.arrived(device)
-            self._device_changed(device)
-            self._store.set_online(device, True)
-            logger.info("enrolled %s (%s)", device, decision.identity.fingerprint())
-        certificate = bytes(message.certificate)
-        if decision.accepted and certificate != self._certificates.get(device, b""):
-            self._store.set_certificate(device, certificate)  # checked, or renewed
-            self._certificates[device] = certificate
-        elif not decision.accepted:
-            self._refusals.write(
-                self._clock(),
-                device,
-                logging.WARNING,
-                "refused enrolment of %s: %s",
-                device,
-                decision.reason,
-                kind="refused_enrolment",
-                stored=Stored("hello", "refused", decision.reason),
-            )
+        decision = self._devices.hello(message)
         reply = enrol_result(
             decision,
             self.identity,
@@ -1058,9 +784,9 @@ class CoordinatorService(Recovery):
             certificate=self._certificate,
         )
         if reply.accepted:
-            reply = self._sign(reply)
+            reply = self._outgoing.sign(reply)
             self._identity_refusals.sent(reply)  # the one it may refuse
-        self._send(reply, device)
+        self._outgoing.send(reply, device)
 
     # --- the stage loop -------------------------------------------------------
 
@@ -1071,8 +797,8 @@ class CoordinatorService(Recovery):
             Stage.BALANCING: self._stage_balancing,
             Stage.KEY_EPOCH: self._stage_key_epoch,
             Stage.REGISTRATION: self._stage_registration,
-            Stage.SELECTING: self._stage_selecting,
-            Stage.TRAINING: self._stage_training,
+            Stage.SELECTING: self._rounds.stage_selecting,
+            Stage.TRAINING: self._rounds.stage_training,
             Stage.DONE: lambda now: None,
         }
         for _ in range(16):
@@ -1086,7 +812,7 @@ class CoordinatorService(Recovery):
         needed = cfg.min_devices if self._state.epoch == 0 else cfg.epoch_quorum()
         if len(self._online_enrolled()) >= needed:
             if self._flicker is not None and not self._flicker.is_over:
-                self._advance(Stage.BALANCING, now, None)
+                self._stages.advance(Stage.BALANCING, now, None)
                 return
             self._start_key_epoch(now, frozenset())
 
@@ -1095,22 +821,3 @@ class CoordinatorService(Recovery):
         online = self._online_enrolled()
         if self._flicker is None or self._flicker.step(now, online):
             self._start_key_epoch(now, frozenset())
-
-
-def _sender_of(topic: str) -> str:
-    """The device a topic belongs to, or ``""`` (global, bridge, invalid)."""
-    try:
-        return parse_topic(topic).device or ""
-    except TopicError:
-        return ""
-
-
-def _up_device(federation: str, topic: str) -> str | None:
-    """The device whose up subtree ``topic`` is in (any depth), else None."""
-    prefix = federation_filter(federation)[:-1]  # "ursa/v1/<federation>/"
-    if not topic.startswith(prefix):
-        return None
-    levels = topic[len(prefix) :].split("/")
-    if len(levels) < 3 or levels[0] != DEV or levels[2] != UP or not levels[1]:
-        return None
-    return levels[1]

@@ -1,4 +1,4 @@
-"""Round stages: open a round, let the selection method choose, train, repeat.
+"""The round cycle: open a round, let the selection method choose, train, repeat.
 
 SELECTING: the runtime publishes the round's retained `RoundAnnounce`, then
 asks the federation's `SelectionMethod` at every step (every tick and after
@@ -13,24 +13,38 @@ private (Dubhe's stratified draw), each selected device instead gets its own
 signed `SelectionResult` naming only itself, on its down topic.
 
 TRAINING: the `RoundPlugin` runs until complete (or the training deadline),
-then the round is marked complete in the store (once) and the next one opens.
+then the round is marked complete in the store (once) and the next one opens,
+or a new key epoch first, or the federation ends (`ursa.coordinator.ending`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Set
+from collections.abc import Callable, Set
 
-from ursa.coordinator.core import RoundWork, ServiceCore, derived_id
-from ursa.coordinator.federation_end import end_message, write_final_model
+import numpy as np
+
+from ursa.coordinator.clock import Clock
+from ursa.coordinator.config import CoordinatorConfig
+from ursa.coordinator.core import EpochSets, EpochWork, RoundWork, derived_id
+from ursa.coordinator.ending import Ending
+from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import churn
 from ursa.coordinator.rounds import Stage, advance
 from ursa.coordinator.selection import SelectionError
-from ursa.coordinator.selection_method import Selection, SelectionRequest
+from ursa.coordinator.selection_method import (
+    Selection,
+    SelectionMethod,
+    SelectionRequest,
+)
+from ursa.coordinator.signing_point import SigningPoint
+from ursa.coordinator.stage_machine import StageMachine
+from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.telemetry import Telemetry
 from ursa.protocol.envelope import decode
 from ursa.protocol.messages import COORDINATOR, RoundAnnounce, SelectionResult
 
-__all__ = ["MIN_ANNOUNCE_INTERVAL_S", "RoundStages"]
+__all__ = ["MIN_ANNOUNCE_INTERVAL_S", "RoundCycle"]
 
 logger = logging.getLogger("ursa.coordinator")
 
@@ -38,21 +52,104 @@ MIN_ANNOUNCE_INTERVAL_S = 1.0
 """Re-announcements of a round are at least this far apart, whatever a method asks."""
 
 
-class RoundStages(ServiceCore):
-    """SELECTING and TRAINING; the runtime half of `SelectionContext`."""
+class RoundCycle:
+    """SELECTING and TRAINING, and the current round (module docstring).
 
-    def _start_round(self, now: float) -> None:
+    Args:
+        config: Rounds, K, tries, deadlines, churn and epoch limits.
+        stages: The run's `RoundState`.
+        selection: The federation's selection method.
+        plugin: The training plugin.
+        ending: Decides and announces the end of the federation.
+        outgoing: The signing point and outbox.
+        telemetry: Told of each completed round.
+        rng: The generator selection requests carry.
+        clock: Seconds (the announce rate limit).
+        online: Who the coordinator counts as online (a live set).
+        epoch: The current key epoch's working copy, or None.
+        epoch_view: The current key epoch's public data, or None.
+        epoch_sets: Who the current key epoch's rounds draw from, or None.
+        start_key_epoch: Starts a new key epoch without the given devices.
+    """
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        *,
+        stages: StageMachine,
+        selection: SelectionMethod,
+        plugin: RoundPlugin,
+        ending: Ending,
+        outgoing: SigningPoint,
+        telemetry: Telemetry,
+        rng: np.random.Generator,
+        clock: Clock,
+        online: Set[str],
+        epoch: Callable[[], EpochWork | None],
+        epoch_view: Callable[[], EpochView | None],
+        epoch_sets: Callable[[], EpochSets | None],
+        start_key_epoch: Callable[[float, frozenset[str]], None],
+    ) -> None:
+        self._config = config
+        self._stages = stages
+        self._selection = selection
+        self._plugin = plugin
+        self._ending = ending
+        self._outgoing = outgoing
+        self._telemetry = telemetry
+        self._rng = rng
+        self._clock = clock
+        self._online = online
+        self._epoch = epoch
+        self._epoch_view = epoch_view
+        self._epoch_sets = epoch_sets
+        self._start_key_epoch = start_key_epoch
+        self._store: CoordinatorStore | None = None
+        self._work: RoundWork | None = None
+        self._announced_at = float("-inf")
+        """When the open round was last re-announced (rate limit)."""
+
+    @property
+    def work(self) -> RoundWork | None:
+        """The current round, as the coordinator works on it (None: none open)."""
+        return self._work
+
+    def open(self, store: CoordinatorStore) -> None:
+        """Keep rounds in ``store`` from now on (the service has started)."""
+        self._store = store
+
+    def forget(self) -> None:
+        """A new key epoch: no round is open until it is keyed."""
+        self._work = None
+
+    def restore(self, index: int) -> None:
+        """Reload round ``index`` if it belongs to the current key epoch."""
+        store, epoch = self._opened(), self._epoch()
+        record = store.round(index) if index else None
+        if record is None or epoch is None or record.epoch != epoch.epoch:
+            self._work = None  # none yet, or of an earlier epoch: a new one is keyed
+            return
+        self._work = RoundWork(
+            record.round,
+            record.epoch,
+            record.announce,
+            selected=record.selected,
+            result=record.result,
+        )
+
+    def _opened(self) -> CoordinatorStore:
+        store = self._store
+        if store is None:
+            raise RuntimeError("the round cycle has no store yet")
+        return store
+
+    def start_round(self, now: float) -> None:
         """Open the next round, or rekey first, or finish."""
         cfg = self._config
-        work = self._epoch
-        if self._store.completed_rounds() >= cfg.rounds:
-            self._advance(Stage.DONE, now, None)
-            logger.info("all %d rounds complete", cfg.rounds)
-            self._end_federation()
-            return
-        if self._target_reached():
-            self._advance(Stage.DONE, now, None)
-            self._end_federation()
+        work = self._epoch()
+        if self._ending.is_due(self._opened(), self._stages.state.round):
+            self._stages.advance(Stage.DONE, now, None)
+            self._ending.announce(self._opened().completed_rounds())
             return
         assert work is not None, "a round needs a key epoch"
         view = self._epoch_view()
@@ -62,25 +159,25 @@ class RoundStages(ServiceCore):
         )
         epoch_full = (
             cfg.rounds_per_epoch > 0
-            and self._store.rounds_in_epoch(work.epoch) >= cfg.rounds_per_epoch
+            and self._opened().rounds_in_epoch(work.epoch) >= cfg.rounds_per_epoch
         )
-        if self._state.rekey or unusable or epoch_full:
+        if self._stages.state.rekey or unusable or epoch_full:
             why = unusable or "rekey"
             logger.info(
-                "new key epoch before round %d (%s)", self._state.round + 1, why
+                "new key epoch before round %d (%s)", self._stages.state.round + 1, why
             )
             self._start_key_epoch(now, frozenset({work.agent}))
             return
-        index = self._state.round + 1
+        index = self._stages.state.round + 1
         payload = self._announce(index, work.epoch)
-        self._store.add_round(index, work.epoch, payload)
-        self._round = RoundWork(index, work.epoch, payload)
-        self._set_state(
-            advance(self._state, Stage.SELECTING, round=index, deadline_at=None)
+        self._opened().add_round(index, work.epoch, payload)
+        self._work = RoundWork(index, work.epoch, payload)
+        self._stages.set(
+            advance(self._stages.state, Stage.SELECTING, round=index, deadline_at=None)
         )
-        self._send_raw(payload, "round_announce", None)
+        self._outgoing.send_raw(payload, "round_announce", None)
         self._announced_at = now
-        request = self._selection_request(now)
+        request = self.selection_request(now)
         if request is not None:
             self._selection.open_round(request)
 
@@ -107,57 +204,9 @@ class RoundStages(ServiceCore):
             return None
         return f"the online fleet changed by {change:.0%} since the key epoch"
 
-    def _target_reached(self) -> bool:
-        """Whether the last round's accuracy reached ``target_accuracy``."""
-        target = self._config.target_accuracy
-        if target is None:
-            return False
-        accuracy = self._plugin.last_metrics().get("accuracy")
-        if not isinstance(accuracy, int | float) or not accuracy >= target:
-            return False
-        logger.info(
-            "round %d reached accuracy %.4f >= target %.4f; ending the federation",
-            self._state.round,
-            accuracy,
-            target,
-        )
-        return True
-
-    def _end_federation(self) -> None:
-        """Publish the signed, retained `FederationEnd`; write the final model."""
-        rounds = self._store.completed_rounds()
-        final = self._plugin.final_model(self._send)
-        message = end_message(self._config.federation, rounds, final)
-        self._send(self._sign(message), None)
-        if final is None:
-            logger.info("federation over after %d rounds (no model)", rounds)
-            return
-        logger.info(
-            "federation over after %d rounds: final %s version %d %s",
-            rounds,
-            final.model,
-            final.version,
-            dict(message.metrics),
-        )
-        folder = self._config.final_model_dir or self._config.state_dir / "final"
-        output = self._final_output
-        try:
-            written = write_final_model(
-                folder,
-                final,
-                rounds=rounds,
-                methods=self._config.method_names(),
-                architecture=None if output is None else output.card,
-                export=None if output is None else output.export,
-            )
-        except OSError as exc:
-            logger.error("could not write the final model to %s: %s", folder, exc)
-            return
-        logger.info("final model written to %s: %s", folder, ", ".join(written))
-
     def _announce(self, index: int, epoch: int) -> bytes:
         cfg = self._config
-        return self._encode(
+        return self._outgoing.encode(
             RoundAnnounce(
                 federation=cfg.federation,
                 round=index,
@@ -171,7 +220,7 @@ class RoundStages(ServiceCore):
 
     def reannounce(self) -> None:
         """Publish the open round's announce again, with a fresh message id."""
-        work, now = self._round, self._clock()
+        work, now = self._work, self._clock()
         if work is None:
             return
         if now - self._announced_at < MIN_ANNOUNCE_INTERVAL_S:
@@ -179,11 +228,12 @@ class RoundStages(ServiceCore):
             return
         self._announced_at = now
         work.announce = self._announce(work.round, work.epoch)
-        self._store.set_announce(work.round, work.announce)
-        self._send_raw(work.announce, "round_announce", None)
+        self._opened().set_announce(work.round, work.announce)
+        self._outgoing.send_raw(work.announce, "round_announce", None)
 
-    def _selection_request(self, now: float) -> SelectionRequest | None:
-        work, epoch = self._round, self._epoch
+    def selection_request(self, now: float) -> SelectionRequest | None:
+        """The open round's request to the selection method (None: no round)."""
+        work, epoch = self._work, self._epoch()
         if work is None or epoch is None:
             return None
         sets = self._epoch_sets()
@@ -197,23 +247,24 @@ class RoundStages(ServiceCore):
             now=now,
         )
 
-    def _stage_selecting(self, now: float) -> None:
+    def stage_selecting(self, now: float) -> None:
         """Ask the federation's selection method for the round's K."""
-        request = self._selection_request(now)
+        request = self.selection_request(now)
         if request is None:
             return
         method = self._selection
         selection = method.select(request)
         if selection is not None:
-            registered: Set[str] = self._epoch.registered if self._epoch else set()
+            epoch = self._epoch()
+            registered: Set[str] = epoch.registered if epoch else set()
             self._select(now, _checked(selection, registered, request.k, method.name))
 
     def _select(self, now: float, selection: Selection) -> None:
         """Publish the signed selection and hand the round to the plugin."""
-        work = self._round
+        work = self._work
         assert work is not None
         selected = tuple(sorted(selection.selected))
-        result = self._sign(
+        result = self._outgoing.sign(
             SelectionResult(
                 federation=self._config.federation,
                 round=work.round,
@@ -222,26 +273,26 @@ class RoundStages(ServiceCore):
                 try_index=selection.try_index,
             )
         )
-        payload = self._encode(result)
+        payload = self._outgoing.encode(result)
         work.selected = selected
         work.result = payload
-        self._store.set_selection(work.round, selected, selection.try_index, payload)
+        self._opened().set_selection(work.round, selected, selection.try_index, payload)
         if selection.rekey:
-            self._mark_rekey()
-        self._advance(Stage.TRAINING, now, self._config.deadlines.training_s)
+            self._stages.mark_rekey()
+        self._stages.advance(Stage.TRAINING, now, self._config.deadlines.training_s)
         logger.info(
             "round %d: selected %d devices (try %s)",
             work.round,
             len(selected),
             selection.try_index,
         )
-        self._deliver_selection(payload)
-        self._plugin.on_selected(work.round, work.selected, self._send)
+        self.deliver_selection(payload)
+        self._plugin.on_selected(work.round, work.selected, self._outgoing.send)
 
-    def _deliver_selection(self, payload: bytes) -> None:
+    def deliver_selection(self, payload: bytes) -> None:
         """Publish the signed selection, or under a private one tell each alone."""
         if not self._selection.private_selection:
-            self._send_raw(payload, "selection_result", None)
+            self._outgoing.send_raw(payload, "selection_result", None)
             return
         result = decode(payload)
         assert isinstance(result, SelectionResult)
@@ -253,21 +304,22 @@ class RoundStages(ServiceCore):
                     "signature": b"",
                 }
             )
-            self._send(self._sign(own), device)
+            self._outgoing.send(self._outgoing.sign(own), device)
 
-    def _stage_training(self, now: float) -> None:
-        work = self._round
+    def stage_training(self, now: float) -> None:
+        """Tick the plugin; complete the round when it is done (or at the deadline)."""
+        work = self._work
         if work is None:
             return
-        self._plugin.on_tick(work.round, now, self._send)
+        self._plugin.on_tick(work.round, now, self._outgoing.send)
         done = self._plugin.is_complete(work.round)
-        if not done and not self._deadline_passed(now):
+        if not done and not self._stages.deadline_passed(now):
             return
         if not done:
             logger.warning("round %d: training deadline passed", work.round)
-        if self._store.complete_round(work.round):
+        if self._opened().complete_round(work.round):
             self._telemetry.round_completed(work.round, work.selected or ())
-        self._start_round(now)
+        self.start_round(now)
 
 
 def _checked(

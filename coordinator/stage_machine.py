@@ -1,0 +1,89 @@
+"""The stage machine: the run's `RoundState`, adopted and persisted in one place.
+
+Every change of stage, epoch, round or deadline goes through `set` (or
+`advance`, which checks the transition), which logs a stage change, reports
+it to the telemetry and persists the state, so a restart resumes where the
+run was. The stage's deadline is a live phase: an outage extends it
+(`extend_deadlines`, `ursa.coordinator.broker_outage`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+
+from ursa.coordinator.rounds import RoundState, Stage, advance
+from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.telemetry import Telemetry
+
+__all__ = ["STATE_KEY", "StageMachine"]
+
+logger = logging.getLogger("ursa.coordinator")
+
+STATE_KEY = "state"
+"""Store meta key: the `RoundState` as JSON."""
+
+
+class StageMachine:
+    """The current `RoundState` (module docstring).
+
+    Args:
+        telemetry: Told of every stage change.
+    """
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+        self._state = RoundState()
+        self._store: CoordinatorStore | None = None
+
+    @property
+    def state(self) -> RoundState:
+        """The current stage, epoch, round and deadline."""
+        return self._state
+
+    def open(self, store: CoordinatorStore) -> None:
+        """Persist into ``store`` from now on (the service has started)."""
+        self._store = store
+
+    def resume(self, state: RoundState) -> None:
+        """Resume at a restored ``state`` (already in the store: not written)."""
+        self._state = state
+
+    def set(self, state: RoundState) -> None:
+        """Adopt and persist a new `RoundState` (callers checked the transition)."""
+        if state.stage != self._state.stage:
+            logger.info(
+                "stage %s -> %s (epoch %d, round %d)",
+                self._state.stage,
+                state.stage,
+                state.epoch,
+                state.round,
+            )
+            self._telemetry.stage_changed(str(state.stage), state.round)
+        self._state = state
+        if self._store is None:
+            raise RuntimeError("the stage machine has no store yet")
+        self._store.set_meta(STATE_KEY, json.dumps(state.to_json()))
+
+    def advance(self, stage: Stage, now: float, deadline_s: float | None) -> None:
+        """Move to `stage` with a deadline `deadline_s` from `now` (None: none)."""
+        deadline = None if deadline_s is None else now + deadline_s
+        self.set(advance(self._state, stage, deadline_at=deadline))
+
+    def mark_rekey(self) -> None:
+        """Start a new key epoch before the next round (the agent is lost)."""
+        self.set(dataclasses.replace(self._state, rekey=True))
+
+    def deadline_passed(self, now: float) -> bool:
+        """Whether the current stage's deadline, if any, has come."""
+        deadline = self._state.deadline_at
+        return deadline is not None and now >= deadline
+
+    def extend_deadlines(self, seconds: float) -> None:
+        """Move the open stage's deadline, if it has one, ``seconds`` later."""
+        deadline = self._state.deadline_at
+        if deadline is None:
+            return
+        logger.info("stage deadline extended by the outage's %.0f s", seconds)
+        self.set(dataclasses.replace(self._state, deadline_at=deadline + seconds))
