@@ -244,7 +244,7 @@ class _Run:
         write_initial_weights(initial, self.model_config, seed=s.seed)
         made = None
         if s.weighting == "feddisk":
-            from ursa.edge_sdk.feddisk_trainer import FeddiskSettings
+            from ursa.edge_sdk.methods.feddisk.trainer import FeddiskSettings
 
             made_config = FeddiskSettings().made_model_config(self.fed.input_dim)
             made_initial = self.workdir / "made.ursw"

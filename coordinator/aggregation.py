@@ -17,9 +17,9 @@ global + server_lr * sum_i(a_i * delta_i) / sum_i(a_i)`` with ``a_i``:
   virtual client trains on the same number of samples, so all weigh the same.
 * `Weighting.CLIMB`: 1 per participant, over deltas the devices already scaled
   by their CLIMB weight ``w_i = 1 + lambda_i - mean(lambda)`` (docs/methods.md;
-  `ursa.edge_sdk.climb`). Numerically the same as EQUAL; it is its own member so
-  that a round records which rule it used, and because the coordinator must
-  *not* rescale: it never learns ``w_i``.
+  `ursa.edge_sdk.methods.climb.dual`). Numerically the same as EQUAL; it is its own
+  member so that a round records which rule it used, and because the
+  coordinator must *not* rescale: it never learns ``w_i``.
 
 Integer arrays (a model's counters, e.g. BatchNorm's ``num_batches_tracked``)
 are not averaged: a mean of counters is no counter, and the sum of the

@@ -124,7 +124,8 @@ class FedAvgSpec(_Spec):
 
 
 DEFAULT_CLIMB_MAX_PARTIES = 100_000
-"""Equal to `ursa.edge_sdk.climb.DEFAULT_MAX_PARTIES` (the devices' codec bound)."""
+"""Equal to `ursa.edge_sdk.methods.climb.dual.DEFAULT_MAX_PARTIES` (the devices' codec
+bound)."""
 
 
 class ClimbSpec(_Spec):

@@ -31,13 +31,13 @@ from ursa.edge_sdk.callbacks import (
     Selected,
 )
 from ursa.edge_sdk.client import EdgeClient
-from ursa.edge_sdk.climb import ClimbConfig
 from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig, load_device_config
-from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.method import DeviceContext, DeviceMethod, TrainPlan
-from ursa.edge_sdk.methods.climb import Climb
-from ursa.edge_sdk.methods.dubhe import Dubhe
-from ursa.edge_sdk.methods.feddisk import FedDisk
+from ursa.edge_sdk.methods.climb.dual import ClimbConfig
+from ursa.edge_sdk.methods.climb.method import Climb
+from ursa.edge_sdk.methods.dubhe.method import Dubhe
+from ursa.edge_sdk.methods.feddisk.method import FedDisk
+from ursa.edge_sdk.methods.feddisk.trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.methods.flicker.method import Flicker
 from ursa.edge_sdk.module_trainer import ModuleTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer

@@ -41,7 +41,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.climb import ClimbConfig
+from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.edge_sdk.torch_trainer import round_seed
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
 from ursa.models.spec import ModelMismatchError, check_fits

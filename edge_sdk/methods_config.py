@@ -7,7 +7,7 @@ Tables told apart by ``kind``, each with the method's device settings::
 
     [[methods]]
     kind = "climb"
-    eta_d = 0.1                 # `ursa.edge_sdk.climb.ClimbConfig` fields
+    eta_d = 0.1                 # `ursa.edge_sdk.methods.climb.dual.ClimbConfig` fields
 
     [[methods]]
     kind = "fedprox"            # or: mu comes signed from the coordinator
@@ -31,8 +31,8 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ursa.edge_sdk.climb import ClimbConfig
-from ursa.edge_sdk.feddisk_settings import FeddiskSettings
+from ursa.edge_sdk.methods.climb.dual import ClimbConfig
+from ursa.edge_sdk.methods.feddisk.settings import FeddiskSettings
 from ursa.protocol.methods import MethodRole, MethodsError, check_method_list
 
 __all__ = [

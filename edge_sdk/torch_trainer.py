@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.climb import ClimbConfig
+from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.edge_sdk.trainer import ClassCounts, LocalDelta, ModelTrainer
 from ursa.models.spec import ModelMismatchError, check_fits
 from ursa.models.weights import Arrays

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.climb import ClimbConfig
+from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.models.weights import Arrays
 
 __all__ = [

@@ -37,7 +37,8 @@ Conventions (they matter for the algorithms on top):
 * **Binary classifier** (`fit_binary_classifier`): inputs standardised with
   the training rows' mean and std, one ReLU hidden layer (``hidden_size=0``
   gives logistic regression) and a sigmoid output, trained with the weighted
-  BCE. FedDisk's density-ratio classifier (`ursa.edge_sdk.feddisk`) is one.
+  BCE. FedDisk's density-ratio classifier
+  (`ursa.edge_sdk.methods.feddisk.sample_weights`) is one.
 """
 
 from __future__ import annotations

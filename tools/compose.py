@@ -548,7 +548,7 @@ def torch_trainer(
         raise ServiceSetupError(f"[training]: {brief(exc)}") from None
     if not isinstance(method, FeddiskSpec):
         return trainer
-    from ursa.edge_sdk.feddisk_trainer import FeddiskTrainer
+    from ursa.edge_sdk.methods.feddisk.trainer import FeddiskTrainer
 
     return FeddiskTrainer(trainer, settings=method.settings(), seed=seed)
 

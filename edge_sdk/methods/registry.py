@@ -17,10 +17,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ursa.edge_sdk.method import DeviceMethod
-from ursa.edge_sdk.methods.climb import Climb
-from ursa.edge_sdk.methods.dubhe import Dubhe
-from ursa.edge_sdk.methods.feddisk import FedDisk
-from ursa.edge_sdk.methods.fedprox import FedProx
+from ursa.edge_sdk.methods.climb.method import Climb
+from ursa.edge_sdk.methods.dubhe.method import Dubhe
+from ursa.edge_sdk.methods.feddisk.method import FedDisk
+from ursa.edge_sdk.methods.feddisk.phased_trainer import PhasedTrainer
+from ursa.edge_sdk.methods.fedprox.method import FedProx
 from ursa.edge_sdk.methods.flicker.method import Flicker
 from ursa.edge_sdk.methods_config import (
     ClimbSpec,
@@ -31,7 +32,6 @@ from ursa.edge_sdk.methods_config import (
     selection_kind,
     training_spec,
 )
-from ursa.edge_sdk.phased_trainer import PhasedTrainer
 from ursa.edge_sdk.trainer import ModelTrainer, Trainer
 
 __all__ = ["compose_methods"]

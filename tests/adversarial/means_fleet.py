@@ -34,9 +34,9 @@ from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.encoding import FixedPoint
 from ursa.crypto.paillier import EncryptedVector, PaillierPublicKey
 from ursa.edge_sdk.client import EdgeClient, device_will
-from ursa.edge_sdk.climb import ClimbConfig
-from ursa.edge_sdk.feddisk_settings import FeddiskSettings
-from ursa.edge_sdk.phased_trainer import Phase, PhasedTrainer
+from ursa.edge_sdk.methods.climb.dual import ClimbConfig
+from ursa.edge_sdk.methods.feddisk.phased_trainer import Phase, PhasedTrainer
+from ursa.edge_sdk.methods.feddisk.settings import FeddiskSettings
 from ursa.edge_sdk.trainer import ClassCounts, LocalDelta, ModelTrainer
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.envelope import decode, encode

@@ -27,7 +27,7 @@ import pytest
 from ursa.coordinator.training import TrainingConfig
 from ursa.crypto.identity import DeviceIdentity, verify_signature
 from ursa.edge_sdk.client import EdgeClient
-from ursa.edge_sdk.climb import ClimbConfig
+from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.models.weights import arrays_to_bytes
 from ursa.protocol.chunking import split
 from ursa.protocol.envelope import decode, encode, signing_bytes

@@ -26,7 +26,7 @@ from ursa.crypto.paillier import EncryptedVector, PaillierPublicKey
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.device_core import DISTRIBUTION_CODEC
 from ursa.edge_sdk.method import Roster
-from ursa.edge_sdk.methods.dubhe import Dubhe
+from ursa.edge_sdk.methods.dubhe.method import Dubhe
 from ursa.edge_sdk.registration import registry_indices
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.inmemory import InMemoryTransport

@@ -21,7 +21,7 @@ from ursa.crypto.paillier import (
     encrypt_reals,
     generate_keypair,
 )
-from ursa.edge_sdk import climb as device_climb
+from ursa.edge_sdk.methods.climb import dual as device_climb
 
 CONFIG = device_climb.ClimbConfig(max_parties=10)
 """A two-value codec the devices already use (CLIMB's dual report)."""

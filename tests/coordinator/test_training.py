@@ -20,8 +20,12 @@ from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin, round_figures
 from ursa.edge_sdk.client import EdgeClient, device_will
-from ursa.edge_sdk.climb import ClimbConfig, apply_dual_means_all, plain_dual_means
-from ursa.edge_sdk.methods.climb import Climb
+from ursa.edge_sdk.methods.climb.dual import (
+    ClimbConfig,
+    apply_dual_means_all,
+    plain_dual_means,
+)
+from ursa.edge_sdk.methods.climb.method import Climb
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
 from ursa.models.spec import check_fits
 from ursa.models.weights import Arrays, arrays_to_bytes

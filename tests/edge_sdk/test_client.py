@@ -21,8 +21,8 @@ from ursa.crypto.paillier import PaillierPublicKey, encrypt_vector
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.config import DeviceConfig, load_device_config
 from ursa.edge_sdk.method import DeviceMethod, LocalData
-from ursa.edge_sdk.methods.climb import Climb
-from ursa.edge_sdk.methods.dubhe import Dubhe
+from ursa.edge_sdk.methods.climb.method import Climb
+from ursa.edge_sdk.methods.dubhe.method import Dubhe
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer, NoOpTrainer
 from ursa.models.weights import Arrays
 from ursa.protocol.admission_limits import AdmissionLimits, DropReason

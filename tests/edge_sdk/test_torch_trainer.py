@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ursa.edge_sdk.climb import ClimbConfig
+from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
 from ursa.edge_sdk.trainer import ModelTrainer
 from ursa.edge_sdk.training import TrainConfig, evaluate_loss, train_local

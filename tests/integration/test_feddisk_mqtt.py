@@ -16,7 +16,7 @@ from ursa.coordinator.methods_config import DubheSpec, FeddiskSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.identity import verify_signature
-from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
+from ursa.edge_sdk.methods.feddisk.trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.training import TrainConfig, evaluate
 from ursa.models.registry import initial_arrays

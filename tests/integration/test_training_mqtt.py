@@ -15,8 +15,8 @@ from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import ClimbSpec, DubheSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
-from ursa.edge_sdk.climb import ClimbConfig
-from ursa.edge_sdk.methods.climb import Climb
+from ursa.edge_sdk.methods.climb.dual import ClimbConfig
+from ursa.edge_sdk.methods.climb.method import Climb
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.trainer import LocalDelta
 from ursa.edge_sdk.training import TrainConfig, evaluate

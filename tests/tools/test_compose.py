@@ -169,7 +169,7 @@ def test_climb_method_reaches_the_trainer(tmp_path: Path) -> None:
 
 
 def test_feddisk_device_wraps_its_torch_trainer(tmp_path: Path) -> None:
-    from ursa.edge_sdk.feddisk_trainer import FeddiskTrainer
+    from ursa.edge_sdk.methods.feddisk.trainer import FeddiskTrainer
 
     training = _training(tmp_path)
     methods = [DUBHE, {"kind": "feddisk", "made_hidden_sizes": [8]}]
@@ -309,7 +309,7 @@ def test_an_import_path_architecture_on_both_sides(tmp_path: Path) -> None:
 def test_feddisk_wraps_a_module_trainer_and_its_phase_two_trains_it(
     tmp_path: Path,
 ) -> None:
-    from ursa.edge_sdk.feddisk_trainer import FeddiskTrainer
+    from ursa.edge_sdk.methods.feddisk.trainer import FeddiskTrainer
     from ursa.edge_sdk.module_trainer import ModuleTrainer
     from ursa.models.registry import state_dict_to_arrays
 

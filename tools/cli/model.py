@@ -90,7 +90,7 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
             options["hidden_sizes"] = list(args.hidden_sizes)
         elif args.model == "made":  # the devices' FeddiskSettings default
             # here, not at the top: every `ursa` command imports this module
-            from ursa.edge_sdk.feddisk_settings import DEFAULT_MADE_HIDDEN_SIZES
+            from ursa.edge_sdk.methods.feddisk.settings import DEFAULT_MADE_HIDDEN_SIZES
 
             options["hidden_sizes"] = list(DEFAULT_MADE_HIDDEN_SIZES)
     elif args.input_shape is not None:

@@ -328,7 +328,7 @@ class DemoRun:
         The harness scores each global MADE on the held-out test split (test
         NLL, nats per sample); the coordinator sees none of it.
         """
-        from ursa.edge_sdk.feddisk_trainer import FeddiskSettings
+        from ursa.edge_sdk.methods.feddisk.trainer import FeddiskSettings
 
         s = self.settings
         made_config = FeddiskSettings().made_model_config(fed.input_dim)

@@ -1,11 +1,12 @@
 """FedDisk phase 1 in the simulator: local MADEs, the federated global MADE, weights.
 
-The device side is `ursa.edge_sdk.feddisk` and `ursa.edge_sdk.training`
-(torch, one device at a time, exactly as on a device); the coordinator side is
-`ursa.coordinator.aggregation` (FedAvg by sample count, eq. 11) and
-`ursa.edge_sdk.made_stop.MadeStopper` (stop when the fleet's validation NLL
-rises, keep the best model). Each device holds out ``val_fraction`` of its
-training data (at least one sample) as its MADE validation split; the fleet's
+The device side is `ursa.edge_sdk.methods.feddisk.sample_weights` and
+`ursa.edge_sdk.training` (torch, one device at a time, exactly as on a
+device); the coordinator side is `ursa.coordinator.aggregation` (FedAvg by
+sample count, eq. 11) and `ursa.edge_sdk.methods.feddisk.made_stopper.MadeStopper`
+(stop when the fleet's validation NLL rises, keep the best model). Each device
+holds out ``val_fraction`` of its training data (at least one sample) as its
+MADE validation split; the fleet's
 validation loss is the sample-weighted mean of the devices' NLLs (the paper
 plots one such curve, Fig. 5). MADE rounds use the run's own selector (the
 same K participants per round as the classifier rounds) and count as
@@ -30,17 +31,20 @@ from ursa.coordinator.aggregation import (
     finalize_aggregation,
     init_aggregation,
 )
-from ursa.edge_sdk.feddisk import (
+from ursa.edge_sdk.methods.feddisk.made_stopper import (
+    MadeStopper,
+    apply_validation_loss,
+    weighted_mean_loss,
+)
+from ursa.edge_sdk.methods.feddisk.sample_weights import (
     SampleWeights,
     feddisk_sample_weights,
     train_local_made,
     weight_summary,
 )
-from ursa.edge_sdk.feddisk_settings import DEFAULT_CROSSFIT_FOLDS, DEFAULT_WEIGHT_CLIP
-from ursa.edge_sdk.made_stop import (
-    MadeStopper,
-    apply_validation_loss,
-    weighted_mean_loss,
+from ursa.edge_sdk.methods.feddisk.settings import (
+    DEFAULT_CROSSFIT_FOLDS,
+    DEFAULT_WEIGHT_CLIP,
 )
 from ursa.edge_sdk.training import TrainConfig, made_nll, train_made_local
 from ursa.models.registry import initial_arrays

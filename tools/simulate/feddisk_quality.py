@@ -6,7 +6,8 @@ the fleet's density ``p`` and device k's ``q_k`` are known mixtures and the
 true weight ``p(x)/q_k(x)`` of every sample is exact. `weight_quality`
 scores weights against it: the mean per-device Spearman correlation and the
 share of raw weights at the clip bounds. Pure numpy (no scipy, no torch):
-`ursa.edge_sdk.feddisk` computes the weights, the caller passes them here.
+`ursa.edge_sdk.methods.feddisk.sample_weights` computes the weights, the caller passes
+them here.
 """
 
 from __future__ import annotations

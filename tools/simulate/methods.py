@@ -6,8 +6,8 @@ system's own algorithm code, only without a broker:
 * selection: ``random`` or ``dubhe`` (`ursa.tools.simulate.participants`,
   with the devices' and coordinator's own Dubhe functions);
 * ``climb``: every ``dual_period`` rounds all N devices evaluate ``f_i`` at the
-  global model and run `ursa.edge_sdk.climb.apply_dual_means_all` on the means
-  (plaintext means, or with ``climb_encrypted`` the real Paillier path:
+  global model and run `ursa.edge_sdk.methods.climb.dual.apply_dual_means_all` on the
+  means (plaintext means, or with ``climb_encrypted`` the real Paillier path:
   `encrypt_dual_report` -> `ursa.coordinator.methods.climb.dual_sum` ->
   `decrypt_dual_means`);
   participants scale their deltas by ``w_i``;
@@ -43,7 +43,7 @@ from ursa.coordinator.aggregation import (
 from ursa.coordinator.encrypted_sum import add_report, finalize_encrypted_sum
 from ursa.coordinator.methods.climb.dual_sum import init_dual_sum
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey, generate_keypair
-from ursa.edge_sdk.climb import (
+from ursa.edge_sdk.methods.climb.dual import (
     ClimbConfig,
     DualMeans,
     apply_dual_means_all,

@@ -102,7 +102,7 @@ def run_train_comparison(config: TrainSimConfig) -> dict[str, Any]:
 
 
 def _run_comparison(config: TrainSimConfig) -> dict[str, Any]:
-    from ursa.edge_sdk.climb import ClimbConfig
+    from ursa.edge_sdk.methods.climb.dual import ClimbConfig
     from ursa.edge_sdk.training import TrainConfig
     from ursa.tools.data.loaders import load_dataset
     from ursa.tools.simulate.feddisk import FeddiskSettings

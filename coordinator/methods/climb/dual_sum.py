@@ -1,7 +1,7 @@
 """CLIMB's dual reports on the coordinator: ``Enc([f_i, lambda_i])``, summed blind.
 
 Each device of a dual step sends ``Enc([f_i, lambda_i])`` (one packed Paillier
-fixed-point vector, `ursa.edge_sdk.climb.encrypt_dual_report`); the
+fixed-point vector, `ursa.edge_sdk.methods.climb.dual.encrypt_dual_report`); the
 coordinator multiplies the reports into one running ciphertext
 (`ursa.coordinator.encrypted_sum`, the fold of every encrypted mean) and
 returns the sum to the devices, which decrypt the means. It never sees a loss
@@ -22,7 +22,8 @@ from ursa.crypto.paillier import EncryptedVector, PaillierPublicKey, sum_encrypt
 __all__ = ["DUAL_REPORT_LENGTH", "init_dual_sum", "sum_dual_reports"]
 
 DUAL_REPORT_LENGTH = 2
-"""``[f_i, lambda_i]``; equal to `ursa.edge_sdk.climb.DUAL_REPORT_LENGTH` (tested)."""
+"""``[f_i, lambda_i]``; equal to `ursa.edge_sdk.methods.climb.dual.DUAL_REPORT_LENGTH`
+(tested)."""
 
 
 def init_dual_sum(public_key: PaillierPublicKey, *, max_parties: int) -> EncryptedSum:

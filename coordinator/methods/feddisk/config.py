@@ -28,4 +28,5 @@ class FeddiskConfig(BaseModel):
     verdict_timeout_s: float = Field(default=30.0, gt=0.0)
     """The agent's verdict is not waited for after this long (from the sum)."""
     max_parties: int = Field(default=100_000, ge=1)
-    """Equal to `ursa.edge_sdk.made_loss.MadeLossCodec().max_parties`."""
+    """Equal to
+    `ursa.edge_sdk.methods.feddisk.made_loss.MadeLossCodec().max_parties`."""

@@ -13,8 +13,8 @@ for the agent's verdict::
 
 The coordinator multiplies ciphertexts under the epoch's Paillier public key
 and never sees a loss or a split size; devices decrypt the fleet's mean NLL
-(`ursa.edge_sdk.made_loss`). Besides `secure_mean`'s refusals, a report or a
-verdict for another version is ``wrong_version``; `check_verdict` refuses a
+(`ursa.edge_sdk.methods.feddisk.made_loss`). Besides `secure_mean`'s refusals, a report
+or a verdict for another version is ``wrong_version``; `check_verdict` refuses a
 verdict the agent did not sign, or whose best version is newer than the one
 judged. The flow (when to ask, what a verdict means) is
 `ursa.coordinator.methods.feddisk.judging`.

@@ -9,16 +9,16 @@ reports and decrypts; `Climb` is its `MeanParticipant`):
 1. `MeanRequest(climb.dual, round, key epoch, version)`: the device fetches
    that global version if needed, evaluates ``f_i`` there
    (`ModelTrainer.local_loss`, nats per sample), and its values are
-   ``[f_i, lambda_i]`` (`ursa.edge_sdk.climb.report_values`), reported as
+   ``[f_i, lambda_i]`` (`ursa.edge_sdk.methods.climb.dual.report_values`), reported as
    one packed fixed-point Paillier vector under the epoch key.
 2. The `MeanSum`: the runtime decrypts the totals; the device takes the
    reporters' ``mean f`` and ``mean lambda`` and applies
-   `ursa.edge_sdk.climb.apply_dual_means`: ``w_i = clip(1 + lambda_i - mean
+   `ursa.edge_sdk.methods.climb.dual.apply_dual_means`: ``w_i = clip(1 + lambda_i - mean
    lambda, 0, 1 + lambda_max)`` for this round's delta, then ``lambda_i <-
    clip(lambda_i + eta_D (f_i - mean f - eps), 0, lambda_max)``. A sum no
    honest fleet of its parties could produce (a mean beyond ``[0, loss_bound]``
-   or ``[0, lambda_max]``, `ursa.edge_sdk.climb.dual_means`) is refused by the
-   runtime (an ERROR log line and a ``mean_refused`` reply): the device keeps
+   or ``[0, lambda_max]``, `ursa.edge_sdk.methods.climb.dual.dual_means`) is refused by
+   the    runtime (an ERROR log line and a ``mean_refused`` reply): the device keeps
    its weight and lambda, as for a sum that never came.
 3. If the device is selected in that round, it trains only after step 2
    (or `DUAL_WAIT_S` after the round's `ModelAvailable`, if the sum never
@@ -38,14 +38,14 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ursa.edge_sdk.climb import (
+from ursa.edge_sdk.method import DeviceMethod, TrainPlan, model_trainer
+from ursa.edge_sdk.methods.climb.dual import (
     DUAL_REPORT_LENGTH,
     ClimbConfig,
     apply_dual_means,
     dual_means,
     report_values,
 )
-from ursa.edge_sdk.method import DeviceMethod, TrainPlan, model_trainer
 from ursa.edge_sdk.secure_mean import FloatVector, MeanCodec, MeanParticipant
 from ursa.protocol.messages import CLIMB_DUAL, MeanRequest, MeanSum
 from ursa.protocol.methods import MethodRole

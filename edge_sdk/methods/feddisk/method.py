@@ -6,8 +6,8 @@ ordinary rounds (model ``settings.made_model``) and, per MADE round:
 1. `MeanRequest(feddisk.made_loss, round, epoch, model, version)`: it
    fetches that version if needed, measures the MADE's NLL on its
    validation split, and its values are ``[nll * n_val, n_val]``
-   (`ursa.edge_sdk.made_loss.loss_report_values`). The runtime's secure mean
-   (`ursa.edge_sdk.secure_mean`; `FedDisk` is its `MeanParticipant`)
+   (`ursa.edge_sdk.methods.feddisk.made_loss.loss_report_values`). The runtime's
+   secure mean (`ursa.edge_sdk.secure_mean`; `FedDisk` is its `MeanParticipant`)
    encrypts and reports them and re-sends the same report on a repeat.
 2. Its `MeanSum(round, epoch, version)`: the runtime decrypts the totals
    and refuses a sum no honest fleet reports (`check_mean`: the stopper
@@ -43,10 +43,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ursa.edge_sdk.device_core import derived_id
-from ursa.edge_sdk.made_loss import fleet_loss
-from ursa.edge_sdk.made_loss import loss_report_values as made_loss_values
-from ursa.edge_sdk.made_stop import MadeStopper, apply_validation_loss
 from ursa.edge_sdk.method import DeviceMethod
+from ursa.edge_sdk.methods.feddisk.made_loss import fleet_loss
+from ursa.edge_sdk.methods.feddisk.made_loss import (
+    loss_report_values as made_loss_values,
+)
+from ursa.edge_sdk.methods.feddisk.made_stopper import (
+    MadeStopper,
+    apply_validation_loss,
+)
+from ursa.edge_sdk.methods.feddisk.phased_trainer import Phase, PhasedTrainer
 from ursa.edge_sdk.methods.feddisk.state import (
     FeddiskRecord,
     read_made,
@@ -56,7 +62,6 @@ from ursa.edge_sdk.methods.feddisk.state import (
     write_made,
     write_weights,
 )
-from ursa.edge_sdk.phased_trainer import Phase, PhasedTrainer
 from ursa.edge_sdk.secure_mean import (
     FloatVector,
     MeanAbandonedError,
@@ -142,7 +147,7 @@ class FedDisk(DeviceMethod, MeanParticipant):
         )
 
     def check_mean(self, result: MeanSum, totals: FloatVector) -> None:
-        """Refuse a loss no honest fleet reports (`ursa.edge_sdk.made_loss.fleet_loss`).
+        """Refuse a loss no honest fleet reports (`made_loss.fleet_loss`).
 
         Raises:
             ImplausibleSumError: why.

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.made_stop import MadeStopper
-from ursa.edge_sdk.phased_trainer import Phase
+from ursa.edge_sdk.methods.feddisk.made_stopper import MadeStopper
+from ursa.edge_sdk.methods.feddisk.phased_trainer import Phase
 from ursa.models.weights import Arrays, arrays_from_bytes, arrays_to_bytes
 
 __all__ = [

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ursa.edge_sdk.feddisk_settings import FeddiskSettings
+from ursa.edge_sdk.methods.feddisk.settings import FeddiskSettings
 from ursa.tools.cli import service as cli_service
 
 

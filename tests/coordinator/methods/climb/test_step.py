@@ -24,7 +24,7 @@ from ursa.crypto.paillier import (
     encrypted_vector_from,
     generate_keypair,
 )
-from ursa.edge_sdk import climb as device_climb
+from ursa.edge_sdk.methods.climb import dual as device_climb
 from ursa.models.weights import arrays_to_bytes
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.messages import (

@@ -25,7 +25,7 @@ from ursa.crypto.paillier import (
     encrypted_vector_from,
     generate_keypair,
 )
-from ursa.edge_sdk import made_loss
+from ursa.edge_sdk.methods.feddisk import made_loss
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.envelope import decode, encode, signing_bytes
 from ursa.protocol.messages import (

@@ -13,15 +13,15 @@ from ursa.crypto.paillier import (
     encrypted_vector_from,
     sum_encrypted,
 )
-from ursa.edge_sdk.climb import (
+from ursa.edge_sdk.method import TrainPlan
+from ursa.edge_sdk.methods.climb.dual import (
     ClimbConfig,
     apply_dual_means,
     decrypt_dual_means,
     encrypt_dual_report,
     plain_dual_means,
 )
-from ursa.edge_sdk.method import TrainPlan
-from ursa.edge_sdk.methods.climb import DUAL_WAIT_S, Climb
+from ursa.edge_sdk.methods.climb.method import DUAL_WAIT_S, Climb
 from ursa.edge_sdk.secure_mean import SecureMeans
 from ursa.edge_sdk.state import DeviceStateDir
 from ursa.models.weights import Arrays

@@ -16,7 +16,7 @@ from ursa.crypto.paillier import (
 )
 from ursa.edge_sdk.device_core import DISTRIBUTION_CODEC
 from ursa.edge_sdk.method import EpochKeys, Roster
-from ursa.edge_sdk.methods.dubhe import Dubhe
+from ursa.edge_sdk.methods.dubhe.method import Dubhe
 from ursa.edge_sdk.registration import best_try, participation_probability
 from ursa.protocol.messages import (
     AgentAnswer,

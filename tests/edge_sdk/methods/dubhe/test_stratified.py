@@ -13,7 +13,7 @@ from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.paillier import encrypt_vector
 from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.method import EpochKeys, Roster
-from ursa.edge_sdk.methods.dubhe import Dubhe
+from ursa.edge_sdk.methods.dubhe.method import Dubhe
 from ursa.edge_sdk.methods.dubhe.ranks import (
     RankError,
     new_one_time_key,

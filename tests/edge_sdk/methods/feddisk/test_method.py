@@ -13,10 +13,10 @@ from ursa.crypto.identity import DeviceIdentity, verify_signature
 from ursa.crypto.paillier import encrypted_vector_from, sum_encrypted
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.config import DeviceConfig
-from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
-from ursa.edge_sdk.made_loss import decrypt_fleet_loss
-from ursa.edge_sdk.methods.feddisk import FedDisk
+from ursa.edge_sdk.methods.feddisk.made_loss import decrypt_fleet_loss
+from ursa.edge_sdk.methods.feddisk.method import FedDisk
 from ursa.edge_sdk.methods.feddisk.state import FEDDISK_MADE_FILE, FEDDISK_WEIGHTS_FILE
+from ursa.edge_sdk.methods.feddisk.trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.model_steps import model_transfer_id
 from ursa.edge_sdk.state import DeviceStateDir
 from ursa.edge_sdk.torch_trainer import TorchTrainer

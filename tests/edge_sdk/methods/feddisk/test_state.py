@@ -9,7 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ursa.edge_sdk.made_stop import MadeStopper, apply_validation_loss
+from ursa.edge_sdk.methods.feddisk.made_stopper import (
+    MadeStopper,
+    apply_validation_loss,
+)
 from ursa.edge_sdk.methods.feddisk.state import (
     FeddiskRecord,
     read_made,

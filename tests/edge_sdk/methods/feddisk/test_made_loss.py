@@ -10,7 +10,8 @@ from ursa.crypto.paillier import (
     encrypted_vector_from,
     generate_keypair,
 )
-from ursa.edge_sdk.made_loss import (
+from ursa.edge_sdk.mean_bounds import ImplausibleSumError
+from ursa.edge_sdk.methods.feddisk.made_loss import (
     MADE_LOSS_LENGTH,
     MadeLossCodec,
     MadeLossError,
@@ -19,8 +20,7 @@ from ursa.edge_sdk.made_loss import (
     fleet_loss,
     loss_report_values,
 )
-from ursa.edge_sdk.made_stop import weighted_mean_loss
-from ursa.edge_sdk.mean_bounds import ImplausibleSumError
+from ursa.edge_sdk.methods.feddisk.made_stopper import weighted_mean_loss
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.feddisk_settings import FeddiskSettings
+from ursa.edge_sdk.methods.feddisk.phased_trainer import PhasedTrainer
+from ursa.edge_sdk.methods.feddisk.settings import FeddiskSettings
 from ursa.edge_sdk.module_trainer import ModuleTrainer
-from ursa.edge_sdk.phased_trainer import PhasedTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
 from ursa.edge_sdk.trainer import ClassCounts, LocalDelta
 from ursa.models.weights import Arrays, spec_of
@@ -132,7 +132,8 @@ class FeddiskTrainer(PhasedTrainer):
     def switch(self, global_made: Arrays | None) -> dict[str, float]:
         """Train the local MADE and the density-ratio classifier; enter phase 2.
 
-        Returns the local MADE's epochs and `ursa.edge_sdk.feddisk.weight_summary`
+        Returns the local MADE's epochs and
+        `ursa.edge_sdk.methods.feddisk.sample_weights.weight_summary`
         prefixed ``weight_``: the share of raw weights at each clip bound
         (``weight_at_low``, ``weight_at_high``) and the weights' spread
         (``weight_min``, ``weight_max``, ``weight_std``, ``weight_p10``,
@@ -148,7 +149,10 @@ class FeddiskTrainer(PhasedTrainer):
             self._enter_phase_two(None)
             return {"local_made_epochs": 0.0}
         self._check_made(global_made)
-        from ursa.edge_sdk.feddisk import feddisk_sample_weights, train_local_made
+        from ursa.edge_sdk.methods.feddisk.sample_weights import (
+            feddisk_sample_weights,
+            train_local_made,
+        )
         from ursa.edge_sdk.training import TrainConfig
         from ursa.models.registry import initial_arrays
 

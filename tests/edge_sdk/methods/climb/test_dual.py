@@ -8,7 +8,8 @@ import pytest
 from ursa.coordinator.encrypted_sum import add_report, finalize_encrypted_sum
 from ursa.coordinator.methods.climb.dual_sum import init_dual_sum
 from ursa.crypto.paillier import encrypt_reals, encrypted_vector_from, generate_keypair
-from ursa.edge_sdk.climb import (
+from ursa.edge_sdk.mean_bounds import ImplausibleSumError
+from ursa.edge_sdk.methods.climb.dual import (
     ClimbConfig,
     ClimbError,
     DualMeans,
@@ -20,7 +21,6 @@ from ursa.edge_sdk.climb import (
     plain_dual_means,
     report_values,
 )
-from ursa.edge_sdk.mean_bounds import ImplausibleSumError
 
 CONFIG = ClimbConfig(eta_d=0.1, epsilon=0.002, lambda_max=5.0, max_parties=50)
 

@@ -10,7 +10,7 @@ device:
    training NLL);
 2. the federated global MADE: ordinary FedAvg rounds of `train_made_local`
    (weights by sample count, eq. 11) until the fleet's validation NLL rises
-   (`ursa.edge_sdk.made_stop.MadeStopper`);
+   (`ursa.edge_sdk.methods.feddisk.made_stopper.MadeStopper`);
 3. `feddisk_sample_weights`: the density-ratio classifier and the weights
    (`SampleWeights`: normalised, raw, and `weight_summary`).
 
@@ -65,7 +65,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.feddisk_settings import DEFAULT_CROSSFIT_FOLDS, DEFAULT_WEIGHT_CLIP
+from ursa.edge_sdk.methods.feddisk.settings import (
+    DEFAULT_CROSSFIT_FOLDS,
+    DEFAULT_WEIGHT_CLIP,
+)
 from ursa.edge_sdk.training import (
     BinaryClassifier,
     TrainConfig,

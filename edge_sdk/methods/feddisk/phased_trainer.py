@@ -2,7 +2,7 @@
 
 Its own module so the phase-1 steps (`ursa.edge_sdk.methods.feddisk`), the
 state files (`ursa.edge_sdk.methods.feddisk.state`) and the torch-backed
-`ursa.edge_sdk.feddisk_trainer` share it without importing one another.
+`ursa.edge_sdk.methods.feddisk.trainer` share it without importing one another.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.feddisk_settings import FeddiskSettings
+from ursa.edge_sdk.methods.feddisk.settings import FeddiskSettings
 from ursa.edge_sdk.trainer import ModelTrainer
 from ursa.models.weights import Arrays
 

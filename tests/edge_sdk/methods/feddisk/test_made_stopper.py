@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ursa.edge_sdk.made_stop import (
+from ursa.edge_sdk.methods.feddisk.made_stopper import (
     MadeStopError,
     MadeStopper,
     apply_validation_loss,

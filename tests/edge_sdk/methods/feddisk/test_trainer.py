@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from ursa.edge_sdk.feddisk_trainer import FeddiskSettings, FeddiskTrainer
+from ursa.edge_sdk.methods.feddisk.trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
 from ursa.edge_sdk.training import TrainConfig, made_nll, train_made_local
 from ursa.models.registry import initial_arrays
@@ -167,6 +167,7 @@ def test_switch_without_a_made_and_restored_weights() -> None:
 
 def test_importing_the_trainer_does_not_load_torch() -> None:
     code = (
-        "import sys, ursa.edge_sdk.feddisk_trainer; assert 'torch' not in sys.modules"
+        "import sys, ursa.edge_sdk.methods.feddisk.trainer; "
+        "assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -6,8 +6,8 @@ the split's size, one packed fixed-point vector under the key epoch's public
 key. The coordinator only multiplies reports together
 (`ursa.coordinator.methods.feddisk.steps`); a device decrypts the sum to the fleet's
 sample-weighted mean NLL, ``sum nll_i n_i / sum n_i``, the loss FedDisk's
-stop rule watches (`ursa.edge_sdk.made_stop`). No device's loss or split
-size leaves it unencrypted.
+stop rule watches (`ursa.edge_sdk.methods.feddisk.made_stopper`). No device's loss or
+split size leaves it unencrypted.
 
 Units and bounds: NLL in nats per sample; MADE on continuous inputs has a
 density, so the NLL may be negative (the codec is signed). A per-sample NLL

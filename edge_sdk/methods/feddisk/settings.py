@@ -1,6 +1,6 @@
 """FedDisk's device settings, torch-free so a config can be checked without torch.
 
-`ursa.edge_sdk.feddisk_trainer.FeddiskTrainer` runs them; the device's
+`ursa.edge_sdk.methods.feddisk.trainer.FeddiskTrainer` runs them; the device's
 ``[[methods]]`` table ``kind = "feddisk"`` holds them
 (`ursa.edge_sdk.methods_config.FeddiskSpec`).
 """
@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 from typing_extensions import Self
 
-from ursa.edge_sdk.made_loss import MadeLossCodec
+from ursa.edge_sdk.methods.feddisk.made_loss import MadeLossCodec
 from ursa.protocol.messages import NAME_PATTERN
 
 __all__ = [
@@ -24,13 +24,15 @@ __all__ = [
 ]
 
 DEFAULT_WEIGHT_CLIP = (0.1, 10.0)
-"""The band sample weights are clipped to (`ursa.edge_sdk.feddisk` says why).
+"""The band sample weights are clipped to
+(`ursa.edge_sdk.methods.feddisk.sample_weights` says why).
 
 Here, not beside the torch code that applies it, so a config is checked without
 torch.
 """
 DEFAULT_CROSSFIT_FOLDS = 2
-"""Parts the density-ratio classifier is cross-fitted over (`ursa.edge_sdk.feddisk`).
+"""Parts the density-ratio classifier is cross-fitted over
+(`ursa.edge_sdk.methods.feddisk.sample_weights`).
 
 Each part's samples are weighted by a classifier fitted on the other parts; 2
 keeps the classifier's cost of the single fit it replaces (two fits on halves).

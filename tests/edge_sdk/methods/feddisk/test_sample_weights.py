@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from ursa.edge_sdk.feddisk import (
+from ursa.edge_sdk.methods.feddisk.sample_weights import (
     crossfit_odds,
     crossfit_parts,
     density_ratio_weights,
@@ -12,7 +12,7 @@ from ursa.edge_sdk.feddisk import (
     fit_density_ratio,
     train_local_made,
 )
-from ursa.edge_sdk.feddisk_settings import DEFAULT_WEIGHT_CLIP
+from ursa.edge_sdk.methods.feddisk.settings import DEFAULT_WEIGHT_CLIP
 from ursa.edge_sdk.training import (
     TrainConfig,
     TrainingError,
