@@ -50,12 +50,9 @@ from ursa.crypto.paillier import (
 )
 from ursa.crypto.sealing import seal
 from ursa.edge_sdk.device_core import DISTRIBUTION_CODEC, derived_id, seal_context
-from ursa.edge_sdk.registration import (
-    best_try,
-    participation_probabilities,
-    registry_indices,
-    registry_vector,
-)
+from ursa.edge_sdk.methods.dubhe.draws import participation_probabilities
+from ursa.edge_sdk.methods.dubhe.tries import best_try
+from ursa.edge_sdk.registration import registry_indices, registry_vector
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.envelope import decode, encode, message_kind, signing_bytes
 from ursa.protocol.errors import ProtocolError

@@ -15,13 +15,12 @@ import numpy as np
 
 from ursa.bench.common import Budget, median_ms, report
 from ursa.coordinator.selection import finalize_selections
-from ursa.edge_sdk.registration import (
+from ursa.edge_sdk.methods.dubhe.draws import (
     assign_ranks,
     participation_probabilities,
-    registry_indices,
     stratified_volunteers,
-    thresholds_for,
 )
+from ursa.edge_sdk.registration import registry_indices, thresholds_for
 from ursa.protocol.codebook import Codebook
 from ursa.tools.data.metrics import distributions
 from ursa.tools.data.partition import dubhe_partition

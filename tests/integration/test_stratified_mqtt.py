@@ -14,10 +14,10 @@ from ursa.coordinator.store import DB_FILENAME
 from ursa.crypto.identity import verify_signature
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.methods.dubhe import method as device_dubhe
+from ursa.edge_sdk.methods.dubhe.draws import stratified_volunteers
 from ursa.edge_sdk.methods.dubhe.method import Dubhe
 from ursa.edge_sdk.methods.dubhe.ranks import new_one_time_key, shared_seed
 from ursa.edge_sdk.methods_config import DubheSpec as DeviceDubheSpec
-from ursa.edge_sdk.registration import stratified_volunteers
 from ursa.protocol.envelope import signing_bytes
 from ursa.tools.data.metrics import distance_to_uniform
 from ursa.tools.simulate.selection_draws import draw_sets

@@ -25,13 +25,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.coordinator.selection import finalize_selections, sigma_grid
-from ursa.edge_sdk.registration import (
-    best_try,
-    participation_probabilities,
-    registry_indices,
-    search_score,
-    thresholds_for,
-)
+from ursa.edge_sdk.methods.dubhe.draws import participation_probabilities
+from ursa.edge_sdk.methods.dubhe.tries import best_try, search_score
+from ursa.edge_sdk.registration import registry_indices, thresholds_for
 from ursa.protocol.codebook import Codebook, default_groups
 
 SELECTIONS = ("random", "dubhe")

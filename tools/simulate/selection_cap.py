@@ -21,12 +21,9 @@ from numpy.typing import NDArray
 from ursa.coordinator.device_sets import IndexedDevices
 from ursa.coordinator.methods.dubhe.participation import ParticipationCap
 from ursa.coordinator.selection import draw_tries
-from ursa.edge_sdk.registration import (
-    best_try,
-    participation_probabilities,
-    registry_indices,
-    thresholds_for,
-)
+from ursa.edge_sdk.methods.dubhe.draws import participation_probabilities
+from ursa.edge_sdk.methods.dubhe.tries import best_try
+from ursa.edge_sdk.registration import registry_indices, thresholds_for
 from ursa.protocol.codebook import Codebook
 from ursa.tools.data.metrics import distance_to_uniform
 

@@ -11,15 +11,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ursa.coordinator.selection import finalize_selections, sigma_grid
-from ursa.edge_sdk.registration import (
+from ursa.edge_sdk.methods.dubhe.draws import (
     assign_ranks,
     participation_probabilities,
-    registry_indices,
-    search_score,
     stratified_volunteers,
-    thresholds_for,
-    try_distances,
 )
+from ursa.edge_sdk.methods.dubhe.tries import search_score, try_distances
+from ursa.edge_sdk.registration import registry_indices, thresholds_for
 from ursa.protocol.codebook import Codebook
 from ursa.tools.simulate.selection_sums import DISTRIBUTION_SCALE, PLAINTEXT, SumBackend
 

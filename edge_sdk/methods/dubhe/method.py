@@ -46,6 +46,11 @@ from ursa.crypto.paillier import (
 from ursa.crypto.sealing import open_sealed
 from ursa.edge_sdk.device_core import DISTRIBUTION_CODEC, derived_id
 from ursa.edge_sdk.method import DeviceMethod, EpochKeys, Roster
+from ursa.edge_sdk.methods.dubhe.draws import (
+    participation_probability,
+    stratified_volunteer,
+    volunteer,
+)
 from ursa.edge_sdk.methods.dubhe.ranks import (
     RankError,
     new_one_time_key,
@@ -57,13 +62,7 @@ from ursa.edge_sdk.methods.dubhe.ranks import (
     shared_seed,
     slot_of,
 )
-from ursa.edge_sdk.registration import (
-    best_try,
-    participation_probability,
-    plausible_try_sum,
-    stratified_volunteer,
-    volunteer,
-)
+from ursa.edge_sdk.methods.dubhe.tries import best_try, plausible_try_sum
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.messages import (
     AgentAnswer,

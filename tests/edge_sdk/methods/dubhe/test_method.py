@@ -16,8 +16,9 @@ from ursa.crypto.paillier import (
 )
 from ursa.edge_sdk.device_core import DISTRIBUTION_CODEC
 from ursa.edge_sdk.method import EpochKeys, Roster
+from ursa.edge_sdk.methods.dubhe.draws import participation_probability
 from ursa.edge_sdk.methods.dubhe.method import Dubhe
-from ursa.edge_sdk.registration import best_try, participation_probability
+from ursa.edge_sdk.methods.dubhe.tries import best_try
 from ursa.protocol.messages import (
     AgentAnswer,
     EncryptedDistribution,

@@ -13,6 +13,7 @@ from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.paillier import encrypt_vector
 from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.method import EpochKeys, Roster
+from ursa.edge_sdk.methods.dubhe.draws import assign_ranks, stratified_volunteer
 from ursa.edge_sdk.methods.dubhe.method import Dubhe
 from ursa.edge_sdk.methods.dubhe.ranks import (
     RankError,
@@ -25,11 +26,7 @@ from ursa.edge_sdk.methods.dubhe.ranks import (
     shared_seed,
     slot_of,
 )
-from ursa.edge_sdk.registration import (
-    assign_ranks,
-    registry_vector,
-    stratified_volunteer,
-)
+from ursa.edge_sdk.registration import registry_vector
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.messages import (
     DeviceKeys,
