@@ -1,4 +1,5 @@
-"""The packages' import direction, and torch kept out of the light import paths."""
+"""Imports point down the layers, torch stays out of the light import paths, and a
+method's folder is reached from outside only through the modules listed below."""
 
 from __future__ import annotations
 
@@ -86,3 +87,82 @@ def test_light_import_paths_do_not_load_torch(module: str) -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# modules outside ``methods/`` that may import a method's folder, and why
+METHOD_IMPORTERS: dict[str, str] = {
+    "edge_sdk/__init__.py": "the public API re-exports the built-in methods",
+    "coordinator/__init__.py": "the public API re-exports the built-in methods",
+    "edge_sdk/methods_config.py": "a [[methods]] table's settings class per kind",
+    # until the trainers lose ``climb=`` (issue 30, item 2)
+    "edge_sdk/trainer.py": "ModelTrainer.climb",
+    "edge_sdk/module_trainer.py": "ModuleTrainer(climb=)",
+    "edge_sdk/array_trainer.py": "ArrayTrainer(climb=)",
+    "edge_sdk/torch_trainer.py": "TorchTrainer(climb=)",
+    # until FLICKER is built through the registry (issue 30, item 2)
+    "coordinator/service.py": "the service builds FlickerMethod itself",
+}
+
+
+def _method_imports(path: Path) -> list[tuple[str, str, int]]:
+    """``(side, method, line)`` for every import of ``ursa.<side>.methods.<m>``.
+
+    Every import counts (module level, in functions, under TYPE_CHECKING);
+    the registry (``methods/registry.py``) is not a method.
+    """
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+            if node.module in {"ursa.edge_sdk.methods", "ursa.coordinator.methods"}:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            if (
+                len(parts) > 3
+                and parts[:1] == ["ursa"]
+                and parts[1] in {"edge_sdk", "coordinator"}
+                and parts[2] == "methods"
+                and parts[3] != "registry"
+            ):
+                found.append((parts[1], parts[3], node.lineno))
+    return found
+
+
+def _method_of(path: Path) -> str | None:
+    """The method folder ``path`` lies in (``<side>/methods/<m>/``), if any."""
+    parts = path.relative_to(ROOT).parts
+    return parts[2] if len(parts) > 3 and parts[1] == "methods" else None
+
+
+def test_a_method_never_imports_another_method() -> None:
+    violations = []
+    for side in ("edge_sdk", "coordinator"):
+        for path in _modules(side):
+            own = _method_of(path)
+            if own is None:
+                continue
+            for _, method, line in _method_imports(path):
+                if method != own:
+                    rel = path.relative_to(ROOT)
+                    violations.append(f"{rel}:{line} imports methods/{method}")
+    assert not violations, "\n".join(violations)
+
+
+def test_only_the_registries_import_a_method_from_outside_methods() -> None:
+    violations, importers = [], set()
+    for side in ("edge_sdk", "coordinator"):
+        for path in _modules(side):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith(f"{side}/methods/"):
+                continue
+            for _, method, line in _method_imports(path):
+                importers.add(rel)
+                if rel not in METHOD_IMPORTERS:
+                    violations.append(f"{rel}:{line} imports methods/{method}")
+    assert not violations, "\n".join(violations)
+    stale = sorted(set(METHOD_IMPORTERS) - importers)
+    assert not stale, f"no longer import a method, drop from METHOD_IMPORTERS: {stale}"
