@@ -12,7 +12,6 @@ its lock.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Set
@@ -51,7 +50,6 @@ __all__ = [
     "EpochWork",
     "RoundWork",
     "ServiceCore",
-    "derived_id",
 ]
 
 logger = logging.getLogger("ursa.coordinator")
@@ -60,12 +58,6 @@ _M = TypeVar("_M", bound=BaseMessage)
 
 SAT_OUT_KEY = "sat_out"
 """Store meta key: JSON ``{device: key epoch}`` of the devices that sat out."""
-
-
-def derived_id(*parts: object) -> str:
-    """A deterministic message id (32 hex digits) from its meaning."""
-    text = "|".join(str(p) for p in parts)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclass

@@ -43,7 +43,7 @@ import dataclasses
 import json
 import logging
 
-from ursa.coordinator.core import EpochWork, ServiceCore, derived_id
+from ursa.coordinator.core import EpochWork, ServiceCore
 from ursa.coordinator.enrolment import device_keys_of
 from ursa.coordinator.identity_refusals import REFUSAL_REKEYS_KEY
 from ursa.coordinator.registry_check import (
@@ -64,6 +64,7 @@ from ursa.crypto.paillier import (
 )
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.envelope import encode, signing_bytes
+from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (
     COORDINATOR,
     AgentPublicKey,

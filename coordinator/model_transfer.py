@@ -2,8 +2,8 @@
 
 Out: a global model version goes to every device as one chunked transfer
 (`ursa.protocol.chunking`) on the global transfer topic. Its transfer id is
-derived from (federation, model, version) (`model_transfer_id`, the same
-function as the device's) and its purpose names the version
+derived from (federation, model, version) (`ursa.protocol.ids.model_transfer_id`,
+the device's function too) and its purpose names the version
 (``"<model>.v<version>"``), so a device that sees the chunks before the
 notice, or is told only a version (a `MeanRequest`), knows what
 they are and can re-request what it missed. A re-request is answered on the
@@ -26,7 +26,6 @@ so no device's upload can crowd out another's.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -39,6 +38,7 @@ from ursa.protocol.chunking import (
     split,
 )
 from ursa.protocol.errors import ChunkError, OversizeError
+from ursa.protocol.ids import model_transfer_id
 from ursa.protocol.messages import (
     COORDINATOR,
     BaseMessage,
@@ -58,7 +58,6 @@ __all__ = [
     "Uploads",
     "model_notice",
     "model_purpose",
-    "model_transfer_id",
 ]
 
 UPDATE_PURPOSE = "model_update"
@@ -78,12 +77,6 @@ class SecondUploadError(TransferRejectedError):
 
 class RequestBudgetError(TransferRejectedError):
     """A device asked for a model version more often than ``max_requests``."""
-
-
-def model_transfer_id(federation: str, model: str, version: int) -> str:
-    """The transfer id of a global model version (32 hex digits)."""
-    text = f"ursa-model|{federation}|{model}|{version}"
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def model_notice(

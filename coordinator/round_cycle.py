@@ -26,7 +26,7 @@ import numpy as np
 
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
-from ursa.coordinator.core import EpochSets, EpochWork, RoundWork, derived_id
+from ursa.coordinator.core import EpochSets, EpochWork, RoundWork
 from ursa.coordinator.ending import Ending
 from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import churn
@@ -42,6 +42,7 @@ from ursa.coordinator.stage_machine import StageMachine
 from ursa.coordinator.store import CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
 from ursa.protocol.envelope import decode
+from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import COORDINATOR, RoundAnnounce, SelectionResult
 
 __all__ = ["MIN_ANNOUNCE_INTERVAL_S", "RoundCycle"]

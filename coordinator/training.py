@@ -74,7 +74,6 @@ from ursa.coordinator.model_transfer import (
     TransferRejectedError,
     Uploads,
     model_notice,
-    model_transfer_id,
 )
 from ursa.coordinator.models import ModelStore, UnsafeModelError
 from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
@@ -89,6 +88,7 @@ from ursa.coordinator.training_round import (
 )
 from ursa.models.weights import Arrays, spec_of, unflatten
 from ursa.protocol.envelope import message_kind
+from ursa.protocol.ids import model_transfer_id
 from ursa.protocol.messages import (
     COORDINATOR,
     BaseMessage,

@@ -11,7 +11,6 @@ its lock.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from ursa.edge_sdk.data_check import (
 from ursa.edge_sdk.state import DeviceStateDir, StoredEpoch, StoredRun
 from ursa.edge_sdk.trainer import Trainer
 from ursa.protocol.envelope import encode, message_digest, message_kind, signing_bytes
+from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (
     BaseMessage,
     ErrorCode,
@@ -64,7 +64,6 @@ __all__ = [
     "DeviceCore",
     "DeviceStats",
     "TrainingStats",
-    "derived_id",
     "seal_context",
 ]
 
@@ -99,11 +98,6 @@ class TrainingStats:
 def seal_context(federation: str, epoch: int) -> bytes:
     """What a sealed epoch key is bound to (federation and key epoch)."""
     return f"ursa-epoch-key|{federation}|{epoch}".encode()
-
-
-def derived_id(*parts: object) -> str:
-    """A deterministic message id: answering twice is recognised as one answer."""
-    return hashlib.sha256("|".join(str(p) for p in parts).encode()).hexdigest()[:32]
 
 
 class DeviceCore:

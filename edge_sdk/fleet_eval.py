@@ -37,10 +37,10 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from ursa.edge_sdk.device_core import derived_id
 from ursa.edge_sdk.mean_bounds import HonestRange, ImplausibleSumError
 from ursa.edge_sdk.method import DeviceMethod, model_trainer
 from ursa.edge_sdk.secure_mean import FloatVector, MeanCodec, MeanParticipant
+from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (
     FLEET_EVAL,
     MAX_EVAL_COUNT,

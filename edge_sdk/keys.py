@@ -33,15 +33,12 @@ from ursa.crypto.paillier import (
     generate_keypair,
 )
 from ursa.crypto.sealing import open_sealed, seal
-from ursa.edge_sdk.device_core import (
-    DeviceCore,
-    derived_id,
-    seal_context,
-)
+from ursa.edge_sdk.device_core import DeviceCore, seal_context
 from ursa.edge_sdk.registration import registry_indices
 from ursa.edge_sdk.state import StoredRun
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.envelope import encode
+from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (
     COORDINATOR,
     AgentPublicKey,

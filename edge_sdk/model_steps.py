@@ -4,7 +4,8 @@ The coordinator's side is ``coordinator/training.py``. On the device:
 
 * **download**: a global version arrives as a chunked transfer whose purpose
   is ``"<model>.v<version>"`` and whose id is derived from (federation,
-  model, version) (`model_transfer_id`, equal to the coordinator's). Chunks
+  model, version) (`ursa.protocol.ids.model_transfer_id`, as on the
+  coordinator). Chunks
   of a newer version of this device's model are reassembled (capped at
   ``max_model_bytes``), checked by sha256 and by the trainer (array names
   and shapes); the latest complete version is kept in memory. A version the
@@ -48,7 +49,7 @@ from ursa.edge_sdk.data_check import (
     FederationFacts,
     data_problems,
 )
-from ursa.edge_sdk.device_core import TrainingStats, derived_id
+from ursa.edge_sdk.device_core import TrainingStats
 from ursa.edge_sdk.method import DeviceMethod, TrainPlan
 from ursa.edge_sdk.round_steps import RoundSteps
 from ursa.edge_sdk.secure_aggregation.participant import SecAggError
@@ -57,6 +58,7 @@ from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
 from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes, arrays_to_bytes
 from ursa.protocol.chunking import Reassembler, split
 from ursa.protocol.errors import ProtocolError
+from ursa.protocol.ids import derived_id, model_transfer_id
 from ursa.protocol.messages import (
     DEFAULT_CHUNK_SIZE,
     MAX_UPDATE_METRICS,
@@ -78,7 +80,7 @@ from ursa.protocol.messages import (
 from ursa.protocol.router import NotReadyError
 from ursa.protocol.secure_aggregation import float_names
 
-__all__ = ["ModelSteps", "model_transfer_id"]
+__all__ = ["ModelSteps"]
 
 logger = logging.getLogger("ursa.edge_sdk")
 
@@ -88,12 +90,6 @@ DEFAULT_RETRY_S = 2.0
 KEPT_UPLOADS = 4
 _METRIC_NAME = re.compile(NAME_PATTERN)
 _PURPOSE_RE = re.compile(r"^(?P<model>[a-z][a-z0-9_.-]*)\.v(?P<version>\d+)$")
-
-
-def model_transfer_id(federation: str, model: str, version: int) -> str:
-    """The transfer id of a global model version (the coordinator's function)."""
-    text = f"ursa-model|{federation}|{model}|{version}"
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclass

@@ -24,16 +24,14 @@ from ursa.crypto.paillier import (
     encrypted_vector_from,
 )
 from ursa.edge_sdk.callbacks import RoundTrained
-from ursa.edge_sdk.device_core import (
-    DeviceCore,
-    derived_id,
-)
+from ursa.edge_sdk.device_core import DeviceCore
 from ursa.edge_sdk.registration import (
     is_one_hot,
     registry_vector,
 )
 from ursa.edge_sdk.trainer import TrainingReport
 from ursa.protocol.codebook import Codebook
+from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (
     ErrorCode,
     Registration,

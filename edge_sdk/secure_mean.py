@@ -55,9 +55,9 @@ from ursa.crypto.paillier import (
     encrypt_reals,
     encrypted_vector_from,
 )
-from ursa.edge_sdk.device_core import derived_id
 from ursa.edge_sdk.mean_bounds import HonestRange, ImplausibleSumError, check_parties
 from ursa.edge_sdk.method import DeviceMethod
+from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import ErrorReply, MeanReport, MeanRequest, MeanSum
 from ursa.protocol.messages.secure_mean import MEAN_REFUSED
 from ursa.protocol.router import NotReadyError, Router

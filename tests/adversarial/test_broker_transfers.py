@@ -27,10 +27,7 @@ from tests.coordinator.conftest import FEDERATION, Federation
 from tests.coordinator.test_training import PLAIN, start_training
 from ursa.coordinator.config import BrokerConfig as CoordinatorBroker
 from ursa.coordinator.config import CoordinatorConfig, EnrolmentConfig
-from ursa.coordinator.model_transfer import (
-    DEFAULT_MAX_CHUNK_REQUESTS,
-    model_transfer_id,
-)
+from ursa.coordinator.model_transfer import DEFAULT_MAX_CHUNK_REQUESTS
 from ursa.coordinator.service import RETAINED_SWEEP_S, CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.edge_sdk.client import EdgeClient
@@ -44,6 +41,7 @@ from ursa.models.weights import (
 )
 from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
+from ursa.protocol.ids import model_transfer_id
 from ursa.protocol.messages import ChunkRequest, ModelUpdate, TransferManifest
 from ursa.protocol.mqtt import MqttTransport
 from ursa.protocol.topics import status_topic, up_topic

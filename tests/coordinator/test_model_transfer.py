@@ -1,4 +1,4 @@
-"""Model transfers: derived ids, re-request answers, capped device uploads."""
+"""Model transfers: purposes, re-request answers, capped device uploads."""
 
 from __future__ import annotations
 
@@ -12,20 +12,12 @@ from ursa.coordinator.model_transfer import (
     TransferRejectedError,
     Uploads,
     model_purpose,
-    model_transfer_id,
 )
-from ursa.edge_sdk.model_steps import model_transfer_id as device_transfer_id
 from ursa.protocol.chunking import split
 from ursa.protocol.messages import Chunk, ChunkRequest, TransferManifest
 
 
-def test_device_and_coordinator_derive_the_same_transfer_id() -> None:
-    assert model_transfer_id("f", "classifier", 3) == device_transfer_id(
-        "f", "classifier", 3
-    )
-    assert model_transfer_id("f", "classifier", 3) != model_transfer_id(
-        "f", "classifier", 4
-    )
+def test_a_version_is_named_in_its_purpose() -> None:
     assert model_purpose("classifier", 12) == "classifier.v12"
 
 

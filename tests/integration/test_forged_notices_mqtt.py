@@ -23,11 +23,7 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.methods_config import DubheSpec, FedAvgSpec
-from ursa.coordinator.model_transfer import (
-    model_notice,
-    model_purpose,
-    model_transfer_id,
-)
+from ursa.coordinator.model_transfer import model_notice, model_purpose
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.identity import DeviceIdentity
@@ -35,6 +31,7 @@ from ursa.edge_sdk.client import EdgeClient
 from ursa.models.weights import arrays_to_bytes
 from ursa.protocol.chunking import split
 from ursa.protocol.envelope import encode, signing_bytes
+from ursa.protocol.ids import model_transfer_id
 from ursa.protocol.messages import COORDINATOR, BaseMessage, RoundAnnounce
 from ursa.protocol.topics import global_topic, name_for
 from ursa.tests.coordinator.test_training import INITIAL, LinearTrainer

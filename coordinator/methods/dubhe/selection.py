@@ -70,7 +70,6 @@ from dataclasses import dataclass, field
 from typing import ClassVar, NoReturn
 
 from ursa._compat import StrEnum
-from ursa.coordinator.core import derived_id
 from ursa.coordinator.methods.dubhe.participation import ParticipationCap
 from ursa.coordinator.methods.dubhe.ranks import (
     RANKS_DONE_KEY,
@@ -99,6 +98,7 @@ from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import verify_signature
 from ursa.crypto.paillier import EncryptedVector, encrypted_vector_from, sum_encrypted
 from ursa.protocol.envelope import signing_bytes
+from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (
     COORDINATOR,
     AgentAnswer,

@@ -42,7 +42,6 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ursa.edge_sdk.device_core import derived_id
 from ursa.edge_sdk.method import DeviceMethod
 from ursa.edge_sdk.methods.feddisk.made_loss import fleet_loss
 from ursa.edge_sdk.methods.feddisk.made_loss import (
@@ -69,6 +68,7 @@ from ursa.edge_sdk.secure_mean import (
     MeanParticipant,
 )
 from ursa.models.weights import Arrays
+from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (
     MADE_LOSS,
     MADE_LOSS_LENGTH,

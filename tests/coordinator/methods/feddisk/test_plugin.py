@@ -13,7 +13,6 @@ import pytest
 
 from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
-from ursa.coordinator.model_transfer import model_transfer_id
 from ursa.coordinator.plugin import EpochView
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
@@ -28,6 +27,7 @@ from ursa.crypto.paillier import (
 from ursa.edge_sdk.methods.feddisk import made_loss
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.envelope import decode, encode, signing_bytes
+from ursa.protocol.ids import model_transfer_id
 from ursa.protocol.messages import (
     MADE_LOSS,
     BaseMessage,

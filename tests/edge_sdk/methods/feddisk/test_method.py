@@ -17,7 +17,6 @@ from ursa.edge_sdk.methods.feddisk.made_loss import decrypt_fleet_loss
 from ursa.edge_sdk.methods.feddisk.method import FedDisk
 from ursa.edge_sdk.methods.feddisk.state import FEDDISK_MADE_FILE, FEDDISK_WEIGHTS_FILE
 from ursa.edge_sdk.methods.feddisk.trainer import FeddiskSettings, FeddiskTrainer
-from ursa.edge_sdk.model_steps import model_transfer_id
 from ursa.edge_sdk.state import DeviceStateDir
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.models.registry import initial_arrays
@@ -30,6 +29,7 @@ from ursa.protocol.envelope import (
     signed_by_coordinator,
     signing_bytes,
 )
+from ursa.protocol.ids import model_transfer_id
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import (
     COORDINATOR,
