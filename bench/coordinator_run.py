@@ -42,7 +42,6 @@ from typing import Any, Literal
 
 from ursa.bench.coordinator_fleet import Outgoing, SimulatedFleet
 from ursa.coordinator.config import (
-    DEFAULT_MAX_PARTIES,
     CoordinatorConfig,
     DeadlinesConfig,
     EnrolmentConfig,
@@ -52,6 +51,7 @@ from ursa.coordinator.enrolment_list import EnrolmentList
 from ursa.coordinator.service import CoordinatorService
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import COORDINATOR
+from ursa.protocol.party_bound import DEFAULT_MAX_PARTIES
 from ursa.tools.compose import build_coordinator
 
 __all__ = ["BenchStalledError", "SizeSettings", "measure_size"]

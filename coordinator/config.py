@@ -150,6 +150,7 @@ from ursa.protocol.broker_config import BrokerConfig
 from ursa.protocol.codebook import Codebook, CodebookError
 from ursa.protocol.config_file import DEFAULT_ENV_PREFIX, load_service_config
 from ursa.protocol.messages import ID_PATTERN, SEAL_PAGE_SIZE, MethodSetting
+from ursa.protocol.party_bound import DEFAULT_MAX_PARTIES
 from ursa.protocol.transport import DEFAULT_MAX_PAYLOAD_BYTES
 from ursa.protocol.trust_config import TrustConfig
 
@@ -173,12 +174,6 @@ __all__ = [
 
 DEFAULT_KEY_BITS = 2048
 """~112-bit security; tests use 512/1024 (breakable, for speed only)."""
-DEFAULT_MAX_PARTIES = 100_000
-"""Registry slot width bound: sums of up to this many devices never carry.
-
-Devices past it are left out of a key epoch. It costs log2 of itself in bits
-per registry slot (18 at 100,000): the default registry (56 slots) is one
-2048-bit ciphertext up to far beyond a million devices."""
 REGISTRY_MARGIN_BYTES = 4096
 """Room left in one message for the envelope and header around a registry."""
 DEFAULT_MAX_MESSAGE_BYTES = 2 * 1024 * 1024

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ursa.coordinator.methods.fedprox.settings import FedProxSpec
 from ursa.protocol.messages import NAME_PATTERN, MethodSetting
 from ursa.protocol.methods import MethodRole, MethodsError, check_method_list
+from ursa.protocol.party_bound import DEFAULT_MAX_PARTIES
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -123,11 +124,6 @@ class FedAvgSpec(_Spec):
     weights: Literal["examples", "equal"] = "examples"
 
 
-DEFAULT_CLIMB_MAX_PARTIES = 100_000
-"""Equal to `ursa.edge_sdk.methods.climb.dual.DEFAULT_MAX_PARTIES` (the devices' codec
-bound)."""
-
-
 class ClimbSpec(_Spec):
     """CLIMB: FedAvg weighted by the devices' dual variables (an encrypted mean)."""
 
@@ -137,7 +133,7 @@ class ClimbSpec(_Spec):
     """Dual reports are not waited for after this long."""
     dual_period: int = Field(default=1, ge=1)
     """A dual step in rounds 1, 1 + period, ..."""
-    max_parties: int = Field(default=DEFAULT_CLIMB_MAX_PARTIES, ge=1)
+    max_parties: int = Field(default=DEFAULT_MAX_PARTIES, ge=1)
 
 
 class FeddiskSpec(_Spec):
@@ -152,7 +148,7 @@ class FeddiskSpec(_Spec):
     """MADE rounds at most; then the switch, whatever the loss does."""
     loss_timeout_s: float = Field(default=60.0, gt=0.0)
     verdict_timeout_s: float = Field(default=30.0, gt=0.0)
-    max_parties: int = Field(default=100_000, ge=1)
+    max_parties: int = Field(default=DEFAULT_MAX_PARTIES, ge=1)
 
 
 class FlickerSpec(_Spec):

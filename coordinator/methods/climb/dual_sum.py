@@ -18,18 +18,15 @@ from collections.abc import Iterable
 
 from ursa.coordinator.encrypted_sum import EncryptedSum, ReportError, init_encrypted_sum
 from ursa.crypto.paillier import EncryptedVector, PaillierPublicKey, sum_encrypted
+from ursa.protocol.messages import CLIMB_DUAL_LENGTH
 
-__all__ = ["DUAL_REPORT_LENGTH", "init_dual_sum", "sum_dual_reports"]
-
-DUAL_REPORT_LENGTH = 2
-"""``[f_i, lambda_i]``; equal to `ursa.edge_sdk.methods.climb.dual.DUAL_REPORT_LENGTH`
-(tested)."""
+__all__ = ["init_dual_sum", "sum_dual_reports"]
 
 
 def init_dual_sum(public_key: PaillierPublicKey, *, max_parties: int) -> EncryptedSum:
     """Start a dual step's sum; at most ``max_parties`` reports (the codec bound)."""
     return init_encrypted_sum(
-        public_key, max_parties=max_parties, length=DUAL_REPORT_LENGTH
+        public_key, max_parties=max_parties, length=CLIMB_DUAL_LENGTH
     )
 
 
@@ -44,7 +41,7 @@ def sum_dual_reports(
 
     def checked() -> Iterable[EncryptedVector]:
         for report in reports:
-            if report.length != DUAL_REPORT_LENGTH:
+            if report.length != CLIMB_DUAL_LENGTH:
                 raise ReportError(f"a dual report has length {report.length}")
             yield report
 

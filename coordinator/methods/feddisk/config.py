@@ -11,6 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from ursa.protocol.messages import NAME_PATTERN
+from ursa.protocol.party_bound import DEFAULT_MAX_PARTIES
 
 __all__ = ["FeddiskConfig"]
 
@@ -27,6 +28,5 @@ class FeddiskConfig(BaseModel):
     """Loss reports are not waited for after this long (from the request)."""
     verdict_timeout_s: float = Field(default=30.0, gt=0.0)
     """The agent's verdict is not waited for after this long (from the sum)."""
-    max_parties: int = Field(default=100_000, ge=1)
-    """Equal to
-    `ursa.edge_sdk.methods.feddisk.made_loss.MadeLossCodec().max_parties`."""
+    max_parties: int = Field(default=DEFAULT_MAX_PARTIES, ge=1)
+    """Most loss reports in one sum (the devices' codec bound too)."""

@@ -80,6 +80,8 @@ from ursa.crypto.paillier import (
     encrypt_reals,
 )
 from ursa.edge_sdk.mean_bounds import HonestRange
+from ursa.protocol.messages import CLIMB_DUAL_LENGTH
+from ursa.protocol.party_bound import DEFAULT_MAX_PARTIES
 
 DEFAULT_ETA_D = 0.1
 """Dual step per unit of loss (nats) per dual step; the reference's 2 * 5 / 100."""
@@ -87,9 +89,6 @@ DEFAULT_EPSILON = 0.002
 """Constraint slack in nats; the reference's 0.01 over 5 per-batch means."""
 DEFAULT_LAMBDA_MAX = 100.0
 DEFAULT_LOSS_BOUND = 1000.0
-DEFAULT_MAX_PARTIES = 100_000
-DUAL_REPORT_LENGTH = 2
-"""A report is ``[f_i, lambda_i]``."""
 
 FloatVector = npt.NDArray[np.float64]
 
@@ -183,9 +182,9 @@ def decrypt_dual_means(
         ImplausibleSumError: no honest reports sum to it (`dual_means`).
         KeyMismatchError, SlotOverflowError: from `ursa.crypto` (wrong key, bad sum).
     """
-    if summed.length != DUAL_REPORT_LENGTH:
+    if summed.length != CLIMB_DUAL_LENGTH:
         raise ClimbError(
-            f"a dual sum has {DUAL_REPORT_LENGTH} values, got {summed.length}"
+            f"a dual sum has {CLIMB_DUAL_LENGTH} values, got {summed.length}"
         )
     total = decrypt_real_sum(secret_key, config.codec(), config.max_parties, summed)
     return dual_means(total, summed.num_parties, config)

@@ -40,14 +40,13 @@ from typing import ClassVar
 
 from ursa.edge_sdk.method import DeviceMethod, TrainPlan, model_trainer
 from ursa.edge_sdk.methods.climb.dual import (
-    DUAL_REPORT_LENGTH,
     ClimbConfig,
     apply_dual_means,
     dual_means,
     report_values,
 )
 from ursa.edge_sdk.secure_mean import FloatVector, MeanCodec, MeanParticipant
-from ursa.protocol.messages import CLIMB_DUAL, MeanRequest, MeanSum
+from ursa.protocol.messages import CLIMB_DUAL, CLIMB_DUAL_LENGTH, MeanRequest, MeanSum
 from ursa.protocol.methods import MethodRole
 from ursa.protocol.router import Router
 
@@ -130,7 +129,7 @@ class Climb(DeviceMethod, MeanParticipant):
         return MeanCodec(
             config.codec(),
             config.max_parties,
-            DUAL_REPORT_LENGTH,
+            CLIMB_DUAL_LENGTH,
             config.honest_range(),
         )
 

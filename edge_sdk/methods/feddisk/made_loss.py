@@ -43,9 +43,10 @@ from ursa.crypto.paillier import (
     encrypt_reals,
 )
 from ursa.edge_sdk.mean_bounds import HonestRange, ImplausibleSumError, rounding_of
+from ursa.protocol.messages import MADE_LOSS_LENGTH
+from ursa.protocol.party_bound import DEFAULT_MAX_PARTIES
 
 __all__ = [
-    "MADE_LOSS_LENGTH",
     "FleetLoss",
     "MadeLossCodec",
     "MadeLossError",
@@ -54,9 +55,6 @@ __all__ = [
     "fleet_loss",
     "loss_report_values",
 ]
-
-MADE_LOSS_LENGTH = 2
-"""A report is ``[nll_i * n_i, n_i]``."""
 
 
 class MadeLossError(ValueError):
@@ -72,7 +70,7 @@ class MadeLossCodec(BaseModel):
     """Largest per-sample NLL magnitude (nats); beyond it the NLL is clipped."""
     max_examples: int = Field(default=1_000_000, ge=1)
     """Largest validation split a device may report."""
-    max_parties: int = Field(default=100_000, ge=1)
+    max_parties: int = Field(default=DEFAULT_MAX_PARTIES, ge=1)
     """Largest number of reports in one sum."""
 
     def codec(self) -> FixedPoint:

@@ -11,7 +11,6 @@ from ursa.coordinator.encrypted_sum import (
     finalize_encrypted_sum,
 )
 from ursa.coordinator.methods.climb.dual_sum import (
-    DUAL_REPORT_LENGTH,
     init_dual_sum,
     sum_dual_reports,
 )
@@ -36,10 +35,6 @@ def keys() -> Keys:
 
 def _report(public: PaillierPublicKey, f: float, lam: float) -> bytes:
     return device_climb.encrypt_dual_report(public, CONFIG, f, lam).to_bytes(public)
-
-
-def test_report_length_agrees_with_the_device() -> None:
-    assert DUAL_REPORT_LENGTH == device_climb.DUAL_REPORT_LENGTH
 
 
 def test_running_sum_decrypts_to_the_plaintext_sums(keys: Keys) -> None:

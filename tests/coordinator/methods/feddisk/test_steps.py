@@ -27,7 +27,6 @@ from ursa.edge_sdk.methods.feddisk import made_loss
 from ursa.protocol.envelope import decode, encode, signing_bytes
 from ursa.protocol.messages import (
     MADE_LOSS,
-    MADE_LOSS_LENGTH,
     BaseMessage,
     MadeVerdict,
     MeanReport,
@@ -126,10 +125,6 @@ def verdict(
         best_version=best,
     )
     return message.model_copy(update={"signature": signer.sign(signing_bytes(message))})
-
-
-def test_report_length_agrees_with_the_device() -> None:
-    assert MADE_LOSS_LENGTH == made_loss.MADE_LOSS_LENGTH
 
 
 def test_sum_decrypts_to_the_weighted_mean_after_a_wire_round_trip(

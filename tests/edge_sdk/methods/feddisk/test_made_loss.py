@@ -12,7 +12,6 @@ from ursa.crypto.paillier import (
 )
 from ursa.edge_sdk.mean_bounds import ImplausibleSumError
 from ursa.edge_sdk.methods.feddisk.made_loss import (
-    MADE_LOSS_LENGTH,
     MadeLossCodec,
     MadeLossError,
     decrypt_fleet_loss,
@@ -21,6 +20,7 @@ from ursa.edge_sdk.methods.feddisk.made_loss import (
     loss_report_values,
 )
 from ursa.edge_sdk.methods.feddisk.made_stopper import weighted_mean_loss
+from ursa.protocol.messages import MADE_LOSS_LENGTH
 
 
 @pytest.fixture(scope="module")
