@@ -4,10 +4,10 @@ from ursa.coordinator.before_training import BeforeTraining
 from ursa.coordinator.config import CoordinatorConfig, load_coordinator_config
 from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods.dubhe import DubheSelection
-from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.random import RandomSelection
+from ursa.coordinator.methods_config import FeddiskSpec
 from ursa.coordinator.plugin import NoTraining, RoundPlugin
 from ursa.coordinator.selection_method import (
     Selection,
@@ -25,8 +25,8 @@ __all__ = [
     "CoordinatorConfig",
     "CoordinatorService",
     "DubheSelection",
-    "FeddiskConfig",
     "FeddiskPlugin",
+    "FeddiskSpec",
     "FlickerMethod",
     "NoTraining",
     "RandomSelection",

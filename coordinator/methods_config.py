@@ -147,8 +147,11 @@ class FeddiskSpec(_Spec):
     max_made_rounds: int = Field(default=50, ge=1)
     """MADE rounds at most; then the switch, whatever the loss does."""
     loss_timeout_s: float = Field(default=60.0, gt=0.0)
+    """Loss reports are not waited for after this long (from the request)."""
     verdict_timeout_s: float = Field(default=30.0, gt=0.0)
+    """The agent's verdict is not waited for after this long (from the sum)."""
     max_parties: int = Field(default=DEFAULT_MAX_PARTIES, ge=1)
+    """Most loss reports in one sum (the devices' codec bound too)."""
 
 
 class FlickerSpec(_Spec):

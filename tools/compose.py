@@ -117,7 +117,6 @@ def training_plugin(
     from ursa.coordinator.before_training import BeforeTraining
     from ursa.coordinator.fleet_eval import FleetEvaluation
     from ursa.coordinator.methods.climb.step import ClimbDualStep
-    from ursa.coordinator.methods.feddisk.config import FeddiskConfig
     from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
     from ursa.coordinator.methods_config import ClimbSpec, FeddiskSpec
     from ursa.coordinator.models import ModelStoreError
@@ -168,9 +167,7 @@ def training_plugin(
             federation=config.federation,
             made=made,
             classifier=classifier,
-            config=FeddiskConfig.model_validate(
-                method.model_dump(exclude={"kind", "made_initial_weights"})
-            ),
+            config=method,
             on_switch=hooks.on_switch,
         )
     except (ModelStoreError, OSError, ValueError) as exc:

@@ -50,7 +50,6 @@ from tests.coordinator.test_training import INITIAL
 from ursa.coordinator.config import EvaluationConfig, RegistryConfig
 from ursa.coordinator.fleet_eval import FleetEvaluation
 from ursa.coordinator.methods.climb import ClimbDualStep
-from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.methods_config import ClimbSpec, FedAvgSpec, FeddiskSpec
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
@@ -306,7 +305,7 @@ def test_forged_evaluation_counts_are_refused_and_never_disclosed(
 
 MADE_CODEC = MadeLossCodec()
 MADE_ROUNDS, CLASSIFIER_ROUNDS = 3, 1
-FEDDISK = FeddiskConfig(
+FEDDISK = FeddiskSpec(
     max_made_rounds=MADE_ROUNDS, loss_timeout_s=5, verdict_timeout_s=2
 )
 """A missing verdict costs ``verdict_timeout_s``, inside the round's deadline."""

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.methods_config import DubheSpec, FeddiskSpec
 from ursa.coordinator.service import CoordinatorService
@@ -85,7 +84,7 @@ def test_feddisk_trains_the_made_then_the_weighted_classifier_over_mosquitto(
             initial_weights=initial,
             evaluate=score,
         ),
-        config=FeddiskConfig(
+        config=FeddiskSpec(
             max_made_rounds=MAX_MADE, loss_timeout_s=15, verdict_timeout_s=15
         ),
         on_switch=lambda r, v: switches.append((r, v)),

@@ -1,6 +1,5 @@
 """FedDisk on the coordinator: the MADE rounds, their encrypted loss, the switch."""
 
-from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 
-__all__ = ["FeddiskConfig", "FeddiskPlugin"]
+__all__ = ["FeddiskPlugin"]

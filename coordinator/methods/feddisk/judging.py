@@ -21,7 +21,6 @@ from ursa.coordinator.aggregation import UpdateOutcome
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather, save_gather
-from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.state import FeddiskState, Role
 from ursa.coordinator.methods.feddisk.steps import (
     check_verdict,
@@ -29,6 +28,7 @@ from ursa.coordinator.methods.feddisk.steps import (
     made_loss_wire,
     verdict_key,
 )
+from ursa.coordinator.methods_config import FeddiskSpec
 from ursa.coordinator.phase import PhaseRecordError, PhaseStatus
 from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
 from ursa.coordinator.secure_mean import MeanHead, offer_report, secure_mean
@@ -49,7 +49,7 @@ class FeddiskJudging(RoundPlugin):
     The subclass sets the attributes and decides after each judgement.
     """
 
-    config: FeddiskConfig
+    config: FeddiskSpec
     _federation: str
     _made: TrainingPlugin
     _clock: Clock

@@ -45,9 +45,9 @@ from typing import Any, Literal
 
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.federation_end import FinalModel
-from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.judging import FeddiskJudging
 from ursa.coordinator.methods.feddisk.state import FeddiskState, Role
+from ursa.coordinator.methods_config import FeddiskSpec
 from ursa.coordinator.plugin import CoordinatorView, Send
 from ursa.coordinator.training import TrainingPlugin
 from ursa.protocol.messages import (
@@ -90,11 +90,11 @@ class FeddiskPlugin(FeddiskJudging):
         federation: str,
         made: TrainingPlugin,
         classifier: TrainingPlugin,
-        config: FeddiskConfig | None = None,
+        config: FeddiskSpec | None = None,
         clock: Clock = time.time,
         on_switch: Callable[[int, int], None] | None = None,
     ) -> None:
-        self.config = config or FeddiskConfig()
+        self.config = config or FeddiskSpec()
         if made.config.model != self.config.made_model:
             raise ValueError(
                 f"the MADE plugin trains {made.config.model!r}, FedDisk expects "

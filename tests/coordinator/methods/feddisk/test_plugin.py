@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ursa.coordinator.methods.feddisk.config import FeddiskConfig
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
+from ursa.coordinator.methods_config import FeddiskSpec
 from ursa.coordinator.plugin import EpochView
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
@@ -86,7 +86,7 @@ class Harness:
     tmp_path: Path
     public: PaillierPublicKey
     secret: PaillierSecretKey
-    config: FeddiskConfig = field(default_factory=FeddiskConfig)
+    config: FeddiskSpec = field(default_factory=FeddiskSpec)
     sent: list[tuple[BaseMessage, str | None]] = field(default_factory=list)
     switches: list[tuple[int, int]] = field(default_factory=list)
     clock: FakeClock = field(default_factory=FakeClock)
@@ -233,7 +233,7 @@ def harness(tmp_path: Path, keys: Keys) -> Iterator[Callable[..., Harness]]:
     made: list[Harness] = []
 
     def make(**config: Any) -> Harness:
-        made.append(Harness(tmp_path, *keys, config=FeddiskConfig(**config)))
+        made.append(Harness(tmp_path, *keys, config=FeddiskSpec(**config)))
         return made[-1]
 
     yield make
@@ -259,7 +259,7 @@ def test_models_must_match_the_config(harness: Callable[..., Harness]) -> None:
             federation=FED,
             made=made,
             classifier=classifier,
-            config=FeddiskConfig(made_model="mine"),
+            config=FeddiskSpec(made_model="mine"),
         )
     with pytest.raises(ValueError, match="both 'made'"):
         FeddiskPlugin(federation=FED, made=made, classifier=made)
