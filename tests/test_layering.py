@@ -94,6 +94,7 @@ METHOD_IMPORTERS: dict[str, str] = {
     "edge_sdk/__init__.py": "the public API re-exports the built-in methods",
     "coordinator/__init__.py": "the public API re-exports the built-in methods",
     "edge_sdk/methods_config.py": "a [[methods]] table's settings class per kind",
+    "coordinator/methods_config.py": "a [[methods]] table's settings class per kind",
     # until the trainers lose ``climb=`` (issue 30, item 2)
     "edge_sdk/trainer.py": "ModelTrainer.climb",
     "edge_sdk/module_trainer.py": "ModuleTrainer(climb=)",
