@@ -1,6 +1,6 @@
 """The coordinator service: admission of every message, the stage loop, restarts.
 
-The protocol as the coordinator runs it (SPEC §2, §3, §5; Dubhe Fig. 3-5)::
+The protocol as the coordinator runs it (docs/protocol.md; Dubhe Fig. 3-5)::
 
     1  device -> Hello(identity keys) ---------------------------> pinned / TOFU
        coordinator -> EnrolResult(accepted, coordinator identity) -> device

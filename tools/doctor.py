@@ -67,7 +67,7 @@ MAX_TESTED_PYTHON = (3, 13)
 LOW_MEMORY_BYTES = 256 * 1024 * 1024
 """Below this much available memory a selection-only device is at risk."""
 LOW_MEMORY_TRAINING_BYTES = 768 * 1024 * 1024
-"""A training device: importing torch alone takes ~240 MiB (README, Footprint)."""
+"""A training device: importing torch alone takes ~240 MiB (docs/install.md)."""
 NOT_BEFORE = datetime(2026, 11, 26, tzinfo=timezone.utc)
 """This check was written then: a clock that reads earlier is certainly wrong."""
 IMPORT_TIMEOUT_S = 300.0

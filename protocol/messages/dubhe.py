@@ -1,7 +1,8 @@
 """Dubhe's wire contract: registration (Fig. 4) and multi-time selection (Fig. 3, 5).
 
 The parameter search of §5.3.2 (sigma grid) has no messages: it ran in the
-simulator only and, measured there, a fixed sigma did as well (README).
+simulator only and, measured there, a fixed sigma did as well
+(docs/results/dubhe-selection.md).
 
 The stratified draw adds the rank hand-out, once per key epoch: a device's
 `Registration` carries a one-time X25519 key (`rank_key`); the coordinator

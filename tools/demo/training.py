@@ -24,7 +24,7 @@ coordinator, which sees no label distribution) computes each round's
 first round (`ursa.tools.demo.flicker`): each device then trains on its
 resampled training view; the report gains a ``flicker`` section.
 
-Defaults (measured on 2 cores: see README): 20 devices, K = 8, H = 5,
+Defaults (measured on 2 cores: see docs/tutorials/demo.md): 20 devices, K = 8, H = 5,
 25 rounds, MLP 64-128-128-10, 5 local epochs, batch 4, SGD lr 0.1, 2048-bit
 Paillier keys, CLIMB eta_D = 0.1, eps = 0.002, a dual step every round.
 """

@@ -1,6 +1,6 @@
 """FedDisk on the device: local MADE, density-ratio classifier, sample weights.
 
-FedDisk (papers/004) weights each local sample by ``alpha = p(x) / q_k(x)``,
+FedDisk (the FedDisk paper) weights each local sample by ``alpha = p(x) / q_k(x)``,
 the global over the local data density, so that the weighted local losses sum
 to the loss under the fleet's pooled distribution (eq. 9-10). Phase 1 on a
 device:
