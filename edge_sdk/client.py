@@ -28,7 +28,7 @@ What a device does (the coordinator's side is in ``coordinator/service.py``):
    decrypted fleet loss and the stop rule on its `MeanSum` (the agent sends
    the signed `MadeVerdict`), and the sample weights on `FeddiskSwitch`.
 6. On the signed, retained `FederationEnd`: save the final model, call the
-   app's ``on_finished``, set `finished` (``end_steps.py``).
+   app's ``on_finished``, set `finished` (``federation_end.py``).
 7. A balancing method runs between enrolment and the first key epoch (its
    messages and transfers through the method hooks of ``method.py``); at
    that epoch its `replace_data` becomes the device's labels and training
@@ -47,6 +47,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -62,12 +63,13 @@ from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.callbacks import DeviceCallbacks, DeviceError
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.device_core import DeviceStats, TrainingStats
-from ursa.edge_sdk.end_steps import EndSteps
+from ursa.edge_sdk.federation_end import FINAL_DIRNAME, EndOfFederation
 from ursa.edge_sdk.fleet_eval import FleetEvaluator
 from ursa.edge_sdk.keys import EpochSteps
 from ursa.edge_sdk.method import DeviceMethod, EpochKeys, LocalData, Roster
 from ursa.edge_sdk.methods.registry import compose_methods
 from ursa.edge_sdk.methods_config import selection_kind
+from ursa.edge_sdk.model_steps import ModelSteps
 from ursa.edge_sdk.registration import RegistrationError
 from ursa.edge_sdk.secure_mean import with_secure_means
 from ursa.edge_sdk.state import DeviceStateDir
@@ -163,7 +165,7 @@ def device_will(config: DeviceConfig) -> tuple[str, bytes]:
     return status_topic(config.federation, config.device_id), encode(offline)
 
 
-class EdgeClient(EpochSteps, EndSteps):
+class EdgeClient(EpochSteps, ModelSteps):
     """One device in a federation: enrolment, key epochs, registration, selection.
 
     Args:
@@ -253,7 +255,17 @@ class EdgeClient(EpochSteps, EndSteps):
         self._replay = []
         self._hello_for_run_at = float("-inf")
         self._init_model_steps()
-        self._init_end_steps()
+        self._end = EndOfFederation(
+            device_id=config.device_id,
+            final_dir=config.state_dir / FINAL_DIRNAME,
+            trainer=self._trainer,
+            models=self,
+            lock=self._lock,
+            callbacks=callbacks,
+        )
+        self.finished = self._end.finished
+        """Set once the federation is over (`ursa.edge_sdk.federation_end`)."""
+        self._model_listeners = [self._end.on_model_ready]
         self._router = self._routes()
 
     # --- public view ----------------------------------------------------------
@@ -272,6 +284,11 @@ class EdgeClient(EpochSteps, EndSteps):
     def has_registry(self) -> bool:
         """Whether the overall registry of the current epoch is decrypted."""
         return self._registry is not None
+
+    @property
+    def final_dir(self) -> Path:
+        """Where the final model is saved."""
+        return self._end.final_dir
 
     @property
     def transport(self) -> Transport | None:
@@ -652,7 +669,7 @@ class EdgeClient(EpochSteps, EndSteps):
         router.register(SecAggRoster, self._on_secagg_roster, owner=model)
         router.register(SecAggShareBundle, self._on_secagg_bundle, owner=model)
         router.register(SecAggUnmask, self._on_secagg_unmask, owner=model)
-        router.register(FederationEnd, self._on_federation_end, owner="end")
+        router.register(FederationEnd, self._end.on_federation_end, owner="end")
         context = _Context(self)
         for method in self._methods:
             method.attach(context, router)
@@ -718,7 +735,7 @@ class EdgeClient(EpochSteps, EndSteps):
         """Selection, training (when the trainer trains models), balancing."""
         roles = [(m.role, m.name) for m in self._methods]
         balancing = tuple(name for role, name in roles if role is MethodRole.BALANCING)
-        if self._model_trainer() is None:
+        if self.model_trainer() is None:
             return (self._selection, *balancing)
         training = [name for role, name in roles if role is MethodRole.TRAINING]
         return (self._selection, *(training or ["fedavg"])[:1], *balancing)

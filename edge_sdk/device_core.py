@@ -29,7 +29,6 @@ from ursa.crypto.trust_anchor import TrustAnchor
 from ursa.edge_sdk.callbacks import (
     DeviceCallbacks,
     DeviceError,
-    Finished,
     ModelReceived,
     RoundTrained,
     Selected,
@@ -299,9 +298,6 @@ class DeviceCore:
     def _notify_model(self, version: int) -> None:
         event = ModelReceived(version)
         notify(self._callbacks, "on_model", event, device=self.device_id)
-
-    def _notify_finished(self, event: Finished) -> None:
-        notify(self._callbacks, "on_finished", event, device=self.device_id)
 
     def _notify_error(self, event: DeviceError) -> None:
         notify(self._callbacks, "on_error", event, device=self.device_id)

@@ -6,7 +6,7 @@
     labels = model.predict(rows)                  # NumPy in, class indices out
 
 `load` takes the ONNX file the device saved at the end of the federation
-(``<state_dir>/final/model.onnx``, `ursa.edge_sdk.end_steps`) or the one the
+(``<state_dir>/final/model.onnx``, `ursa.edge_sdk.federation_end`) or the one the
 coordinator wrote. Only numpy and onnxruntime (the ``infer`` extra) are
 imported, so an inference-only device runs without torch.
 """

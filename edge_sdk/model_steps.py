@@ -37,6 +37,7 @@ import math
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,6 +124,8 @@ class ModelSteps(RoundSteps):
     _sent_updates: OrderedDict[int, list[BaseMessage]]
     _uploads: OrderedDict[str, tuple[TransferManifest, list[Chunk]]]
     _masking: MaskingRounds | None
+    _model_listeners: list[Callable[[], None]]
+    """Told after the methods when a new version is downloaded (the end's)."""
 
     def _init_model_steps(self) -> None:
         self.training_stats = TrainingStats()
@@ -181,7 +184,7 @@ class ModelSteps(RoundSteps):
     # --- secure aggregation ---------------------------------------------------
 
     def _on_secagg_setup(self, message: SecAggSetup) -> None:
-        if self._model_trainer() is not None:
+        if self.model_trainer() is not None:
             self._masking_rounds().on_setup(message)
 
     def _on_secagg_roster(self, message: SecAggRoster) -> None:
@@ -196,7 +199,8 @@ class ModelSteps(RoundSteps):
         if self._masking is not None:
             self._masking.on_unmask(message)
 
-    def _model_trainer(self) -> ModelTrainer | None:
+    def model_trainer(self) -> ModelTrainer | None:
+        """The trainer, if it trains a model (else the device only selects)."""
         trainer = self._trainer
         return trainer if isinstance(trainer, ModelTrainer) else None
 
@@ -207,11 +211,13 @@ class ModelSteps(RoundSteps):
         for method in self._methods:
             method.on_model_ready()
         self._maybe_train()
+        for listener in self._model_listeners:
+            listener()
 
     # --- selection -> training ------------------------------------------------
 
     def _on_selected(self, round_index: int, selection_id: str) -> None:
-        if self._model_trainer() is None:
+        if self.model_trainer() is None:
             super()._on_selected(round_index, selection_id)
             return
         logger.info("%s: selected in round %d", self.device_id, round_index)
@@ -221,7 +227,7 @@ class ModelSteps(RoundSteps):
     def _on_model_available(self, message: ModelAvailable) -> None:
         for method in self._methods:
             method.admit_model(message)  # NotReadyError: held back, retried later
-        trainer = self._model_trainer()
+        trainer = self.model_trainer()
         if trainer is None or message.model != trainer.model:
             return
         notice = self._model_notice
@@ -235,11 +241,11 @@ class ModelSteps(RoundSteps):
             for item in sent:
                 self._send(item)
             return
-        self._want(message.model_version, message.transfer_id)
+        self.want(message.model_version, message.transfer_id)
         self._maybe_train()
 
     def _maybe_train(self) -> None:
-        trainer = self._model_trainer()
+        trainer = self.model_trainer()
         notice = self._model_notice
         if trainer is None or notice is None:
             return
@@ -255,7 +261,7 @@ class ModelSteps(RoundSteps):
                 self._pending_rounds.discard(round_index)
                 continue
             if self._model_version != notice.model_version:
-                self._want(notice.model_version, notice.transfer_id)
+                self.want(notice.model_version, notice.transfer_id)
                 continue
             if self._model_sha256 != notice.sha256:
                 self._pending_rounds.discard(round_index)
@@ -459,7 +465,7 @@ class ModelSteps(RoundSteps):
         self._model_problems = ()
         self._sent_updates.clear()
 
-    def _want(self, version: int, transfer_id: str) -> None:
+    def want(self, version: int, transfer_id: str) -> None:
         """Make sure ``version`` is downloaded (or on its way)."""
         if self._model_version is not None and self._model_version >= version:
             return
@@ -472,14 +478,14 @@ class ModelSteps(RoundSteps):
     def _model_arrays_at(self, version: int) -> Arrays | None:
         if self._model_version == version:
             return self._model_arrays
-        trainer = self._model_trainer()
+        trainer = self.model_trainer()
         if trainer is not None:
             fed = self._config.federation
-            self._want(version, model_transfer_id(fed, trainer.model, version))
+            self.want(version, model_transfer_id(fed, trainer.model, version))
         return None
 
     def _on_transfer_manifest(self, message: TransferManifest) -> None:
-        trainer = self._model_trainer()
+        trainer = self.model_trainer()
         match = _PURPOSE_RE.match(message.purpose)
         if trainer is None or match is None or match.group("model") != trainer.model:
             return
@@ -525,7 +531,7 @@ class ModelSteps(RoundSteps):
             )
             return
         del self._model_inflight[transfer_id]
-        trainer = self._model_trainer()
+        trainer = self.model_trainer()
         if trainer is not None:
             problems = _model_problems(trainer, arrays, self._labels, version)
             if problems:

@@ -163,7 +163,7 @@ def test_climb_method_reaches_the_trainer(tmp_path: Path) -> None:
     config = _device(tmp_path, training=_training(tmp_path), methods=methods)
     client = compose.build_device(config)
     assert client.methods() == ("dubhe", "climb")
-    climb = client._model_trainer()
+    climb = client.model_trainer()
     assert climb is not None and climb.climb is not None
     assert climb.climb.eta_d == 0.3
 

@@ -288,7 +288,7 @@ def _ignore_signals() -> None:
 
 def _run_and_infer(client: EdgeClient, stop: threading.Event) -> int:
     """Take part in a thread; answer stdin's samples with the final model."""
-    from ursa.edge_sdk.end_steps import ONNX_FILENAME
+    from ursa.edge_sdk.federation_end import ONNX_FILENAME
     from ursa.tools.cli.infer import ModelWatch, serve_lines
 
     failed: list[str] = []

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ursa.edge_sdk.end_steps import WEIGHTS_FILENAME
+from ursa.edge_sdk.federation_end import WEIGHTS_FILENAME
 from ursa.tools.demo.fleet import DeviceReport, DeviceSpec, FleetSpec
 
 if TYPE_CHECKING:

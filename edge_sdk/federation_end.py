@@ -24,20 +24,20 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from ursa.edge_sdk.callbacks import Finished
-from ursa.edge_sdk.model_steps import ModelSteps
+from ursa.edge_sdk.callbacks import DeviceCallbacks, Finished, notify
+from ursa.edge_sdk.trainer import ModelTrainer, Trainer
 from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes, arrays_to_bytes
 from ursa.protocol.messages import FederationEnd
-from ursa.protocol.router import NotReadyError
 
 __all__ = [
     "FINAL_DIRNAME",
     "FINAL_INFO_FILENAME",
     "ONNX_FILENAME",
     "WEIGHTS_FILENAME",
-    "EndSteps",
+    "EndOfFederation",
+    "ModelView",
     "onnx_of",
 ]
 
@@ -72,28 +72,57 @@ def onnx_of(trainer: object, arrays: Arrays) -> bytes | None:
         return None
 
 
-class EndSteps(ModelSteps):
-    """`FederationEnd`: the final model saved, ``on_finished``, `finished` set."""
-
-    finished: threading.Event
-    _end: FederationEnd | None
-    _finishing: bool
-    _lock: threading.RLock
-
-    def _init_end_steps(self) -> None:
-        self.finished = threading.Event()
-        self._end = None
-        self._finishing = False
+class ModelView(Protocol):
+    """What the end of the federation needs of the device's model rounds."""
 
     @property
-    def final_dir(self) -> Path:
-        """Where the final model is saved."""
-        return self._config.state_dir / FINAL_DIRNAME
+    def model_version(self) -> int | None:
+        """The latest global version downloaded."""
 
-    def _on_federation_end(self, message: FederationEnd) -> None:
-        if self._coordinator is None:
-            raise NotReadyError
-        self._verify(self._coordinator, message)
+    @property
+    def model_arrays(self) -> Arrays | None:
+        """Its weights."""
+
+    def model_trainer(self) -> ModelTrainer | None:
+        """The trainer, if it trains a model."""
+
+    def want(self, version: int, transfer_id: str) -> None:
+        """Download ``version`` (then `EndOfFederation.on_model_ready` is called)."""
+
+
+class EndOfFederation:
+    """`FederationEnd`: the final model saved, ``on_finished``, `finished` set.
+
+    Handed the device's model rounds (to take the final version as every
+    version is downloaded) and the client's lock (the ONNX export finishes
+    on a thread of its own). The coordinator's signature is checked by the
+    client before the message gets here.
+    """
+
+    def __init__(
+        self,
+        *,
+        device_id: str,
+        final_dir: Path,
+        trainer: Trainer,
+        models: ModelView,
+        lock: threading.RLock,
+        callbacks: DeviceCallbacks | None,
+    ) -> None:
+        self.device_id = device_id
+        self.final_dir = final_dir
+        """Where the final model is saved."""
+        self.finished = threading.Event()
+        """Set once the final model is saved and ``on_finished`` called."""
+        self._trainer = trainer
+        self._models = models
+        self._lock = lock
+        self._callbacks = callbacks
+        self._end: FederationEnd | None = None
+        self._finishing = False
+
+    def on_federation_end(self, message: FederationEnd) -> None:
+        """The signed end: finish with the final model, downloaded if need be."""
         if self._finishing or self._end is not None:
             return
         self._end = message
@@ -103,7 +132,8 @@ class EndSteps(ModelSteps):
             message.rounds,
             message.model_version,
         )
-        trainer = self._model_trainer()
+        models = self._models
+        trainer = models.model_trainer()
         if message.model is None or trainer is None or message.model != trainer.model:
             self._finish(message, None)
             return
@@ -111,7 +141,7 @@ class EndSteps(ModelSteps):
         assert version is not None and message.transfer_id is not None
         if message.weights is not None:
             try:
-                arrays = arrays_from_bytes(message.weights, self._model_arrays)
+                arrays = arrays_from_bytes(message.weights, models.model_arrays)
             except WeightsError as exc:
                 logger.warning(
                     "%s: inline final model refused: %s", self.device_id, exc
@@ -119,18 +149,19 @@ class EndSteps(ModelSteps):
             else:
                 self._finish(message, arrays)
                 return
-        if self._model_version == version and self._model_arrays is not None:
-            self._finish(message, self._model_arrays)
+        held = models.model_arrays
+        if models.model_version == version and held is not None:
+            self._finish(message, held)
             return
-        self._want(version, message.transfer_id)  # `_on_model_ready` finishes
+        models.want(version, message.transfer_id)  # `on_model_ready` finishes
 
-    def _on_model_ready(self) -> None:
-        super()._on_model_ready()
-        end = self._end
-        if end is None or self._finishing or self._model_arrays is None:
+    def on_model_ready(self) -> None:
+        """A global version was downloaded: finish if it is the final one."""
+        end, arrays = self._end, self._models.model_arrays
+        if end is None or self._finishing or arrays is None:
             return
-        if self._model_version == end.model_version:
-            self._finish(end, self._model_arrays)
+        if self._models.model_version == end.model_version:
+            self._finish(end, arrays)
 
     def _finish(self, message: FederationEnd, arrays: Arrays | None) -> None:
         """Save the final model (if any), tell the app, set `finished`.
@@ -188,7 +219,7 @@ class EndSteps(ModelSteps):
         event = Finished(
             message.rounds, message.model_version, weights, onnx, dict(message.metrics)
         )
-        self._notify_finished(event)
+        notify(self._callbacks, "on_finished", event, device=self.device_id)
         self.finished.set()
 
     def _save_weights(self, message: FederationEnd, arrays: Arrays) -> Path | None:
