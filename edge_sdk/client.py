@@ -63,6 +63,8 @@ from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.callbacks import DeviceCallbacks, DeviceError
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.device_core import DeviceStats, TrainingStats
+from ursa.edge_sdk.device_link import DeviceLink
+from ursa.edge_sdk.downloads import ModelDownloads
 from ursa.edge_sdk.federation_end import FINAL_DIRNAME, EndOfFederation
 from ursa.edge_sdk.fleet_eval import FleetEvaluator
 from ursa.edge_sdk.keys import EpochSteps
@@ -254,12 +256,22 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._early = {}
         self._replay = []
         self._hello_for_run_at = float("-inf")
+        self.training_stats = TrainingStats()
+        """Counters of the training side (for demos and benchmarks)."""
+        self._link = DeviceLink(config.federation, config.device_id, self._send)
+        self.downloads = ModelDownloads(
+            link=self._link,
+            trainer=self._trainer,
+            stats=self.training_stats,
+            fits=self._fits,
+            ready=self._on_downloaded,
+        )
         self._init_model_steps()
         self._end = EndOfFederation(
             device_id=config.device_id,
             final_dir=config.state_dir / FINAL_DIRNAME,
             trainer=self._trainer,
-            models=self,
+            models=self.downloads,
             lock=self._lock,
             callbacks=callbacks,
         )
@@ -612,9 +624,7 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._index = self._registry = self._registered_epoch = None
         self._sat_out_epoch = None
         self._trained = set()
-        stats = self.training_stats
         self._init_model_steps()
-        self.training_stats = stats
         self._router.clear_parked()
         for method in self._methods:
             method.new_run()
@@ -784,11 +794,11 @@ class EdgeClient(EpochSteps, ModelSteps):
 
     def _on_manifest(self, message: TransferManifest) -> None:
         if not self._takes_transfer(message):
-            self._on_transfer_manifest(message)
+            self.downloads.on_manifest(message)
 
     def _on_any_chunk(self, message: Chunk) -> None:
         if not self._takes_transfer(message):
-            self._on_chunk(message)
+            self.downloads.on_chunk(message)
 
     def _refused(self, message: BaseMessage, exc: Exception) -> None:
         if not isinstance(exc, _REFUSALS):
@@ -851,7 +861,7 @@ class _Context:
 
     @property
     def model_version(self) -> int | None:
-        return self._client._model_version
+        return self._client.model_version
 
     @property
     def epoch(self) -> KeyEpochStart | None:
@@ -892,7 +902,7 @@ class _Context:
         )
 
     def model_arrays_at(self, version: int) -> Arrays | None:
-        return self._client._model_arrays_at(version)
+        return self._client.downloads.arrays_at(version)
 
     def seconds_since_model_notice(self) -> float:
         return time.monotonic() - self._client._notice_at

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ursa.edge_sdk.callbacks import DeviceCallbacks, Finished, notify
-from ursa.edge_sdk.trainer import ModelTrainer, Trainer
+from ursa.edge_sdk.downloads import model_trainer_of
+from ursa.edge_sdk.trainer import Trainer
 from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes, arrays_to_bytes
 from ursa.protocol.messages import FederationEnd
 
@@ -73,7 +74,7 @@ def onnx_of(trainer: object, arrays: Arrays) -> bytes | None:
 
 
 class ModelView(Protocol):
-    """What the end of the federation needs of the device's model rounds."""
+    """What the end of the federation needs of the device's downloads."""
 
     @property
     def model_version(self) -> int | None:
@@ -83,9 +84,6 @@ class ModelView(Protocol):
     def model_arrays(self) -> Arrays | None:
         """Its weights."""
 
-    def model_trainer(self) -> ModelTrainer | None:
-        """The trainer, if it trains a model."""
-
     def want(self, version: int, transfer_id: str) -> None:
         """Download ``version`` (then `EndOfFederation.on_model_ready` is called)."""
 
@@ -93,7 +91,7 @@ class ModelView(Protocol):
 class EndOfFederation:
     """`FederationEnd`: the final model saved, ``on_finished``, `finished` set.
 
-    Handed the device's model rounds (to take the final version as every
+    Handed the device's downloads (to take the final version as every
     version is downloaded) and the client's lock (the ONNX export finishes
     on a thread of its own). The coordinator's signature is checked by the
     client before the message gets here.
@@ -133,7 +131,7 @@ class EndOfFederation:
             message.model_version,
         )
         models = self._models
-        trainer = models.model_trainer()
+        trainer = model_trainer_of(self._trainer)
         if message.model is None or trainer is None or message.model != trainer.model:
             self._finish(message, None)
             return

@@ -2,15 +2,10 @@
 
 The coordinator's side is ``coordinator/training.py``. On the device:
 
-* **download**: a global version arrives as a chunked transfer whose purpose
-  is ``"<model>.v<version>"`` and whose id is derived from (federation,
-  model, version) (`ursa.protocol.ids.model_transfer_id`, as on the
-  coordinator). Chunks
-  of a newer version of this device's model are reassembled (capped at
-  ``max_model_bytes``), checked by sha256 and by the trainer (array names
-  and shapes); the latest complete version is kept in memory. A version the
-  device needs but lacks chunks of is re-requested (`ChunkRequest`, chunk 0
-  when the manifest is unknown) by `poll`, at most every ``retry_s``.
+* **download**: the global versions, by the `ModelDownloads` the client
+  owns (``downloads.py``; transfer ids from `ursa.protocol.ids`); a complete version is checked here against the
+  trainer (array names and shapes) and the data before it is kept, and
+  `poll` asks for missing chunks.
 * **training**: a device selected in round r (signed `SelectionResult`) trains
   once the retained `ModelAvailable` of round r has arrived, its version is
   downloaded, and every method is ready (CLIMB: the round's dual step has
@@ -31,14 +26,12 @@ a time); keepalives continue on the transport's network thread.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -51,15 +44,15 @@ from ursa.edge_sdk.data_check import (
     data_problems,
 )
 from ursa.edge_sdk.device_core import TrainingStats
+from ursa.edge_sdk.downloads import ModelDownloads, model_trainer_of
 from ursa.edge_sdk.method import DeviceMethod, TrainPlan
 from ursa.edge_sdk.round_steps import RoundSteps
 from ursa.edge_sdk.secure_aggregation.participant import SecAggError
 from ursa.edge_sdk.secure_aggregation.rounds import Contribution, MaskingRounds
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
-from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes, arrays_to_bytes
-from ursa.protocol.chunking import Reassembler, split
-from ursa.protocol.errors import ProtocolError
-from ursa.protocol.ids import derived_id, model_transfer_id
+from ursa.models.weights import Arrays, arrays_to_bytes
+from ursa.protocol.chunking import split
+from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (
     DEFAULT_CHUNK_SIZE,
     MAX_UPDATE_METRICS,
@@ -86,18 +79,8 @@ __all__ = ["ModelSteps"]
 logger = logging.getLogger("ursa.edge_sdk")
 
 UPDATE_PURPOSE = "model_update"
-DEFAULT_MAX_MODEL_BYTES = 64 * 1024 * 1024
-DEFAULT_RETRY_S = 2.0
 KEPT_UPLOADS = 4
 _METRIC_NAME = re.compile(NAME_PATTERN)
-_PURPOSE_RE = re.compile(r"^(?P<model>[a-z][a-z0-9_.-]*)\.v(?P<version>\d+)$")
-
-
-@dataclass
-class _Wanted:
-    version: int
-    transfer_id: str
-    asked_at: float
 
 
 class ModelSteps(RoundSteps):
@@ -106,20 +89,13 @@ class ModelSteps(RoundSteps):
     inline_limit: int = DEFAULT_CHUNK_SIZE
     """Deltas up to this many bytes go inline in `ModelUpdate`."""
     chunk_size: int = DEFAULT_CHUNK_SIZE
-    retry_s: float = DEFAULT_RETRY_S
-    max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES
 
     training_stats: TrainingStats
     _methods: list[DeviceMethod]
     _model_notice: ModelAvailable | None
     _notice_at: float
-    _model_version: int | None
-    _model_arrays: Arrays | None
-    _model_sha256: str | None
-    _model_parts: Reassembler
-    _model_inflight: dict[str, int]
-    _wanted: _Wanted | None
-    _unfit_version: int | None
+    downloads: ModelDownloads
+    """The global versions downloaded (`ursa.edge_sdk.downloads`)."""
     _pending_rounds: set[int]
     _sent_updates: OrderedDict[int, list[BaseMessage]]
     _uploads: OrderedDict[str, tuple[TransferManifest, list[Chunk]]]
@@ -128,19 +104,9 @@ class ModelSteps(RoundSteps):
     """Told after the methods when a new version is downloaded (the end's)."""
 
     def _init_model_steps(self) -> None:
-        self.training_stats = TrainingStats()
+        self.downloads.new_run()
         self._model_notice = None
         self._notice_at = 0.0
-        self._model_version = None
-        self._model_arrays = None
-        self._model_sha256 = None
-        self._model_parts = Reassembler(
-            max_transfer_bytes=self.max_model_bytes,
-            max_total_bytes=2 * self.max_model_bytes,
-        )
-        self._model_inflight = {}
-        self._wanted = None
-        self._unfit_version = None
         self._pending_rounds = set()
         self._sent_updates = OrderedDict()
         self._uploads = OrderedDict()
@@ -149,12 +115,12 @@ class ModelSteps(RoundSteps):
     @property
     def model_version(self) -> int | None:
         """The latest global model version downloaded."""
-        return self._model_version
+        return self.downloads.model_version
 
     @property
     def model_arrays(self) -> Arrays | None:
         """The latest global model downloaded (e.g. to serve inference)."""
-        return self._model_arrays
+        return self.downloads.model_arrays
 
     def _masking_rounds(self) -> MaskingRounds:
         """The device's secure-aggregation rounds (made once the identity is loaded)."""
@@ -201,8 +167,7 @@ class ModelSteps(RoundSteps):
 
     def model_trainer(self) -> ModelTrainer | None:
         """The trainer, if it trains a model (else the device only selects)."""
-        trainer = self._trainer
-        return trainer if isinstance(trainer, ModelTrainer) else None
+        return model_trainer_of(self._trainer)
 
     # --- the methods' hooks ---------------------------------------------------
 
@@ -241,7 +206,7 @@ class ModelSteps(RoundSteps):
             for item in sent:
                 self._send(item)
             return
-        self.want(message.model_version, message.transfer_id)
+        self.downloads.want(message.model_version, message.transfer_id)
         self._maybe_train()
 
     def _maybe_train(self) -> None:
@@ -260,10 +225,10 @@ class ModelSteps(RoundSteps):
                 )
                 self._pending_rounds.discard(round_index)
                 continue
-            if self._model_version != notice.model_version:
-                self.want(notice.model_version, notice.transfer_id)
+            if self.downloads.model_version != notice.model_version:
+                self.downloads.want(notice.model_version, notice.transfer_id)
                 continue
-            if self._model_sha256 != notice.sha256:
+            if self.downloads.model_sha256 != notice.sha256:
                 self._pending_rounds.discard(round_index)
                 self._sent_updates[notice.round] = [self._digest_refused(notice)]
                 continue
@@ -277,7 +242,7 @@ class ModelSteps(RoundSteps):
             self._train_round(trainer, notice)
 
     def _train_round(self, trainer: ModelTrainer, notice: ModelAvailable) -> None:
-        arrays = self._model_arrays
+        arrays = self.downloads.model_arrays
         assert arrays is not None
         plan = TrainPlan(notice.round)
         started = time.perf_counter()
@@ -404,7 +369,7 @@ class ModelSteps(RoundSteps):
         The chunks matched their manifest, so only a coordinator whose notice
         and manifest disagree gets here; the device trains nothing that round.
         """
-        held = self._model_sha256 or ""
+        held = self.downloads.model_sha256 or ""
         logger.error(
             "%s: round %d: model version %d's bytes (sha256 %s...) are not the "
             "ones the signed model notice names (%s...); not training from them",
@@ -454,98 +419,24 @@ class ModelSteps(RoundSteps):
         For a device whose trainer switches to another model (FedDisk's
         phase 2), whose versions restart at 0.
         """
-        for transfer_id in self._model_inflight:
-            self._model_parts.discard(transfer_id)
-        self._model_inflight.clear()
-        self._model_version = self._model_arrays = self._model_notice = None
-        self._model_sha256 = None
+        self.downloads.forget()
+        self._model_notice = None
         self._notice_at = 0.0
-        self._wanted = None
-        self._unfit_version = None
         self._model_problems = ()
         self._sent_updates.clear()
 
-    def want(self, version: int, transfer_id: str) -> None:
-        """Make sure ``version`` is downloaded (or on its way)."""
-        if self._model_version is not None and self._model_version >= version:
-            return
-        if self._unfit_version is not None and version <= self._unfit_version:
-            return  # it does not fit this device: downloading it again is no use
-        wanted = self._wanted
-        if wanted is None or wanted.version < version:
-            self._wanted = _Wanted(version, transfer_id, time.monotonic())
-
-    def _model_arrays_at(self, version: int) -> Arrays | None:
-        if self._model_version == version:
-            return self._model_arrays
-        trainer = self.model_trainer()
-        if trainer is not None:
-            fed = self._config.federation
-            self.want(version, model_transfer_id(fed, trainer.model, version))
-        return None
-
-    def _on_transfer_manifest(self, message: TransferManifest) -> None:
-        trainer = self.model_trainer()
-        match = _PURPOSE_RE.match(message.purpose)
-        if trainer is None or match is None or match.group("model") != trainer.model:
-            return
-        version = int(match.group("version"))
-        if self._model_version is not None and version <= self._model_version:
-            return
-        if self._unfit_version is not None and version <= self._unfit_version:
-            return
-        for tid, known in list(self._model_inflight.items()):
-            if known < version:
-                self._model_parts.discard(tid)
-                del self._model_inflight[tid]
-        try:
-            self._model_parts.add_manifest(message)
-        except ProtocolError as exc:
-            logger.warning("%s: model manifest refused: %s", self.device_id, exc)
-            return
-        self._model_inflight[message.transfer_id] = version
-        self._try_complete(message.transfer_id)
-
-    def _on_chunk(self, message: Chunk) -> None:
-        tid = message.transfer_id
-        if tid not in self._model_inflight:
-            return
-        try:
-            self._model_parts.add_chunk(message)
-        except ProtocolError as exc:
-            logger.warning("%s: model chunk refused: %s", self.device_id, exc)
-            return
-        self._try_complete(tid)
-
-    def _try_complete(self, transfer_id: str) -> None:
-        version = self._model_inflight[transfer_id]
-        try:
-            if not self._model_parts.is_complete(transfer_id):
-                return
-            payload = self._model_parts.complete(transfer_id)
-            # a later version has the architecture of the one this device holds
-            arrays = arrays_from_bytes(payload, self._model_arrays)
-        except (ProtocolError, WeightsError, ValueError) as exc:
-            logger.warning(
-                "%s: model version %d refused: %s", self.device_id, version, exc
-            )
-            return
-        del self._model_inflight[transfer_id]
+    def _fits(self, version: int, arrays: Arrays) -> bool:
+        """Whether a downloaded version fits the data and model (else refused)."""
         trainer = self.model_trainer()
         if trainer is not None:
             problems = _model_problems(trainer, arrays, self._labels, version)
             if problems:
                 self._refuse_model(version, problems)
-                return
+                return False
             self._model_problems = ()
-        if self._model_version is not None and version <= self._model_version:
-            return
-        self._model_version, self._model_arrays = version, arrays
-        self._model_sha256 = hashlib.sha256(payload).hexdigest()
-        self.training_stats.models_downloaded += 1
-        if self._wanted is not None and self._wanted.version <= version:
-            self._wanted = None
-        logger.debug("%s: model version %d downloaded", self.device_id, version)
+        return True
+
+    def _on_downloaded(self, version: int) -> None:
         self._notify_model(version)
         self._on_model_ready()
 
@@ -553,9 +444,7 @@ class ModelSteps(RoundSteps):
         """A global model this device cannot train: stop asking, sit the epoch out."""
         changed = problems != self._model_problems
         self._model_problems = problems
-        self._unfit_version = max(version, self._unfit_version or 0)
-        if self._wanted is not None and self._wanted.version <= version:
-            self._wanted = None
+        self.downloads.refuse(version)
         self._pending_rounds.clear()
         epoch, notice = self._epoch, self._model_notice
         if epoch is not None and not self.sits_out:
@@ -587,33 +476,10 @@ class ModelSteps(RoundSteps):
             if chunk is not None:
                 self._send(chunk)
 
-    def _request_model(self, now: float) -> None:
-        """Ask for the missing chunks of the wanted version (every retry_s)."""
-        wanted = self._wanted
-        if wanted is None or now - wanted.asked_at < self.retry_s:
-            return
-        wanted.asked_at = now
-        tid = wanted.transfer_id
-        try:
-            missing = self._model_parts.missing(tid)
-        except ProtocolError:
-            missing = (0,)  # no manifest yet: the answer brings it
-        if not missing:
-            return
-        notice = self._model_notice
-        self._send(
-            ChunkRequest(
-                federation=self._config.federation,
-                round=0 if notice is None else notice.round,
-                sender=self.device_id,
-                transfer_id=tid,
-                indices=missing,
-            )
-        )
-
     def _poll_training(self, now: float) -> None:
         """Periodic work: re-request model chunks, re-check waiting rounds."""
-        self._request_model(now)
+        notice = self._model_notice
+        self.downloads.request(now, 0 if notice is None else notice.round)
         self._maybe_train()
 
 

@@ -60,7 +60,7 @@ def _small_messages(client: EdgeClient) -> None:
     """Every update goes as a chunked upload; lost chunks are asked at once."""
     client.inline_limit = 16
     client.chunk_size = 16
-    client.retry_s = 0.0
+    client.downloads.retry_s = 0.0
 
 
 def _round_with(

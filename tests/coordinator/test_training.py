@@ -299,7 +299,7 @@ def test_chunked_uploads_and_a_missed_download_are_recovered(
     def small_messages(client: EdgeClient) -> None:
         client.inline_limit = 16
         client.chunk_size = 16
-        client.retry_s = 0.0
+        client.downloads.retry_s = 0.0
 
     plugin = start_training(
         fed,
