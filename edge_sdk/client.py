@@ -68,6 +68,7 @@ from ursa.edge_sdk.downloads import ModelDownloads
 from ursa.edge_sdk.federation_end import FINAL_DIRNAME, EndOfFederation
 from ursa.edge_sdk.fleet_eval import FleetEvaluator
 from ursa.edge_sdk.keys import EpochSteps
+from ursa.edge_sdk.membership import HELLO_ON_NEW_RUN_S, RunMembership
 from ursa.edge_sdk.method import DeviceMethod, EpochKeys, LocalData, Roster
 from ursa.edge_sdk.methods.registry import compose_methods
 from ursa.edge_sdk.methods_config import selection_kind
@@ -132,15 +133,6 @@ logger = logging.getLogger("ursa.edge_sdk")
 
 _REFUSALS = (CryptoError, RegistrationError, RejectedError, ValueError)
 """What a handler raises for a message it refuses: logged, never fatal."""
-
-HELLO_ON_NEW_RUN_S = 5.0
-"""At most one Hello this often for messages of a run the device never joined."""
-
-EARLY_PER_RUN = 256
-"""Messages of a run not joined yet that are kept (its retained notices and
-what its coordinator sent before the device's `EnrolResult` arrived)."""
-EARLY_RUNS = 2
-"""Runs not joined yet whose messages are kept at once (the newest)."""
 
 _ANY_RUN = (EnrolResult, ErrorReply)
 """Kinds a device takes from any run: a signed acceptance is how it joins a
@@ -252,10 +244,9 @@ class EdgeClient(EpochSteps, ModelSteps):
         self._registry: NDArray[np.int64] | None = None
         self._trained: set[int] = set()
         self._registered_epoch: int | None = None
-        self._run_drops: dict[str, int] = {}
-        self._early = {}
-        self._replay = []
-        self._hello_for_run_at = float("-inf")
+        self._membership = RunMembership(
+            device_id=config.device_id, say_hello=self._send_hello
+        )
         self.training_stats = TrainingStats()
         """Counters of the training side (for demos and benchmarks)."""
         self._link = DeviceLink(config.federation, config.device_id, self._send)
@@ -463,10 +454,7 @@ class EdgeClient(EpochSteps, ModelSteps):
     def _restore(self) -> None:
         """Reload the pinned coordinator and the last key epoch from the state dir."""
         self._coordinator = self._store.load_coordinator()
-        try:
-            self._run = self._store.load_run()
-        except ValueError as exc:
-            logger.warning("ignoring the stored run (%s); the next one is joined", exc)
+        self._membership.restore(self._store)
         stored = self._store.load_epoch()
         if stored is None:
             return
@@ -557,63 +545,20 @@ class EdgeClient(EpochSteps, ModelSteps):
                 message.sender,
             )
             return None
-        if message.run != self._run.run and not isinstance(message, _ANY_RUN):
-            self._drop_other_run(kind, message.run)
-            self._keep_early(message)
+        if message.run != self._membership.run and not isinstance(message, _ANY_RUN):
+            self._membership.foreign(kind, message)
             return None
         return message
 
-    def _keep_early(self, message: BaseMessage) -> None:
-        """Keep a message of a run not joined (nor left) until its `EnrolResult`.
-
-        The broker may deliver a new run's retained notices and first messages
-        before the signed acceptance that makes the device join it; they are
-        handled once it has (`_replay_joined`), and only then.
-        """
-        run = message.run
-        if not run or run in self._run.left:
-            return
-        kept = self._early.setdefault(run, [])
-        if len(kept) < EARLY_PER_RUN:
-            kept.append(message)
-        while len(self._early) > EARLY_RUNS:
-            del self._early[next(iter(self._early))]
-
     def _replay_joined(self) -> None:
         """Handle what the run just joined sent before its acceptance, in order."""
-        while self._replay:
-            message = self._replay.pop(0)
-            if message.run == self._run.run:
-                self._process(message)
-
-    def _drop_other_run(self, kind: str, run: str) -> None:
-        """Count a message of a run this device has not joined; log each run once.
-
-        An older run's messages (retained, or queued in the broker while the
-        coordinator was reset) must not act on the new run's state, and a
-        newer run is joined only through a signed `EnrolResult`.
-        """
-        count = self._run_drops.get(run, 0)
-        self._run_drops[run] = count + 1
-        now = time.monotonic()
-        fresh = run and run not in self._run.left
-        if fresh and now - self._hello_for_run_at >= HELLO_ON_NEW_RUN_S:
-            # perhaps our coordinator was reset: its signed EnrolResult says
-            self._hello_for_run_at = now
-            self._send_hello()
-        if count == 0:
-            logger.warning(
-                "%s: dropping messages of run %s (%s first); this device is in run %s",
-                self.device_id,
-                run or "(none)",
-                kind,
-                self._run.run or "(none yet)",
-            )
+        while (message := self._membership.next_joined()) is not None:
+            self._process(message)
 
     def run_drops(self) -> dict[str, int]:
         """Messages dropped per foreign run id, so far."""
         with self._lock:
-            return dict(self._run_drops)
+            return self._membership.drops()
 
     def _forget_run_state(self) -> None:
         """The old run's epoch, keys, model, transfers and waiting messages go."""

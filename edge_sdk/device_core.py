@@ -42,7 +42,8 @@ from ursa.edge_sdk.data_check import (
     data_problems,
     reason_of,
 )
-from ursa.edge_sdk.state import DeviceStateDir, StoredEpoch, StoredRun
+from ursa.edge_sdk.membership import RunMembership
+from ursa.edge_sdk.state import DeviceStateDir, StoredEpoch
 from ursa.edge_sdk.trainer import Trainer
 from ursa.protocol.envelope import encode, message_digest, message_kind, signing_bytes
 from ursa.protocol.ids import derived_id
@@ -132,12 +133,8 @@ class DeviceCore:
     """The key epoch this device sits out because it does not fit (data_mismatch)."""
     _model_problems: tuple[DataProblem, ...] = ()
     """How the latest global model did not fit (kept until one fits)."""
-    _run: StoredRun = StoredRun()
+    _membership: RunMembership
     """The coordinator's run this device joined (from a signed `EnrolResult`)."""
-    _early: dict[str, list[BaseMessage]]
-    """Messages of runs not joined yet (nor left), kept until one is joined."""
-    _replay: list[BaseMessage]
-    """Messages of the run just joined, to handle after its `EnrolResult`."""
     _callbacks: DeviceCallbacks | None = None
     """The app's hooks (`ursa.edge_sdk.callbacks`)."""
     _hello_unanswered: bool = False
@@ -156,7 +153,7 @@ class DeviceCore:
         """`message` stamped with the joined run (unless it names one already)."""
         if message.run:
             return message
-        return message.model_copy(update={"run": self._run.run})
+        return message.model_copy(update={"run": self._membership.run})
 
     def _send(self, message: BaseMessage) -> None:
         name = name_for(message_kind(message))

@@ -35,7 +35,6 @@ from ursa.crypto.paillier import (
 from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.device_core import DeviceCore, seal_context
 from ursa.edge_sdk.registration import registry_indices
-from ursa.edge_sdk.state import StoredRun
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.envelope import encode
 from ursa.protocol.ids import derived_id
@@ -125,39 +124,9 @@ class EpochSteps(DeviceCore):
         if self._coordinator is None:
             self._store.save_coordinator(identity)
             self._coordinator = identity
-        self._enter_run(message.run)
+        self._membership.enter(message.run, self._store, self._forget_run_state)
         self.enrolled.set()
         logger.info("%s: enrolled (run %s)", self.device_id, message.run)
-
-    def _enter_run(self, run: str) -> None:
-        """Join the run a signed `EnrolResult` names.
-
-        The first run a device learns is adopted as is (a new device, or one
-        upgraded from a version without runs). A different run of the same
-        pinned coordinator means it was reset: the old run's key epoch, draws,
-        model and method progress go; the identity, the pin and the data stay.
-        A run the device left before is refused (a replayed acceptance).
-        """
-        current = self._run
-        if run == current.run:
-            return
-        if not run or run in current.left:
-            raise ValueError(f"run {run or '(none)'} is over; not joining it again")
-        if current.run:
-            removed = self._store.leave_run()
-            self._forget_run_state()
-            logger.warning(
-                "%s: the coordinator started a new run %s (was %s); joining it "
-                "and dropping the old run's state (%s)",
-                self.device_id,
-                run,
-                current.run,
-                ", ".join(removed) or "nothing stored",
-            )
-        self._run = StoredRun(run, (*current.left, current.run) if current.run else ())
-        self._store.save_run(self._run)
-        self._replay.extend(self._early.pop(run, ()))  # what came before this
-        self._early.clear()
 
     def _refuse_coordinator(
         self,
