@@ -1,0 +1,44 @@
+"""The parts `EdgeClient` owns: no ursa base class, no reach into another's privates."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from types import ModuleType
+
+import pytest
+
+from ursa.edge_sdk import device_link, downloads, federation_end, membership
+
+PARTS = (device_link, downloads, federation_end, membership)
+
+
+def _classes(module: ModuleType) -> list[type]:
+    return [
+        c
+        for _, c in inspect.getmembers(module, inspect.isclass)
+        if c.__module__ == module.__name__
+    ]
+
+
+@pytest.mark.parametrize("module", PARTS, ids=lambda m: m.__name__)
+def test_a_part_has_no_ursa_base_class(module: ModuleType) -> None:
+    for cls in _classes(module):
+        bases = [
+            b.__qualname__ for b in cls.__mro__[1:] if b.__module__.startswith("ursa.")
+        ]
+        assert bases == [], f"{cls.__qualname__} builds on {bases}"
+
+
+@pytest.mark.parametrize("module", PARTS, ids=lambda m: m.__name__)
+def test_a_part_reads_no_private_name_but_its_own(module: ModuleType) -> None:
+    tree = ast.parse(inspect.getsource(module))
+    foreign = [
+        f"line {node.lineno}: .{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+    ]
+    assert foreign == []
