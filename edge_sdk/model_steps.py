@@ -6,7 +6,8 @@ The coordinator's side is ``coordinator/training.py``. On the device:
   owns (``downloads.py``; transfer ids from `ursa.protocol.ids`); a complete version is checked here against the
   trainer (array names and shapes) and the data before it is kept, and
   `poll` asks for missing chunks.
-* **training**: a device selected in round r (signed `SelectionResult`) trains
+* **training**: a device selected in round r (signed `SelectionResult`; a
+  selection-only device runs `Trainer.train` at once) trains
   once the retained `ModelAvailable` of round r has arrived, its version is
   downloaded, and every method is ready (CLIMB: the round's dual step has
   given it ``w_i``, `ursa.edge_sdk.methods.climb`). It calls
@@ -49,7 +50,7 @@ from ursa.edge_sdk.method import DeviceMethod, TrainPlan
 from ursa.edge_sdk.round_steps import RoundSteps
 from ursa.edge_sdk.secure_aggregation.participant import SecAggError
 from ursa.edge_sdk.secure_aggregation.rounds import Contribution, MaskingRounds
-from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
+from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer, TrainingReport
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.chunking import split
 from ursa.protocol.ids import derived_id
@@ -69,6 +70,7 @@ from ursa.protocol.messages import (
     SecAggSetup,
     SecAggShareBundle,
     SecAggUnmask,
+    SelectionResult,
     TransferManifest,
 )
 from ursa.protocol.router import NotReadyError
@@ -181,9 +183,45 @@ class ModelSteps(RoundSteps):
 
     # --- selection -> training ------------------------------------------------
 
+    def _on_selection_result(self, message: SelectionResult) -> None:
+        if self._coordinator is None:
+            raise NotReadyError
+        self._verify(self._coordinator, message)
+        if self.device_id not in message.selected or message.round in self._trained:
+            return
+        if self.sits_out:  # selected before the coordinator heard why
+            me = self.device_id
+            logger.info("%s: selected in round %d, but sitting out", me, message.round)
+            return
+        self._trained.add(message.round)
+        self.stats.selected_rounds.append(message.round)
+        self._notify_selected(message.round)
+        self._on_selected(message.round, message.message_id)
+
+    def _train_selected(self, round_index: int, selection_id: str) -> None:
+        """A selection-only device's round: `Trainer.train` once, no model."""
+        started = time.perf_counter()
+        try:
+            report: TrainingReport = self._trainer.train(round_index)
+        except Exception as exc:  # the app's code: whatever it raises is reported
+            self._report_failure(
+                ErrorCode.TRAINING_FAILED, round_index, exc, selection_id
+            )
+            return
+        elapsed = time.perf_counter() - started
+        self._notify_trained(
+            RoundTrained(round_index, None, report.num_examples, elapsed, 0)
+        )
+        logger.info(
+            "%s: selected in round %d; trained on %d examples",
+            self.device_id,
+            round_index,
+            report.num_examples,
+        )
+
     def _on_selected(self, round_index: int, selection_id: str) -> None:
         if self.model_trainer() is None:
-            super()._on_selected(round_index, selection_id)
+            self._train_selected(round_index, selection_id)
             return
         logger.info("%s: selected in round %d", self.device_id, round_index)
         self._pending_rounds.add(round_index)

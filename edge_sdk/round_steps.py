@@ -4,8 +4,7 @@ Register: encrypt the one-hot registry with the epoch key (pooled
 obfuscators). Decrypt the overall registry and check that it sums to its
 party count (else refuse it: someone registered a malformed vector). The
 registry is the epoch's roster; Dubhe's round steps (`ursa.edge_sdk.methods.
-dubhe`) draw from it. A signed `SelectionResult` naming the device, whatever
-method selected it, runs the `Trainer` once for that round.
+dubhe`) draw from it. Being selected is the training rounds' (``model_steps.py``).
 """
 
 from __future__ import annotations
@@ -23,22 +22,18 @@ from ursa.crypto.paillier import (
     encrypt_vector,
     encrypted_vector_from,
 )
-from ursa.edge_sdk.callbacks import RoundTrained
 from ursa.edge_sdk.device_core import DeviceCore
 from ursa.edge_sdk.registration import (
     is_one_hot,
     registry_vector,
 )
-from ursa.edge_sdk.trainer import TrainingReport
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (
-    ErrorCode,
     Registration,
     RegistryCheck,
     RegistrySum,
     RegistryVerdict,
-    SelectionResult,
 )
 from ursa.protocol.router import NotReadyError
 
@@ -152,42 +147,6 @@ class RoundSteps(DeviceCore):
         self._registry = registry
         logger.info(
             "%s: registry of %d devices decrypted", self.device_id, message.num_parties
-        )
-
-    def _on_selection_result(self, message: SelectionResult) -> None:
-        if self._coordinator is None:
-            raise NotReadyError
-        self._verify(self._coordinator, message)
-        if self.device_id not in message.selected or message.round in self._trained:
-            return
-        if self.sits_out:  # selected before the coordinator heard why
-            me = self.device_id
-            logger.info("%s: selected in round %d, but sitting out", me, message.round)
-            return
-        self._trained.add(message.round)
-        self.stats.selected_rounds.append(message.round)
-        self._notify_selected(message.round)
-        self._on_selected(message.round, message.message_id)
-
-    def _on_selected(self, round_index: int, selection_id: str) -> None:
-        """Train for a round this device is selected in (model_steps overrides)."""
-        started = time.perf_counter()
-        try:
-            report: TrainingReport = self._trainer.train(round_index)
-        except Exception as exc:  # the app's code: whatever it raises is reported
-            self._report_failure(
-                ErrorCode.TRAINING_FAILED, round_index, exc, selection_id
-            )
-            return
-        elapsed = time.perf_counter() - started
-        self._notify_trained(
-            RoundTrained(round_index, None, report.num_examples, elapsed, 0)
-        )
-        logger.info(
-            "%s: selected in round %d; trained on %d examples",
-            self.device_id,
-            round_index,
-            report.num_examples,
         )
 
 
