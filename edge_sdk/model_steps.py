@@ -3,9 +3,9 @@
 The coordinator's side is ``coordinator/training.py``. On the device:
 
 * **download**: the global versions, by the `ModelDownloads` the client
-  owns (``downloads.py``; transfer ids from `ursa.protocol.ids`); a complete version is checked here against the
-  trainer (array names and shapes) and the data before it is kept, and
-  `poll` asks for missing chunks.
+  owns (``downloads.py``; transfer ids from `ursa.protocol.ids`); a complete
+  version is checked here against the trainer (array names and shapes) and
+  the data before it is kept, and `poll` asks for missing chunks.
 * **training**: a device selected in round r (signed `SelectionResult`; a
   selection-only device runs `Trainer.train` at once) trains
   once the retained `ModelAvailable` of round r has arrived, its version is
