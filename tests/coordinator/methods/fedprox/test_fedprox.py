@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+pytest.importorskip("torch")  # the federation here trains: torch-free Pythons skip
+
 from tests.mu_recording_trainer import MuRecordingTrainer
 from ursa.coordinator.config import CoordinatorConfig, TrainingSection
 from ursa.coordinator.methods_config import DubheSpec, FedProxSpec
