@@ -10,6 +10,7 @@ that delivers replies re-entrantly never sees a half-updated state).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TypeVar
 
 from ursa.coordinator.telemetry import Telemetry
@@ -30,9 +31,25 @@ from ursa.protocol.topics import (
     qos_for,
 )
 
-__all__ = ["SigningPoint"]
+__all__ = ["SigningPoint", "signed_for_devices"]
 
 _M = TypeVar("_M", bound=BaseMessage)
+
+
+def signed_for_devices(
+    original: BaseMessage, stamped: _M, sign: Callable[[_M], _M]
+) -> _M:
+    """``stamped`` signed if devices check it and its signature is not yet valid.
+
+    Devices check every coordinator message but a chunk
+    (`envelope.signed_by_coordinator`); a message signed before ``stamped``
+    changed its run (``stamped is not original``) is signed again.
+    """
+    if signed_by_coordinator(stamped) and (
+        stamped is not original or not stamped.signature
+    ):
+        return sign(stamped)
+    return stamped
 
 
 class SigningPoint:
@@ -81,12 +98,7 @@ class SigningPoint:
 
         A message signed before it was stamped with this run is signed again.
         """
-        stamped = self.in_run(message)
-        if signed_by_coordinator(stamped) and (
-            stamped is not message or not stamped.signature
-        ):
-            stamped = self.sign(stamped)
-        return encode(stamped)
+        return encode(signed_for_devices(message, self.in_run(message), self.sign))
 
     def send(self, message: BaseMessage, device: str | None = None) -> None:
         """Queue `message` for one device's down topic, or the global topic."""

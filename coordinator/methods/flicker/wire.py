@@ -25,6 +25,7 @@ from ursa.coordinator.methods.flicker.outcome import (
     Rejection,
 )
 from ursa.coordinator.refusal_log import RefusalLog
+from ursa.coordinator.signing_point import signed_for_devices
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.protocol.chunking import (
     RequestBudget,
@@ -36,7 +37,6 @@ from ursa.protocol.envelope import (
     decode,
     encode,
     message_kind,
-    signed_by_coordinator,
 )
 from ursa.protocol.errors import OversizeError, ProtocolError, VersionError
 from ursa.protocol.messages import (
@@ -246,13 +246,8 @@ class FlickerWire:
         stamped = message
         if message.run != run:  # every message carries the service's run
             stamped = message.model_copy(update={"run": run})
-        sign = self._sign
-        if (
-            sign is not None
-            and signed_by_coordinator(stamped)
-            and (stamped is not message or not stamped.signature)
-        ):
-            stamped = sign(stamped)
+        if self._sign is not None:
+            stamped = signed_for_devices(message, stamped, self._sign)
         self._outbox.put(topic, encode(stamped), qos_for(name), retain)
 
     def _relay(self, payload: bytes, device: str) -> None:
