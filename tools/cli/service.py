@@ -111,7 +111,7 @@ def register(sub: Subparsers) -> None:
     model.register(sub)
 
 
-def _stop_on_signals(who: str) -> threading.Event:
+def _stop_on_signals(who: str) -> tuple[threading.Event, threading.Thread]:
     """An event SIGTERM and SIGINT set; ``<who>: stopping (SIGTERM)`` is logged.
 
     The line comes from a watcher thread, not the handler (a handler that
@@ -134,21 +134,14 @@ def _stop_on_signals(who: str) -> threading.Event:
     signal.signal(signal.SIGINT, handle)
     watcher = threading.Thread(target=say, name="ursa-stop-note", daemon=True)
     watcher.start()
-    _WATCHERS[id(stop)] = watcher
-    return stop
+    return stop, watcher
 
 
-_WATCHERS: dict[int, threading.Thread] = {}
-"""Each stop event's watcher thread (one per command run)."""
-
-
-def _stopped(stop: threading.Event, line: str) -> None:
+def _stopped(stop: threading.Event, watcher: threading.Thread, line: str) -> None:
     """Log ``line`` after the watcher's ``stopping`` line, if a signal stopped us."""
     if not stop.is_set():
         return
-    watcher = _WATCHERS.get(id(stop))
-    if watcher is not None:
-        watcher.join(1.0)
+    watcher.join(1.0)
     logger.info("%s", line)
 
 
@@ -163,7 +156,7 @@ def _summary_of_coordinator(config: CoordinatorConfig) -> str:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    stop = _stop_on_signals("coordinator")  # first: a SIGTERM in start-up exits 0
+    stop, watcher = _stop_on_signals("coordinator")  # first: SIGTERM at start exits 0
     from ursa.crypto.paillier_keys import MIN_SECURE_KEY_BITS
 
     config = fleet.coordinator_config(args.config)
@@ -200,7 +193,7 @@ def _serve(args: argparse.Namespace) -> int:
     logger.info("%s", _summary_of_coordinator(config))
     try:
         service.run(stop, until_done=not args.keep_running)
-        _stopped(stop, "coordinator: stopped")
+        _stopped(stop, watcher, "coordinator: stopped")
     except ConnectAbortedError:
         return 0  # stopped while waiting for the broker
     except UntrustedIdentityError as exc:  # its certificate: a restart cannot fix
@@ -240,7 +233,7 @@ def _observe(
 
 
 def _device_run(args: argparse.Namespace) -> int:
-    stop = _stop_on_signals("device")  # first: a SIGTERM while torch loads exits 0
+    stop, watcher = _stop_on_signals("device")  # first: SIGTERM in torch import exits 0
     config = fleet.device_config(args.config)
     try:
         client = build_device(config, args.labels)
@@ -261,7 +254,7 @@ def _device_run(args: argparse.Namespace) -> int:
             config.state_dir,
         )
         client.run(stop)  # returns at the end of the federation, too
-        _stopped(stop, f"device {config.device_id}: stopped")
+        _stopped(stop, watcher, f"device {config.device_id}: stopped")
     except ConnectAbortedError:
         return 0  # stopped while waiting for the broker
     except UntrustedIdentityError as exc:  # its certificate: a restart cannot fix
