@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ursa.coordinator.models import check_model
-from ursa.models.weights import Arrays
+from ursa.models.weights import WEIGHTS_FILENAME, Arrays
 from ursa.protocol.messages import (
     COORDINATOR,
     MAX_CHUNK_SIZE,
@@ -45,7 +45,6 @@ __all__ = [
     "write_final_model",
 ]
 
-WEIGHTS_FILENAME = "model.ursw"
 ONNX_FILENAME = "model.onnx"
 CARD_FILENAME = "model_card.json"
 

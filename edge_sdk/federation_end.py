@@ -28,8 +28,14 @@ from typing import Any, Protocol
 
 from ursa.edge_sdk.callbacks import DeviceCallbacks, Finished, notify
 from ursa.edge_sdk.downloads import model_trainer_of
-from ursa.edge_sdk.trainer import Trainer
-from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes, arrays_to_bytes
+from ursa.edge_sdk.trainer import ModelTrainer, Trainer
+from ursa.models.weights import (
+    WEIGHTS_FILENAME,
+    Arrays,
+    WeightsError,
+    arrays_from_bytes,
+    arrays_to_bytes,
+)
 from ursa.protocol.messages import FederationEnd
 
 __all__ = [
@@ -45,29 +51,20 @@ __all__ = [
 logger = logging.getLogger("ursa.edge_sdk")
 
 FINAL_DIRNAME = "final"
-WEIGHTS_FILENAME = "model.ursw"
 ONNX_FILENAME = "model.onnx"
 FINAL_INFO_FILENAME = "final.json"
 
 
-def onnx_of(trainer: object, arrays: Arrays) -> bytes | None:
-    """The final model as ONNX, if the trainer names a registry architecture.
+def onnx_of(trainer: Trainer, arrays: Arrays) -> bytes | None:
+    """The final model as ONNX, if the trainer can export it (`ModelTrainer.onnx`).
 
-    A trainer that wraps the classifier's (FedDisk's, as ``classifier``) is
-    looked through. Needs torch and onnx (imported here only); None when
-    either is missing or the model is not a built-in architecture.
+    Needs torch and onnx (imported by the export only); None when either is
+    missing, the trainer cannot export, or the export fails (logged).
     """
-    trainer = getattr(trainer, "classifier", trainer)
-    architecture = getattr(trainer, "architecture", None)
-    options = getattr(trainer, "model_config", None)
-    if not isinstance(architecture, str) or not isinstance(options, dict):
+    if not isinstance(trainer, ModelTrainer):
         return None
     try:
-        from ursa.models.onnx_export import export_arrays_to_onnx
-    except ImportError:
-        return None
-    try:
-        return export_arrays_to_onnx(architecture, options, arrays)
+        return trainer.onnx(arrays)
     except (ImportError, RuntimeError, ValueError) as exc:
         logger.warning("the final model was not exported to ONNX: %s", exc)
         return None

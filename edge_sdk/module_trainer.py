@@ -72,6 +72,11 @@ class ModuleTrainer(ModelTrainer):
         eval_x: The local evaluation split's samples (federated evaluation;
             `ursa.edge_sdk.fleet_eval.split_for_evaluation`), or None.
         eval_y: Its class labels.
+        onnx_example: One sample (or a batch) in the shape the module takes;
+            given, the final model is also saved as ONNX (``model.onnx``,
+            input ``"x"`` of that shape with a dynamic batch) for
+            onnxruntime devices. None: weights only, since an arbitrary
+            module may not export.
     """
 
     proximal = True
@@ -93,6 +98,7 @@ class ModuleTrainer(ModelTrainer):
         seed: int = 0,
         eval_x: npt.ArrayLike | None = None,
         eval_y: npt.ArrayLike | None = None,
+        onnx_example: npt.ArrayLike | None = None,
     ) -> None:
         from ursa.edge_sdk.training import TrainConfig
 
@@ -118,6 +124,7 @@ class ModuleTrainer(ModelTrainer):
             raise ValueError("give eval_x and eval_y together")
         if eval_x is not None and eval_y is not None:
             self._eval = _data(eval_x, eval_y)
+        self._onnx_shape = _sample_shape(onnx_example, self.x)
 
     @property
     def labels(self) -> npt.NDArray[np.int64]:
@@ -205,6 +212,22 @@ class ModuleTrainer(ModelTrainer):
         """Features per local sample (``x`` flattened per sample)."""
         return int(np.prod(self.x.shape[1:], dtype=np.int64))
 
+    def onnx(self, arrays: Arrays) -> bytes | None:
+        """A copy of the module at ``arrays`` as ONNX, if ``onnx_example`` was given.
+
+        The app's module itself is left as it was (a copy is exported).
+        """
+        if self._onnx_shape is None:
+            return None
+        import copy
+
+        from ursa.models.onnx_export import export_onnx
+        from ursa.models.registry import load_arrays
+
+        module = copy.deepcopy(self.module)
+        load_arrays(module, arrays)
+        return export_onnx(module, self._onnx_shape)
+
     def check_arrays(self, global_arrays: Arrays) -> None:
         """Raise `ModelMismatchError` unless the weights fit the module's tensors."""
         if self._own is None:
@@ -212,6 +235,25 @@ class ModuleTrainer(ModelTrainer):
 
             self._own = state_dict_to_arrays(self.module)
         check_fits(self._own, global_arrays)
+
+
+def _sample_shape(
+    example: npt.ArrayLike | None, x: npt.NDArray[np.float32]
+) -> tuple[int, ...] | None:
+    """One sample's shape from ``example`` (a sample or a batch of them).
+
+    Raises:
+        ValueError: the example's shape is not the local samples' shape.
+    """
+    if example is None:
+        return None
+    shape = np.shape(example)
+    sample = tuple(int(d) for d in x.shape[1:])
+    if shape == sample or (len(shape) == len(sample) + 1 and shape[1:] == sample):
+        return sample
+    raise ValueError(
+        f"onnx_example has shape {shape}; the local samples have shape {sample}"
+    )
 
 
 def _data(

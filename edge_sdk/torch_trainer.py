@@ -206,6 +206,12 @@ class TorchTrainer(ModelTrainer):
         shape = input_shape_of(self.architecture, self.model_config)
         return int(np.prod(shape, dtype=np.int64))
 
+    def onnx(self, arrays: Arrays) -> bytes:
+        """The built-in architecture at ``arrays`` as ONNX (`export_arrays_to_onnx`)."""
+        from ursa.models.onnx_export import export_arrays_to_onnx
+
+        return export_arrays_to_onnx(self.architecture, self.model_config, arrays)
+
     def check_arrays(self, global_arrays: Arrays) -> None:
         """Raise `ModelMismatchError` (naming the tensor) unless the arrays fit.
 

@@ -164,6 +164,14 @@ class ModelTrainer(Trainer):
         """Features per local sample (default: unknown, nothing is checked)."""
         return None
 
+    def onnx(self, arrays: Arrays) -> bytes | None:
+        """The model at ``arrays`` as ONNX bytes; None: the trainer cannot export.
+
+        Saved beside the final weights (``model.onnx``) so an inference-only
+        device serves the federation's model with onnxruntime.
+        """
+        return None
+
     def model_features(self, global_arrays: Arrays) -> int | None:
         """Features per sample the model of ``global_arrays`` takes (None: unknown).
 

@@ -75,6 +75,10 @@ MAX_ARRAYS = 16_384
 state dict has ~900 entries; a large transformer's a few thousand)."""
 
 
+WEIGHTS_FILENAME = "model.ursw"
+"""The weights file's name in a final-model folder (device and coordinator)."""
+
+
 class WeightsError(ValueError):
     """Base of every error raised by `ursa.models.weights`."""
 

@@ -167,3 +167,40 @@ def test_federated_evaluation_counts_the_held_out_split_per_class() -> None:
     hits = predicted == y[40:]
     assert counts.total.tolist() == np.bincount(y[40:], minlength=3).tolist()
     assert counts.correct.tolist() == [int(hits[y[40:] == c].sum()) for c in range(3)]
+
+
+def test_an_onnx_example_exports_the_final_model_as_onnxruntime_runs_it() -> None:
+    pytest.importorskip("onnxruntime")
+    from ursa.edge_sdk.federation_end import onnx_of
+    from ursa.models import OnnxClassifier
+
+    x, y = _data()
+    module = BnNet()
+    trainer = ModuleTrainer(module, x, y, onnx_example=x[:1])
+    final = _global()
+    before = state_dict_to_arrays(module)
+
+    onnx = onnx_of(trainer, final)
+
+    assert onnx is not None
+    reference = BnNet()
+    load_arrays(reference, final)
+    reference.eval()
+    with torch.no_grad():
+        expected = reference(torch.from_numpy(x[:5])).numpy()
+    np.testing.assert_allclose(OnnxClassifier(onnx).logits(x[:5]), expected, atol=1e-5)
+    after = state_dict_to_arrays(module)  # the app's module itself is untouched
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_without_an_onnx_example_only_the_weights_are_saved() -> None:
+    from ursa.edge_sdk.federation_end import onnx_of
+
+    x, y = _data()
+    assert onnx_of(ModuleTrainer(BnNet(), x, y), _global()) is None
+
+
+def test_an_onnx_example_of_another_shape_is_refused() -> None:
+    x, y = _data()
+    with pytest.raises(ValueError, match=r"onnx_example has shape \(1, 5\)"):
+        ModuleTrainer(BnNet(), x, y, onnx_example=np.zeros((1, 5), np.float32))

@@ -113,6 +113,10 @@ class FeddiskTrainer(PhasedTrainer):
             return None
         return self.classifier.class_counts(global_arrays)
 
+    def onnx(self, arrays: Arrays) -> bytes | None:
+        """The classifier's export: the final model is the classifier's."""
+        return self.classifier.onnx(arrays)
+
     def check_arrays(self, global_arrays: Arrays) -> None:
         """Raise ValueError unless the arrays fit the current phase's model."""
         if self.phase == "classifier":
