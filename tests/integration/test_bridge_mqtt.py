@@ -313,6 +313,9 @@ def test_generated_configs_bridge_a_site_to_a_tls_core(
         for process in processes:
             process.terminate()
             process.wait(timeout=10)
+    for folder in (core_dir, site_dir):  # the generated ACLs start quietly
+        log = (folder / "mosquitto.log").read_text()
+        assert "ACL pattern" not in log, log
 
 
 def test_the_coordinator_sees_a_site_link_go_down_and_come_back(

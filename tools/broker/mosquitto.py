@@ -309,7 +309,12 @@ def write_mosquitto_config(
     password_file = private("passwd", "".join(f"{u}:{h}\n" for u, h in hashes.items()))
     acl_file = private(
         "acl",
-        _acl_text(federation or "+", coordinators, readers=list(reader_names))
+        _acl_text(
+            federation or "+",
+            coordinators,
+            devices=list(device_names),
+            readers=list(reader_names),
+        )
         + bridge_acl(sites, federation=federation or "+"),
     )
     credentials_file = None
@@ -456,7 +461,11 @@ def _tls_files(
 
 
 def _acl_text(
-    federation: str, coordinators: Iterable[str], *, readers: Iterable[str]
+    federation: str,
+    coordinators: Iterable[str],
+    *,
+    devices: Iterable[str],
+    readers: Iterable[str],
 ) -> str:
     base = f"ursa/v1/{federation}"
     lines = [
@@ -465,10 +474,11 @@ def _acl_text(
         *(f"pattern write {base}/dev/%u/up/{name}" for name in DEVICE_UP_NAMES),
         f"pattern readwrite {base}/dev/%u/status",
         f"pattern read {base}/dev/%u/down/#",
-        "# No %u on purpose: every client reads the global subtree",
-        "# (Mosquitto warns about this pattern at start; expected).",
-        f"pattern read {base}/global/#",
+        "# Every device reads the global subtree: one user block each, since a",
+        "# pattern without %u would make Mosquitto warn at every start.",
     ]
+    for name in devices:
+        lines += ["", f"user {name}", f"topic read {base}/global/#"]
     for name in coordinators:
         lines += ["", f"user {name}", "topic readwrite ursa/v1/#"]
         lines += [f"topic read {state_topic('+')}"]

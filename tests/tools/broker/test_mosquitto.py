@@ -74,6 +74,9 @@ def test_writes_private_password_file_acl_and_credentials(tmp_path: Path) -> Non
     assert "pattern write ursa/v1/+/dev/%u/up/control" in acl
     assert "up/#" not in acl  # the up names only: retained bytes are bounded
     assert "pattern read ursa/v1/+/dev/%u/down/#" in acl
+    assert "user dev1\ntopic read ursa/v1/+/global/#" in acl
+    patterns = [line for line in acl.splitlines() if line.startswith("pattern")]
+    assert all("%u" in line for line in patterns)  # Mosquitto warns otherwise
     assert "user coordinator\ntopic readwrite ursa/v1/#" in acl
     assert "user observer\ntopic read ursa/v1/#" in acl
 
