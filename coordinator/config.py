@@ -196,6 +196,8 @@ class HttpConfig(_Frozen):
     listen: str | None = None
     """``HOST:PORT``, e.g. ``127.0.0.1:9464``."""
     token: SecretStr | None = None
+    """Bearer token the view asks for (required beyond loopback; better from
+    ``URSA_HTTP__TOKEN``)."""
     allowed_hosts: tuple[str, ...] = ()
     """Names the view is reached by, e.g. ``["dash.example.org"]`` (no port)."""
     tls_cert: Path | None = None
@@ -219,7 +221,10 @@ class EnrolmentConfig(_Frozen):
     """
 
     mode: Literal["pinned", "tofu"] = "pinned"
+    """``pinned``: only listed devices enrol; ``tofu``: a device id's first key wins."""
     pins: dict[str, str] = Field(default_factory=dict)
+    """Device id to its identity fingerprint (32 hex; ``ursa coordinator enrol``
+    writes them)."""
 
     @model_validator(mode="after")
     def _check_pins(self) -> Self:
@@ -239,11 +244,18 @@ class DeadlinesConfig(_Frozen):
     """
 
     key_epoch_s: float = Field(default=60.0, gt=0)
+    """The agent's key-epoch work: its fresh Paillier key, then sealing it."""
     registration_s: float = Field(default=60.0, gt=0)
+    """Devices' encrypted registrations, then the agent's one-hot check; each
+    sealed page pushes it out again."""
     volunteer_s: float = Field(default=5.0, gt=0)
+    """Dubhe's volunteering window of a round."""
     distributions_s: float = Field(default=10.0, gt=0)
+    """Try members' encrypted class distributions."""
     agent_s: float = Field(default=10.0, gt=0)
+    """The agent's choice of the try closest to uniform; past it a round re-keys."""
     training_s: float = Field(default=600.0, gt=0)
+    """A training round: the selected devices' local training and uploads."""
     outage_grace_s: float = Field(default=30.0, ge=0)
     """After a broker outage, how long departures are held while the fleet
     reconnects (`ursa.coordinator.presence`)."""
@@ -278,7 +290,9 @@ class StoreConfig(_Frozen):
     """
 
     commit_interval_s: float = Field(default=DEFAULT_COMMIT_INTERVAL_S, ge=0, le=60)
+    """Longest a write waits for its batch's commit (0: every message alone)."""
     commit_max_records: int = Field(default=DEFAULT_COMMIT_MAX_RECORDS, ge=1)
+    """A batch of this many writes commits at once."""
 
     def policy(self) -> CommitPolicy:
         """The store's `CommitPolicy`."""
@@ -323,7 +337,9 @@ class RegistryConfig(_Frozen):
     """
 
     num_classes: int = Field(default=10, ge=2, le=4096)
+    """C: classes of the federation's task (the model's output size)."""
     groups: tuple[int, ...] = (1, 2, 10)
+    """Group sizes a device may register under, increasing, the last C."""
     sigma: tuple[float, ...] = (0.7, 0.1, 0.0)
     """One threshold per group, increasing group size; the last (sigma_C) is 0."""
     max_parties: int = Field(default=DEFAULT_MAX_PARTIES, ge=1)
@@ -436,20 +452,27 @@ class CoordinatorConfig(_Frozen):
     """Everything the coordinator service needs (frozen; see the module doc)."""
 
     federation: str = Field(pattern=ID_PATTERN)
+    """The federation's name: every topic is under ``ursa/v1/<federation>/``."""
     state_dir: Path
+    """The coordinator's store, identity and final model (relative paths
+    resolve against the config file's folder)."""
     identity_key: Path | None = None
     """The coordinator's identity key file (None: ``<state_dir>/identity.key``).
     Devices pin this identity: keep the file backed up, apart from the store.
     A coordinator started on an empty store with it starts a new run that the
     devices join by themselves; without it every device must be re-pinned."""
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
+    """Where the broker is and how the coordinator logs in."""
     enrolment: EnrolmentConfig = Field(default_factory=EnrolmentConfig)
+    """Which devices may enrol (`EnrolmentConfig`)."""
     trust: TrustConfig = Field(default_factory=TrustConfig)
     """The operator's public key and the coordinator's certificate
     (`ursa.protocol.trust_config`): devices then enrol by certificate and
     check every identity the coordinator relays."""
     deadlines: DeadlinesConfig = Field(default_factory=DeadlinesConfig)
+    """How long each phase waits for the devices (`DeadlinesConfig`)."""
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    """Dubhe's registry: classes, groups and thresholds (`RegistryConfig`)."""
     key_epochs: KeyEpochConfig = Field(default_factory=KeyEpochConfig)
     """How many key epochs one device's refusals may start (`KeyEpochConfig`)."""
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
@@ -467,7 +490,10 @@ class CoordinatorConfig(_Frozen):
     this fraction of it, and a quorum is online (0: never; late joiners then
     wait for the next epoch)."""
     k: int = Field(default=10, ge=1)
+    """K: devices selected per round."""
     tries: int = Field(default=1, ge=1, le=256)
+    """H: Dubhe's tries per round (each an independent draw of about K
+    volunteers; the try closest to a uniform class mix is kept)."""
     rounds: int = Field(default=10, ge=0)
     """Rounds to run, then the service idles (0: none, only enrolment and epoch)."""
     target_accuracy: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -491,6 +517,7 @@ class CoordinatorConfig(_Frozen):
     """Per-device message rate (`ursa.protocol.admission_limits`), checked
     before decoding; messages over it are dropped and counted."""
     poll_interval_s: float = Field(default=0.05, gt=0)
+    """How often the service loop checks its deadlines and queued messages."""
     seed: int | None = None
     """Seeds the coordinator's generator (agent choice, trim/top-up); None: random."""
     methods: tuple[MethodSpec, ...] = DEFAULT_METHODS
@@ -498,10 +525,11 @@ class CoordinatorConfig(_Frozen):
     training: TrainingSection | None = None
     """The training method's shared settings (model, initial weights, timeouts)."""
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    """Federated evaluation of the global model on the devices' own data."""
     store: StoreConfig = Field(default_factory=StoreConfig)
     """When the store commits its batches of writes (group commit)."""
     http: HttpConfig = Field(default_factory=HttpConfig)
-    """Federated evaluation of the global model on the devices' own data."""
+    """The operator's HTTP view: dashboard, ``/api/status``, ``/metrics``."""
     final_model_dir: Path | None = None
     """Where the final model is written when the rounds are done
     (``model.ursw``, ``model_card.json``, ``model.onnx``); None: the state

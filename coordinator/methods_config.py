@@ -98,6 +98,7 @@ class DubheSpec(_Spec):
     role: ClassVar[MethodRole] = MethodRole.SELECTION
     kind: Literal["dubhe"] = "dubhe"
     draw: Draw = "paper"
+    """``paper``: independent coins; ``stratified``: exact per-category quotas."""
     max_participation: float = Field(default=0.5, gt=0.0, le=1.0)
     """Largest share of any ``participation_window`` consecutive rounds one
     device is selected in (coordinator only; 1.0: no cap). A device's draws
@@ -122,6 +123,7 @@ class FedAvgSpec(_Spec):
     role: ClassVar[MethodRole] = MethodRole.TRAINING
     kind: Literal["fedavg"] = "fedavg"
     weights: Literal["examples", "equal"] = "examples"
+    """``examples``: each update weighs its training-set size; ``equal``: one each."""
 
 
 class ClimbSpec(_Spec):
@@ -134,6 +136,7 @@ class ClimbSpec(_Spec):
     dual_period: int = Field(default=1, ge=1)
     """A dual step in rounds 1, 1 + period, ..."""
     max_parties: int = Field(default=DEFAULT_MAX_PARTIES, ge=1)
+    """Most dual reports in one encrypted sum (the devices' codec bound too)."""
 
 
 class FeddiskSpec(_Spec):
@@ -144,6 +147,7 @@ class FeddiskSpec(_Spec):
     made_initial_weights: Path | None = None
     """The global MADE's version 0 (`ursa model init --model made`)."""
     made_model: str = Field(default="made", pattern=NAME_PATTERN, max_length=24)
+    """The wire name of the global MADE (a second model beside the classifier)."""
     max_made_rounds: int = Field(default=50, ge=1)
     """MADE rounds at most; then the switch, whatever the loss does."""
     loss_timeout_s: float = Field(default=60.0, gt=0.0)
@@ -167,10 +171,15 @@ class FlickerSpec(_Spec):
     nabla_client: float = Field(default=0.05, gt=0.0, le=1.0)
     """Target local imbalance sent to the dominant device."""
     hop_deadline_s: float = Field(default=30.0, gt=0.0)
+    """A ring member holding the running sum longer is skipped."""
     reply_deadline_s: float = Field(default=60.0, gt=0.0)
+    """A cosine or resample reply later than this counts as silent."""
     redundancy_deadline_s: float = Field(default=30.0, gt=0.0)
+    """A peer silent this long in a redundancy test is skipped."""
     max_updates: int = Field(default=10_000, ge=1)
+    """Safety cap on count updates in one run."""
     max_product_ciphertexts: int = Field(default=64, ge=1, le=4096)
+    """Most ciphertexts in one peer's redundancy reply (bounds its size)."""
 
 
 MethodSpec = Annotated[

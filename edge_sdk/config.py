@@ -105,6 +105,7 @@ class DeviceTrainingConfig(_Frozen):
     train: dict[str, Any] = Field(default_factory=dict)
     """`ursa.edge_sdk.training.TrainConfig` fields (checked when training starts)."""
     wire_dtype: Literal["float32", "float16"] = "float32"
+    """Upload precision of the model update (``float16`` halves the bytes)."""
     seed: int | None = Field(default=None, ge=0)
     """The device's training seed; None derives one from the device id."""
     eval_fraction: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -132,9 +133,14 @@ class DeviceConfig(_Frozen):
     """Everything an `EdgeClient` needs (frozen; see the module doc)."""
 
     device_id: str = Field(pattern=ID_PATTERN)
+    """This device's id: its broker login and its topics ``dev/<device_id>/``."""
     federation: str = Field(pattern=ID_PATTERN)
+    """The federation to join (the coordinator's ``federation``)."""
     state_dir: Path
+    """The device's identity, keys, run state and final model (relative paths
+    resolve against the config file's folder)."""
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
+    """Where the broker is and how this device logs in."""
     coordinator_fingerprint: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
     """Pin of the coordinator's identity; None trusts the first one seen (or,
     under ``[trust]``, the first one the operator certified)."""

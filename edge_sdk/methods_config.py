@@ -65,6 +65,7 @@ class DubheSpec(BaseModel):
     role: ClassVar[MethodRole] = MethodRole.SELECTION
     kind: Literal["dubhe"] = "dubhe"
     draw: Literal["paper", "stratified"] = "paper"
+    """Must equal the coordinator's: ``paper`` or ``stratified``."""
 
 
 class RandomSpec(BaseModel):
@@ -140,7 +141,9 @@ class FlickerSpec(BaseModel):
     global_test: bool = True
     """Ask the other devices before removing a sample (the global test)."""
     max_steps: int = Field(default=200, ge=1)
+    """Safety cap on resampling steps."""
     max_context_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Largest CKKS public context accepted from the coordinator."""
     num_classes: int | None = Field(default=None, ge=2, le=4096)
     """The federation's classes (default: the model's ``num_classes``, else
     the largest local label plus one)."""

@@ -41,13 +41,19 @@ class BrokerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str = DEFAULT_BROKER_URL
+    """``mqtt://host[:port]`` or ``mqtts://host[:port]`` (TLS)."""
     username: str | None = None
+    """The login (a device's is its device id)."""
     password: SecretStr | None = None
+    """Better from ``URSA_BROKER__PASSWORD`` or `password_file`; never printed."""
     password_file: Path | None = None
     """A file holding the password (trailing newline ignored), mode 0600."""
     tls_ca_file: Path | None = None
+    """The CA that signed the broker's certificate (None: the system's CAs)."""
     keepalive_s: int = Field(default=DEFAULT_KEEPALIVE_S, ge=5, le=3600)
+    """MQTT keep-alive: a silent link is found dead after about 1.5 times it."""
     timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
+    """How long one connect attempt may take."""
     reconnect_min_delay_s: int = Field(default=1, ge=1)
     """First wait before connecting again (at boot and after a lost connection)."""
     reconnect_max_delay_s: int = Field(default=60, ge=1)

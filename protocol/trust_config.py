@@ -43,6 +43,8 @@ class TrustConfig(BaseModel):
     mode: Literal["operator", "tofu"] | None = None
     """None: ``operator`` when `operator_public_key` is set, else ``tofu``."""
     operator_public_key: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    """The operator's Ed25519 public key (64 hex; ``ursa operator init`` prints
+    it): every party's identity must carry its certificate."""
     certificate: Path | None = None
     """This party's operator certificate (armoured text file)."""
 

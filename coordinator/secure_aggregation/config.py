@@ -38,6 +38,7 @@ class AggregationConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     mode: Literal["secure", "plain"] = "secure"
+    """``secure``: masked sums only; ``plain``: the coordinator sees each update."""
     threshold: int | None = Field(default=None, ge=MIN_THRESHOLD)
     """Fewest surviving devices whose sum may be unmasked (None: ceil(2K/3))."""
     sparse_above: int = Field(default=32, ge=2)

@@ -130,11 +130,18 @@ def model_rows(model: type[BaseModel]) -> Iterator[str]:
     yield "| key | type | default | description |"
     yield "| --- | --- | --- | --- |"
     for name, field in model.model_fields.items():
-        description = field.description or docs.get(name, "")
+        description = field.description or docs.get(name, "") or _kind_text(name, field)
         yield (
             f"| `{name}` | {cell(type_name(field.annotation))} "
             f"| {cell(default_text(field))} | {cell(description)} |"
         )
+
+
+def _kind_text(name: str, field: FieldInfo) -> str:
+    """A ``[[methods]]`` table's ``kind``: the method it names."""
+    if name == "kind" and isinstance(field.default, str):
+        return f'Names the method: ``kind = "{field.default}"``.'
+    return ""
 
 
 def model_section(model: type[BaseModel], title: str, level: int) -> Iterator[str]:

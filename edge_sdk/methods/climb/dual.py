@@ -103,10 +103,15 @@ class ClimbConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     eta_d: float = Field(default=DEFAULT_ETA_D, gt=0.0)
+    """Dual step size: lambda grows by ``eta_d`` times the constraint's excess."""
     epsilon: float = Field(default=DEFAULT_EPSILON, ge=0.0)
+    """Constraint slack (nats): a device's loss may exceed the mean by this."""
     lambda_max: float = Field(default=DEFAULT_LAMBDA_MAX, gt=0.0)
+    """Largest dual variable (a client weight is at most ``1 + lambda_max``)."""
     loss_bound: float = Field(default=DEFAULT_LOSS_BOUND, gt=0.0)
+    """Largest loss a report may carry (the codec's bound; beyond it clipped)."""
     max_parties: int = Field(default=DEFAULT_MAX_PARTIES, ge=1)
+    """Most reports in one encrypted sum (the coordinator's bound too)."""
 
     def codec(self) -> FixedPoint:
         """The fixed-point codec both values of a report use."""

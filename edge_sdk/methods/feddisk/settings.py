@@ -51,24 +51,37 @@ class FeddiskSettings(BaseModel):
     made_hidden_sizes: tuple[PositiveInt, ...] = Field(
         default=DEFAULT_MADE_HIDDEN_SIZES, min_length=1
     )
+    """The MADE's hidden layer widths (the coordinator's MADE must match)."""
     made_lr: float = Field(default=1e-2, gt=0.0)
+    """Learning rate of the federated MADE's local rounds."""
     made_batch_size: PositiveInt = 16
+    """Batch size of the federated MADE's local rounds."""
     made_epochs_per_round: PositiveInt = 1
+    """Local epochs per federated MADE round."""
     val_fraction: float = Field(default=0.15, gt=0.0, lt=1.0)
+    """Share of the local data held out for the MADEs' validation NLL."""
     local_made_epochs_per_check: PositiveInt = 5
+    """The local MADE trains this many epochs between validation checks."""
     local_made_max_epochs: PositiveInt = 500
+    """The local MADE's most epochs."""
     local_made_patience: PositiveInt = 2
+    """Checks without improvement that stop the local MADE."""
     made_patience: PositiveInt = 1
     """Rises of the fleet's validation NLL in a row that end phase 1."""
     classifier_hidden: int = Field(default=100, ge=0)
+    """Hidden width of the density-ratio classifier (0: logistic regression)."""
     classifier_epochs: PositiveInt = 50
+    """Epochs of the density-ratio classifier (global vs local samples)."""
     classifier_lr: float = Field(default=0.01, gt=0.0)
+    """Its learning rate."""
     classifier_batch_size: PositiveInt = 32
+    """Its batch size."""
     crossfit_folds: int = Field(default=DEFAULT_CROSSFIT_FOLDS, ge=2)
     """Parts the density-ratio classifier is cross-fitted over."""
     clip: tuple[float, float] = DEFAULT_WEIGHT_CLIP
     """Sample weights are clipped to this band before the mean-1 normalisation."""
     loss: MadeLossCodec = Field(default_factory=MadeLossCodec)
+    """Bounds of the encrypted loss report's fixed-point codec."""
 
     @model_validator(mode="after")
     def _check_clip(self) -> Self:

@@ -32,6 +32,12 @@ def test_attribute_docstrings_become_descriptions() -> None:
     assert "Enrolled online devices needed before the first key epoch" in render()
 
 
+def test_every_key_has_a_description() -> None:
+    rows = [line for line in render().splitlines() if line.startswith("| `")]
+    undescribed = [row.split("|")[1].strip() for row in rows if row.endswith("|  |")]
+    assert rows and not undescribed, f"keys without a docstring: {undescribed}"
+
+
 def test_out_writes_the_page(tmp_path: Path) -> None:
     out = tmp_path / "configuration.md"
     assert main(["--out", str(out)]) == 0
