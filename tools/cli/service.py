@@ -5,9 +5,12 @@ overrides (secrets such as ``URSA_BROKER__PASSWORD`` belong there, not in the
 file), stop cleanly on SIGTERM/SIGINT, and log to stderr. Also runnable as
 ``python -m ursa.tools.cli.service coordinator serve --config FILE``.
 
-``ursa device run`` exits 0 at the end of the federation (the final model
-saved); with ``--infer`` it keeps serving that model instead
-(`ursa.tools.cli.infer`: samples on stdin, classes on stdout).
+``ursa coordinator serve`` on a finished store exits 3 and names ``ursa
+coordinator new-run``, which archives the run and opens a new one on the same
+state dir (`ursa.coordinator.run_archive`). ``ursa device run`` exits 0 at
+the end of the federation (the final model saved); with ``--infer`` it keeps
+serving that model instead (`ursa.tools.cli.infer`: samples on stdin,
+classes on stdout).
 
 Both are built by `ursa.tools.compose` from their ``[[methods]]`` and
 ``[training]`` sections (initial weights come from `ursa model init`), the
@@ -25,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ursa.coordinator.run_archive import NewRunError, finished_round, start_new_run
 from ursa.crypto.errors import UntrustedIdentityError
 from ursa.protocol.connect import ConnectAbortedError
 from ursa.protocol.transport import TransportError
@@ -85,6 +89,18 @@ def register(sub: Subparsers) -> None:
         "[http] allowed_hosts",
     )
     serve.set_defaults(handler=_serve, default_log_level="INFO", leave=True)
+    new_run = commands.add_parser(
+        "new-run",
+        help="archive the finished run and start a new one on the same state dir "
+        "(identity, enrolled devices and trust kept)",
+    )
+    new_run.add_argument("--config", type=Path, required=True, help="TOML or JSON file")
+    new_run.add_argument(
+        "--abandon",
+        action="store_true",
+        help="also end a run whose federation is not finished (stop it first)",
+    )
+    new_run.set_defaults(handler=_new_run)
     fleet.register_coordinator(commands)
 
     device = sub.add_parser("device", help="a device process")
@@ -173,6 +189,15 @@ def _serve(args: argparse.Namespace) -> int:
             "insecure_test_keys: %d-bit Paillier keys; never in a field trial",
             config.key_bits,
         )
+    finished = None if args.keep_running else finished_round(config.state_dir)
+    if finished is not None:
+        print(
+            f"ursa coordinator serve: federation finished at round {finished}; "
+            "start a new run with `ursa coordinator new-run --config "
+            f"{args.config}` (or serve it with --keep-running)",
+            file=sys.stderr,
+        )
+        return 3
     try:
         service = build_coordinator(config)
     except ServiceSetupError as exc:
@@ -205,6 +230,30 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         if view is not None:
             view.stop()
+    return 0
+
+
+def _new_run(args: argparse.Namespace) -> int:
+    """`ursa coordinator new-run`: archive the run, open a new one (`run_archive`)."""
+    config = fleet.coordinator_config(args.config)
+    default_final = config.final_model_dir is None
+    try:
+        made = start_new_run(
+            config.state_dir,
+            final_dir=config.state_dir / "final" if default_final else None,
+            abandon=args.abandon,
+        )
+    except NewRunError as exc:
+        print(f"ursa coordinator new-run: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"new run {made.new_run} in {config.state_dir} ({made.devices} enrolled "
+        f"devices kept; run {made.old_run} archived in {made.archive})"
+    )
+    print(
+        f"start it with `ursa coordinator serve --config {args.config}`: running "
+        "devices join it by themselves"
+    )
     return 0
 
 

@@ -1,0 +1,103 @@
+"""A second federation on the same store: ``serve`` refuses a finished run, ``new-run``.
+
+The coordinator (``ursa coordinator serve``, a subprocess) runs one round with
+three devices and exits. Served again on its finished store it says so and
+exits non-zero, without serving; ``ursa coordinator new-run`` archives the run
+and keeps the identity and the enrolled devices; served once more, the new
+run completes with the same devices, which followed it without a restart.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ursa.coordinator.run_archive import RUNS_DIRNAME
+from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
+from ursa.edge_sdk.state import DeviceStateDir
+
+from .conftest import polling, serve_coordinator
+
+pytestmark = pytest.mark.integration
+
+N = 3
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "ursa.tools.cli.service", *args]
+    return subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def _run_of(state_dir: Path) -> str:
+    store = CoordinatorStore(state_dir / DB_FILENAME)
+    try:
+        return store.run_id()
+    finally:
+        store.close()
+
+
+def test_a_finished_store_is_refused_and_a_new_run_keeps_the_fleet(
+    mqtt_federation: Any, tmp_path: Path
+) -> None:
+    fed = mqtt_federation("itnewrun")
+    base = fed.coordinator_config(N, k=2)
+    state_dir = base.state_dir
+    config_file = tmp_path / "coordinator.toml"
+    config_file.write_text(
+        f'federation = "itnewrun"\nstate_dir = "{state_dir}"\n'
+        f"min_devices = {N}\nk = 2\ntries = 2\nrounds = 1\n"
+        f"key_bits = {base.key_bits}\ninsecure_test_keys = true\n"
+        f'[broker]\nurl = "{fed.url}"\nusername = "coordinator"\nkeepalive_s = 5\n'
+        '[enrolment]\nmode = "tofu"\n'
+        "[deadlines]\nvolunteer_s = 2\ndistributions_s = 5\nagent_s = 5\n"
+    )
+    env = dict(os.environ, URSA_BROKER__PASSWORD=fed.broker.credentials["coordinator"])
+    log_path = tmp_path / "coordinator.log"
+    clients = fed.start_devices(N)
+    with polling(clients):
+        process = serve_coordinator(config_file, env, log_path)
+        assert process.wait(timeout=180) == 0
+        first_run = _run_of(state_dir)
+        identity = (state_dir / "coordinator.pub").read_text()
+
+        again = _cli("coordinator", "serve", "--config", str(config_file), env=env)
+        assert again.returncode == 3
+        assert "federation finished at round 1" in again.stderr
+        assert "ursa coordinator new-run" in again.stderr
+        assert "broker outage" not in again.stderr
+
+        made = _cli("coordinator", "new-run", "--config", str(config_file), env=env)
+        assert made.returncode == 0, made.stderr
+        assert f"{N} enrolled devices kept" in made.stdout
+        second_run = _run_of(state_dir)
+        assert second_run != first_run
+        assert (state_dir / RUNS_DIRNAME / first_run / DB_FILENAME).exists()
+
+        log_path.write_bytes(b"")
+        process = serve_coordinator(config_file, env, log_path)
+        assert process.wait(timeout=180) == 0
+
+    assert (state_dir / "coordinator.pub").read_text() == identity
+    store = CoordinatorStore(state_dir / DB_FILENAME)
+    try:
+        assert store.completed_rounds() == 1
+        assert sorted(store.enrolled()) == fed.device_ids(N)
+    finally:
+        store.close()
+    log = log_path.read_text()
+    assert "enrolled dev" not in log  # carried over, not enrolled afresh
+    for device in fed.device_ids(N):
+        joined = DeviceStateDir(tmp_path / device).load_run()
+        assert joined.run == second_run
+        assert joined.left == (first_run,)
+    refusals = [
+        e for _, e in fed.capture.messages("error") if e.sender != "coordinator"
+    ]
+    assert not refusals
