@@ -15,7 +15,7 @@ publishes the sum of the others. The agent learns an anonymous, shuffled
 list of categories: the overall registry every device decrypts anyway.
 
 Pure bookkeeping: the coordinator's key-epoch stages send the pages, verify
-the verdicts' signatures and sum (`ursa.coordinator.keys`).
+the verdicts' signatures and sum (`ursa.coordinator.key_epoch`).
 """
 
 from __future__ import annotations

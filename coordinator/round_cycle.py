@@ -4,7 +4,7 @@ SELECTING: the runtime publishes the round's retained `RoundAnnounce`, then
 asks the federation's `SelectionMethod` at every step (every tick and after
 every admitted message) until it names the round's K participants (a step
 costs O(1) in the fleet's size: the eligible devices are kept per event,
-`ursa.coordinator.core.EpochSets`); the
+`ursa.coordinator.epoch_work.EpochSets`); the
 method's own steps and windows (Dubhe's volunteers, distributions and agent)
 are its business (`ursa.coordinator.methods`). The runtime checks the
 answer (K distinct eligible devices), signs the `SelectionResult`, stores
@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Set
+from dataclasses import dataclass
 
 import numpy as np
 
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
-from ursa.coordinator.core import EpochSets, EpochWork, RoundWork
 from ursa.coordinator.ending import Ending
+from ursa.coordinator.epoch_work import EpochSets, EpochWork
 from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import churn
 from ursa.coordinator.rounds import Stage, advance
@@ -45,12 +46,23 @@ from ursa.protocol.envelope import decode
 from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import COORDINATOR, RoundAnnounce, SelectionResult
 
-__all__ = ["MIN_ANNOUNCE_INTERVAL_S", "RoundCycle"]
+__all__ = ["MIN_ANNOUNCE_INTERVAL_S", "RoundCycle", "RoundWork"]
 
 logger = logging.getLogger("ursa.coordinator")
 
 MIN_ANNOUNCE_INTERVAL_S = 1.0
 """Re-announcements of a round are at least this far apart, whatever a method asks."""
+
+
+@dataclass
+class RoundWork:
+    """The current round, as the coordinator works on it."""
+
+    round: int
+    epoch: int
+    announce: bytes
+    selected: tuple[str, ...] | None = None
+    result: bytes | None = None
 
 
 class RoundCycle:

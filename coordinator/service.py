@@ -1,62 +1,30 @@
-"""The coordinator service: admission of every message, the stage loop, restarts.
+"""The coordinator service: wiring and lifecycle of its components.
 
-The protocol as the coordinator runs it (docs/protocol.md; Dubhe Fig. 3-5)::
+The protocol as the coordinator runs it is in docs/protocol.md (Dubhe Fig.
+3-5): enrolment, a key epoch (agent, sealed keys, registration), then rounds
+(announce, the selection method's own messages, training), until the
+configured rounds are done and `FederationEnd` is published.
 
-    1  device -> Hello(identity keys) ---------------------------> pinned / TOFU
-       coordinator -> EnrolResult(accepted, coordinator identity) -> device
-    2  device -> status (retained online; last will offline)  -> coordinator
-       (an online status of an unenrolled device, e.g. one whose Hello came
-       before the coordinator subscribed, is answered `unknown_device`; the
-       device then says Hello again)
-    3  [>= min_devices online]  KeyEpochStart (signed, retained) -> all
-       coordinator -> agent's Hello (relayed) -> every recipient
-       coordinator -> SealRequest pages (recipients' keys) -> agent
-       agent -> AgentPublicKey (signed) -> coordinator -> all (retained)
-       agent -> SealedKeys per page -> coordinator -> SealedSecretKey -> recipient
-    4  device -> Registration(Enc(one-hot registry)) -> running sum
-       [all online recipients or deadline]  RegistrySum -> all (retained)
-    5  RoundAnnounce(round, K, H, deadline) -> all (retained)
-       SELECTING: the selection method's own messages and windows (Dubhe:
-       Volunteer, TryAssignment, EncryptedDistribution, TrySums, AgentAnswer;
-       with the stratified draw first RankRequest/SealedRanks/SealedRank once
-       per key epoch; `ursa.coordinator.methods.dubhe`), until it names the
-       participants
-       SelectionResult (signed, K) -> all (a private selection: to each
-       selected device alone, naming only it); RoundPlugin trains
-       round complete (persisted once) -> next round, or a new key epoch
+The service builds its components, hands each its collaborators and runs
+their lifecycle (`start`, `tick`, `run`, `stop`): the inbox (`inbox`:
+admission, de-duplication, routing of every message), the enrolled devices
+(`enrolled_devices`), the presence (`presence`), the run's `RoundState`
+(`stage_machine`), the key epoch (`key_epoch`: enrolment, balancing, key
+epoch and registration, and the one `EpochView` methods see), the rounds
+(`round_cycle`), the end of the federation (`ending`), what it sends
+(`signing_point`) and refuses (`rejections`), broker and site-link outages
+(`broker_outage`: one loop extends every live phase), the retained sweep
+(`retained_sweep`), the restart (`recovery`), and the context its methods are
+lent (`method_context`). No component reads another's private state.
 
-Phases close early once every *online* device they wait on has answered (a
-last will removes a device at once), else at their deadline. A selection
-method may ask for a new key epoch before the next round (Dubhe, when its
-agent is offline or silent). Devices enrolled after a key epoch started join
-at the next one.
-
-Admission (every incoming message; `ursa.coordinator.admission`): topic,
-size and rate, decode, federation, sender, run and enrolment; then the
-message id not seen before (persisted); then the stage handler checks
-epoch, round, stage and role. Nothing a device sends can crash it: an
-unexpected exception is logged with its traceback and its transaction rolls
-back (the message is not marked seen, so a re-send is handled afresh).
-
-The service wires its parts and runs their lifecycle: admission, the
-enrolled devices (`enrolled_devices`), the run's `RoundState`
-(`stage_machine`), what it sends (`signing_point`), the
-rounds (`round_cycle`), error replies (`error_replies`), broker and
-site-link outages (`broker_outage`: one loop extends every live phase), the
-retained sweep (`retained_sweep`), the end of the federation (`ending`), and
-the context its methods are lent (`method_context`); the key epoch's stages
-and the restart (`keys`, `recovery`) are still its bases.
-
-Restart: state, epochs, rounds, the methods' progress and seen ids live in
-SQLite; on start the service reloads them, gives the current stage a fresh
-deadline and re-publishes what the stage waits on (key notice, public key,
-registry sum, announce, last selection; the selection method re-sends its
-own). Devices answer
-idempotently with the same message ids, so nothing is counted twice. The
-store commits in batches (`ursa.coordinator.store`, ``[store]``): the outbox
-publishes nothing before the batch that produced it is committed, so a
-``kill -9`` loses only messages that nothing published has revealed, and the
-re-published requests bring them back.
+Nothing a device sends can crash it: an unexpected exception is logged with
+its traceback and its transaction rolls back (the message is not marked
+seen, so a re-send is handled afresh). Restart: state, epochs, rounds, the
+methods' progress and seen ids live in SQLite (`ursa.coordinator.store`,
+committed in batches; the outbox publishes nothing before the batch that
+produced it is committed); on start the service reloads them and
+re-publishes what the stage waits on (`recovery`). Devices answer
+idempotently with the same message ids, so nothing is counted twice.
 """
 
 from __future__ import annotations
@@ -64,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Set
+from collections.abc import Set
 
 import numpy as np
 
@@ -72,63 +40,43 @@ from ursa.coordinator.admission import Admission
 from ursa.coordinator.broker_outage import BrokerOutage
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
-from ursa.coordinator.core import STATE_KEY
-from ursa.coordinator.device_sets import OnlineDevices
 from ursa.coordinator.ending import Ending
 from ursa.coordinator.enrolled_devices import EnrolledDevices
-from ursa.coordinator.enrolment import enrol_result
-from ursa.coordinator.error_replies import ErrorReplies
 from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.identity_refusals import IdentityRefusals
+from ursa.coordinator.inbox import Inbox
+from ursa.coordinator.key_epoch import KeyEpoch
 from ursa.coordinator.method_context import MethodContext
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.registry import selection_method
-from ursa.coordinator.natural_keys import natural_key
 from ursa.coordinator.plugin import EpochView, NoTraining, RoundPlugin, SignedT
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.recovery import Recovery
 from ursa.coordinator.refusal_log import RefusalLog
+from ursa.coordinator.rejections import Rejections
 from ursa.coordinator.retained_sweep import RETAINED_SWEEP_S, RetainedSweep
 from ursa.coordinator.round_cycle import RoundCycle
 from ursa.coordinator.rounds import RoundState, Stage
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.site_links import SiteLink
-from ursa.coordinator.stage_machine import StageMachine
+from ursa.coordinator.stage_machine import STATE_KEY, StageFunctions, StageMachine
 from ursa.coordinator.startup_hold import MAX_HELD
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
 from ursa.crypto.certificate import Role
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.secret_file import ensure_private_dir
-from ursa.protocol.admission_limits import (
-    AdmissionStats,
-)
+from ursa.protocol.admission_limits import AdmissionStats
 from ursa.protocol.connect import connect_patiently
-from ursa.protocol.envelope import message_kind
-from ursa.protocol.messages import (
-    COORDINATOR,
-    AgentPublicKey,
-    BaseMessage,
-    ChunkRequest,
-    ErrorCode,
-    ErrorReply,
-    Heartbeat,
-    Hello,
-    Registration,
-    RegistryVerdict,
-    SealedKeys,
-    SealedSecretKey,
-    Status,
-)
+from ursa.protocol.messages import COORDINATOR, BaseMessage, Status
 from ursa.protocol.outbox import Outbox
-from ursa.protocol.router import Dispatch, RejectedError, Router
+from ursa.protocol.router import Router
 from ursa.protocol.topics import (
     BRIDGE_STATE_FILTER,
     STATUS,
     coordinator_subscriptions,
     global_topic,
-    parse_bridge_state,
 )
 from ursa.protocol.transport import Transport, TransportError, TransportStats
 
@@ -141,17 +89,11 @@ __all__ = [
 
 logger = logging.getLogger("ursa.coordinator")
 
-TRANSIENT_CODES = frozenset(
-    {ErrorCode.LATE, ErrorCode.WRONG_ROUND, ErrorCode.WRONG_EPOCH}
-)
-"""Refusals that depend on when a message came, not on what it says: such a
-message is not marked seen, so the device's retransmission is judged afresh."""
-
 IDENTITY_PUBLIC_FILENAME = "coordinator.pub"
 """Hex of the coordinator's public identity, for devices that pin it by config."""
 
 
-class CoordinatorService(Recovery):
+class CoordinatorService:
     """The coordinator: one instance per federation, driven by `run` or `tick`.
 
     Args:
@@ -197,102 +139,155 @@ class CoordinatorService(Recovery):
                 f"[[methods]] names {named}, the training plugin runs "
                 f"{', '.join(runs) or 'none'}"
             )
+        spec = config.flicker_method()
+        if flicker is None and spec is not None:
+            flicker = FlickerMethod(spec)
+        if flicker is not None and spec is None:
+            raise ValueError("a FLICKER method, but [[methods]] names no flicker")
+        self._flicker = flicker
         self._selection = selection_method(config)
-        self._rng = rng if rng is not None else np.random.default_rng(config.seed)
+        rng = rng if rng is not None else np.random.default_rng(config.seed)
         self._transport = transport
         self._lock = threading.RLock()
         self._outbox = Outbox("coordinator")
         self._stopped = threading.Event()
-        self._stages = StageMachine(self._telemetry)
+        self._started = self._resumed = False
+        self._stages = stages = StageMachine(self._telemetry)
         self._trust = config.trust.anchor(config.federation, COORDINATOR)
         self._certificate = b""
         """The coordinator's own operator certificate (b"": tofu)."""
         self._presence = Presence(
             grace_s=config.deadlines.outage_grace_s,
-            on_change=lambda device, _online: self._device_changed(device),
+            on_change=lambda device, _online: self._key_epoch.device_changed(device),
         )
-        self._refusals = RefusalLog(
+        refusals = RefusalLog(
             logger, keep=lambda *error: self._store.record_error(*error)
         )
+        self._refusals = refusals
         self._devices = EnrolledDevices(
             config,
             trust=self._trust,
             presence=self._presence,
-            refusals=self._refusals,
-            clock=self._clock,
-            changed=lambda device: self._device_changed(device),
+            refusals=refusals,
+            clock=clock,
+            changed=lambda device: self._key_epoch.device_changed(device),
         )
-        self._enrolled = self._devices.identities
-        self._certificates = self._devices.certificates
-        self._refusing = self._devices.refusing
-        self._online = self._presence.online
-        self._sat_out = {}
-        self._epoch = None
-        self._started = False
-        self._resumed = False
-        self._identity_refusals = IdentityRefusals(config.key_epochs)
-        self._ready = set()
-        self._online_view = OnlineDevices(
-            self._ready, lambda: self._sat_out, lambda: self._state.epoch
-        )
+        identity_refusals = IdentityRefusals(config.key_epochs)
         self._retained = RetainedSweep(config.federation, self._outbox, self._telemetry)
-        self._outgoing = SigningPoint(config.federation, self._outbox, self._telemetry)
+        self._outgoing = outgoing = SigningPoint(
+            config.federation, self._outbox, self._telemetry
+        )
+        rejections = Rejections(
+            config.federation,
+            telemetry=self._telemetry,
+            refusals=refusals,
+            outgoing=outgoing,
+            clock=clock,
+            round_index=lambda: stages.state.round,
+        )
         self._admission = Admission(
             config,
             telemetry=self._telemetry,
-            refusals=self._refusals,
-            reject=self._reject,
-            run=lambda: self._outgoing.run,
-            is_enrolled=lambda device: device in self._enrolled,
+            refusals=refusals,
+            reject=rejections.reject,
+            run=lambda: outgoing.run,
+            is_enrolled=lambda device: device in self._devices.identities,
         )
-        self._ending = Ending(
+        ending = Ending(
             config,
             plugin=self._plugin,
             final_output=final_output,
-            send=self._outgoing.send,
-            sign=self._outgoing.sign,
+            send=outgoing.send,
+            sign=outgoing.sign,
+        )
+        self._key_epoch = key_epoch = KeyEpoch(
+            config,
+            stages=stages,
+            devices=self._devices,
+            presence=self._presence,
+            outgoing=outgoing,
+            identity_refusals=identity_refusals,
+            plugin=self._plugin,
+            flicker=flicker,
+            rng=rng,
+            clock=clock,
+            open_round=lambda now: self._rounds.start_round(now),
+            forget_round=lambda: self._rounds.forget(),
         )
         self._rounds = RoundCycle(
             config,
-            stages=self._stages,
+            stages=stages,
             selection=self._selection,
             plugin=self._plugin,
-            ending=self._ending,
-            outgoing=self._outgoing,
+            ending=ending,
+            outgoing=outgoing,
             telemetry=self._telemetry,
-            rng=self._rng,
-            clock=self._clock,
-            online=self._online,
-            epoch=lambda: self._epoch,
-            epoch_view=self._epoch_view,
-            epoch_sets=self._epoch_sets,
-            start_key_epoch=self._start_key_epoch,
+            rng=rng,
+            clock=clock,
+            online=self._presence.online,
+            epoch=lambda: key_epoch.work,
+            epoch_view=key_epoch.view,
+            epoch_sets=key_epoch.sets,
+            start_key_epoch=key_epoch.start,
         )
+        self._stage_functions: StageFunctions = {
+            Stage.ENROLMENT: key_epoch.stage_enrolment,
+            Stage.BALANCING: key_epoch.stage_balancing,
+            Stage.KEY_EPOCH: key_epoch.stage_key_epoch,
+            Stage.REGISTRATION: key_epoch.stage_registration,
+            Stage.SELECTING: self._rounds.stage_selecting,
+            Stage.TRAINING: self._rounds.stage_training,
+            Stage.DONE: lambda now: None,
+        }
         self._outage = BrokerOutage(
-            self._presence,
-            (
-                self._stages,
-                self._selection,
-                self._plugin,
-            ),
+            self._presence, (stages, key_epoch, self._selection, self._plugin)
         )
-        self._router = self._routes()
-        self._selection.register(self._router)
-        spec = config.flicker_method()
-        if flicker is None and spec is not None:
-            flicker = FlickerMethod(spec)
+        self._recovery = Recovery(
+            config,
+            stages=stages,
+            rounds=self._rounds,
+            devices=self._devices,
+            presence=self._presence,
+            identity_refusals=identity_refusals,
+            key_epoch=key_epoch,
+            selection=self._selection,
+            plugin=self._plugin,
+            flicker=flicker,
+            outgoing=outgoing,
+        )
+        router = Router(COORDINATOR)
+        self._inbox = Inbox(
+            config,
+            router=router,
+            admission=self._admission,
+            presence=self._presence,
+            devices=self._devices,
+            key_epoch=key_epoch,
+            rounds=self._rounds,
+            stages=stages,
+            plugin=self._plugin,
+            flicker=flicker,
+            outage=self._outage,
+            outgoing=outgoing,
+            identity_refusals=identity_refusals,
+            rejections=rejections,
+            refusals=refusals,
+            clock=clock,
+            identity=lambda: self.identity,
+            certificate=lambda: self._certificate,
+            step=self._step,
+        )
+        key_epoch.register(router)
+        self._selection.register(router)
         if flicker is not None:
-            if spec is None:
-                raise ValueError("a FLICKER method, but [[methods]] names no flicker")
-            flicker.register(self._router)
-        self._flicker = flicker
+            flicker.register(router)
 
     # --- lifecycle ------------------------------------------------------------
 
     @property
     def state(self) -> RoundState:
         """The current stage, epoch, round and deadline."""
-        return self._state
+        return self._stages.state
 
     @property
     def config(self) -> CoordinatorConfig:
@@ -317,7 +312,7 @@ class CoordinatorService(Recovery):
     @property
     def is_done(self) -> bool:
         """True once the configured number of rounds is complete."""
-        return self._state.stage is Stage.DONE
+        return self._stages.state.stage is Stage.DONE
 
     @property
     def flicker(self) -> FlickerMethod | None:
@@ -351,6 +346,11 @@ class CoordinatorService(Recovery):
         return self._config.federation
 
     @property
+    def key_epoch(self) -> KeyEpoch:
+        """The key epoch component (its view, its sets; for status and tests)."""
+        return self._key_epoch
+
+    @property
     def selection(self) -> SelectionMethod:
         """The federation's selection method (for status and tests)."""
         return self._selection
@@ -365,23 +365,23 @@ class CoordinatorService(Recovery):
 
     def device_identity(self, device: str) -> DevicePublicIdentity | None:
         """An enrolled device's identity keys (its peers verify it with them)."""
-        return self._enrolled.get(device)
+        return self._devices.identities.get(device)
 
     def device_certificate(self, device: str) -> bytes:
         """An enrolled device's operator certificate (b"": none, tofu)."""
-        return self._certificates.get(device, b"")
+        return self._devices.certificates.get(device, b"")
 
     def epoch_view(self) -> EpochView | None:
         """The current key epoch's public data (for the round plugin)."""
         with self._lock:
-            return self._epoch_view()
+            return self._key_epoch.view()
 
     def online_devices(self) -> Set[str]:
         """Enrolled devices online and not sitting the epoch out (for the plugin).
 
         A maintained read-only view (O(1) to get and to test), never a copy.
         """
-        return self._online_view
+        return self._key_epoch.online
 
     def reannounce(self) -> None:
         """Publish the open round's announce again (rate-limited; for methods)."""
@@ -417,8 +417,9 @@ class CoordinatorService(Recovery):
         run = self._store.run_id()
         self._outgoing.start(self._identity, run)
         logger.info("run %s%s", run, " (new)" if fresh else "")
+        self._inbox.open(self._store)
         with self._lock:
-            self._restore(now)
+            self._recovery.restore(self._store, now)
         context = self._method_context()
         self._plugin.attach(context)
         self._selection.attach(context)
@@ -428,8 +429,8 @@ class CoordinatorService(Recovery):
                 run=run,
                 num_classes=cfg.registry.num_classes,
                 state_dir=cfg.state_dir,
-                devices=self._enrolled,
-                certificates=self._certificates,
+                devices=self._devices.identities,
+                certificates=self._devices.certificates,
                 store=self._store,
                 outbox=self._outbox,
                 clock=self._clock,
@@ -453,9 +454,7 @@ class CoordinatorService(Recovery):
         self._publish_status(online=True)
         self._outage.started(self._transport.is_connected)
         with self._lock:
-            self._resume(self._clock())
-            if self._flicker is not None and self._state.stage is Stage.BALANCING:
-                self._flicker.resume()
+            self._recovery.resume(self._store, self._clock())
             self._resumed = True
             for topic, payload in self._admission.take_held():  # came in the restore
                 self._admit_safely(topic, payload, charged=True)
@@ -467,8 +466,8 @@ class CoordinatorService(Recovery):
         return MethodContext(
             federation=self._config.federation,
             store=self._store,
-            online=self._online_view,
-            epoch=self.epoch_view,
+            online=self._key_epoch.online,
+            epoch=self._key_epoch.view,
             sender=self.send,
             signer=self.sign,
             announcer=self.reannounce,
@@ -496,10 +495,13 @@ class CoordinatorService(Recovery):
         self._subscribe(transport)
         return transport
 
+    def _step(self, now: float) -> None:
+        self._stages.settle(self._stage_functions, now)
+
     def _status(self, *, online: bool) -> Status:
         return Status(
             federation=self._config.federation,
-            round=self._state.round,
+            round=self._stages.state.round,
             sender=COORDINATOR,
             online=online,
             state="serving" if online else "offline",
@@ -517,8 +519,8 @@ class CoordinatorService(Recovery):
                 gone = self._outage.watch(self._transport, self._clock())
                 if gone:
                     with self._store.transaction():
-                        self._departed(gone)
-                self._apply_revocations()
+                        self._inbox.departed(gone)
+                self._key_epoch.revoked(self._devices.revocations())
                 self._step(self._clock())
                 self._refusals.flush(self._clock())
                 self._store.flush_if_due()  # a batch no message or publish closed
@@ -609,48 +611,9 @@ class CoordinatorService(Recovery):
         self, topic: str, payload: bytes, *, charged: bool = False
     ) -> None:
         try:
-            self._admit(topic, payload, self._clock(), charged=charged)
+            self._inbox.admit(topic, payload, self._clock(), charged=charged)
         except Exception:
             logger.exception("internal error on a message from %s", topic)
-
-    def _admit(
-        self, topic: str, payload: bytes, now: float, *, charged: bool = False
-    ) -> None:
-        """Judge one message (``charged``: its admission token is already taken)."""
-        link = parse_bridge_state(topic, payload)
-        if link is not None:
-            self._outage.site_link(*link, now)
-            return
-        admitted = self._admission.judge(topic, payload, now, charged=charged)
-        if admitted is None:
-            return
-        device, message, kind = admitted.device, admitted.message, admitted.kind
-        if admitted.on_status_topic:
-            self._on_status(device, message, now)
-            return
-        natural = natural_key(message)  # its stored record de-duplicates it
-        if self._store.is_duplicate(message.message_id, natural):
-            logger.debug(
-                "duplicate %s %s from %s ignored", kind, message.message_id, device
-            )
-            return
-        with self._store.transaction():  # joins the open batch (group commit)
-            if device in self._enrolled and self._presence.arrived(device):
-                self._store.set_online(device, True)
-                self._epoch_arrived(device)
-            try:
-                self._dispatch(message)
-            except RejectedError as exc:
-                self._reject(device, kind, exc.code, exc.reason, message.message_id)
-                if exc.code not in TRANSIENT_CODES:
-                    self._store.mark_seen(message.message_id, now)
-            else:
-                logger.debug(
-                    "%s of round %d from %s admitted", kind, message.round, device
-                )
-                if natural is None:
-                    self._store.mark_seen(message.message_id, now)
-            self._step(now)
 
     def run_drops(self) -> dict[str, int]:
         """Messages dropped per device because they belong to another run."""
@@ -662,162 +625,7 @@ class CoordinatorService(Recovery):
         with self._lock:
             return self._admission.stats()
 
-    def _routes(self) -> Router:
-        """The runtime's handlers (admission already checked each sender)."""
-        router = Router(COORDINATOR)
-        own = "coordinator"
-        router.register(Hello, self._on_hello, owner=own)
-        router.register(AgentPublicKey, self._on_agent_public_key, owner=own)
-        router.register(SealedSecretKey, self._on_sealed_secret_key, owner=own)
-        router.register(SealedKeys, self._on_sealed_keys, owner=own)
-        router.register(Registration, self._on_registration, owner=own)
-        router.register(RegistryVerdict, self._on_registry_verdict, owner=own)
-        replies = ErrorReplies(
-            self._refusals,
-            clock=self._clock,
-            epoch=lambda: self._state.epoch,
-            refused=self._refused_by_reply,
-            sit_out=self._sit_out,
-            failed=self._device_failed,
-        )
-        router.register(ErrorReply, replies.on_error_reply, owner=own)
-        router.register(Heartbeat, lambda m: None, owner=own)
-        return router
-
-    def _refused_by_reply(self, message: ErrorReply) -> None:
-        """A device refused our identity: check its signed reply, count it out."""
-        self._check_identity_refusal(message)  # signed, names our acceptance
-        self._refused_by(message.sender, message.reason)
-
-    def _device_failed(self, round_index: int, device: str, code: str) -> None:
-        """A selected device's work failed: the open round stops waiting for it."""
-        work = self._rounds.work
-        training = self._state.stage is Stage.TRAINING
-        if training and work is not None and round_index == work.round:
-            self._plugin.on_device_failed(work.round, device, code)
-
-    def _refused_by(self, device: str, reason: str) -> None:
-        """A device pinned another coordinator: count it out, key again if due."""
-        if self._devices.refused_by(device, reason):
-            self._rekey_for_refusal(device)  # rate-limited per device (`keys`)
-
-    def _dispatch(self, message: BaseMessage) -> None:
-        """The router's handler, else the training plugin's (in an open round)."""
-        if self._router.dispatch(message) is not Dispatch.UNHANDLED:
-            return
-        kind = message_kind(message)
-        if isinstance(message, ChunkRequest):  # downloads, in any stage
-            if self._flicker is None or not self._flicker.answers(message):
-                self._plugin.on_message(self._state.round, message, self._outgoing.send)
-        elif self._state.stage is Stage.TRAINING and self._rounds.work is not None:
-            if message.round != self._rounds.work.round:
-                raise RejectedError(
-                    ErrorCode.WRONG_ROUND, f"round {message.round} not open"
-                )
-            self._plugin.on_message(
-                self._rounds.work.round, message, self._outgoing.send
-            )
-        else:
-            raise RejectedError(
-                ErrorCode.UNAUTHORISED, f"a device may not send {kind} now"
-            )
-
-    def _on_status(self, device: str, message: BaseMessage, now: float) -> None:
-        if not isinstance(message, Status):
-            self._reject(
-                device,
-                message_kind(message),
-                ErrorCode.MALFORMED,
-                "only status messages go on the status topic",
-                message.message_id,
-            )
-            return
-        if device not in self._enrolled:
-            if message.online:  # its hello may have preceded our subscription
-                reason = "device is not enrolled (send hello)"
-                self._reject(device, "status", ErrorCode.UNKNOWN_DEVICE, reason, None)
-            return
-        presence = self._presence
-        with self._store.transaction():
-            if message.online:
-                if not presence.arrived(device):
-                    return
-                logger.info("%s is online", device)
-                self._store.set_online(device, True)
-                self._epoch_arrived(device)
-            elif presence.left(device, now):
-                logger.info("%s is offline", device)
-                self._departed({device})
-            elif device in presence.held:
-                logger.info("%s is offline (held: a possible outage)", device)
-                for held in presence.held:  # a burst takes earlier departures back
-                    self._store.set_online(held, True)
-                return
-            else:
-                return
-            self._step(now)
-
-    def _departed(self, devices: set[str]) -> None:
-        """Record departures the presence applied (last wills, or a hold ended)."""
-        for device in sorted(devices):
-            self._store.set_online(device, False)
-            if self._epoch is not None:
-                self._epoch.left(device)
-            if self._flicker is not None:
-                self._flicker.device_left(device)
-
     @property
     def site_links(self) -> dict[str, SiteLink]:
         """Every site bridge's last known state (read from any thread)."""
         return self._outage.site_links
-
-    def _on_hello(self, message: Hello) -> None:
-        device = message.sender  # admission checked it is the topic's device
-        decision = self._devices.hello(message)
-        reply = enrol_result(
-            decision,
-            self.identity,
-            federation=self._config.federation,
-            round_index=self._state.round,
-            device_id=device,
-            epoch=self._state.epoch or None,
-            certificate=self._certificate,
-        )
-        if reply.accepted:
-            reply = self._outgoing.sign(reply)
-            self._identity_refusals.sent(reply)  # the one it may refuse
-        self._outgoing.send(reply, device)
-
-    # --- the stage loop -------------------------------------------------------
-
-    def _step(self, now: float) -> None:
-        """Run the current stage's function until the stage stops changing."""
-        stages: dict[Stage, Callable[[float], None]] = {
-            Stage.ENROLMENT: self._stage_enrolment,
-            Stage.BALANCING: self._stage_balancing,
-            Stage.KEY_EPOCH: self._stage_key_epoch,
-            Stage.REGISTRATION: self._stage_registration,
-            Stage.SELECTING: self._rounds.stage_selecting,
-            Stage.TRAINING: self._rounds.stage_training,
-            Stage.DONE: lambda now: None,
-        }
-        for _ in range(16):
-            before = self._state
-            stages[before.stage](now)
-            if self._state == before:
-                return
-
-    def _stage_enrolment(self, now: float) -> None:
-        cfg = self._config
-        needed = cfg.min_devices if self._state.epoch == 0 else cfg.epoch_quorum()
-        if len(self._online_enrolled()) >= needed:
-            if self._flicker is not None and not self._flicker.is_over:
-                self._stages.advance(Stage.BALANCING, now, None)
-                return
-            self._start_key_epoch(now, frozenset())
-
-    def _stage_balancing(self, now: float) -> None:
-        """FLICKER's run (its own deadlines), then the first key epoch."""
-        online = self._online_enrolled()
-        if self._flicker is None or self._flicker.step(now, online):
-            self._start_key_epoch(now, frozenset())

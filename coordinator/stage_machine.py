@@ -12,17 +12,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable, Mapping
 
 from ursa.coordinator.rounds import RoundState, Stage, advance
 from ursa.coordinator.store import CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
 
-__all__ = ["STATE_KEY", "StageMachine"]
+__all__ = ["MAX_STEPS", "STATE_KEY", "StageFunctions", "StageMachine"]
 
 logger = logging.getLogger("ursa.coordinator")
 
 STATE_KEY = "state"
 """Store meta key: the `RoundState` as JSON."""
+
+MAX_STEPS = 16
+"""Stage functions run per `settle` at most (a stage that keeps changing)."""
+
+StageFunctions = Mapping[Stage, Callable[[float], None]]
+"""What runs in each stage (the key epoch's, the round cycle's)."""
 
 
 class StageMachine:
@@ -87,3 +94,11 @@ class StageMachine:
             return
         logger.info("stage deadline extended by the outage's %.0f s", seconds)
         self.set(dataclasses.replace(self._state, deadline_at=deadline + seconds))
+
+    def settle(self, functions: StageFunctions, now: float) -> None:
+        """Run the current stage's function until the state stops changing."""
+        for _ in range(MAX_STEPS):
+            before = self._state
+            functions[before.stage](now)
+            if self._state == before:
+                return

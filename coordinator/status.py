@@ -29,7 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ursa.coordinator.core import REFUSING_KEY, SAT_OUT_KEY, STATE_KEY
+from ursa.coordinator.enrolled_devices import REFUSING_KEY
+from ursa.coordinator.ready_devices import SAT_OUT_KEY
+from ursa.coordinator.stage_machine import STATE_KEY
 from ursa.coordinator.store import (
     DB_FILENAME,
     LAST_ROUND_PREFIX,

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 
 from ursa.coordinator.config import CoordinatorConfig, DeadlinesConfig, EnrolmentConfig
-from ursa.coordinator.core import STATE_KEY
 from ursa.coordinator.rounds import RoundState, Stage
 from ursa.coordinator.service import CoordinatorService
+from ursa.coordinator.stage_machine import STATE_KEY
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.paillier import PaillierPublicKey, encrypt_reals
@@ -244,7 +244,7 @@ def test_a_round_costs_the_same_work_at_1000_and_50000_devices(fleet: Any) -> No
 
 def test_the_epoch_sets_follow_departures_and_returns(fleet: Any) -> None:
     service, devices = fleet(50)
-    sets = service._epoch_sets()
+    sets = service.key_epoch.sets()
     assert sets is not None and set(sets.eligible) == set(devices)
     assert sets.members_online == {devices[0]}  # the only recipient
 
@@ -255,4 +255,4 @@ def test_the_epoch_sets_follow_departures_and_returns(fleet: Any) -> None:
     back = Status(federation=FED, round=0, sender=devices[5], online=True, state="idle")
     service.handle(*_wire(service, status_topic(FED, devices[5]), back))
     assert devices[5] in sets.eligible and len(sets.eligible) == 49
-    assert service._epoch_sets() is sets  # kept, not rebuilt
+    assert service.key_epoch.sets() is sets  # kept, not rebuilt

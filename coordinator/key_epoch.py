@@ -1,4 +1,14 @@
-"""The Paillier key epoch and its roster, the coordinator's infrastructure.
+"""The key epoch: the Paillier key every encrypted sum uses, and who holds it.
+
+`KeyEpoch` owns the key epoch's stages (ENROLMENT, BALANCING, KEY_EPOCH,
+REGISTRATION), its working copy (`EpochWork`, `EpochSets`), the one
+read-only `EpochView` methods and the status see, and the devices it can
+count (`ReadyDevices`). It is handed its collaborators; the round cycle
+opens the first round of a keyed epoch (``open_round``).
+
+Enrolment and balancing: once ``min_devices`` (later the quorum) are online,
+FLICKER's balancing runs first if the federation has it, then the first key
+epoch starts.
 
 Every method that sums under encryption (Dubhe's registry and tries, CLIMB's
 dual step, FedDisk's MADE loss) uses the epoch's key; none owns it. The
@@ -42,18 +52,36 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable, Set
 
-from ursa.coordinator.core import EpochWork, ServiceCore
+import numpy as np
+
+from ursa.coordinator.balancing import Balancing
+from ursa.coordinator.clock import Clock
+from ursa.coordinator.config import CoordinatorConfig
+from ursa.coordinator.device_sets import IndexedDevices
+from ursa.coordinator.enrolled_devices import EnrolledDevices
 from ursa.coordinator.enrolment import device_keys_of
-from ursa.coordinator.identity_refusals import REFUSAL_REKEYS_KEY
+from ursa.coordinator.epoch_work import (
+    SEAL_PAGES_KEY,
+    EpochSets,
+    EpochWork,
+    sealed_through,
+)
+from ursa.coordinator.identity_refusals import REFUSAL_REKEYS_KEY, IdentityRefusals
+from ursa.coordinator.plugin import EpochView, RoundPlugin
+from ursa.coordinator.presence import Presence
+from ursa.coordinator.ready_devices import ReadyDevices
 from ursa.coordinator.registry_check import (
     RegistryCheckError,
     RegistryChecking,
     shuffle_generator,
 )
-from ursa.coordinator.round_cycle import RoundCycle
-from ursa.coordinator.rounds import Stage, advance
+from ursa.coordinator.rounds import RoundState, Stage, advance
 from ursa.coordinator.seal_pages import BoxVerdict, SealPaging
+from ursa.coordinator.signing_point import SigningPoint
+from ursa.coordinator.stage_machine import StageMachine
+from ursa.coordinator.store import CoordinatorStore
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import verify_signature
 from ursa.crypto.paillier import (
@@ -63,13 +91,12 @@ from ursa.crypto.paillier import (
     sum_encrypted,
 )
 from ursa.protocol.codebook import Codebook
-from ursa.protocol.envelope import encode, signing_bytes
+from ursa.protocol.envelope import decode, encode, signing_bytes
 from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (
     COORDINATOR,
     AgentPublicKey,
     ErrorCode,
-    ErrorReply,
     KeyEpochStart,
     Registration,
     RegistrySum,
@@ -78,50 +105,287 @@ from ursa.protocol.messages import (
     SealedSecretKey,
     SealRequest,
 )
-from ursa.protocol.router import RejectedError
+from ursa.protocol.router import RejectedError, Router
 
-__all__ = ["SEAL_PAGES_KEY", "EpochStages", "sealed_through"]
+__all__ = ["KeyEpoch"]
 
 logger = logging.getLogger("ursa.coordinator")
-
-SEAL_PAGES_KEY = "seal_pages"
-"""Store meta key: JSON ``{"epoch", "page_size", "done_through"}`` of the sealing."""
 
 _SEALING_STAGES = (Stage.KEY_EPOCH, Stage.REGISTRATION)
 
 
-def sealed_through(raw: str | None, epoch: int, page_size: int) -> int:
-    """Pages of `epoch` whose boxes were all relayed, from the stored meta value.
+class KeyEpoch:
+    """The key epoch's stages, handlers and working copy (module docstring).
 
-    0 when the record is of another epoch or another page size (a restart
-    with another ``seal_page_size`` cuts other pages: all are sent again).
+    Args:
+        config: Registry, quorum, key size, page size and deadlines.
+        stages: The run's `RoundState`.
+        devices: The enrolled devices (identity keys and certificates).
+        presence: Who is online.
+        outgoing: The signing point and outbox.
+        identity_refusals: Which refusals of our identity count.
+        plugin: The training plugin (its aggregation mode is signed).
+        flicker: FLICKER's coordinator half, if the federation runs it.
+        rng: Chooses the agent.
+        clock: Seconds (the sealing's and the check's nudges).
+        open_round: Opens the first round of a keyed epoch.
+        forget_round: Drops the open round (a new key epoch starts).
     """
-    try:
-        data = json.loads(raw or "{}")
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        *,
+        stages: StageMachine,
+        devices: EnrolledDevices,
+        presence: Presence,
+        outgoing: SigningPoint,
+        identity_refusals: IdentityRefusals,
+        plugin: RoundPlugin,
+        flicker: Balancing | None,
+        rng: np.random.Generator,
+        clock: Clock,
+        open_round: Callable[[float], None],
+        forget_round: Callable[[], None],
+    ) -> None:
+        self._config = config
+        self._stages = stages
+        self._devices = devices
+        self._presence = presence
+        self._outgoing = outgoing
+        self._identity_refusals = identity_refusals
+        self._plugin = plugin
+        self._flicker = flicker
+        self._rng = rng
+        self._clock = clock
+        self._open_round = open_round
+        self._forget_round = forget_round
+        self._ready = ReadyDevices(
+            devices=devices, presence=presence, epoch=lambda: stages.state.epoch
+        )
+        self._store: CoordinatorStore | None = None
+        self._work: EpochWork | None = None
+        self._view: EpochView | None = None
+        self._sets: EpochSets | None = None
+        """`sets`' current value (None: build it at the next call)."""
+
+    # --- what others read -----------------------------------------------------
+
+    @property
+    def work(self) -> EpochWork | None:
+        """The current key epoch's working copy (None before the first)."""
+        return self._work
+
+    @property
+    def ready(self) -> Set[str]:
+        """Online enrolled devices not refusing us (maintained: O(1) to get)."""
+        return self._ready.ready
+
+    @property
+    def online(self) -> Set[str]:
+        """`ready` without the devices sitting the epoch out (a live view)."""
+        return self._ready.view
+
+    def view(self) -> EpochView | None:
+        """The current key epoch's public data: one object per epoch and key.
+
+        Its ``registered`` is the live set (read-only: a copy per call is
+        O(N)); it is made again only when the epoch or its key changes.
+        """
+        work = self._work
+        if work is None:
+            return None
+        view = self._view
         if (
-            isinstance(data, dict)
-            and data.get("epoch") == epoch
-            and data.get("page_size") == page_size
+            view is None
+            or view.epoch != work.epoch
+            or (view.public_key is not work.public_key)
         ):
-            return max(0, int(data.get("done_through", 0)))
-    except (ValueError, TypeError):
-        logger.warning("ignoring an unreadable %s record", SEAL_PAGES_KEY)
-    return 0
+            view = self._view = EpochView(
+                work.epoch,
+                work.public_key,
+                work.registered,
+                work.agent,
+                self._devices.identities.get(work.agent),
+            )
+        return view
 
+    def sets(self) -> EpochSets | None:
+        """Who the current key epoch's rounds draw from (None without an epoch).
 
-class EpochStages(ServiceCore):
-    """KEY_EPOCH and REGISTRATION: stage functions and message handlers."""
+        Built on the first call after a new key epoch or a restore: O(N) once
+        per epoch, sorted by id so the order does not depend on string
+        hashing. Kept per event afterwards (`device_changed`).
+        """
+        work = self._work
+        if work is None:
+            return None
+        sets = self._sets
+        if sets is None or sets.work is not work:
+            online, view = self._presence.online, self._ready.view
+            sets = EpochSets(
+                work,
+                IndexedDevices(sorted(d for d in work.registered if d in view)),
+                {d for d in work.members if d in online},
+            )
+            self._sets = sets
+        return sets
 
-    _rounds: RoundCycle
-    """The round cycle: a keyed epoch opens its first round there."""
+    # --- device events --------------------------------------------------------
 
-    def _start_key_epoch(self, now: float, exclude: frozenset[str]) -> None:
+    def device_changed(self, device: str) -> None:
+        """A presence, enrolment or refusal change of `device` (O(1))."""
+        self._ready.touch(device)
+        self._sets_changed(device)
+
+    def _sets_changed(self, device: str) -> None:
+        """Bring `device`'s membership of the `EpochSets` up to date (O(1))."""
+        sets = self._sets
+        if sets is None or sets.work is not self._work:
+            return  # built from scratch at the next `sets`
+        work = sets.work
+        if device in work.registered and device in self._ready.view:
+            sets.eligible.add(device)
+        else:
+            sets.eligible.discard(device)
+        if device in work.members and device in self._presence.online:
+            sets.members_online.add(device)
+        else:
+            sets.members_online.discard(device)
+
+    def left(self, device: str) -> None:
+        """`device` went offline: registration no longer waits for it."""
+        if self._work is not None:
+            self._work.left(device)
+
+    def sit_out(self, device: str) -> None:
+        """Leave `device` out of the current key epoch (persisted for a restart)."""
+        self._ready.sit_out(device)
+        self.left(device)
+        self._sets_changed(device)
+
+    def revoked(self, stale: dict[str, str]) -> None:
+        """Devices forgotten while running: a new key epoch if one held the key.
+
+        A forgotten member of the current key epoch holds its secret key
+        (agent or not, it could decrypt the epoch's sums while its broker
+        login lives), so the next round waits for a new key epoch without it.
+        """
+        work = self._work
+        holders = sorted(stale.keys() & work.members) if work is not None else []
+        if holders and work is not None:
+            logger.warning(
+                "key epoch %d's key is held by %s: a new key epoch before the "
+                "next round",
+                work.epoch,
+                ", ".join(f"{d} ({stale[d]})" for d in holders),
+            )
+            self._stages.mark_rekey()
+
+    def register(self, router: Router) -> None:
+        """Route the key epoch's messages here."""
+        own = "coordinator"
+        router.register(AgentPublicKey, self._on_agent_public_key, owner=own)
+        router.register(SealedSecretKey, self._on_sealed_secret_key, owner=own)
+        router.register(SealedKeys, self._on_sealed_keys, owner=own)
+        router.register(Registration, self._on_registration, owner=own)
+        router.register(RegistryVerdict, self._on_registry_verdict, owner=own)
+
+    def extend_deadlines(self, seconds: float) -> None:
+        """An outage's time back for the agent's nudges (a live phase)."""
+        work = self._work
+        if work is None:
+            return
+        work.sealed_at += seconds
+        if work.check is not None:
+            work.check.sent_at += seconds
+
+    # --- restart --------------------------------------------------------------
+
+    def restore(self, store: CoordinatorStore, state: RoundState | None) -> None:
+        """Reload the sit-outs, the ready set and ``state``'s key epoch."""
+        self._store = store
+        self._ready.restore(store)
+        self._sets = None
+        record = store.epoch(state.epoch) if state is not None and state.epoch else None
+        if record is None:
+            return
+        cfg = self._config
+        work = EpochWork(
+            record.epoch,
+            record.agent,
+            record.recipients,
+            record.notice,
+            public_key_msg=record.public_key_msg,
+            registered=set(record.registered),
+            registry_sum_msg=record.registry_sum_msg,
+            sealing=SealPaging.plan(
+                record.recipients,
+                record.agent,
+                page_size=cfg.seal_page_size,
+                done_through=sealed_through(
+                    store.get_meta(SEAL_PAGES_KEY), record.epoch, cfg.seal_page_size
+                ),
+            ),
+        )
+        if record.public_key_msg is not None:
+            message = decode(record.public_key_msg)
+            assert isinstance(message, AgentPublicKey)
+            work.public_key = PaillierPublicKey.from_bytes(message.public_key)
+            if record.running_sum is not None:
+                work.running_sum = encrypted_vector_from(
+                    record.running_sum, work.public_key
+                )
+        self._work = work
+
+    def republish(self, stage: Stage) -> None:
+        """Send again what the restored ``stage`` waits on (answered idempotently)."""
+        work = self._work
+        if work is None:
+            return
+        send = self._outgoing.send_raw
+        send(work.notice, "key_epoch_start", None)
+        if work.public_key_msg is not None:
+            send(work.public_key_msg, "agent_public_key", None)
+        if work.registry_sum_msg is not None:
+            send(work.registry_sum_msg, "registry_sum", None)
+        unsealed = work.sealing is not None and not work.sealing.is_complete
+        if stage is Stage.KEY_EPOCH or (stage is Stage.REGISTRATION and unsealed):
+            self.send_seal_request()  # the pages not known complete, again
+
+    def _opened(self) -> CoordinatorStore:
+        store = self._store
+        if store is None:
+            raise RuntimeError("the key epoch has no store yet")
+        return store
+
+    # --- the stages -----------------------------------------------------------
+
+    def stage_enrolment(self, now: float) -> None:
+        """Enough devices online: FLICKER's balancing first, else a key epoch."""
+        cfg = self._config
+        first = self._stages.state.epoch == 0
+        needed = cfg.min_devices if first else cfg.epoch_quorum()
+        if len(self._ready.ready) >= needed:
+            if self._flicker is not None and not self._flicker.is_over:
+                self._stages.advance(Stage.BALANCING, now, None)
+                return
+            self.start(now, frozenset())
+
+    def stage_balancing(self, now: float) -> None:
+        """FLICKER's run (its own deadlines), then the first key epoch."""
+        if self._flicker is None or self._flicker.step(now, self._ready.ready):
+            self.start(now, frozenset())
+
+    def start(self, now: float, exclude: frozenset[str]) -> None:
         """Open a new key epoch with a random online agent not in `exclude`."""
         cfg = self._config
-        online = sorted(self._online_enrolled())
-        quorum = cfg.min_devices if self._state.epoch == 0 else cfg.epoch_quorum()
+        online = sorted(self._ready.ready)
+        quorum = (
+            cfg.min_devices if self._stages.state.epoch == 0 else cfg.epoch_quorum()
+        )
         if len(online) < quorum:  # whatever asked for the epoch
-            if self._state.stage is not Stage.ENROLMENT:
+            if self._stages.state.stage is not Stage.ENROLMENT:
                 logger.warning(
                     "a new key epoch needs %d devices online (quorum), %d are; "
                     "waiting for the fleet",
@@ -133,22 +397,23 @@ class EpochStages(ServiceCore):
         candidates = [d for d in online if d not in exclude] or online
         if not candidates:
             logger.warning("no online enrolled device can be the agent; waiting")
-            if self._state.stage is Stage.KEY_EPOCH:
+            if self._stages.state.stage is Stage.KEY_EPOCH:
                 self._stages.advance(Stage.KEY_EPOCH, now, cfg.deadlines.key_epoch_s)
             return
         recipients = tuple(online[: cfg.registry.max_parties])
         agent = candidates[int(self._rng.integers(len(candidates)))]
-        epoch = self._state.epoch + 1
+        epoch = self._stages.state.epoch + 1
         registry = cfg.registry
         notice = self._outgoing.sign(
             KeyEpochStart(
                 federation=cfg.federation,
-                round=self._state.round,
+                round=self._stages.state.round,
                 sender=COORDINATOR,
                 epoch=epoch,
                 agent=agent,
                 agent_keys=device_keys_of(
-                    self._enrolled[agent], self._certificates.get(agent, b"")
+                    self._devices.identities[agent],
+                    self._devices.certificates.get(agent, b""),
                 ),
                 num_classes=registry.num_classes,
                 groups=registry.groups,
@@ -161,18 +426,18 @@ class EpochStages(ServiceCore):
             )
         )
         payload = self._outgoing.encode(notice)
-        self._store.add_epoch(epoch, agent, recipients, payload)
-        self._epoch = EpochWork(
+        self._opened().add_epoch(epoch, agent, recipients, payload)
+        self._work = EpochWork(
             epoch,
             agent,
             recipients,
             payload,
             sealing=SealPaging.plan(recipients, agent, page_size=cfg.seal_page_size),
         )
-        self._rounds.forget()
+        self._forget_round()
         self._stages.set(
             advance(
-                self._state,
+                self._stages.state,
                 Stage.KEY_EPOCH,
                 epoch=epoch,
                 rekey=False,
@@ -183,11 +448,11 @@ class EpochStages(ServiceCore):
             "key epoch %d: agent %s, %d recipients", epoch, agent, len(recipients)
         )
         self._outgoing.send_raw(payload, "key_epoch_start", None)
-        self._send_seal_request()
+        self.send_seal_request()
 
-    def _send_seal_request(self, *, again: bool = False) -> None:
+    def send_seal_request(self, *, again: bool = False) -> None:
         """Send the agent its next pages (and, `again`, the ones still open)."""
-        work = self._epoch
+        work = self._work
         if work is None or work.sealing is None:
             return
         paging = work.sealing
@@ -204,18 +469,20 @@ class EpochStages(ServiceCore):
         self, work: EpochWork, page: int, pages: int, devices: tuple[str, ...]
     ) -> None:
         for device in devices:
-            if device not in self._enrolled:  # forgotten (revoked) meanwhile
+            if device not in self._devices.identities:  # forgotten (revoked) meanwhile
                 self._record_box(work, device)
         keys = tuple(
-            device_keys_of(self._enrolled[d], self._certificates.get(d, b""))
+            device_keys_of(
+                self._devices.identities[d], self._devices.certificates.get(d, b"")
+            )
             for d in devices
-            if d in self._enrolled
+            if d in self._devices.identities
         )
         if not keys:
             return
         request = SealRequest(
             federation=self._config.federation,
-            round=self._state.round,
+            round=self._stages.state.round,
             sender=COORDINATOR,
             epoch=work.epoch,
             page=page,
@@ -226,10 +493,10 @@ class EpochStages(ServiceCore):
 
     def _nudge_sealing(self, now: float) -> None:
         """Ask a stalled agent again for its open pages (lost, or it restarted)."""
-        work = self._epoch
+        work = self._work
         if work is None or work.public_key is None or work.sealing is None:
             return
-        if work.sealing.is_complete or self._state.stage not in _SEALING_STAGES:
+        if work.sealing.is_complete or self._stages.state.stage not in _SEALING_STAGES:
             return
         if now - work.sealed_at < self._config.deadlines.agent_s:
             return
@@ -241,47 +508,49 @@ class EpochStages(ServiceCore):
             now - work.sealed_at,
             ", ".join(str(p) for p in work.sealing.open_pages) or "(next)",
         )
-        self._send_seal_request(again=True)
+        self.send_seal_request(again=True)
 
-    def _stage_key_epoch(self, now: float) -> None:
-        work = self._epoch
+    def stage_key_epoch(self, now: float) -> None:
+        """The agent's key relayed: registration; an agent silent: another."""
+        work = self._work
         if work is None:
-            self._start_key_epoch(now, frozenset())
+            self.start(now, frozenset())
             return
         if work.public_key is not None:
             self._stages.advance(
                 Stage.REGISTRATION, now, self._config.deadlines.registration_s
             )
-            self._stage_registration(now)
+            self.stage_registration(now)
         elif self._stages.deadline_passed(now):
             logger.warning(
                 "agent %s silent for key epoch %d; choosing another agent",
                 work.agent,
                 work.epoch,
             )
-            self._start_key_epoch(now, frozenset({work.agent}))
+            self.start(now, frozenset({work.agent}))
 
-    def _stage_registration(self, now: float) -> None:
-        work = self._epoch
+    def stage_registration(self, now: float) -> None:
+        """All online recipients registered (or the deadline): checked, summed."""
+        work = self._work
         if work is None or work.public_key is None:
             return
         self._nudge_sealing(now)
         if work.pending is None:  # once per epoch (and after a restart)
-            online = work.members & self._online
-            work.pending = set(online - self._sitting_out() - work.registered)
+            online = work.members & self._presence.online
+            work.pending = set(online - self._ready.sitting_out() - work.registered)
         if work.check is None:
             all_in = bool(work.registered) and not work.pending
             if not (all_in or self._stages.deadline_passed(now)):
                 return
         if work.running_sum is None:
             logger.warning("key epoch %d: nobody registered; new epoch", work.epoch)
-            self._start_key_epoch(now, frozenset({work.agent}))
+            self.start(now, frozenset({work.agent}))
             return
         if not self._registry_checked(work, now):
             return
         message = RegistrySum(
             federation=self._config.federation,
-            round=self._state.round,
+            round=self._stages.state.round,
             sender=COORDINATOR,
             epoch=work.epoch,
             registry_sum=work.running_sum.to_bytes(work.public_key),
@@ -289,7 +558,7 @@ class EpochStages(ServiceCore):
         )
         payload = self._outgoing.encode(message)
         work.registry_sum_msg = payload
-        self._store.set_registry_sum(work.epoch, payload)
+        self._opened().set_registry_sum(work.epoch, payload)
         logger.info(
             "key epoch %d: registry sum of %d devices published (%d missing)",
             work.epoch,
@@ -297,9 +566,9 @@ class EpochStages(ServiceCore):
             len(work.members) - len(work.registered),
         )
         self._outgoing.send_raw(payload, "registry_sum", None)
-        self._rounds.start_round(now)
+        self._open_round(now)
 
-    def _rekey_for_refusal(self, device: str) -> None:
+    def rekey_for_refusal(self, device: str) -> None:
         """`device` refused our identity: key again if the epoch counted it.
 
         At most ``[key_epochs] refusal_rekeys`` times per device per window;
@@ -307,18 +576,18 @@ class EpochStages(ServiceCore):
         waiting for it; an agent that sits out is replaced at its deadline, as
         a silent one is), so its refusals cost it, not the fleet.
         """
-        work = self._epoch
-        keying = self._state.stage in _SEALING_STAGES
+        work = self._work
+        keying = self._stages.state.stage in _SEALING_STAGES
         if not keying or work is None or device not in work.members:
             return
-        if self._sat_out.get(device) == work.epoch:
+        if self._ready.sat_out_of(device) == work.epoch:
             return  # not waited for already
         now = self._clock()
         refusals = self._identity_refusals
         if refusals.may_rekey(device, now):
-            self._store.set_meta(REFUSAL_REKEYS_KEY, refusals.to_json())
+            self._opened().set_meta(REFUSAL_REKEYS_KEY, refusals.to_json())
             logger.warning("key epoch %d counted %s; keying again", work.epoch, device)
-            self._start_key_epoch(now, frozenset({device}))
+            self.start(now, frozenset({device}))
             return
         limits = self._config.key_epochs
         logger.warning(
@@ -329,31 +598,27 @@ class EpochStages(ServiceCore):
             limits.refusal_rekeys,
             limits.refusal_window_s,
         )
-        self._sit_out(device)
+        self.sit_out(device)
 
-    def _epoch_arrived(self, device: str) -> None:
+    def arrived(self, device: str) -> None:
         """A recipient back online while registration is open: wait for it again."""
-        work = self._epoch
+        work = self._work
         if work is None or work.pending is None or device not in work.members:
             return
-        if device in work.registered or self._sat_out.get(device) == work.epoch:
+        if device in work.registered or self._ready.sat_out_of(device) == work.epoch:
             return
         work.pending.add(device)
 
     # --- handlers -------------------------------------------------------------
 
     def _current_epoch(self, epoch: int) -> EpochWork:
-        work = self._epoch
+        work = self._work
         if work is None or epoch != work.epoch:
             current = None if work is None else work.epoch
             raise RejectedError(
                 ErrorCode.WRONG_EPOCH, f"key epoch {epoch} is not current ({current})"
             )
         return work
-
-    def _check_identity_refusal(self, message: ErrorReply) -> None:
-        """Raise `RejectedError` unless its device signed it, naming our acceptance."""
-        self._identity_refusals.check(message, self._enrolled[message.sender])
 
     def _on_agent_public_key(self, message: AgentPublicKey) -> None:
         device = message.sender  # admission checked it is the topic's device
@@ -383,14 +648,16 @@ class EpochStages(ServiceCore):
             )
         try:
             verify_signature(
-                self._enrolled[device], signing_bytes(message), message.signature
+                self._devices.identities[device],
+                signing_bytes(message),
+                message.signature,
             )
         except CryptoError as exc:
             raise RejectedError(ErrorCode.BAD_SIGNATURE, str(exc)) from None
         payload = encode(message)
         work.public_key = public_key
         work.public_key_msg = payload
-        self._store.set_public_key(work.epoch, payload)
+        self._opened().set_public_key(work.epoch, payload)
         self._outgoing.send_raw(payload, "agent_public_key", None)
 
     def _sealing_agent(self, device: str, epoch: int) -> EpochWork:
@@ -470,7 +737,7 @@ class EpochStages(ServiceCore):
             "page_size": self._config.seal_page_size,
             "done_through": through,
         }
-        self._store.set_meta(SEAL_PAGES_KEY, json.dumps(record))
+        self._opened().set_meta(SEAL_PAGES_KEY, json.dumps(record))
         total, done = paging.num_pages, paging.pages_done
         tenth = max(1, total // 10)
         for page in completed:
@@ -484,14 +751,14 @@ class EpochStages(ServiceCore):
                 done,
                 total,
             )
-        state = self._state
+        state = self._stages.state
         if state.stage not in _SEALING_STAGES:
             return  # registration closed: late pages would serve nobody
         if state.stage is Stage.REGISTRATION and state.deadline_at is not None:
             deadline = now + self._config.deadlines.registration_s
             if deadline > state.deadline_at:
                 self._stages.set(dataclasses.replace(state, deadline_at=deadline))
-        self._send_seal_request()
+        self.send_seal_request()
 
     def _on_registration(self, message: Registration) -> None:
         device = message.sender  # admission checked it is the topic's device
@@ -503,7 +770,9 @@ class EpochStages(ServiceCore):
         if device in work.registered:
             logger.info("duplicate registration of %s ignored", device)
             return
-        closed = self._state.stage is not Stage.REGISTRATION or work.check is not None
+        closed = (
+            self._stages.state.stage is not Stage.REGISTRATION or work.check is not None
+        )
         if closed or work.public_key is None:
             raise RejectedError(ErrorCode.LATE, "registration is closed")
         stratified = self._config.stratified_draw()
@@ -532,12 +801,12 @@ class EpochStages(ServiceCore):
         else:
             total = add_encrypted(work.public_key, work.running_sum, vector)
         rank_entry = (message.registry, message.rank_key or b"")
-        self._store.add_registration(
+        self._opened().add_registration(
             work.epoch, device, total.to_bytes(work.public_key), rank_entry
         )
         work.running_sum = total
         work.registered.add(device)
-        self._epoch_device_changed(device)
+        self._sets_changed(device)
         if work.pending is not None:
             work.pending.discard(device)
 
@@ -551,7 +820,7 @@ class EpochStages(ServiceCore):
         """
         check = work.check
         if check is None:
-            blobs = self._store.registry_blobs(work.epoch)
+            blobs = self._opened().registry_blobs(work.epoch)
             rng = shuffle_generator(self._config.seed, work.epoch)
             check = work.check = RegistryChecking.start(work.epoch, blobs, rng)
             logger.info(
@@ -565,14 +834,14 @@ class EpochStages(ServiceCore):
             return False
         if check.is_complete:
             return True
-        if work.agent not in self._online:
+        if work.agent not in self._presence.online:
             logger.warning(
                 "key epoch %d: agent %s offline before checking the "
                 "registrations; new epoch",
                 work.epoch,
                 work.agent,
             )
-            self._start_key_epoch(now, frozenset({work.agent}))
+            self.start(now, frozenset({work.agent}))
         elif now - check.sent_at >= self._config.deadlines.agent_s:
             logger.warning(
                 "key epoch %d: no registry verdict from agent %s for %.0f s; "
@@ -588,7 +857,7 @@ class EpochStages(ServiceCore):
         self, work: EpochWork, check: RegistryChecking, now: float, *, again: bool
     ) -> None:
         check.sent_at = now
-        federation, round_index = self._config.federation, self._state.round
+        federation, round_index = self._config.federation, self._stages.state.round
         for request in check.requests(federation, round_index, again=again):
             self._outgoing.send(request, work.agent)
 
@@ -602,7 +871,9 @@ class EpochStages(ServiceCore):
             )
         try:
             verify_signature(
-                self._enrolled[work.agent], signing_bytes(message), message.signature
+                self._devices.identities[work.agent],
+                signing_bytes(message),
+                message.signature,
             )
             fresh = check.record(message.page, message.entries, message.bad)
         except CryptoError as exc:
@@ -625,7 +896,7 @@ class EpochStages(ServiceCore):
         good = check.good()
         for device in check.excluded:
             work.registered.discard(device)
-            self._epoch_device_changed(device)
+            self._sets_changed(device)
         work.running_sum = (
             sum_encrypted(
                 public_key,
@@ -640,7 +911,7 @@ class EpochStages(ServiceCore):
         total = (
             None if work.running_sum is None else work.running_sum.to_bytes(public_key)
         )
-        self._store.drop_registrations(work.epoch, sorted(check.excluded), total)
+        self._opened().drop_registrations(work.epoch, sorted(check.excluded), total)
         logger.warning(
             "key epoch %d: %d registrations are not one-hot (%s); left out of the "
             "epoch and its registry sum",

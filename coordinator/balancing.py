@@ -1,0 +1,41 @@
+"""The balancing stage's method as the runtime sees it (FLICKER's coordinator half).
+
+The service builds FLICKER (`ursa.coordinator.methods.flicker`); the key
+epoch runs it between enrolment and the first key epoch, the inbox hands it
+downloads and departures, and the restart resumes it, each through this
+protocol, so none of them imports a method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set
+from typing import Protocol
+
+from ursa.protocol.messages import ChunkRequest
+
+__all__ = ["Balancing"]
+
+
+class Balancing(Protocol):
+    """What the runtime asks of the method that balances the fleet first."""
+
+    @property
+    def is_over(self) -> bool:
+        """Whether its run ended (then the first key epoch starts)."""
+        ...
+
+    def step(self, now: float, online: Set[str]) -> bool:
+        """Act on the online devices and deadlines; True: over."""
+        ...
+
+    def resume(self) -> None:
+        """After a restart: re-send what the restored run waits on."""
+        ...
+
+    def device_left(self, device: str) -> None:
+        """A device's last will."""
+        ...
+
+    def answers(self, request: ChunkRequest) -> bool:
+        """Answer a chunk request of its own; False: not its (a model's)."""
+        ...
