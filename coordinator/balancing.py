@@ -12,12 +12,17 @@ from collections.abc import Set
 from typing import Protocol
 
 from ursa.protocol.messages import ChunkRequest
+from ursa.protocol.router import Router
 
 __all__ = ["Balancing"]
 
 
 class Balancing(Protocol):
     """What the runtime asks of the method that balances the fleet first."""
+
+    def register(self, router: Router) -> None:
+        """Route its device messages to it."""
+        ...
 
     @property
     def is_over(self) -> bool:

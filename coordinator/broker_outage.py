@@ -3,9 +3,10 @@
 When our own broker link drops, the presence holds departures (a burst of
 last wills is likely the outage, not the fleet leaving); when it is back, or
 a site bridge's link is, every live phase is given the outage's time back.
-The live phases are known here once (the stage's deadline, `StageMachine`; the selection
-method's windows, the training plugin's steps): an outage extends them all
-in one loop.
+The live phases are known here once (the stage's deadline, `StageMachine`;
+the key epoch's agent clocks, `KeyEpoch`: a sealing or a registry check is
+not nudged for the outage's time; the selection method's windows; the
+training plugin's steps): an outage extends them all in one loop.
 """
 
 from __future__ import annotations

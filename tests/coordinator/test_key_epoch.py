@@ -17,6 +17,7 @@ from ursa.crypto.paillier import (
 from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import SealedBox
+from ursa.protocol.topics import bridge_state_topic
 
 
 def _message(payload: bytes) -> Any:
@@ -121,6 +122,32 @@ def test_a_stalled_agent_is_asked_again_and_finishes_after_its_restart(
     secrets = {c._secret_key.secret_to_bytes() for c in fed.devices.values()}
     assert secrets == {key_before}
     assert fed.coordinator.is_done
+
+
+def _seal_requests_after_outage(fed: Any, outage_s: float) -> int:
+    """Seal requests 11 s after the last page, ``outage_s`` of them a link outage."""
+    fed.bus.drop_filter = _drop_boxes_of_pages(2)  # pages 2 and 3 never complete
+    fed.start()
+    assert fed.coordinator.state.stage is Stage.REGISTRATION
+    before = len(fed.messages("seal_request"))
+    link = bridge_state_topic("site-a")
+    fed.raw.publish(link, b"1")
+    fed.raw.publish(link, b"0")
+    fed.clock.advance(outage_s)
+    fed.raw.publish(link, b"1")
+    fed.tick(11 - outage_s)  # deadlines.agent_s is 10
+    return len(fed.messages("seal_request")) - before
+
+
+def test_a_link_outage_gives_a_stalled_sealing_its_time_back(federation: Any) -> None:
+    def fleet() -> Any:
+        deadlines = fed_deadlines(registration_s=60)
+        return federation(
+            num_devices=9, k=2, tries=2, rounds=1, seal_page_size=2, deadlines=deadlines
+        )
+
+    assert _seal_requests_after_outage(fleet(), 0.0) > 0  # asked again at 10 s
+    assert _seal_requests_after_outage(fleet(), 8.0) == 0  # 3 s without the outage
 
 
 def test_sealing_progress_keeps_registration_open_past_its_deadline(

@@ -119,7 +119,7 @@ def test_every_device_refuses_forged_notices_over_mosquitto(
             "key epoch 1 and its registry sum on every device",
         )
         registry_sum = fed.capture.messages("registry_sum")[-1][1]
-        transport = service._transport
+        transport = service.transport
         assert transport is not None
         for message in _forgeries(service.run_id, registry_sum):
             topic = global_topic(FED, name_for(message.kind))  # type: ignore[attr-defined]

@@ -56,7 +56,7 @@ def test_every_device_refuses_a_made_up_agent_over_mosquitto(
         real = fed.capture.messages("key_epoch_start")[-1][1]
         coordinator = DeviceIdentity.load_or_create(config.state_dir, COORDINATOR)
         recipients = {c.device_id: c._identity.public() for c in clients}
-        transport = service._transport
+        transport = service.transport
         assert transport is not None
 
         epoch, secret_key = forge_agent(
@@ -112,7 +112,7 @@ def test_every_ring_member_refuses_a_swapped_member_over_mosquitto(
     fed.device_trust = {d: operator.device(tmp_path / d, d) for d in ids}
     service = CoordinatorService(config)
     service.start()
-    transport = service._transport
+    transport = service.transport
     assert transport is not None
     coordinator = DeviceIdentity.load_or_create(config.state_dir, COORDINATOR)
     fake = DeviceIdentity.generate(ids[1])

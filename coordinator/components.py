@@ -1,0 +1,250 @@
+"""The coordinator's components, built once and handed their collaborators.
+
+`Components` is the wiring of one coordinator: each part is made here with
+the parts it needs (as objects or bound methods, never the service), so no
+part reaches into another's state. `CoordinatorService` owns one and runs
+its lifecycle (start, tick, stop). The order of construction is the order
+of dependence; the two late references (presence and enrolment changes go to
+the key epoch, a keyed epoch opens a round) are bound methods looked up at
+call time.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ursa.coordinator.admission import Admission
+from ursa.coordinator.balancing import Balancing
+from ursa.coordinator.broker_link import BrokerLink
+from ursa.coordinator.broker_outage import BrokerOutage
+from ursa.coordinator.clock import Clock
+from ursa.coordinator.config import CoordinatorConfig
+from ursa.coordinator.ending import Ending
+from ursa.coordinator.enrolled_devices import EnrolledDevices
+from ursa.coordinator.federation_end import FinalOutput
+from ursa.coordinator.identity_refusals import IdentityRefusals
+from ursa.coordinator.inbox import Inbox
+from ursa.coordinator.key_epoch import KeyEpoch
+from ursa.coordinator.method_context import MethodContext
+from ursa.coordinator.methods.registry import selection_method
+from ursa.coordinator.own_identity import OwnIdentity
+from ursa.coordinator.plugin import RoundPlugin
+from ursa.coordinator.presence import Presence
+from ursa.coordinator.recovery import Recovery
+from ursa.coordinator.refusal_log import Keep, RefusalLog
+from ursa.coordinator.rejections import Rejections
+from ursa.coordinator.retained_sweep import RetainedSweep
+from ursa.coordinator.round_cycle import RoundCycle
+from ursa.coordinator.rounds import Stage
+from ursa.coordinator.signing_point import SigningPoint
+from ursa.coordinator.stage_machine import StageFunctions, StageMachine
+from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.telemetry import Telemetry
+from ursa.protocol.messages import COORDINATOR
+from ursa.protocol.outbox import Outbox
+from ursa.protocol.router import Router
+from ursa.protocol.transport import Transport
+
+__all__ = ["Components"]
+
+logger = logging.getLogger("ursa.coordinator")
+
+
+def _checked_plugin(config: CoordinatorConfig, plugin: RoundPlugin) -> RoundPlugin:
+    """``plugin``, if it runs the training method ``[[methods]]`` names."""
+    training = config.training_method()
+    runs = plugin.methods()
+    if runs != ((training.kind,) if training is not None else ()):
+        named = training.kind if training is not None else "no training method"
+        raise ValueError(
+            f"[[methods]] names {named}, the training plugin runs "
+            f"{', '.join(runs) or 'none'}"
+        )
+    return plugin
+
+
+class Components:
+    """Every part of one coordinator, wired (module docstring; the service's Args).
+
+    Args:
+        flicker: FLICKER's coordinator half, if the federation runs it.
+        keep_error: Stores a refusal for ``ursa coordinator status``.
+    """
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        *,
+        transport: Transport | None,
+        clock: Clock,
+        plugin: RoundPlugin,
+        rng: np.random.Generator,
+        flicker: Balancing | None,
+        final_output: FinalOutput | None,
+        telemetry: Telemetry,
+        keep_error: Keep,
+    ) -> None:
+        self._federation = config.federation
+        self.telemetry = telemetry
+        telemetry.set_methods(m.kind for m in config.methods)
+        self.plugin = plugin = _checked_plugin(config, plugin)
+        self.flicker = flicker
+        self.selection = selection = selection_method(config)
+        self.outbox = outbox = Outbox("coordinator")
+        self.stages = stages = StageMachine(telemetry)
+        trust = config.trust.anchor(config.federation, COORDINATOR)
+        self.identity = OwnIdentity(config, trust)
+        self.presence = presence = Presence(
+            grace_s=config.deadlines.outage_grace_s,
+            on_change=lambda device, _online: self.key_epoch.device_changed(device),
+        )
+        self.refusals = refusals = RefusalLog(logger, keep=keep_error)
+        self.devices = devices = EnrolledDevices(
+            config,
+            trust=trust,
+            presence=presence,
+            refusals=refusals,
+            clock=clock,
+            changed=lambda device: self.key_epoch.device_changed(device),
+        )
+        identity_refusals = IdentityRefusals(config.key_epochs)
+        self.retained = RetainedSweep(config.federation, outbox, telemetry)
+        self.outgoing = outgoing = SigningPoint(config.federation, outbox, telemetry)
+        round_index = lambda: stages.state.round  # noqa: E731 - read by two
+        self.link = BrokerLink(
+            config,
+            outbox=outbox,
+            outgoing=outgoing,
+            round_index=round_index,
+            transport=transport,
+        )
+        telemetry.set_traffic(self._traffic)
+        rejections = Rejections(
+            config.federation,
+            telemetry=telemetry,
+            refusals=refusals,
+            outgoing=outgoing,
+            clock=clock,
+            round_index=round_index,
+        )
+        self.admission = admission = Admission(
+            config,
+            telemetry=telemetry,
+            refusals=refusals,
+            reject=rejections.reject,
+            run=lambda: outgoing.run,
+            is_enrolled=lambda device: device in devices.identities,
+        )
+        ending = Ending(
+            config,
+            plugin=plugin,
+            final_output=final_output,
+            send=outgoing.send,
+            sign=outgoing.sign,
+        )
+        self.key_epoch = key_epoch = KeyEpoch(
+            config,
+            stages=stages,
+            devices=devices,
+            presence=presence,
+            outgoing=outgoing,
+            identity_refusals=identity_refusals,
+            plugin=plugin,
+            flicker=flicker,
+            rng=rng,
+            clock=clock,
+            open_round=lambda now: self.rounds.start_round(now),
+            forget_round=lambda: self.rounds.forget(),
+        )
+        self.rounds = rounds = RoundCycle(
+            config,
+            stages=stages,
+            selection=selection,
+            plugin=plugin,
+            ending=ending,
+            outgoing=outgoing,
+            telemetry=telemetry,
+            rng=rng,
+            clock=clock,
+            online=presence.online,
+            epoch=lambda: key_epoch.work,
+            epoch_view=key_epoch.view,
+            epoch_sets=key_epoch.sets,
+            start_key_epoch=key_epoch.start,
+        )
+        self._stage_functions: StageFunctions = {
+            Stage.ENROLMENT: key_epoch.stage_enrolment,
+            Stage.BALANCING: key_epoch.stage_balancing,
+            Stage.KEY_EPOCH: key_epoch.stage_key_epoch,
+            Stage.REGISTRATION: key_epoch.stage_registration,
+            Stage.SELECTING: rounds.stage_selecting,
+            Stage.TRAINING: rounds.stage_training,
+            Stage.DONE: lambda now: None,
+        }
+        self.outage = outage = BrokerOutage(
+            presence, (stages, key_epoch, selection, plugin)
+        )
+        self.recovery = Recovery(
+            config,
+            stages=stages,
+            rounds=rounds,
+            devices=devices,
+            presence=presence,
+            identity_refusals=identity_refusals,
+            key_epoch=key_epoch,
+            selection=selection,
+            plugin=plugin,
+            flicker=flicker,
+            outgoing=outgoing,
+        )
+        router = Router(COORDINATOR)
+        self.inbox = Inbox(
+            config,
+            router=router,
+            admission=admission,
+            presence=presence,
+            devices=devices,
+            key_epoch=key_epoch,
+            rounds=rounds,
+            stages=stages,
+            plugin=plugin,
+            flicker=flicker,
+            outage=outage,
+            outgoing=outgoing,
+            identity_refusals=identity_refusals,
+            rejections=rejections,
+            refusals=refusals,
+            clock=clock,
+            identity=lambda: self.identity.public,
+            certificate=lambda: self.identity.certificate,
+            step=self.step,
+        )
+        key_epoch.register(router)
+        selection.register(router)
+        if flicker is not None:
+            flicker.register(router)
+
+    def _traffic(self) -> tuple[int, int]:
+        stats = self.link.stats
+        return stats.bytes_sent, stats.bytes_received
+
+    def method_context(self, store: CoordinatorStore) -> MethodContext:
+        """The context methods are lent: the runtime's public surface only."""
+        certificates = self.devices.certificates
+        return MethodContext(
+            federation=self._federation,
+            store=store,
+            online=self.key_epoch.online,
+            epoch=self.key_epoch.view,
+            sender=self.outgoing.send,
+            signer=self.outgoing.sign,
+            announcer=self.rounds.reannounce,
+            identities=self.devices.identities.get,
+            certificates=lambda device: certificates.get(device, b""),
+        )
+
+    def step(self, now: float) -> None:
+        """Run the current stage's function until the stage stops changing."""
+        self.stages.settle(self._stage_functions, now)
