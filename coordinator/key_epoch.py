@@ -3,8 +3,10 @@
 `KeyEpoch` owns the key epoch's stages (ENROLMENT, BALANCING, KEY_EPOCH,
 REGISTRATION), its working copy (`EpochWork`, `EpochSets`), the one
 read-only `EpochView` methods and the status see, and the devices it can
-count (`ReadyDevices`). It is handed its collaborators; the round cycle
-opens the first round of a keyed epoch (``open_round``).
+count (`ReadyDevices`); the agent's key and boxes are `KeySealing`'s
+(`key_sealing`), the agent's check of the registrations `RegistryVerdicts`'
+(`registry_verdicts`). It is handed its collaborators; the round cycle opens
+the first round of a keyed epoch (``open_round``).
 
 Enrolment and balancing: once ``min_devices`` (later the quorum) are online,
 FLICKER's balancing runs first if the federation has it, then the first key
@@ -34,7 +36,7 @@ Registration: each recipient's encrypted one-hot registry (one party, the
 epoch key, the codebook's length) joins a running sum, once per device; when
 every online recipient has registered, or at the deadline, the agent checks
 each registration is one-hot on an anonymous shuffled list
-(`ursa.coordinator.registry_check`: refused registrants leave the epoch and
+(`ursa.coordinator.registry_verdicts`: refused registrants leave the epoch and
 the sum), then the encrypted `RegistrySum` of the others is published
 (retained) and the first round opens. Under
 Dubhe's stratified draw a registration carries a one-time public key, kept
@@ -49,8 +51,6 @@ while the agent makes progress.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 from collections.abc import Callable, Set
 
@@ -69,30 +69,24 @@ from ursa.coordinator.epoch_work import (
     sealed_through,
 )
 from ursa.coordinator.identity_refusals import REFUSAL_REKEYS_KEY, IdentityRefusals
+from ursa.coordinator.key_sealing import SEALING_STAGES, KeySealing
 from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.ready_devices import ReadyDevices
-from ursa.coordinator.registry_check import (
-    RegistryCheckError,
-    RegistryChecking,
-    shuffle_generator,
-)
+from ursa.coordinator.registry_verdicts import RegistryVerdicts
 from ursa.coordinator.rounds import RoundState, Stage, advance
-from ursa.coordinator.seal_pages import BoxVerdict, SealPaging
+from ursa.coordinator.seal_pages import SealPaging
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageMachine
 from ursa.coordinator.store import CoordinatorStore
 from ursa.crypto.errors import CryptoError
-from ursa.crypto.identity import verify_signature
 from ursa.crypto.paillier import (
     PaillierPublicKey,
     add_encrypted,
     encrypted_vector_from,
-    sum_encrypted,
 )
 from ursa.protocol.codebook import Codebook
-from ursa.protocol.envelope import decode, encode, signing_bytes
-from ursa.protocol.ids import derived_id
+from ursa.protocol.envelope import decode
 from ursa.protocol.messages import (
     COORDINATOR,
     AgentPublicKey,
@@ -100,18 +94,12 @@ from ursa.protocol.messages import (
     KeyEpochStart,
     Registration,
     RegistrySum,
-    RegistryVerdict,
-    SealedKeys,
-    SealedSecretKey,
-    SealRequest,
 )
 from ursa.protocol.router import RejectedError, Router
 
 __all__ = ["KeyEpoch"]
 
 logger = logging.getLogger("ursa.coordinator")
-
-_SEALING_STAGES = (Stage.KEY_EPOCH, Stage.REGISTRATION)
 
 
 class KeyEpoch:
@@ -165,6 +153,26 @@ class KeyEpoch:
         )
         self._store: CoordinatorStore | None = None
         self._work: EpochWork | None = None
+        self._sealing = KeySealing(
+            config,
+            stages=stages,
+            devices=devices,
+            outgoing=outgoing,
+            clock=clock,
+            epoch=lambda: self._work,
+            current=self._current_epoch,
+        )
+        self._verdicts = RegistryVerdicts(
+            config,
+            stages=stages,
+            presence=presence,
+            devices=devices,
+            outgoing=outgoing,
+            clock=clock,
+            current=self._current_epoch,
+            new_epoch=self.start,
+            changed=self._sets_changed,
+        )
         self._view: EpochView | None = None
         self._sets: EpochSets | None = None
         """`sets`' current value (None: build it at the next call)."""
@@ -284,12 +292,10 @@ class KeyEpoch:
 
     def register(self, router: Router) -> None:
         """Route the key epoch's messages here."""
+        self._sealing.register(router)
+        self._verdicts.register(router)
         own = "coordinator"
-        router.register(AgentPublicKey, self._on_agent_public_key, owner=own)
-        router.register(SealedSecretKey, self._on_sealed_secret_key, owner=own)
-        router.register(SealedKeys, self._on_sealed_keys, owner=own)
         router.register(Registration, self._on_registration, owner=own)
-        router.register(RegistryVerdict, self._on_registry_verdict, owner=own)
 
     def extend_deadlines(self, seconds: float) -> None:
         """An outage's time back for the agent's nudges (a live phase)."""
@@ -305,6 +311,8 @@ class KeyEpoch:
     def restore(self, store: CoordinatorStore, state: RoundState | None) -> None:
         """Reload the sit-outs, the ready set and ``state``'s key epoch."""
         self._store = store
+        self._sealing.open(store)
+        self._verdicts.open(store)
         self._ready.restore(store)
         self._sets = None
         record = store.epoch(state.epoch) if state is not None and state.epoch else None
@@ -351,7 +359,7 @@ class KeyEpoch:
             send(work.registry_sum_msg, "registry_sum", None)
         unsealed = work.sealing is not None and not work.sealing.is_complete
         if stage is Stage.KEY_EPOCH or (stage is Stage.REGISTRATION and unsealed):
-            self.send_seal_request()  # the pages not known complete, again
+            self._sealing.request()  # the pages not known complete, again
 
     def _opened(self) -> CoordinatorStore:
         store = self._store
@@ -448,67 +456,7 @@ class KeyEpoch:
             "key epoch %d: agent %s, %d recipients", epoch, agent, len(recipients)
         )
         self._outgoing.send_raw(payload, "key_epoch_start", None)
-        self.send_seal_request()
-
-    def send_seal_request(self, *, again: bool = False) -> None:
-        """Send the agent its next pages (and, `again`, the ones still open)."""
-        work = self._work
-        if work is None or work.sealing is None:
-            return
-        paging = work.sealing
-        work.sealed_at = self._clock()
-        if paging.num_pages == 0:  # the agent is the only recipient: just its key
-            self._send_seal_page(work, 0, 1, (work.agent,))
-            return
-        pages = list(paging.open_pages) if again else []
-        pages += paging.open_next()
-        for page in pages:
-            self._send_seal_page(work, page, paging.num_pages, paging.pages[page])
-
-    def _send_seal_page(
-        self, work: EpochWork, page: int, pages: int, devices: tuple[str, ...]
-    ) -> None:
-        for device in devices:
-            if device not in self._devices.identities:  # forgotten (revoked) meanwhile
-                self._record_box(work, device)
-        keys = tuple(
-            device_keys_of(
-                self._devices.identities[d], self._devices.certificates.get(d, b"")
-            )
-            for d in devices
-            if d in self._devices.identities
-        )
-        if not keys:
-            return
-        request = SealRequest(
-            federation=self._config.federation,
-            round=self._stages.state.round,
-            sender=COORDINATOR,
-            epoch=work.epoch,
-            page=page,
-            pages=pages,
-            recipients=keys,
-        )
-        self._outgoing.send(request, work.agent)
-
-    def _nudge_sealing(self, now: float) -> None:
-        """Ask a stalled agent again for its open pages (lost, or it restarted)."""
-        work = self._work
-        if work is None or work.public_key is None or work.sealing is None:
-            return
-        if work.sealing.is_complete or self._stages.state.stage not in _SEALING_STAGES:
-            return
-        if now - work.sealed_at < self._config.deadlines.agent_s:
-            return
-        logger.warning(
-            "key epoch %d: no boxes from agent %s for %.0f s; asking again for "
-            "pages %s",
-            work.epoch,
-            work.agent,
-            now - work.sealed_at,
-            ", ".join(str(p) for p in work.sealing.open_pages) or "(next)",
-        )
-        self.send_seal_request(again=True)
+        self._sealing.request()
 
     def stage_key_epoch(self, now: float) -> None:
         """The agent's key relayed: registration; an agent silent: another."""
@@ -534,7 +482,7 @@ class KeyEpoch:
         work = self._work
         if work is None or work.public_key is None:
             return
-        self._nudge_sealing(now)
+        self._sealing.nudge(now)
         if work.pending is None:  # once per epoch (and after a restart)
             online = work.members & self._presence.online
             work.pending = set(online - self._ready.sitting_out() - work.registered)
@@ -546,7 +494,7 @@ class KeyEpoch:
             logger.warning("key epoch %d: nobody registered; new epoch", work.epoch)
             self.start(now, frozenset({work.agent}))
             return
-        if not self._registry_checked(work, now):
+        if not self._verdicts.checked(work, now):
             return
         message = RegistrySum(
             federation=self._config.federation,
@@ -577,7 +525,7 @@ class KeyEpoch:
         a silent one is), so its refusals cost it, not the fleet.
         """
         work = self._work
-        keying = self._stages.state.stage in _SEALING_STAGES
+        keying = self._stages.state.stage in SEALING_STAGES
         if not keying or work is None or device not in work.members:
             return
         if self._ready.sat_out_of(device) == work.epoch:
@@ -619,146 +567,6 @@ class KeyEpoch:
                 ErrorCode.WRONG_EPOCH, f"key epoch {epoch} is not current ({current})"
             )
         return work
-
-    def _on_agent_public_key(self, message: AgentPublicKey) -> None:
-        device = message.sender  # admission checked it is the topic's device
-        work = self._current_epoch(message.epoch)
-        if device != work.agent:
-            raise RejectedError(
-                ErrorCode.UNAUTHORISED, "only the epoch's agent sends keys"
-            )
-        if work.public_key is not None:
-            if work.public_key.to_bytes() != message.public_key:
-                raise RejectedError(
-                    ErrorCode.UNAUTHORISED, "the epoch key is already set"
-                )
-            logger.info("duplicate public key of epoch %d ignored", work.epoch)
-            return
-        try:
-            public_key = PaillierPublicKey.from_bytes(message.public_key)
-        except CryptoError as exc:
-            raise RejectedError(
-                ErrorCode.BAD_CIPHERTEXT, f"bad public key: {exc}"
-            ) from None
-        if public_key.key_bits != self._config.key_bits:
-            raise RejectedError(
-                ErrorCode.BAD_CIPHERTEXT,
-                f"public key has {public_key.key_bits} bits, "
-                f"not {self._config.key_bits}",
-            )
-        try:
-            verify_signature(
-                self._devices.identities[device],
-                signing_bytes(message),
-                message.signature,
-            )
-        except CryptoError as exc:
-            raise RejectedError(ErrorCode.BAD_SIGNATURE, str(exc)) from None
-        payload = encode(message)
-        work.public_key = public_key
-        work.public_key_msg = payload
-        self._opened().set_public_key(work.epoch, payload)
-        self._outgoing.send_raw(payload, "agent_public_key", None)
-
-    def _sealing_agent(self, device: str, epoch: int) -> EpochWork:
-        work = self._current_epoch(epoch)
-        if device != work.agent:
-            raise RejectedError(
-                ErrorCode.UNAUTHORISED, "only the epoch's agent seals keys"
-            )
-        return work
-
-    def _on_sealed_keys(self, message: SealedKeys) -> None:
-        """A page's boxes: relay each recipient's first, then send the next pages."""
-        work = self._sealing_agent(message.sender, message.epoch)
-        strangers = [
-            b.recipient for b in message.boxes if b.recipient not in work.members
-        ]
-        if strangers:
-            raise RejectedError(
-                ErrorCode.UNAUTHORISED,
-                f"{strangers[0]} is not a recipient of epoch {work.epoch}",
-            )
-        completed = [
-            page
-            for box in message.boxes
-            if (page := self._relay_box(work, box.recipient, box.box)) is not None
-        ]
-        if completed:
-            self._sealing_progress(work, completed)
-
-    def _on_sealed_secret_key(self, message: SealedSecretKey) -> None:
-        """One box sent on its own (an agent of an earlier version): relay it."""
-        work = self._sealing_agent(message.sender, message.epoch)
-        if message.recipient not in work.members:
-            raise RejectedError(
-                ErrorCode.UNAUTHORISED,
-                f"{message.recipient} is not a recipient of epoch {work.epoch}",
-            )
-        page = self._relay_box(work, message.recipient, message.box)
-        if page is not None:
-            self._sealing_progress(work, [page])
-
-    def _relay_box(self, work: EpochWork, recipient: str, box: bytes) -> int | None:
-        """Relay `recipient`'s box unless it had one; the page it completed."""
-        verdict, page = self._record_box(work, recipient)
-        if verdict is not BoxVerdict.NEW:  # a second box, or one for the agent
-            logger.debug("box for %s in epoch %d dropped", recipient, work.epoch)
-            return None
-        relayed = SealedSecretKey(
-            federation=self._config.federation,
-            round=0,
-            sender=work.agent,
-            message_id=derived_id(work.agent, "box", work.epoch, recipient),
-            epoch=work.epoch,
-            recipient=recipient,
-            box=box,
-        )
-        self._outgoing.send(relayed, recipient)
-        return page
-
-    def _record_box(
-        self, work: EpochWork, recipient: str
-    ) -> tuple[BoxVerdict, int | None]:
-        if work.sealing is None:
-            return BoxVerdict.NEW, None
-        return work.sealing.record(recipient)
-
-    def _sealing_progress(self, work: EpochWork, completed: list[int]) -> None:
-        """Pages done: persist, log, push the deadline out, send the next pages."""
-        paging = work.sealing
-        if paging is None:
-            return
-        now = self._clock()
-        work.sealed_at = now
-        through = paging.done_through
-        record = {
-            "epoch": work.epoch,
-            "page_size": self._config.seal_page_size,
-            "done_through": through,
-        }
-        self._opened().set_meta(SEAL_PAGES_KEY, json.dumps(record))
-        total, done = paging.num_pages, paging.pages_done
-        tenth = max(1, total // 10)
-        for page in completed:
-            milestone = done == total or (page + 1) % tenth == 0
-            logger.log(
-                logging.INFO if milestone else logging.DEBUG,
-                "key epoch %d: sealed page %d of %d (%d of %d pages done)",
-                work.epoch,
-                page + 1,
-                total,
-                done,
-                total,
-            )
-        state = self._stages.state
-        if state.stage not in _SEALING_STAGES:
-            return  # registration closed: late pages would serve nobody
-        if state.stage is Stage.REGISTRATION and state.deadline_at is not None:
-            deadline = now + self._config.deadlines.registration_s
-            if deadline > state.deadline_at:
-                self._stages.set(dataclasses.replace(state, deadline_at=deadline))
-        self.send_seal_request()
 
     def _on_registration(self, message: Registration) -> None:
         device = message.sender  # admission checked it is the topic's device
@@ -809,113 +617,3 @@ class KeyEpoch:
         self._sets_changed(device)
         if work.pending is not None:
             work.pending.discard(device)
-
-    # --- the agent's one-hot check (bounded influence: selection) -------------
-
-    def _registry_checked(self, work: EpochWork, now: float) -> bool:
-        """Whether the agent checked every registration; starts the check.
-
-        `ursa.coordinator.registry_check`. A stalled agent is asked again
-        after ``agent_s``; one gone offline ends the epoch (a new agent).
-        """
-        check = work.check
-        if check is None:
-            blobs = self._opened().registry_blobs(work.epoch)
-            rng = shuffle_generator(self._config.seed, work.epoch)
-            check = work.check = RegistryChecking.start(work.epoch, blobs, rng)
-            logger.info(
-                "key epoch %d: agent %s checks %d registrations in %d pages",
-                work.epoch,
-                work.agent,
-                len(blobs),
-                check.paging.num_pages,
-            )
-            self._send_registry_check(work, check, now, again=False)
-            return False
-        if check.is_complete:
-            return True
-        if work.agent not in self._presence.online:
-            logger.warning(
-                "key epoch %d: agent %s offline before checking the "
-                "registrations; new epoch",
-                work.epoch,
-                work.agent,
-            )
-            self.start(now, frozenset({work.agent}))
-        elif now - check.sent_at >= self._config.deadlines.agent_s:
-            logger.warning(
-                "key epoch %d: no registry verdict from agent %s for %.0f s; "
-                "asking again",
-                work.epoch,
-                work.agent,
-                now - check.sent_at,
-            )
-            self._send_registry_check(work, check, now, again=True)
-        return False
-
-    def _send_registry_check(
-        self, work: EpochWork, check: RegistryChecking, now: float, *, again: bool
-    ) -> None:
-        check.sent_at = now
-        federation, round_index = self._config.federation, self._stages.state.round
-        for request in check.requests(federation, round_index, again=again):
-            self._outgoing.send(request, work.agent)
-
-    def _on_registry_verdict(self, message: RegistryVerdict) -> None:
-        """The agent's signed verdict on one page: leave its bad entries out."""
-        work = self._current_epoch(message.epoch)
-        check = work.check
-        if message.sender != work.agent or check is None:
-            raise RejectedError(
-                ErrorCode.UNAUTHORISED, "only the agent answers a registry check"
-            )
-        try:
-            verify_signature(
-                self._devices.identities[work.agent],
-                signing_bytes(message),
-                message.signature,
-            )
-            fresh = check.record(message.page, message.entries, message.bad)
-        except CryptoError as exc:
-            raise RejectedError(ErrorCode.BAD_SIGNATURE, str(exc)) from None
-        except RegistryCheckError as exc:
-            raise RejectedError(ErrorCode.MALFORMED, str(exc)) from None
-        if not fresh:
-            return
-        check.sent_at = self._clock()
-        if not check.is_complete:
-            self._send_registry_check(work, check, check.sent_at, again=False)
-            return
-        if check.excluded:
-            self._exclude_registrations(work, check)
-
-    def _exclude_registrations(self, work: EpochWork, check: RegistryChecking) -> None:
-        """Take the registrations the agent refused out of the epoch and its sum."""
-        public_key = work.public_key
-        assert public_key is not None
-        good = check.good()
-        for device in check.excluded:
-            work.registered.discard(device)
-            self._sets_changed(device)
-        work.running_sum = (
-            sum_encrypted(
-                public_key,
-                (
-                    encrypted_vector_from(check.blobs[d], public_key, num_parties=1)
-                    for d in good
-                ),
-            )
-            if good
-            else None
-        )
-        total = (
-            None if work.running_sum is None else work.running_sum.to_bytes(public_key)
-        )
-        self._opened().drop_registrations(work.epoch, sorted(check.excluded), total)
-        logger.warning(
-            "key epoch %d: %d registrations are not one-hot (%s); left out of the "
-            "epoch and its registry sum",
-            work.epoch,
-            len(check.excluded),
-            ", ".join(sorted(check.excluded)),
-        )
