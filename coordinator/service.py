@@ -1,20 +1,17 @@
 """The coordinator service: the lifecycle of one coordinator's components.
 
-Enrolment, a key epoch, then rounds until `FederationEnd` (docs/protocol.md).
-
-Its parts are built and wired in `ursa.coordinator.components` (the inbox,
+Enrolment, a key epoch, then rounds until `FederationEnd` (docs/protocol.md);
+its parts are built and wired in `ursa.coordinator.components` (the inbox,
 the key epoch, the round cycle, the broker link, the restart, ...); the
 service opens the store, lends methods their context (`method_context`) and
 runs `start`, `tick` and `stop` under one lock.
 
-Nothing a device sends can crash it: an unexpected exception is logged with
-its traceback and its transaction rolls back (the message is not marked
-seen, so a re-send is handled afresh). Restart: state, epochs, rounds, the
-methods' progress and seen ids live in SQLite (`ursa.coordinator.store`,
-committed in batches; the outbox publishes nothing before the batch that
-produced it is committed); on start the service reloads them and
-re-publishes what the stage waits on. Devices answer idempotently with the
-same message ids, so nothing is counted twice.
+Nothing a device sends can crash it: an unexpected exception is logged and
+its transaction rolls back (not marked seen: a re-send is handled afresh).
+State lives in SQLite (`ursa.coordinator.store`, committed in batches; the
+outbox publishes nothing a crash takes back); a restart reloads it and
+re-publishes what the stage waits on (`recovery`), and devices answer
+with the same message ids, so nothing is counted twice.
 """
 
 from __future__ import annotations
@@ -207,12 +204,16 @@ class CoordinatorService:
         with self._lock:
             return self._parts.admission.stats()
 
+    def device_identity(self, device: str) -> DevicePublicIdentity | None:
+        """An enrolled device's identity keys (its peers verify it with them)."""
+        return self._parts.devices.identities.get(device)
+
     def device_certificate(self, device: str) -> bytes:
         """An enrolled device's operator certificate (b"": none, tofu)."""
         return self._parts.devices.certificates.get(device, b"")
 
     def online_devices(self) -> Set[str]:
-        """Enrolled devices online and not sitting the epoch out (a live view)."""
+        """Enrolled devices online, not sitting the epoch out (a live view)."""
         return self._parts.key_epoch.online
 
     def reannounce(self) -> None:
@@ -341,9 +342,7 @@ class CoordinatorService:
             return
         self._parts.link.flush()
 
-    def _admit_safely(
-        self, topic: str, payload: bytes, *, charged: bool = False
-    ) -> None:
+    def _admit_safely(self, topic: str, payload: bytes, charged: bool = False) -> None:
         try:
             self._parts.inbox.admit(topic, payload, self._clock(), charged=charged)
         except Exception:
