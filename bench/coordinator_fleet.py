@@ -49,10 +49,14 @@ from ursa.crypto.paillier import (
     generate_keypair,
 )
 from ursa.crypto.sealing import seal
-from ursa.edge_sdk.device_core import DISTRIBUTION_CODEC, seal_context
+from ursa.edge_sdk.key_epoch import seal_context
 from ursa.edge_sdk.methods.dubhe.draws import participation_probabilities
 from ursa.edge_sdk.methods.dubhe.tries import best_try
-from ursa.edge_sdk.registration import registry_indices, registry_vector
+from ursa.edge_sdk.registration import (
+    DISTRIBUTION_CODEC,
+    registry_indices,
+    registry_vector,
+)
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.envelope import decode, encode, message_kind, signing_bytes
 from ursa.protocol.errors import ProtocolError

@@ -109,7 +109,7 @@ GROWTH_SLACK = 1.25
 """Headroom over log growth for timing noise: cost(K_max) / cost(K_min) must be
 at most log2(K_max) / log2(K_min) times this."""
 INLINE_LIMIT = DEFAULT_CHUNK_SIZE
-"""As the SDK (`ModelSteps.inline_limit`): larger payloads go as a transfer."""
+"""As the SDK (`TrainingRounds.inline_limit`): larger payloads go as a transfer."""
 CHUNK_SIZE = DEFAULT_CHUNK_SIZE
 UPDATE_PURPOSE = "model_update"
 FEDERATION = "bench"

@@ -122,8 +122,8 @@ def measure_memory() -> dict[str, Any]:
 def measure_bytes(key_bits: int = KEY_BITS) -> dict[str, Any]:
     """Envelope sizes of one round's device messages (real ciphertexts)."""
     from ursa.crypto.paillier import encrypt_reals, generate_keypair
-    from ursa.edge_sdk.device_core import DISTRIBUTION_CODEC
     from ursa.edge_sdk.methods.climb.dual import ClimbConfig, encrypt_dual_report
+    from ursa.edge_sdk.registration import DISTRIBUTION_CODEC
     from ursa.models.registry import initial_arrays
     from ursa.models.weights import arrays_to_bytes
     from ursa.protocol.chunking import split

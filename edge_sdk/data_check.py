@@ -3,7 +3,7 @@
 A device whose labels lie outside the federation's classes, or whose samples
 have another number of features than the federation's model takes, cannot
 contribute: Dubhe cannot categorise it and a model step on its data fails.
-The client (``edge_sdk/keys.py``, ``edge_sdk/model_steps.py``) runs
+The client (``edge_sdk/key_epoch.py``, ``edge_sdk/training_rounds.py``) runs
 `data_problems` on what it knows:
 
 * at every signed `KeyEpochStart`: the labels against ``num_classes``;

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ursa.edge_sdk.device_core import TrainingStats
 from ursa.edge_sdk.device_link import DeviceLink
+from ursa.edge_sdk.stats import TrainingStats
 from ursa.edge_sdk.trainer import ModelTrainer, Trainer
 from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes
 from ursa.protocol.chunking import Reassembler

@@ -34,8 +34,8 @@ from numpy.typing import NDArray
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
-from ursa.edge_sdk.device_core import DeviceStats, TrainingStats
 from ursa.edge_sdk.state import DeviceStateDir
+from ursa.edge_sdk.stats import DeviceStats, TrainingStats
 from ursa.edge_sdk.trainer import ModelTrainer, Trainer
 from ursa.models.weights import Arrays
 from ursa.protocol.messages import (

@@ -16,7 +16,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from ursa.crypto.encoding import FixedPoint
 from ursa.protocol.codebook import Category, Codebook
+
+DISTRIBUTION_CODEC = FixedPoint(bound=1.0)
+"""Label distributions in [0, 1], 24 fraction bits (the protocol-wide scale)."""
 
 Thresholds = Mapping[int, float]
 """sigma_i per group size i in G (sigma_C = 0)."""

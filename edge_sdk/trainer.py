@@ -5,7 +5,7 @@ trains in a round; a `Trainer` decides *how*. `NoOpTrainer` trains nothing
 and reports its sample count. A `ModelTrainer` trains from the global model
 the coordinator publishes and returns a delta: the client then downloads the
 model, runs CLIMB's dual steps if `climb` is set, and uploads the delta
-(``edge_sdk/model_steps.py``, ``edge_sdk/methods/climb``); the torch one is
+(``edge_sdk/training_rounds.py``, ``edge_sdk/methods/climb``); the torch one is
 ``edge_sdk/torch_trainer.py``.
 """
 

@@ -200,7 +200,7 @@ def start_fleet(
         if device_id == ATTACKER and forge is not None:
 
             def key(device: str = device_id) -> PaillierPublicKey | None:
-                return fed.devices[device]._public_key
+                return fed.devices[device].epoch_view.public_key
 
             forger = ForgingTransport(fed.bus, device_id, forge, key, will=will)
             transport = forger

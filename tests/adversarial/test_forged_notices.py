@@ -90,7 +90,7 @@ def hostile_broker(fed: Federation, forge: Forge) -> None:
 def dispatched(client: EdgeClient) -> list[str]:
     """The kinds that reach ``client``'s handlers, in order (a live list)."""
     seen: list[str] = []
-    router = client._router
+    router = client.router
     original = router.dispatch
 
     def spy(message: BaseMessage) -> Any:

@@ -90,7 +90,7 @@ def run_fleet(
 def failing(client: EdgeClient) -> None:
     """The honest run: the attacker's training fails, its update never counts."""
     if client.device_id == ATTACKER:
-        client._trainer = FailingTrainer(0)  # type: ignore[attr-defined]
+        client.data.trainer = FailingTrainer(0)  # type: ignore[attr-defined]
 
 
 class HostileTrainer(LinearTrainer):
@@ -110,7 +110,7 @@ class HostileTrainer(LinearTrainer):
 def hostile(delta: Callable[[Arrays], Arrays], num_examples: int) -> Prepare:
     def prepare(client: EdgeClient) -> None:
         if client.device_id == ATTACKER:
-            client._trainer = HostileTrainer(delta, num_examples)  # type: ignore[attr-defined]
+            client.data.trainer = HostileTrainer(delta, num_examples)  # type: ignore[attr-defined]
 
     return prepare
 

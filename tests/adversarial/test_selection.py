@@ -24,10 +24,9 @@ from ursa.coordinator.methods_config import DubheSpec
 from ursa.crypto.encoding import PackingLayout
 from ursa.crypto.paillier import EncryptedVector, PaillierPublicKey
 from ursa.edge_sdk.client import EdgeClient, device_will
-from ursa.edge_sdk.device_core import DISTRIBUTION_CODEC
 from ursa.edge_sdk.method import Roster
 from ursa.edge_sdk.methods.dubhe.method import Dubhe
-from ursa.edge_sdk.registration import registry_indices
+from ursa.edge_sdk.registration import DISTRIBUTION_CODEC, registry_indices
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.inmemory import InMemoryTransport
 from ursa.protocol.messages import (
@@ -111,32 +110,38 @@ class BadDistribution(Dubhe):
         )
 
 
-class SkewedRegistration(EdgeClient):
-    """Row 5: a registry of slot values ``values`` (+5 and four -1: sum 1)."""
+class SkewedRegistration:
+    """Row 5: a registry of slot values ``values`` (+5 and four -1: sum 1).
 
-    values: dict[int, int] = {}  # noqa: RUF012 - set per instance
+    Stands in for the device's own `KeyEpoch.maybe_register`.
+    """
 
-    def _maybe_register(self, *, resend: bool) -> None:
-        epoch, pk = self._epoch, self._public_key
-        if epoch is None or pk is None or self._secret_key is None:
+    def __init__(self, client: EdgeClient, values: dict[int, int]) -> None:
+        self.client, self.values = client, values
+        self.registered: set[int] = set()
+
+    def __call__(self, *, resend: bool) -> None:
+        view = self.client.epoch_view
+        epoch, pk = view.notice, view.public_key
+        if epoch is None or pk is None or view.secret_key is None:
             return
-        if self._registered_epoch == epoch.epoch and not resend:
+        if epoch.epoch in self.registered and not resend:
             return
         codebook = Codebook(epoch.num_classes, epoch.groups)
         layout = PackingLayout(1, epoch.max_parties, epoch.key_bits)
         values = [self.values.get(slot, 0) for slot in range(codebook.length)]
         vector = _raw_vector(pk, [_packed(layout, values)], codebook.length)
-        self._send(
+        self.client.link.send(
             Registration(
-                federation=self._config.federation,
+                federation=self.client.link.federation,
                 round=0,
-                sender=self.device_id,
+                sender=self.client.device_id,
                 message_id=f"reg-{epoch.epoch}",
                 epoch=epoch.epoch,
                 registry=vector.to_bytes(pk),
             )
         )
-        self._registered_epoch = epoch.epoch
+        self.registered.add(epoch.epoch)
 
 
 class HostileFederation(Federation):
@@ -230,10 +235,11 @@ def _honest_slots(fed: Federation) -> list[int]:
 
 def _skewed(values: dict[int, int]) -> Any:
     def make(config: Any, labels: Any, transport: Any) -> EdgeClient:
-        client = SkewedRegistration(
+        client = EdgeClient(
             config, labels, transport=transport, rng=np.random.default_rng(0)
         )
-        client.values = values
+        skewed = SkewedRegistration(client, values)
+        client.key_epoch.maybe_register = skewed  # type: ignore[method-assign]
         return client
 
     return make
@@ -308,7 +314,7 @@ def test_a_skewed_registration_is_left_out_and_starves_nobody(
     ((_, registry_sum),) = fed.messages("registry_sum")
     assert registry_sum.num_parties == 19  # the cheater left the sum
     for device, client in fed.devices.items():
-        registry = client._registry
+        registry = client.epoch_view.registry
         if device == CHEAT:
             continue
         assert registry is not None and int(registry.sum()) == 19
@@ -338,7 +344,7 @@ def test_no_registration_but_a_one_hot_one_reaches_the_sum(
 
     ((_, registry_sum),) = fed.messages("registry_sum")
     assert registry_sum.num_parties == 19
-    registry = fed.devices["d01"]._registry
+    registry = fed.devices["d01"].epoch_view.registry
     assert registry is not None
     assert sorted(registry.tolist()) == [0] * (registry.size - 19) + [1] * 19
     assert fed.key_epochs() == 1 and fed.coordinator.is_done

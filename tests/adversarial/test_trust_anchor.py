@@ -26,7 +26,7 @@ from ursa.crypto.certificate import OperatorKey, Role
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.paillier import PaillierSecretKey, generate_keypair
 from ursa.crypto.sealing import seal
-from ursa.edge_sdk.device_core import seal_context
+from ursa.edge_sdk.key_epoch import seal_context
 from ursa.protocol.envelope import decode, encode, signing_bytes
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -98,7 +98,7 @@ def refusals(fed: Federation, device: str) -> list[str]:
 
 def holds(client: Any, secret_key: PaillierSecretKey) -> bool:
     """Whether ``client`` took ``secret_key`` as its epoch's key."""
-    own = client._secret_key
+    own = client.epoch_view.secret_key
     return own is not None and own.secret_to_bytes() == secret_key.secret_to_bytes()
 
 
@@ -165,7 +165,7 @@ def made_up_agent(
     fed: Federation, agent: str, certificate: Callable[[DeviceIdentity], bytes]
 ) -> tuple[int, PaillierSecretKey]:
     """`forge_agent` on the in-memory bus, after the fleet's last real epoch."""
-    recipients = {d: c._identity.public() for d, c in fed.devices.items()}
+    recipients = {d: c.link.identity.public() for d, c in fed.devices.items()}
     forged = forge_agent(
         fed.raw.publish,
         fed.messages("key_epoch_start")[-1][1],
@@ -303,7 +303,7 @@ def test_a_coordinator_the_operator_did_not_certify_is_refused(
 
     for device, client in fed.devices.items():
         assert not client.enrolled.is_set()
-        assert client._coordinator is None  # not pinned on first use
+        assert client.link.coordinator is None  # not pinned on first use
         assert UNTRUSTED in refusals(fed, device)
 
 

@@ -68,7 +68,7 @@ def test_the_key_is_sealed_page_by_page_and_each_device_gets_one_box(
     assert len(fed.messages("sealed_keys")) == 4
     assert _boxes_per_device(fed) == Counter(d for d in fed.device_ids if d != agent)
     assert fed.coordinator.is_done
-    assert all(c._secret_key is not None for c in fed.devices.values())
+    assert all(c.epoch_view.secret_key is not None for c in fed.devices.values())
 
 
 def test_a_coordinator_killed_mid_paging_asks_only_for_the_open_pages(
@@ -107,7 +107,7 @@ def test_a_stalled_agent_is_asked_again_and_finishes_after_its_restart(
     fed.bus.drop_filter = _drop_boxes_of_pages(2)
     fed.start()
     agent = _agent(fed)
-    key_before = fed.devices[agent]._secret_key.secret_to_bytes()
+    key_before = fed.devices[agent].epoch_view.secret_key.secret_to_bytes()
     fed.transports[agent].kill()  # the agent dies after sealing pages 2 and 3
     fed.bus.drop_filter = None
     fed.new_device(agent).start()  # and comes back with its state directory
@@ -119,7 +119,7 @@ def test_a_stalled_agent_is_asked_again_and_finishes_after_its_restart(
     keys = {m.public_key for _, m in fed.messages("agent_public_key")}
     assert len(keys) == 1
     assert _boxes_per_device(fed) == Counter(d for d in fed.device_ids if d != agent)
-    secrets = {c._secret_key.secret_to_bytes() for c in fed.devices.values()}
+    secrets = {c.epoch_view.secret_key.secret_to_bytes() for c in fed.devices.values()}
     assert secrets == {key_before}
     assert fed.coordinator.is_done
 

@@ -32,7 +32,7 @@ from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.paillier import PaillierPublicKey, encrypt_reals
 from ursa.crypto.paillier_keys import generate_keypair
-from ursa.edge_sdk.device_core import DISTRIBUTION_CODEC
+from ursa.edge_sdk.registration import DISTRIBUTION_CODEC
 from ursa.protocol.envelope import encode
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import (

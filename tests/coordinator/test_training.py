@@ -169,7 +169,7 @@ def climb_oracle(
     fed: Any, rounds: int, config: ClimbConfig
 ) -> tuple[Arrays, np.ndarray]:
     """The same rounds with plaintext dual means (every device reports)."""
-    trainers = [fed.devices[d]._trainer for d in fed.device_ids]
+    trainers = [fed.devices[d].data.trainer for d in fed.device_ids]
     lambdas = np.zeros(len(trainers))
     arrays = {k: v.astype(np.float32) for k, v in INITIAL.items()}
     chosen = selections(fed)
@@ -297,8 +297,8 @@ def test_chunked_uploads_and_a_missed_download_are_recovered(
     fed.bus.drop_filter = lose_model_chunks
 
     def small_messages(client: EdgeClient) -> None:
-        client.inline_limit = 16
-        client.chunk_size = 16
+        client.training.inline_limit = 16
+        client.training.chunk_size = 16
         client.downloads.retry_s = 0.0
 
     plugin = start_training(
@@ -349,7 +349,7 @@ def test_float16_deltas_are_half_the_bytes_and_still_aggregate(
     fed = federation(num_devices=6, k=3, tries=1, rounds=2)
 
     def half_precision(client: EdgeClient) -> None:
-        client._trainer.wire_dtype = "float16"  # type: ignore[attr-defined]
+        client.data.trainer.wire_dtype = "float16"  # type: ignore[attr-defined]
 
     plugin = start_training(
         fed, tmp_path, TrainingConfig(aggregation=PLAIN), prepare=half_precision
@@ -464,7 +464,7 @@ def test_a_selected_device_whose_features_do_not_fit_sits_out_without_a_wait(
 
     def shaped(client: EdgeClient) -> None:
         index = fed.device_ids.index(client.device_id)
-        client._trainer = ShapedTrainer(index, client.device_id, misfit)
+        client.data.trainer = ShapedTrainer(index, client.device_id, misfit)
 
     plugin = start_training(
         fed, tmp_path, TrainingConfig(aggregation=PLAIN), prepare=shaped
@@ -511,7 +511,7 @@ def test_a_device_with_another_model_answers_model_mismatch_naming_the_tensor(
 
     def other(client: EdgeClient) -> None:
         index = fed.device_ids.index(client.device_id)
-        client._trainer = OtherModelTrainer(index, client.device_id, misfit)
+        client.data.trainer = OtherModelTrainer(index, client.device_id, misfit)
 
     plugin = start_training(
         fed, tmp_path, TrainingConfig(aggregation=PLAIN), prepare=other
@@ -575,7 +575,7 @@ def test_a_failed_device_is_not_waited_for_and_the_end_names_the_final_model(
     def fail_first(client: EdgeClient) -> None:
         if not failing:
             failing.append(client.device_id)
-            client._trainer = FailingTrainer(0)
+            client.data.trainer = FailingTrainer(0)
 
     plugin = start_training(
         fed, tmp_path, TrainingConfig(aggregation=PLAIN), prepare=fail_first
@@ -654,7 +654,7 @@ def _survivor_oracle(fed: Any, survivors: dict[int, tuple[str, ...]]) -> Arrays:
     """FedAvg over only the given devices of each round (the plaintext truth)."""
     arrays = {k: v.astype(np.float64) for k, v in INITIAL.items()}
     for r in sorted(survivors):
-        trainers = [fed.devices[d]._trainer for d in survivors[r]]
+        trainers = [fed.devices[d].data.trainer for d in survivors[r]]
         total = sum(t.num_examples for t in trainers)
         step = {k: np.zeros_like(v) for k, v in arrays.items()}
         for t in trainers:
@@ -691,7 +691,7 @@ def test_secure_rounds_equal_the_plaintext_sum_and_no_update_crosses_in_clear(
     assert record_1.metrics["secure_aggregation"]["masked"] == 3
     assert record_1.metrics["devices"]["reporting"] == 3.0
     assert record_1.metrics["devices"]["samples"] == sum(
-        fed.devices[d]._trainer.num_examples for d in record_1.selected
+        fed.devices[d].data.trainer.num_examples for d in record_1.selected
     )
 
 
@@ -730,7 +730,7 @@ def test_fewer_masked_updates_than_the_threshold_abandon_the_round(
 
     def fail_first(client: EdgeClient) -> None:
         if client.device_id == fed.device_ids[0]:
-            client._trainer = FailingTrainer(0)  # type: ignore[attr-defined]
+            client.data.trainer = FailingTrainer(0)  # type: ignore[attr-defined]
 
     caplog.set_level(logging.WARNING, logger="ursa.coordinator.training")
     config = TrainingConfig(aggregation=AggregationConfig(threshold=3))

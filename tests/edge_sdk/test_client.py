@@ -173,10 +173,10 @@ def test_state_dir_holds_identity_and_a_0600_epoch_key(harness: Any) -> None:
 
     assert h.coordinator.is_done
     for client in h.clients.values():
-        key_file = client._store.secret_key_path(1)
+        key_file = client.link.store.secret_key_path(1)
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
         assert stat.S_IMODE((key_file.parent / "identity.key").stat().st_mode) == 0o600
-        assert client._store.load_coordinator() == h.coordinator.identity
+        assert client.link.store.load_coordinator() == h.coordinator.identity
         assert client.enrolled.is_set() and client.has_registry
 
 
@@ -196,7 +196,7 @@ def test_restarted_device_answers_a_round_with_the_same_draws(harness: Any) -> N
     victim = next(d for d in h.ids if d != agent)
     (before,) = [v for v in h.messages("volunteer") if v.sender == victim]
 
-    h.clients[victim]._transport.kill()  # type: ignore[union-attr]
+    h.clients[victim].transport.kill()  # type: ignore[union-attr]
     h.bus.drop_filter = None
     restarted = h.client(victim)
     restarted.start()
@@ -351,8 +351,8 @@ def test_the_agent_keys_come_signed_in_the_epoch_notice(
     assert h.coordinator.is_done
     (notice,) = h.messages("key_epoch_start")
     assert h.messages("hello", notice.agent) == []  # nothing relayed
-    agent = h.clients[notice.agent]._identity.public()
-    assert all(c._agent == agent for c in h.clients.values())
+    agent = h.clients[notice.agent].link.identity.public()
+    assert all(c.epoch_view.agent == agent for c in h.clients.values())
     caplog.set_level(logging.INFO)
     impostor = DeviceIdentity.generate(notice.agent).public()
     keys = notice.agent_keys.model_copy(
@@ -366,7 +366,7 @@ def test_the_agent_keys_come_signed_in_the_epoch_notice(
     h.raw.publish(global_topic(FED, name_for("key_epoch_start")), encode(swapped))
 
     assert "refused key_epoch_start: bad_signature" in caplog.text
-    assert all(c._agent == agent for c in h.clients.values())
+    assert all(c.epoch_view.agent == agent for c in h.clients.values())
 
 
 def _enrol_result(
@@ -403,11 +403,11 @@ def test_enrolment_pins_the_coordinator_keys_of_the_result(
 
     h.raw.publish(topic, _enrol_result(coordinator))
     assert client.enrolled.is_set()
-    assert client._store.load_coordinator() == coordinator.public()
+    assert client.link.store.load_coordinator() == coordinator.public()
     caplog.set_level(logging.INFO)
     h.raw.publish(topic, _enrol_result(DeviceIdentity.generate(COORDINATOR)))
     assert "is not the pinned" in caplog.text
-    assert client._store.load_coordinator() == coordinator.public()
+    assert client.link.store.load_coordinator() == coordinator.public()
 
 
 def test_only_a_signed_acceptance_of_the_pinned_coordinator_moves_a_device_to_a_run(
@@ -419,21 +419,21 @@ def test_only_a_signed_acceptance_of_the_pinned_coordinator_moves_a_device_to_a_
     coordinator = DeviceIdentity.generate(COORDINATOR)
     topic = down_topic(FED, "d0", name_for("enrol_result"))
     h.raw.publish(topic, _enrol_result(coordinator, run="run1"))
-    assert client._store.load_run().run == "run1"
+    assert client.link.store.load_run().run == "run1"
     caplog.set_level(logging.WARNING)
 
     forger = DeviceIdentity.generate(COORDINATOR)
     h.raw.publish(topic, _enrol_result(coordinator, run="run2", signer=forger))
-    assert client._store.load_run().run == "run1"  # the signature does not verify
+    assert client.link.store.load_run().run == "run1"  # the signature does not verify
     assert "refused enrol_result" in caplog.text
 
     h.raw.publish(topic, _enrol_result(coordinator, run="run2"))  # a reset
-    assert client._store.load_run().run == "run2"
-    assert client._store.load_run().left == ("run1",)
+    assert client.link.store.load_run().run == "run2"
+    assert client.link.store.load_run().left == ("run1",)
     assert "the coordinator started a new run run2" in caplog.text
 
     h.raw.publish(topic, _enrol_result(coordinator, run="run1"))  # a replay
-    assert client._store.load_run().run == "run2"
+    assert client.link.store.load_run().run == "run2"
     assert "run run1 is over" in caplog.text
 
 
@@ -487,8 +487,8 @@ def test_an_undecodable_stored_epoch_is_ignored_at_start(
     for device_id in h.ids:
         h.client(device_id).start()
     victim = h.ids[0]
-    state_path = h.clients[victim]._store.path
-    h.clients[victim]._transport.kill()  # type: ignore[union-attr]
+    state_path = h.clients[victim].link.store.path
+    h.clients[victim].transport.kill()  # type: ignore[union-attr]
     DeviceStateDir(state_path).save_epoch(StoredEpoch(notice=b"\x81\xa4kind\xa3bad"))
 
     with caplog.at_level(logging.WARNING, logger="ursa.edge_sdk"):
@@ -587,8 +587,8 @@ def test_a_method_replaces_the_data_before_the_first_registration(
 
     assert h.coordinator.is_done and h.clients["d0"].has_registry
     assert balances.asked == 1
-    assert h.clients["d0"]._labels.tolist() == [3, 3, 3, 4]
-    trainer = h.clients["d0"]._trainer
+    assert h.clients["d0"].data.labels.tolist() == [3, 3, 3, 4]
+    trainer = h.clients["d0"].data.trainer
     assert isinstance(trainer, NoOpTrainer) and trainer.num_examples == 4
     assert h.clients["d0"].methods() == ("dubhe",)  # a helper of no [[methods]] role
 
@@ -616,7 +616,7 @@ def test_who_may_send_a_kind_besides_the_coordinator_is_read_off_its_class(
     def accepted(message: Any, *, own: bool) -> bool:
         name = name_for(message.kind)
         topic = down_topic(FED, "d0", name) if own else global_topic(FED, name)
-        return client._accept(topic, encode(message)) is not None
+        return client.admission.accept(topic, encode(message)) is not None
 
     assert accepted(hop, own=True) and not accepted(hop, own=False)  # a peer's
     assert accepted(key, own=False)  # the agent's, relayed (and signed)
@@ -759,8 +759,8 @@ def test_a_device_says_hello_again_until_the_coordinator_answers(
     assert not h.coordinator.is_done  # its key epoch waits for d0
 
     def hellos_after(now: float) -> int:
-        d0._retry_hello(now)
-        d0._flush()
+        d0.enrolment.retry_hello(now)
+        d0._connection.flush()
         h.bus.flush()
         return sum(1 for m in h.messages("hello") if m.sender == "d0")
 

@@ -8,9 +8,46 @@ from types import ModuleType
 
 import pytest
 
-from ursa.edge_sdk import device_link, downloads, federation_end, membership
+from ursa.edge_sdk import (
+    admission,
+    client,
+    connection,
+    device_link,
+    device_methods,
+    downloads,
+    enrolment,
+    epoch_view,
+    federation_end,
+    key_epoch,
+    local_dataset,
+    membership,
+    method_context,
+    stats,
+    training_rounds,
+)
+from ursa.edge_sdk.client import EdgeClient
 
-PARTS = (device_link, downloads, federation_end, membership)
+PARTS = (
+    admission,
+    client,
+    connection,
+    local_dataset,
+    device_link,
+    device_methods,
+    downloads,
+    enrolment,
+    epoch_view,
+    federation_end,
+    key_epoch,
+    membership,
+    method_context,
+    stats,
+    training_rounds,
+)
+
+
+def test_the_client_is_wiring_over_no_base_class() -> None:
+    assert EdgeClient.__mro__ == (EdgeClient, object)
 
 
 def _classes(module: ModuleType) -> list[type]:
@@ -25,8 +62,10 @@ def _classes(module: ModuleType) -> list[type]:
 def test_a_part_has_no_ursa_base_class(module: ModuleType) -> None:
     for cls in _classes(module):
         bases = [
-            b.__qualname__ for b in cls.__mro__[1:] if b.__module__.startswith("ursa.")
-        ]
+            b.__qualname__
+            for b in cls.__mro__[1:]
+            if b.__module__.startswith("ursa.") and b.__module__ != "ursa._compat"
+        ]  # _compat: 3.11's StrEnum spelt for 3.10
         assert bases == [], f"{cls.__qualname__} builds on {bases}"
 
 

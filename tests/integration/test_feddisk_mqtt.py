@@ -141,7 +141,7 @@ def test_feddisk_trains_the_made_then_the_weighted_classifier_over_mosquitto(
     assert all(m.num_parties == N for _, m in sums)
     assert [m.model_version for _, m in verdicts] == list(range(1, made_rounds + 1))
     agent = fed.clients[verdicts[-1][1].sender]
-    identity = agent._identity.public()
+    identity = agent.link.identity.public()
     for _, verdict in verdicts:
         verify_signature(identity, signing_bytes(verdict), verdict.signature)
     (_, switch), *_again = fed.capture.messages("feddisk_switch")
@@ -150,7 +150,7 @@ def test_feddisk_trains_the_made_then_the_weighted_classifier_over_mosquitto(
     # every device weights its samples (mean 1, inside the clip band)
     low, high = SETTINGS.clip
     for client, part in zip(clients, parts, strict=True):
-        trainer = client._trainer
+        trainer = client.data.trainer
         assert isinstance(trainer, FeddiskTrainer) and trainer.phase == "classifier"
         weights = trainer.sample_weights
         assert weights is not None and len(weights) == len(part)

@@ -161,7 +161,7 @@ def _needles(fed: Any, secret_key: PaillierSecretKey) -> dict[str, list[bytes]]:
     layout = PackingLayout(1, 10_000, secret_key.public_key.key_bits)
     found: dict[str, list[bytes]] = {"histogram": [], "registry": [], "secret_key": []}
     for client in fed.clients.values():
-        counts = np.bincount(client._labels, minlength=10)
+        counts = np.bincount(client.data.labels, minlength=10)
         dist = counts / counts.sum()
         as_list = [int(c) for c in counts]
         found["histogram"] += [
@@ -286,7 +286,7 @@ def test_coordinator_killed_mid_round_resumes_and_leaks_nothing(
     _check_rounds(fed, identity, rounds, K)
 
     # No device secret in the traffic, the coordinator's database or its log.
-    secret_key = fed.clients["dev000"]._store.load_secret_key(1)
+    secret_key = fed.clients["dev000"].link.store.load_secret_key(1)
     assert secret_key is not None
     needles = _needles(fed, secret_key)
     assert all(needles.values())
@@ -302,5 +302,5 @@ def test_coordinator_killed_mid_round_resumes_and_leaks_nothing(
         needles,
     )
     # and the needles are real: the device's own key file holds the key.
-    key_file = fed.clients["dev000"]._store.secret_key_path(1).read_bytes()
+    key_file = fed.clients["dev000"].link.store.secret_key_path(1).read_bytes()
     assert any(n in key_file for n in needles["secret_key"])

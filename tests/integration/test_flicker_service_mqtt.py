@@ -143,13 +143,13 @@ def test_dubhe_climb_flicker_trains_after_flicker_balanced_the_images(
     assert first_epoch.methods == ("dubhe", "climb", "flicker")
     resampled = [fed.clients[d] for d in summary["resampled_devices"]]
     for client in resampled:
-        trainer = client._trainer
+        trainer = client.data.trainer
         assert isinstance(trainer, TorchTrainer)
         counts = np.bincount(trainer.y, minlength=10)
         participant = client.method(Flicker).participant
         assert participant is not None
         assert tuple(int(c) for c in counts) == participant.counts
-        assert np.array_equal(trainer.y, client._labels)
+        assert np.array_equal(trainer.y, client.data.labels)
     assert plugin.version == rounds
     assert all(len(r.contributed) == k for r in plugin.history)
     assert len(scores) == rounds and max(scores) > 0.1, scores  # above chance

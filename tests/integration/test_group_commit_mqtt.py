@@ -81,7 +81,7 @@ def test_a_kill_mid_batch_is_refilled_by_the_devices_retransmissions(
         release = threading.Event()
 
         def holding(client: Any) -> Any:
-            send = client._send
+            send = client.link.send
 
             def hold_round_two_volunteer(message: BaseMessage) -> None:
                 round_two = message.kind == "volunteer" and message.round == 2
@@ -92,7 +92,7 @@ def test_a_kill_mid_batch_is_refilled_by_the_devices_retransmissions(
             return hold_round_two_volunteer
 
         for client in clients[-HELD:]:
-            client._send = holding(client)
+            client.link.send = holding(client)
 
         def handled() -> bool:
             sent = {

@@ -76,10 +76,10 @@ def test_the_served_federation_selects_exactly_the_pure_stratified_sets(
 
     # What every device holds (the coordinator holds none of it) ...
     ids = [c.device_id for c in clients]
-    registry = clients[0]._registry
-    secret = clients[0]._secret_key
+    registry = clients[0].epoch_view.registry
+    secret = clients[0].epoch_view.secret_key
     assert registry is not None and secret is not None
-    indices = np.array([c._index for c in clients])
+    indices = np.array([c.epoch_view.index for c in clients])
     ranks = np.array([c.method(Dubhe).rank(1) for c in clients])
     assert None not in ranks.tolist()
     seed = shared_seed(secret.secret_to_bytes(), "itstrat", 1)
@@ -134,7 +134,7 @@ def test_the_served_federation_selects_exactly_the_pure_stratified_sets(
 
     # balance: the served sets vs the simulator's stratified draw, same registry
     dists = np.stack(
-        [np.bincount(c._labels, minlength=10) / c._labels.size for c in clients]
+        [np.bincount(c.data.labels, minlength=10) / c.data.labels.size for c in clients]
     )
     served_l1 = np.mean(
         [

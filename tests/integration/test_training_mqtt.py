@@ -156,7 +156,7 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
     masked = {(m.sender, m.round): m for _, m in fed.capture.messages("masked_update")}
     assert len(masked) == K * ROUNDS
     for client in clients:
-        trainer = client._trainer
+        trainer = client.data.trainer
         assert isinstance(trainer, RecordingTrainer)
         for round_index, delta in trainer.deltas.items():
             needles = _needles(delta)

@@ -49,13 +49,13 @@ def test_every_device_refuses_a_made_up_agent_over_mosquitto(
     try:
         clients = fed.start_devices(N)
         fed.capture.wait_for(
-            lambda: all(c.epoch == 1 and c._secret_key for c in clients),
+            lambda: all(c.epoch == 1 and c.epoch_view.secret_key for c in clients),
             60,
             "key epoch 1 on every device",
         )
         real = fed.capture.messages("key_epoch_start")[-1][1]
         coordinator = DeviceIdentity.load_or_create(config.state_dir, COORDINATOR)
-        recipients = {c.device_id: c._identity.public() for c in clients}
+        recipients = {c.device_id: c.link.identity.public() for c in clients}
         transport = service.transport
         assert transport is not None
 

@@ -140,12 +140,12 @@ def test_training_device_gets_a_torch_trainer(tmp_path: Path) -> None:
 
     training = _training(tmp_path)
     client = compose.build_device(_device(tmp_path, training=training))
-    trainer = client._trainer
+    trainer = client.data.trainer
     assert isinstance(trainer, TorchTrainer) and trainer.climb is None
     assert client.methods() == ("dubhe", "fedavg")
     assert trainer.num_examples == 12 and trainer.wire_dtype == "float16"
     assert trainer.seed == compose.device_seed("dev001")
-    assert client._labels.tolist() == (np.arange(12) % 3).tolist()
+    assert client.data.labels.tolist() == (np.arange(12) % 3).tolist()
     with pytest.raises(compose.ServiceSetupError, match="labels"):
         compose.build_device(_device(tmp_path, training=training), Path("l.npy"))
     bad_fields: list[tuple[dict[str, Any], str]] = [
@@ -174,8 +174,8 @@ def test_feddisk_device_wraps_its_torch_trainer(tmp_path: Path) -> None:
     training = _training(tmp_path)
     methods = [DUBHE, {"kind": "feddisk", "made_hidden_sizes": [8]}]
     client = compose.build_device(_device(tmp_path, training=training, methods=methods))
-    assert isinstance(client._trainer, FeddiskTrainer)
-    assert client._trainer.phase == "made" and client._trainer.model == "made"
+    assert isinstance(client.data.trainer, FeddiskTrainer)
+    assert client.data.trainer.phase == "made" and client.data.trainer.model == "made"
     assert client.methods() == ("dubhe", "feddisk")
     with pytest.raises(ValidationError, match="made_lr"):
         _device(
@@ -225,7 +225,7 @@ def test_selection_only_device_runs_without_torch(tmp_path: Path) -> None:
         "config = DeviceConfig(device_id='dev001', federation='f', state_dir=root,"
         " labels_file=root / 'l.npy')\n"
         "client = build_device(config)\n"
-        "assert client._labels.tolist() == [0, 1, 1]\n"
+        "assert client.data.labels.tolist() == [0, 1, 1]\n"
         "assert client.methods() == ('dubhe',)\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
@@ -301,7 +301,7 @@ def test_an_import_path_architecture_on_both_sides(tmp_path: Path) -> None:
     training = {**_training(tmp_path), "architecture": torch_factory}
     training["model_options"] = {"features": 4}
     client = compose.build_device(_device(tmp_path, training=training))
-    assert isinstance(client._trainer, ModuleTrainer)
+    assert isinstance(client.data.trainer, ModuleTrainer)
     with pytest.raises(ValidationError, match="neither built in"):
         _device(tmp_path, training={**training, "architecture": "pkg/mod:f"})
 
@@ -320,7 +320,7 @@ def test_feddisk_wraps_a_module_trainer_and_its_phase_two_trains_it(
     training["model_options"] = {"features": 4}
     methods = [DUBHE, {"kind": "feddisk", "made_hidden_sizes": [8]}]
     client = compose.build_device(_device(tmp_path, training=training, methods=methods))
-    trainer = client._trainer
+    trainer = client.data.trainer
     assert isinstance(trainer, FeddiskTrainer)
     assert isinstance(trainer.classifier, ModuleTrainer)
 

@@ -44,7 +44,6 @@ from ursa.crypto.paillier import (
     encrypted_vector_from,
 )
 from ursa.crypto.sealing import open_sealed
-from ursa.edge_sdk.device_core import DISTRIBUTION_CODEC
 from ursa.edge_sdk.method import DeviceMethod, EpochKeys, Roster
 from ursa.edge_sdk.methods.dubhe.draws import (
     participation_probability,
@@ -63,6 +62,7 @@ from ursa.edge_sdk.methods.dubhe.ranks import (
     slot_of,
 )
 from ursa.edge_sdk.methods.dubhe.tries import best_try, plausible_try_sum
+from ursa.edge_sdk.registration import DISTRIBUTION_CODEC
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (

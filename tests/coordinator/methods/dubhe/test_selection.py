@@ -25,7 +25,7 @@ from ursa.crypto.paillier import (
     encrypted_vector_from,
 )
 from ursa.crypto.paillier_keys import generate_keypair
-from ursa.edge_sdk.device_core import DISTRIBUTION_CODEC
+from ursa.edge_sdk.registration import DISTRIBUTION_CODEC
 from ursa.protocol.envelope import signing_bytes
 from ursa.protocol.messages import (
     AgentAnswer,

@@ -40,12 +40,12 @@ def expected_sets(fed: Any, rounds: int, k: int, tries: int) -> list[set[str]]:
     """
     ids = sorted(fed.devices)
     clients = [fed.devices[d] for d in ids]
-    registry = clients[0]._registry
+    registry = clients[0].epoch_view.registry
     assert registry is not None
     epoch = 1
-    indices = np.array([c._index for c in clients])
+    indices = np.array([c.epoch_view.index for c in clients])
     ranks = np.array([c.method(Dubhe).rank(epoch) for c in clients])
-    secret = clients[0]._secret_key
+    secret = clients[0].epoch_view.secret_key
     assert secret is not None
     seed = shared_seed(secret.secret_to_bytes(), fed.config.federation, epoch)
     out = []
@@ -78,12 +78,14 @@ def test_the_service_selects_exactly_what_the_pure_stratified_draw_selects(
     assert fed.coordinator.is_done
     ranks = [c.method(Dubhe).rank(1) for c in fed.devices.values()]
     assert None not in ranks
-    registry = next(iter(fed.devices.values()))._registry
+    registry = next(iter(fed.devices.values())).epoch_view.registry
     assert registry is not None
-    indices = Counter(c._index for c in fed.devices.values())
+    indices = Counter(c.epoch_view.index for c in fed.devices.values())
     for slot, count in indices.items():  # ranks are 0..R(u)-1 within each slot
         got = sorted(
-            c.method(Dubhe).rank(1) for c in fed.devices.values() if c._index == slot
+            c.method(Dubhe).rank(1)
+            for c in fed.devices.values()
+            if c.epoch_view.index == slot
         )
         assert got == list(range(count)) and registry[slot] == count
     expected = expected_sets(fed, 4, 3, 1)
@@ -114,13 +116,13 @@ def test_the_coordinator_sees_no_seed_nor_one_time_key_nor_device_ids_in_pages(
     assert fed.messages("rank_request") and fed.messages("sealed_rank")
     assert len(made) == 8  # one one-time key per device and epoch
 
-    secret = next(iter(fed.devices.values()))._secret_key
+    secret = next(iter(fed.devices.values())).epoch_view.secret_key
     seed = shared_seed(secret.secret_to_bytes(), fed.config.federation, 1)
     needles = [str(seed).encode(), seed.to_bytes(8, "big"), f"{seed:x}".encode()]
     needles += [k for key in made for k in (key, key.hex().encode())]
     needles.append(secret.secret_to_bytes())
     states = [
-        json.loads((c._store.path / "methods.json").read_text())
+        json.loads((c.link.store.path / "methods.json").read_text())
         for c in fed.devices.values()
     ]
     assert all("one_time" not in s["dubhe"]["rank"] for s in states)  # gone

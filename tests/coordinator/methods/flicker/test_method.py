@@ -72,7 +72,7 @@ def test_flicker_runs_after_enrolment_and_devices_register_resampled_labels(
         assert client.method(Flicker).has_resampled
         participant = client.method(Flicker).participant
         assert participant is not None
-        counts = np.bincount(client._labels, minlength=10)
+        counts = np.bincount(client.data.labels, minlength=10)
         assert tuple(int(c) for c in counts) == participant.counts
     starts = [m for _, m in fed.messages("ring_start")]
     assert all(m.signature and len(m.members) == len(m.order) for m in starts)

@@ -14,11 +14,11 @@ from ursa.crypto.paillier import (
     encrypted_vector_from,
     sum_encrypted,
 )
-from ursa.edge_sdk.device_core import DISTRIBUTION_CODEC
 from ursa.edge_sdk.method import EpochKeys, Roster
 from ursa.edge_sdk.methods.dubhe.draws import participation_probability
 from ursa.edge_sdk.methods.dubhe.method import Dubhe
 from ursa.edge_sdk.methods.dubhe.tries import best_try
+from ursa.edge_sdk.registration import DISTRIBUTION_CODEC
 from ursa.protocol.messages import (
     AgentAnswer,
     EncryptedDistribution,

@@ -143,7 +143,7 @@ class Fleet:
         ]
 
     def _keys(self, device_id: str) -> DeviceKeys:
-        public = self.clients[device_id]._identity.public()
+        public = self.clients[device_id].link.identity.public()
         return DeviceKeys(
             device_id=device_id,
             x25519_public=public.x25519_public,
@@ -186,7 +186,7 @@ class Fleet:
             **{**head, "sender": "d0"}, epoch=1, recipient=box.recipient, box=box.box
         )
         self.send(relayed, "d1")
-        assert all(c._secret_key is not None for c in self.clients.values())
+        assert all(c.epoch_view.secret_key is not None for c in self.clients.values())
 
     def publish_model(self, model: str, version: int, arrays: Arrays) -> None:
         tid = model_transfer_id(FED, model, version)
@@ -232,7 +232,7 @@ class Fleet:
 
     def sum_losses(self, round_index: int) -> MeanSum:
         """Sum this round's reports blind, as the coordinator does."""
-        public_key = self.clients["d0"]._public_key
+        public_key = self.clients["d0"].epoch_view.public_key
         assert public_key is not None
         reports = [m for m in self.sent("mean_report") if m.round == round_index]
         latest = {m.sender: m for m in reports}
@@ -314,7 +314,7 @@ def test_a_request_waits_for_the_version_and_the_report_decrypts_to_the_nll(
 
     reports = {m.sender: m for m in fleet.sent("mean_report")}
     assert set(reports) == {"d0", "d1"}
-    secret_key = fleet.clients["d1"]._secret_key
+    secret_key = fleet.clients["d1"].epoch_view.secret_key
     assert secret_key is not None
     for device_id, report in reports.items():
         vector = encrypted_vector_from(report.ciphertext, secret_key.public_key)
@@ -348,7 +348,7 @@ def test_sums_drive_the_stopper_and_only_the_agent_sends_a_signed_verdict(
         0,
     )
     assert (second.model_version, second.stop, second.best_version) == (1, True, 0)
-    agent = fleet.clients["d0"]._identity.public()
+    agent = fleet.clients["d0"].link.identity.public()
     for verdict in (first, second):
         verify_signature(agent, signing_bytes(verdict), verdict.signature)
     for client in fleet.clients.values():
@@ -356,7 +356,7 @@ def test_sums_drive_the_stopper_and_only_the_agent_sends_a_signed_verdict(
         stopper = method.stopper
         assert (stopper.rounds, stopper.best_round, stopper.stopped) == (2, 1, True)
         assert method.best is not None and method.best[0] == 0
-        assert (client._config.state_dir / FEDDISK_MADE_FILE).exists()
+        assert (client.link.config.state_dir / FEDDISK_MADE_FILE).exists()
 
     fleet.send(last)  # re-published sum: the same verdict, not applied twice
     third = fleet.sent("made_verdict")[-1]
@@ -391,7 +391,7 @@ def test_switch_uses_the_best_made_persists_weights_and_resets_downloads(
     fleet.made_round(1, bad)
     client, trainer = fleet.clients["d1"], fleet.trainers["d1"]
     fleet.announce("clf", 0, round_index=3)  # phase 2's model, before the switch
-    assert client._router.is_parked(ModelAvailable)
+    assert client.router.is_parked(ModelAvailable)
     assert client.model_version == 1
 
     fleet.switch(made_version=0)
@@ -403,13 +403,13 @@ def test_switch_uses_the_best_made_persists_weights_and_resets_downloads(
     assert trainer.phase == "classifier" and trainer.model == "clf"
     weights = trainer.sample_weights
     assert weights is not None and weights.mean() == pytest.approx(1.0)
-    state_dir = client._config.state_dir
+    state_dir = client.link.config.state_dir
     np.testing.assert_array_equal(np.load(state_dir / FEDDISK_WEIGHTS_FILE), weights)
     state = DeviceStateDir(state_dir).method_state("feddisk")
     assert state is not None and state["phase"] == "classifier"
     assert client.model_version is None and client.model_arrays is None
-    assert not client._router.is_parked(ModelAvailable)  # released after the switch
-    notice = client._model_notice
+    assert not client.router.is_parked(ModelAvailable)  # released after the switch
+    notice = client.training.model_notice
     assert notice is not None and (notice.model, notice.model_version) == ("clf", 0)
     assert client.downloads.wanted is not None
     assert client.downloads.wanted.transfer_id == model_transfer_id(FED, "clf", 0)

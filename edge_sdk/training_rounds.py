@@ -1,8 +1,8 @@
-"""Device steps of training rounds: model download, local training, update upload.
+"""`TrainingRounds`: model download, local training, masking and update upload.
 
 The coordinator's side is ``coordinator/training.py``. On the device:
 
-* **download**: the global versions, by the `ModelDownloads` the client
+* **download**: the global versions, by the `ModelDownloads` this part
   owns (``downloads.py``; transfer ids from `ursa.protocol.ids`); a complete
   version is checked here against the trainer (array names and shapes) and
   the data before it is kept, and `poll` asks for missing chunks.
@@ -21,7 +21,8 @@ The coordinator's side is ``coordinator/training.py``. On the device:
   re-published `ModelAvailable` of a round already trained re-sends the same
   messages (the coordinator drops ids it has seen), never retrains.
 
-Training runs on the client's delivery thread (a device trains one round at
+With secure aggregation the delta goes masked (`MaskingRounds`). Training
+runs on the client's delivery thread (a device trains one round at
 a time); keepalives continue on the transport's network thread.
 """
 
@@ -32,24 +33,33 @@ import math
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ursa.edge_sdk.callbacks import RoundTrained
+from ursa.edge_sdk.callbacks import (
+    DeviceCallbacks,
+    DeviceError,
+    ModelReceived,
+    RoundTrained,
+    Selected,
+    notify,
+)
 from ursa.edge_sdk.data_check import (
     DataFacts,
     DataProblem,
     FederationFacts,
     data_problems,
 )
-from ursa.edge_sdk.device_core import TrainingStats
-from ursa.edge_sdk.downloads import ModelDownloads, model_trainer_of
+from ursa.edge_sdk.device_link import DeviceLink
+from ursa.edge_sdk.downloads import ModelDownloads
+from ursa.edge_sdk.epoch_view import CurrentEpoch
+from ursa.edge_sdk.local_dataset import LocalDataset
 from ursa.edge_sdk.method import DeviceMethod, TrainPlan
-from ursa.edge_sdk.round_steps import RoundSteps
 from ursa.edge_sdk.secure_aggregation.participant import SecAggError
 from ursa.edge_sdk.secure_aggregation.rounds import Contribution, MaskingRounds
+from ursa.edge_sdk.stats import DeviceStats, TrainingStats
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer, TrainingReport
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.chunking import split
@@ -73,10 +83,10 @@ from ursa.protocol.messages import (
     SelectionResult,
     TransferManifest,
 )
-from ursa.protocol.router import NotReadyError
+from ursa.protocol.router import Router
 from ursa.protocol.secure_aggregation import float_names
 
-__all__ = ["ModelSteps"]
+__all__ = ["KEPT_UPLOADS", "UPDATE_PURPOSE", "TrainingRounds", "update_metrics"]
 
 logger = logging.getLogger("ursa.edge_sdk")
 
@@ -85,91 +95,142 @@ KEPT_UPLOADS = 4
 _METRIC_NAME = re.compile(NAME_PATTERN)
 
 
-class ModelSteps(RoundSteps):
-    """Model download, local training and upload (see the module docstring)."""
+class TrainingRounds:
+    """Model download, local training and upload (see the module docstring).
+
+    Args:
+        link: The device on the wire.
+        view: The current key epoch (read-only).
+        data: The labels and the trainer.
+        methods: The device's methods (their training-round hooks).
+        device_stats: Counts the rounds this device was selected in.
+        callbacks: The app's hooks.
+        sit_out: Sits the current key epoch out (a model that does not fit).
+        model_ready: Told after the methods when a new version is downloaded
+            (the end of the federation's).
+    """
 
     inline_limit: int = DEFAULT_CHUNK_SIZE
     """Deltas up to this many bytes go inline in `ModelUpdate`."""
     chunk_size: int = DEFAULT_CHUNK_SIZE
 
-    training_stats: TrainingStats
-    _methods: list[DeviceMethod]
-    _model_notice: ModelAvailable | None
-    _notice_at: float
-    downloads: ModelDownloads
-    """The global versions downloaded (`ursa.edge_sdk.downloads`)."""
-    _pending_rounds: set[int]
-    _sent_updates: OrderedDict[int, list[BaseMessage]]
-    _uploads: OrderedDict[str, tuple[TransferManifest, list[Chunk]]]
-    _masking: MaskingRounds | None
-    _model_listeners: list[Callable[[], None]]
-    """Told after the methods when a new version is downloaded (the end's)."""
+    def __init__(
+        self,
+        *,
+        link: DeviceLink,
+        view: CurrentEpoch,
+        data: LocalDataset,
+        methods: Iterable[DeviceMethod],
+        device_stats: DeviceStats,
+        callbacks: DeviceCallbacks | None,
+        sit_out: Callable[[int, tuple[DataProblem, ...], str | None], None],
+        model_ready: Callable[[], None],
+    ) -> None:
+        self._link = link
+        self._view = view
+        self._data = data
+        self._methods = methods
+        self._device_stats = device_stats
+        self._callbacks = callbacks
+        self._sit_out = sit_out
+        self._model_ready = model_ready
+        self.stats = TrainingStats()
+        """Counters of the training side (for demos and benchmarks)."""
+        self.downloads = ModelDownloads(
+            link=link,
+            trainer=data.trainer,
+            stats=self.stats,
+            fits=self._fits,
+            ready=self._on_downloaded,
+        )
+        """The global versions downloaded (`ursa.edge_sdk.downloads`)."""
+        self._model_problems: tuple[DataProblem, ...] = ()
+        self._model_notice: ModelAvailable | None = None
+        self._notice_at = 0.0
+        self._pending_rounds: set[int] = set()
+        self._selected: set[int] = set()
+        self._sent_updates: OrderedDict[int, list[BaseMessage]] = OrderedDict()
+        self._uploads: OrderedDict[str, tuple[TransferManifest, list[Chunk]]] = (
+            OrderedDict()
+        )
+        self._masking: MaskingRounds | None = None
 
-    def _init_model_steps(self) -> None:
+    def new_run(self) -> None:
+        """Forget the old run's model, transfers and rounds."""
         self.downloads.new_run()
         self._model_notice = None
         self._notice_at = 0.0
         self._pending_rounds = set()
+        self._selected = set()
         self._sent_updates = OrderedDict()
         self._uploads = OrderedDict()
         self._masking = None
 
-    @property
-    def model_version(self) -> int | None:
-        """The latest global model version downloaded."""
-        return self.downloads.model_version
+    def register(self, router: Router) -> None:
+        """The kinds of a training round on the device's router."""
+        router.register(SelectionResult, self.on_selection_result, owner="training")
+        router.register(ModelAvailable, self.on_model_available, owner="training")
+        router.register(TransferManifest, self.on_manifest, owner="training")
+        router.register(Chunk, self.on_chunk, owner="training")
+        router.register(ChunkRequest, self.on_chunk_request, owner="training")
+        router.register(SecAggSetup, self.on_secagg_setup, owner="training")
+        router.register(SecAggRoster, self.on_secagg_roster, owner="training")
+        router.register(SecAggShareBundle, self.on_secagg_bundle, owner="training")
+        router.register(SecAggUnmask, self.on_secagg_unmask, owner="training")
 
     @property
-    def model_arrays(self) -> Arrays | None:
-        """The latest global model downloaded (e.g. to serve inference)."""
-        return self.downloads.model_arrays
+    def model_notice(self) -> ModelAvailable | None:
+        """The latest round's `ModelAvailable` (None before any)."""
+        return self._model_notice
+
+    @property
+    def model_problems(self) -> tuple[DataProblem, ...]:
+        """How the latest global model did not fit (kept until one fits)."""
+        return self._model_problems
+
+    def seconds_since_notice(self) -> float:
+        """Seconds since the current round's `ModelAvailable` arrived."""
+        return time.monotonic() - self._notice_at
 
     def _masking_rounds(self) -> MaskingRounds:
         """The device's secure-aggregation rounds (made once the identity is loaded)."""
         if self._masking is None:
             self._masking = MaskingRounds(
-                identity=self._identity,
-                federation=self._config.federation,
-                send=self._send,
-                verify_coordinator=self._verify_coordinator,
-                message_id=lambda step, r: derived_id(self.device_id, step, r),
-                peer_identity=self._trusted,
+                identity=self._link.identity,
+                federation=self._link.federation,
+                send=self._link.send,
+                verify_coordinator=self._link.verify_coordinator,
+                message_id=lambda step, r: derived_id(self._link.device_id, step, r),
+                peer_identity=self._link.trusted,
             )  # its own randomness: rounding and DP noise no seed can predict
         return self._masking
 
-    def _verify_coordinator(self, message: BaseMessage) -> None:
-        """The pinned coordinator's signature on ``message`` (parked until pinned)."""
-        coordinator = self._coordinator
-        if coordinator is None:
-            raise NotReadyError
-        self._verify(coordinator, message)
-
     def _secure_epoch(self) -> bool:
         """Whether the adopted key epoch sums updates under masks."""
-        epoch = self._epoch
+        epoch = self._view.notice
         return epoch is None or epoch.aggregation == "secure"
 
     # --- secure aggregation ---------------------------------------------------
 
-    def _on_secagg_setup(self, message: SecAggSetup) -> None:
-        if self.model_trainer() is not None:
+    def on_secagg_setup(self, message: SecAggSetup) -> None:
+        """A masked round starts: make the round's pairwise keys."""
+        if self._data.model_trainer is not None:
             self._masking_rounds().on_setup(message)
 
-    def _on_secagg_roster(self, message: SecAggRoster) -> None:
+    def on_secagg_roster(self, message: SecAggRoster) -> None:
+        """Who is in the masked sum: seal the shares to them."""
         if self._masking is not None:
             self._masking.on_roster(message)
 
-    def _on_secagg_bundle(self, message: SecAggShareBundle) -> None:
+    def on_secagg_bundle(self, message: SecAggShareBundle) -> None:
+        """The shares sealed to this device: the round may train."""
         if self._masking is not None and self._masking.on_bundle(message):
-            self._maybe_train()
+            self.maybe_train()
 
-    def _on_secagg_unmask(self, message: SecAggUnmask) -> None:
+    def on_secagg_unmask(self, message: SecAggUnmask) -> None:
+        """Reveal the shares of the dropped or surviving peers."""
         if self._masking is not None:
             self._masking.on_unmask(message)
-
-    def model_trainer(self) -> ModelTrainer | None:
-        """The trainer, if it trains a model (else the device only selects)."""
-        return model_trainer_of(self._trainer)
 
     # --- the methods' hooks ---------------------------------------------------
 
@@ -177,32 +238,30 @@ class ModelSteps(RoundSteps):
         """A new global version has been downloaded: tell the methods, train."""
         for method in self._methods:
             method.on_model_ready()
-        self._maybe_train()
-        for listener in self._model_listeners:
-            listener()
+        self.maybe_train()
+        self._model_ready()
 
     # --- selection -> training ------------------------------------------------
 
-    def _on_selection_result(self, message: SelectionResult) -> None:
-        if self._coordinator is None:
-            raise NotReadyError
-        self._verify(self._coordinator, message)
-        if self.device_id not in message.selected or message.round in self._trained:
+    def on_selection_result(self, message: SelectionResult) -> None:
+        """A signed selection naming this device: train its round."""
+        self._link.verify_coordinator(message)
+        me = self._link.device_id
+        if me not in message.selected or message.round in self._selected:
             return
-        if self.sits_out:  # selected before the coordinator heard why
-            me = self.device_id
+        if self._view.sits_out:  # selected before the coordinator heard why
             logger.info("%s: selected in round %d, but sitting out", me, message.round)
             return
-        self._trained.add(message.round)
-        self.stats.selected_rounds.append(message.round)
-        self._notify_selected(message.round)
+        self._selected.add(message.round)
+        self._device_stats.selected_rounds.append(message.round)
+        notify(self._callbacks, "on_selected", Selected(message.round), device=me)
         self._on_selected(message.round, message.message_id)
 
     def _train_selected(self, round_index: int, selection_id: str) -> None:
         """A selection-only device's round: `Trainer.train` once, no model."""
         started = time.perf_counter()
         try:
-            report: TrainingReport = self._trainer.train(round_index)
+            report: TrainingReport = self._data.trainer.train(round_index)
         except Exception as exc:  # the app's code: whatever it raises is reported
             self._report_failure(
                 ErrorCode.TRAINING_FAILED, round_index, exc, selection_id
@@ -214,23 +273,24 @@ class ModelSteps(RoundSteps):
         )
         logger.info(
             "%s: selected in round %d; trained on %d examples",
-            self.device_id,
+            self._link.device_id,
             round_index,
             report.num_examples,
         )
 
     def _on_selected(self, round_index: int, selection_id: str) -> None:
-        if self.model_trainer() is None:
+        if self._data.model_trainer is None:
             self._train_selected(round_index, selection_id)
             return
-        logger.info("%s: selected in round %d", self.device_id, round_index)
+        logger.info("%s: selected in round %d", self._link.device_id, round_index)
         self._pending_rounds.add(round_index)
-        self._maybe_train()
+        self.maybe_train()
 
-    def _on_model_available(self, message: ModelAvailable) -> None:
+    def on_model_available(self, message: ModelAvailable) -> None:
+        """A round's global model: download it, train once it is here."""
         for method in self._methods:
             method.admit_model(message)  # NotReadyError: held back, retried later
-        trainer = self.model_trainer()
+        trainer = self._data.model_trainer
         if trainer is None or message.model != trainer.model:
             return
         notice = self._model_notice
@@ -242,13 +302,14 @@ class ModelSteps(RoundSteps):
         sent = self._sent_updates.get(message.round)
         if sent is not None:  # the coordinator re-published: answer the same
             for item in sent:
-                self._send(item)
+                self._link.send(item)
             return
         self.downloads.want(message.model_version, message.transfer_id)
-        self._maybe_train()
+        self.maybe_train()
 
-    def _maybe_train(self) -> None:
-        trainer = self.model_trainer()
+    def maybe_train(self) -> None:
+        """Train every selected round whose model, masks and methods are ready."""
+        trainer = self._data.model_trainer
         notice = self._model_notice
         if trainer is None or notice is None:
             return
@@ -258,7 +319,7 @@ class ModelSteps(RoundSteps):
             if notice.round > round_index:
                 logger.warning(
                     "%s: round %d is over before it could train",
-                    self.device_id,
+                    self._link.device_id,
                     round_index,
                 )
                 self._pending_rounds.discard(round_index)
@@ -300,10 +361,10 @@ class ModelSteps(RoundSteps):
             self._sent_updates[notice.round] = [reply]
             return
         train_s = time.perf_counter() - started
-        self.training_stats.train_s += train_s
-        fed, me = self._config.federation, self.device_id
+        self.stats.train_s += train_s
+        fed, me = self._link.federation, self._link.device_id
         secure = self._secure_epoch()
-        if not secure and not self._config.allow_plain_aggregation:
+        if not secure and not self._link.config.allow_plain_aggregation:
             reply = self._plain_refused(notice)
             self._sent_updates[notice.round] = [reply]
             return
@@ -379,9 +440,9 @@ class ModelSteps(RoundSteps):
         while len(self._sent_updates) > KEPT_UPLOADS:
             self._sent_updates.popitem(last=False)
         for item in messages:
-            self._send(item)
-        self.training_stats.rounds_trained += 1
-        self.training_stats.update_bytes += len(payload)
+            self._link.send(item)
+        self.stats.rounds_trained += 1
+        self.stats.update_bytes += len(payload)
         self._notify_trained(
             RoundTrained(
                 notice.round,
@@ -411,7 +472,7 @@ class ModelSteps(RoundSteps):
         logger.error(
             "%s: round %d: model version %d's bytes (sha256 %s...) are not the "
             "ones the signed model notice names (%s...); not training from them",
-            self.device_id,
+            self._link.device_id,
             notice.round,
             notice.model_version,
             held[:12],
@@ -427,7 +488,7 @@ class ModelSteps(RoundSteps):
         logger.error(
             "%s: round %d: the coordinator sums plain updates ([aggregation] mode "
             '= "plain"); this device sends none (allow_plain_aggregation = false)',
-            self.device_id,
+            self._link.device_id,
             notice.round,
         )
         reason = "this device sends no plain model update"
@@ -437,21 +498,56 @@ class ModelSteps(RoundSteps):
         self, notice: ModelAvailable, code: ErrorCode, reason: str
     ) -> ErrorReply:
         """Tell the coordinator this device sends no update in the notice's round."""
-        reply = ErrorReply(
-            federation=self._config.federation,
-            round=notice.round,
-            sender=self.device_id,
-            message_id=derived_id(self.device_id, code.value, notice.round),
-            code=code,
-            reason=reason,
+        return self._link.tell_coordinator(
+            code,
+            reason,
+            round_index=notice.round,
+            message_id=derived_id(self._link.device_id, code.value, notice.round),
             in_reply_to=notice.message_id,
         )
-        self._send(reply)
+
+    def _notify_trained(self, event: RoundTrained) -> None:
+        device = self._link.device_id
+        notify(self._callbacks, "on_round_trained", event, device=device)
+
+    def _report_failure(
+        self,
+        code: ErrorCode,
+        round_index: int,
+        exc: Exception,
+        in_reply_to: str | None,
+    ) -> ErrorReply:
+        """The app's trainer raised: log it here, tell the coordinator why in a word.
+
+        The reply names the exception type only: its message and traceback
+        may hold the device's data, so they stay in the device's own log.
+        Returns the reply (to answer a re-published notice the same way).
+        """
+        me = self._link.device_id
+        logger.error(
+            "%s: %s in round %d: %s: %s",
+            me,
+            code.value,
+            round_index,
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
+        reason = f"{type(exc).__name__} raised by the device's trainer"
+        reply = self._link.tell_coordinator(
+            code,
+            reason,
+            round_index=round_index,
+            message_id=derived_id(me, code.value, round_index),
+            in_reply_to=in_reply_to,
+        )
+        event = DeviceError(round_index, code.value, reason, "device")
+        notify(self._callbacks, "on_error", event, device=me)
         return reply
 
     # --- download -------------------------------------------------------------
 
-    def _forget_downloads(self) -> None:
+    def forget_downloads(self) -> None:
         """Drop every downloaded or in-flight version and the current notice.
 
         For a device whose trainer switches to another model (FedDisk's
@@ -465,9 +561,9 @@ class ModelSteps(RoundSteps):
 
     def _fits(self, version: int, arrays: Arrays) -> bool:
         """Whether a downloaded version fits the data and model (else refused)."""
-        trainer = self.model_trainer()
+        trainer = self._data.model_trainer
         if trainer is not None:
-            problems = _model_problems(trainer, arrays, self._labels, version)
+            problems = _model_problems(trainer, arrays, self._data.labels, version)
             if problems:
                 self._refuse_model(version, problems)
                 return False
@@ -475,7 +571,8 @@ class ModelSteps(RoundSteps):
         return True
 
     def _on_downloaded(self, version: int) -> None:
-        self._notify_model(version)
+        event = ModelReceived(version)
+        notify(self._callbacks, "on_model", event, device=self._link.device_id)
         self._on_model_ready()
 
     def _refuse_model(self, version: int, problems: tuple[DataProblem, ...]) -> None:
@@ -484,41 +581,54 @@ class ModelSteps(RoundSteps):
         self._model_problems = problems
         self.downloads.refuse(version)
         self._pending_rounds.clear()
-        epoch, notice = self._epoch, self._model_notice
-        if epoch is not None and not self.sits_out:
+        epoch, notice = self._view.notice, self._model_notice
+        if epoch is not None and not self._view.sits_out:
             round_index = 0 if notice is None else notice.round
             in_reply_to = None if notice is None else notice.message_id
-            self._sit_out(epoch.epoch, round_index, problems, in_reply_to)
+            self._sit_out(round_index, problems, in_reply_to)
         elif changed and epoch is None:
             logger.error(
                 "%s: model version %d does not fit: %s",
-                self.device_id,
+                self._link.device_id,
                 version,
                 "; ".join(str(p) for p in problems),
             )
         else:
             logger.info(
-                "%s: model version %d does not fit either", self.device_id, version
+                "%s: model version %d does not fit either",
+                self._link.device_id,
+                version,
             )
 
-    def _on_chunk_request(self, message: ChunkRequest) -> None:
+    def on_manifest(self, message: TransferManifest) -> None:
+        """A transfer's manifest: a method's, else perhaps a model version's."""
+        if not any(method.take_transfer(message) for method in self._methods):
+            self.downloads.on_manifest(message)
+
+    def on_chunk(self, message: Chunk) -> None:
+        """A transfer's chunk: a method's, else perhaps a model version's."""
+        if not any(method.take_transfer(message) for method in self._methods):
+            self.downloads.on_chunk(message)
+
+    def on_chunk_request(self, message: ChunkRequest) -> None:
+        """The coordinator lost chunks of an upload: send them again."""
         upload = self._uploads.get(message.transfer_id)
         if upload is None:
-            logger.info("%s: chunk request for an unknown upload", self.device_id)
+            logger.info("%s: chunk request for an unknown upload", self._link.device_id)
             return
         manifest, chunks = upload
-        self._send(manifest)
+        self._link.send(manifest)
         by_index = {c.index: c for c in chunks}
         for index in message.indices:
             chunk = by_index.get(index)
             if chunk is not None:
-                self._send(chunk)
+                self._link.send(chunk)
 
-    def _poll_training(self, now: float) -> None:
+    def poll(self, now: float) -> None:
         """Periodic work: re-request model chunks, re-check waiting rounds."""
         notice = self._model_notice
         self.downloads.request(now, 0 if notice is None else notice.round)
-        self._maybe_train()
+        self.maybe_train()
 
 
 def _model_problems(
