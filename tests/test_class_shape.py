@@ -26,9 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ursa.edge_sdk", "ursa.coordinator", "ursa.protocol")
 
 TOWERS = {
-    # the coordinator's tower, being taken apart (issue 30)
-    "ursa.coordinator.recovery.Recovery",
-    "ursa.coordinator.service.CoordinatorService",
     # an error family: ChunkError under ProtocolError
     "ursa.protocol.chunking.RequestLimitError",
 }
