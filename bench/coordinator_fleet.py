@@ -4,11 +4,12 @@ It reacts to what the coordinator sends, as ursa's devices do, so it follows
 the protocol whatever its shape: every `SealRequest` page is answered with a
 sealed key per recipient in it; a device registers once it holds the epoch's
 public key and its box; on a `RoundAnnounce` the devices draw their H coins
-(eq. (6) from the decrypted registry) and those with a True draw volunteer
-(``all_volunteer``: every registered device answers, as before "silence means
-no"); a `TryAssignment` gets the device's encrypted distribution; `TrySums`
-gets the agent's signed answer. Nothing assumes one `SealRequest` or that
-every device volunteers.
+(eq. (6) from the decrypted registry) and those with a True draw volunteer,
+or every registered device when the announce signs ``explicit_replies`` (a
+fleet under the coordinator's ``[selection] explicit_replies_below``) or
+the bench says ``all_volunteer``; a `TryAssignment` gets the device's
+encrypted distribution; `TrySums` gets the agent's signed answer. Nothing
+assumes one `SealRequest` or that every device volunteers.
 
 What it reuses from ursa's device: identity keys, `seal`, Algorithm 1's
 registry slot, eq. (6), the volunteer coin, the registry and distribution
@@ -175,6 +176,8 @@ class SimulatedFleet:
         self.enrolled = 0
         self.key_epochs = 0
         self.volunteers_sent: dict[int, int] = {}
+        self.explicit_rounds: set[int] = set()
+        """Rounds whose announce asked every device to answer."""
         self.selected: dict[int, int] = {}
         """Round -> how many devices its `SelectionResult` named."""
         self.registry_parties = 0
@@ -466,7 +469,9 @@ class SimulatedFleet:
         probability = participation_probabilities(registry, slots, announce.k)
         draws = self._rng.random((members.size, announce.tries)) < probability[:, None]
         answering = np.arange(members.size)
-        if not self._all_volunteer:
+        if announce.explicit_replies:
+            self.explicit_rounds.add(announce.round)
+        elif not self._all_volunteer:  # silence means no
             answering = np.flatnonzero(draws.any(axis=1))
         out = []
         for row in answering:

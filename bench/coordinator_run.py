@@ -46,6 +46,7 @@ from ursa.coordinator.config import (
     DeadlinesConfig,
     EnrolmentConfig,
     RegistryConfig,
+    SelectionConfig,
 )
 from ursa.coordinator.enrolment_list import EnrolmentList
 from ursa.coordinator.service import CoordinatorService
@@ -79,6 +80,8 @@ class SizeSettings:
     pool: int = 64
     enrolment: Literal["pinned", "tofu"] = "pinned"
     all_volunteer: bool = False
+    explicit_replies_below: int | None = None
+    """``[selection] explicit_replies_below`` (None: the coordinator's default)."""
     seed: int = 0
 
 
@@ -174,6 +177,9 @@ def _config(settings: SizeSettings, state_dir: Path) -> CoordinatorConfig:
             key_epoch_s=MAX_WAIT_S / 2, registration_s=MAX_WAIT_S / 2
         ),
         seed=settings.seed,
+        selection=SelectionConfig()
+        if settings.explicit_replies_below is None
+        else SelectionConfig(explicit_replies_below=settings.explicit_replies_below),
     )
 
 
@@ -411,6 +417,14 @@ def _figures(
         "key_bits": settings.key_bits,
         "enrolment": settings.enrolment,
         "volunteers": "all" if settings.all_volunteer else "drawn",
+        "replies": _replies(run.fleet.explicit_rounds, run.completed),
         "ciphertext_pool": settings.pool,
         "bench_wall_s": wall_s,
     }
+
+
+def _replies(explicit: set[int], rounds: int) -> str:
+    """The rule the size's rounds ran: ``explicit``, ``silence`` or ``mixed``."""
+    if not explicit:
+        return "silence"
+    return "explicit" if len(explicit) >= rounds else "mixed"

@@ -35,10 +35,15 @@ everything else receives a `CoordinatorConfig`. A file looks like::
     [deadlines]
     key_epoch_s = 60.0
     registration_s = 60.0
-    volunteer_s = 5.0                 # Dubhe: closes early once K per try
+    volunteer_s = 5.0                 # Dubhe: closes early once K per try, or
+                                      # once every online device answered
     distributions_s = 10.0
     agent_s = 10.0
     training_s = 600.0
+
+    [selection]                       # how devices answer a round's announce
+    explicit_replies_below = 2000     # fewer online: every device answers (no
+                                      # too); more: silence means no (0: never)
 
     [key_epochs]                      # re-keys one device's refusals may cause
     refusal_rekeys = 1                # per device per window; then it sits out
@@ -167,6 +172,7 @@ __all__ = [
     "HttpConfig",
     "KeyEpochConfig",
     "RegistryConfig",
+    "SelectionConfig",
     "StoreConfig",
     "TrainingSection",
     "load_coordinator_config",
@@ -239,8 +245,10 @@ class EnrolmentConfig(_Frozen):
 class DeadlinesConfig(_Frozen):
     """Per-phase deadlines in seconds (a phase closes early once all have answered).
 
-    ``volunteer_s`` is short: devices that drew no stay silent, so Dubhe's
-    volunteering closes at it unless every try reached K volunteers first.
+    ``volunteer_s`` is short: above ``[selection] explicit_replies_below``
+    devices that drew no stay silent, so Dubhe's volunteering closes at it
+    unless every try reached K volunteers first; below it every online device
+    answers and the window closes once all have.
     """
 
     key_epoch_s: float = Field(default=60.0, gt=0)
@@ -259,6 +267,33 @@ class DeadlinesConfig(_Frozen):
     outage_grace_s: float = Field(default=30.0, ge=0)
     """After a broker outage, how long departures are held while the fleet
     reconnects (`ursa.coordinator.presence`)."""
+
+
+DEFAULT_EXPLICIT_REPLIES_BELOW = 2000
+"""Measured (docs/explanation/scale.md, "Small fleets"): an explicit answer
+costs the coordinator about 50 µs of CPU, so 2,000 of them add about 0.1 s
+to a round (a tenth of its 1 s bound) and one small message per device,
+while larger fleets keep silence's flat H·K messages a round."""
+
+
+class SelectionConfig(_Frozen):
+    """``[selection]``: how devices answer a round's announce (one rule per round).
+
+    With fewer than ``explicit_replies_below`` devices online when a round
+    opens, its signed `RoundAnnounce` says ``explicit_replies``: every online
+    registered device answers with its draws, all no included, and Dubhe's
+    volunteering closes as soon as every one has (or at ``volunteer_s``).
+    With more, silence means no: the coordinator hears about H·K devices per
+    round whatever the fleet's size, and waits the window out unless every
+    try has K volunteers first. ``0``: silence means no at every size.
+    """
+
+    explicit_replies_below: int = Field(default=DEFAULT_EXPLICIT_REPLIES_BELOW, ge=0)
+    """Online devices under which every device answers each announce."""
+
+    def explicit_replies(self, online: int) -> bool:
+        """Whether a round opened with ``online`` devices online asks every answer."""
+        return online < self.explicit_replies_below
 
 
 class KeyEpochConfig(_Frozen):
@@ -473,6 +508,8 @@ class CoordinatorConfig(_Frozen):
     """How long each phase waits for the devices (`DeadlinesConfig`)."""
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     """Dubhe's registry: classes, groups and thresholds (`RegistryConfig`)."""
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    """How devices answer a round's announce (`SelectionConfig`)."""
     key_epochs: KeyEpochConfig = Field(default_factory=KeyEpochConfig)
     """How many key epochs one device's refusals may start (`KeyEpochConfig`)."""
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)

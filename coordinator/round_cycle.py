@@ -43,6 +43,7 @@ from ursa.coordinator.stage_machine import StageMachine
 from ursa.coordinator.store import CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
 from ursa.protocol.envelope import decode
+from ursa.protocol.errors import ProtocolError
 from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import COORDINATOR, RoundAnnounce, SelectionResult
 
@@ -121,6 +122,9 @@ class RoundCycle:
         self._work: RoundWork | None = None
         self._announced_at = float("-inf")
         """When the open round was last re-announced (rate limit)."""
+        self._explicit_replies = False
+        """Whether the open round's announce asks every online device to answer
+        (decided once, when it opens: a re-announce keeps the round's rule)."""
 
     @property
     def work(self) -> RoundWork | None:
@@ -149,6 +153,7 @@ class RoundCycle:
             selected=record.selected,
             result=record.result,
         )
+        self._explicit_replies = _asks_every_answer(record.announce)
 
     def _opened(self) -> CoordinatorStore:
         store = self._store
@@ -182,6 +187,7 @@ class RoundCycle:
             self._start_key_epoch(now, frozenset({work.agent}))
             return
         index = self._stages.state.round + 1
+        self._explicit_replies = cfg.selection.explicit_replies(len(self._online))
         payload = self._announce(index, work.epoch)
         self._opened().add_round(index, work.epoch, payload)
         self._work = RoundWork(index, work.epoch, payload)
@@ -228,6 +234,7 @@ class RoundCycle:
                 k=cfg.k,
                 tries=cfg.tries,
                 deadline_s=cfg.deadlines.volunteer_s,
+                explicit_replies=self._explicit_replies,
             )
         )
 
@@ -258,6 +265,7 @@ class RoundCycle:
             eligible=sets.eligible,
             rng=self._rng,
             now=now,
+            explicit_replies=self._explicit_replies,
         )
 
     def stage_selecting(self, now: float) -> None:
@@ -333,6 +341,16 @@ class RoundCycle:
         if self._opened().complete_round(work.round):
             self._telemetry.round_completed(work.round, work.selected or ())
         self.start_round(now)
+
+
+def _asks_every_answer(announce: bytes) -> bool:
+    """Whether a stored announce signed explicit replies (False: unreadable)."""
+    try:
+        message = decode(announce)
+    except ProtocolError:  # an older version's announce: silence, as it ran
+        logger.warning("the open round's stored announce does not decode")
+        return False
+    return isinstance(message, RoundAnnounce) and message.explicit_replies
 
 
 def _checked(

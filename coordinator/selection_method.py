@@ -59,6 +59,11 @@ class SelectionRequest:
             that reads it per message pays O(N) per message.
         rng: The coordinator's seeded generator (reproducible draws).
         now: The coordinator's clock (for a method's own windows).
+        explicit_replies: The round's signed announce asks every online
+            registered device to answer, all-no draws included (a fleet
+            under ``[selection] explicit_replies_below``): a method may close
+            its window once every eligible device has answered. False:
+            silence means no.
     """
 
     round: int
@@ -67,6 +72,7 @@ class SelectionRequest:
     eligible: Set[str]
     rng: np.random.Generator
     now: float = 0.0
+    explicit_replies: bool = False
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing_extensions import Self
 
 from ursa._compat import StrEnum
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 """2: `KeyEpochStart` carries the federation's signed method list. 3: one
 `secure_mean` family. 4: every message carries `run`; `EnrolResult` is signed.
 6: model updates are summed under masks (`secure_aggregation`); `KeyEpochStart`

@@ -47,6 +47,11 @@ class RoundAnnounce(BaseMessage):
     model: Name = "classifier"
     model_version: Count | None = None
     model_transfer_id: Id | None = None
+    explicit_replies: bool = False
+    """Every online registered device answers, all-no draws included, so the
+    coordinator closes the window once all have (a fleet under the
+    coordinator's ``[selection] explicit_replies_below``); False: silence
+    means no."""
 
 
 class SelectionResult(BaseMessage):

@@ -38,7 +38,12 @@ KEYS = {
 }
 
 
-def _run(sizes: list[int], *, all_volunteer: bool = False) -> dict[str, Any]:
+def _run(
+    sizes: list[int],
+    *,
+    all_volunteer: bool = False,
+    explicit_replies_below: int | None = None,
+) -> dict[str, Any]:
     out = io.StringIO()
     bench.run(
         as_json=True,
@@ -47,6 +52,7 @@ def _run(sizes: list[int], *, all_volunteer: bool = False) -> dict[str, Any]:
         tries=3,
         key_bits=512,
         all_volunteer=all_volunteer,
+        explicit_replies_below=explicit_replies_below,
         timeout_s=300,
         out=out,
     )
@@ -55,7 +61,7 @@ def _run(sizes: list[int], *, all_volunteer: bool = False) -> dict[str, Any]:
 
 
 def test_a_small_run_completes_three_rounds_at_each_size() -> None:
-    report = _run([50, 100])
+    report = _run([50, 100], explicit_replies_below=0)
 
     runs = report["runs"]
     assert [r["devices"] for r in runs] == [50, 100]
@@ -74,7 +80,20 @@ def test_a_small_run_completes_three_rounds_at_each_size() -> None:
         # silence means no: a volunteer has a True draw, so fewer than all answer
         volunteers = figures["volunteers_drawn_per_round"]
         assert all(0 < v < figures["devices"] for v in volunteers)
+        assert figures["replies"] == "silence"
     assert {"cpu_per_round_ratio", "us_per_inbound_ratio"} <= set(report["targets"])
+
+
+def test_a_fleet_under_the_default_threshold_answers_every_announce() -> None:
+    report = _run([50])
+
+    (figures,) = report["runs"]
+    assert figures["rounds_completed"] == 3
+    assert figures["replies"] == "explicit"
+    assert figures["volunteers_drawn_per_round"] == [50] * 3
+    assert figures["device_errors"] == {}
+    # every device answered: no round waited its volunteering window out
+    assert figures["round_waits"] == [0, 0, 0]
 
 
 def test_every_registered_device_answers_with_all_volunteer() -> None:
@@ -100,13 +119,18 @@ def test_targets_compare_the_largest_size_with_the_smallest() -> None:
             "devices": 100_000,
             "rounds_completed": 3,
             "coordinator_cpu_s_per_round": 0.6,
+            "coordinator_inbound_per_round": 210.0,
             "us_per_inbound_message": 300.0,
+            "replies": "silence",
+            "k": 20,
+            "tries": 5,
         },
         {
             "devices": 1000,
             "rounds_completed": 3,
             "coordinator_cpu_s_per_round": 0.2,
             "us_per_inbound_message": 200.0,
+            "replies": "silence",
         },
         {"devices": 10_000, "error": "timed out after 10 s"},
     ]
@@ -115,7 +139,31 @@ def test_targets_compare_the_largest_size_with_the_smallest() -> None:
         "cpu_per_round_ratio": pytest.approx(3.0),
         "us_per_inbound_ratio": pytest.approx(1.5),
         "round_cpu_s_at_100000": pytest.approx(0.6),
+        "inbound_per_2hk_at_100000": pytest.approx(210 / 200),
     }
+
+
+def test_the_per_message_ratio_compares_sizes_of_the_largest_ones_rule() -> None:
+    runs = [
+        {
+            "devices": size,
+            "rounds_completed": 3,
+            "coordinator_cpu_s_per_round": 0.1,
+            "us_per_inbound_message": us,
+            "replies": rule,
+        }
+        for size, us, rule in (
+            (1000, 50.0, "explicit"),
+            (10_000, 300.0, "silence"),
+            (20_000, 400.0, "silence"),
+        )
+    ]
+
+    ratios = bench.targets(runs)
+
+    assert ratios["us_per_inbound_ratio"] == pytest.approx(400 / 300)
+    del runs[1]  # one size of the largest's rule: no ratio to take
+    assert "us_per_inbound_ratio" not in bench.targets(runs)
 
 
 def test_sizes_parse_and_the_cli_takes_them() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ursa.coordinator.config import EnrolmentConfig
+from ursa.coordinator.config import EnrolmentConfig, SelectionConfig
 from ursa.coordinator.enrolment_list import (
     ENROLMENT_FILENAME,
     EnrolmentList,
@@ -184,7 +184,13 @@ def test_a_broken_file_keeps_the_list_read_before(tmp_path: Path) -> None:
 def test_revoking_a_key_holder_while_running_keys_again_without_it(
     federation: Any,
 ) -> None:
-    fed = federation(num_devices=4, k=2, rounds=6, min_devices=3)
+    fed = federation(  # silence means no: the rounds wait, the test steps in
+        num_devices=4,
+        k=2,
+        rounds=6,
+        min_devices=3,
+        selection=SelectionConfig(explicit_replies_below=0),
+    )
     fed.start(settle=False)
     for _ in range(100):  # run into the federation, not to its end
         if fed.coordinator.store.completed_rounds() >= 1:

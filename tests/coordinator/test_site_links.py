@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from ursa.coordinator.config import SelectionConfig
 from ursa.coordinator.live_status import service_status
 from ursa.coordinator.site_links import SiteLink, SiteLinks
 from ursa.protocol.topics import bridge_state_topic
@@ -32,6 +33,10 @@ def test_a_link_first_seen_down_counts_from_when_it_was_seen() -> None:
     assert links.update("site-b", True, 7.0) == 4.0
 
 
+SILENT = SelectionConfig(explicit_replies_below=0)
+"""Silence means no: the volunteering window stays open until its deadline."""
+
+
 def _window_open_after(fed: Any, outage_s: float) -> bool:
     """Whether volunteering is still open just past its deadline, after an outage."""
     fed.start(settle=False)
@@ -50,7 +55,7 @@ def test_a_site_link_outage_gives_the_open_window_its_time_back(
 ) -> None:
     caplog.set_level(logging.INFO, logger="ursa.coordinator")
 
-    assert _window_open_after(federation(num_devices=10), 5.0)
+    assert _window_open_after(federation(num_devices=10, selection=SILENT), 5.0)
     assert "site link site-a is down" in caplog.text
     assert "site link site-a is back after 5 s" in caplog.text
 
@@ -58,11 +63,11 @@ def test_a_site_link_outage_gives_the_open_window_its_time_back(
 def test_without_a_link_outage_the_window_closes_at_its_deadline(
     federation: Any,
 ) -> None:
-    assert not _window_open_after(federation(num_devices=10), 0.0)
+    assert not _window_open_after(federation(num_devices=10, selection=SILENT), 0.0)
 
 
 def test_the_status_shows_each_site_link(federation: Any) -> None:
-    fed = federation(num_devices=10)
+    fed = federation(num_devices=10, selection=SILENT)
     fed.start(settle=False)
     fed.clock.advance(2)
     fed.raw.publish(bridge_state_topic("site-b"), b"0")
@@ -75,7 +80,7 @@ def test_the_status_shows_each_site_link(federation: Any) -> None:
 def test_a_malformed_link_state_is_logged_and_ignored(
     federation: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fed = federation(num_devices=10)
+    fed = federation(num_devices=10, selection=SILENT)
     fed.start(settle=False)
 
     fed.raw.publish(bridge_state_topic("site-a"), b"maybe")

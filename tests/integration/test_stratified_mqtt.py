@@ -94,9 +94,15 @@ def test_the_served_federation_selects_exactly_the_pure_stratified_sets(
         chosen.add(device)
     assert sorted(served) == list(range(1, ROUNDS + 1))
 
-    spoke = {r: set() for r in served}  # silence means no: only volunteers speak
+    # 24 devices, under the explicit-replies threshold: every device answers,
+    # and the yes of each try are exactly the pure draw's
+    spoke = {r: set() for r in served}
+    answered = {r: set() for r in served}
     for _, volunteer in fed.capture.messages("volunteer"):
-        spoke[volunteer.round].add(volunteer.sender)
+        answered[volunteer.round].add(volunteer.sender)
+        if any(volunteer.draws):
+            spoke[volunteer.round].add(volunteer.sender)
+    assert all(answered[r] == set(ids) for r in served)
     for r, (chosen, try_index) in served.items():
         assert try_index is not None and len(chosen) == K
         tries = [
@@ -107,7 +113,7 @@ def test_the_served_federation_selects_exactly_the_pure_stratified_sets(
             )
         ]
         assert chosen == tries[try_index]  # the agent's pick among the pure tries
-        assert spoke[r] == set().union(*tries)  # and nobody else spoke
+        assert spoke[r] == set().union(*tries)  # and nobody else said yes
 
     # Nothing private in the traffic or the coordinator's database: not the
     # one-time keys, the shared seed, the epoch's secret key; no selection

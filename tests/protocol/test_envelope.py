@@ -366,12 +366,12 @@ def test_missing_kind_raises_decode_error() -> None:
         decode(_envelope(m.Heartbeat(**DEV, seq=1), kind=_DROP))
 
 
-@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, 7, 99])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, 7, 8, 99])
 def test_other_protocol_version_raises_version_error(version: int) -> None:
     with pytest.raises(VersionError) as info:
         decode(_envelope(m.Heartbeat(**DEV, seq=1), protocol_version=version))
     assert info.value.version == version
-    assert info.value.supported == m.PROTOCOL_VERSION == 8
+    assert info.value.supported == m.PROTOCOL_VERSION == 9
 
 
 @pytest.mark.parametrize("version", ["1", 1.0, True, None])

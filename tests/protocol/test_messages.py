@@ -46,7 +46,7 @@ def test_common_fields_have_defaults_for_id_time_and_version() -> None:
     first = m.Heartbeat(**DEV, seq=1)
     second = m.Heartbeat(**DEV, seq=1)
 
-    assert first.protocol_version == m.PROTOCOL_VERSION == 8
+    assert first.protocol_version == m.PROTOCOL_VERSION == 9
     assert first.message_id != second.message_id
     assert len(first.message_id) == 32
     assert first.sent_at > 0

@@ -3,22 +3,32 @@
 A `SelectionMethod` in three steps, each with its own window:
 
 VOLUNTEERING: the retained `RoundAnnounce` asks every registered device for
-its H draws. Silence means no: a device answers (`Volunteer`, all H draws)
-only when at least one draw is yes, so the coordinator hears about H·K
-devices whatever the fleet's size, and never learns who drew no everywhere.
-The step closes as soon as every try has at least K volunteers, else at the
-window's end (``deadlines.volunteer_s``). Per try, surplus volunteers are
-trimmed and a shortfall topped up uniformly from the online registered
-devices that did not volunteer in that try (`ursa.coordinator.methods.
-dubhe.tries`). Only when fewer than K devices are there to choose from is
-the round announced again, each window twice as long as the last, up to 16
-(a round never selects fewer than K, and never re-announces in a loop).
+its H draws, under one of two rules the announce signs
+(``explicit_replies``, from ``[selection] explicit_replies_below``). Below
+the threshold every online registered device answers (`Volunteer`, all H
+draws, all no included) and the step closes as soon as every eligible
+device has answered, else at the window's end (``deadlines.volunteer_s``):
+N small messages, nothing at a field trial's size, and no window waited out.
+Above it silence means no: a device answers only when at least one draw is
+yes, so the coordinator hears about H·K devices whatever the fleet's size;
+the step closes as soon as every try has at least K volunteers, else at the
+window's end. An answer the round's rule does not allow (all no under
+silence, a second one, too many or too few draws, one after an explicit
+window closed) is refused, typed, and counts for nothing. Per try, surplus
+volunteers are trimmed and a shortfall topped up uniformly from the online
+registered devices that did not volunteer in that try
+(`ursa.coordinator.methods.dubhe.tries`). Only when fewer than K devices
+are there to choose from is the round announced again, each window twice as
+long as the last, up to 16 (a round never selects fewer than K, and never
+re-announces in a loop).
 With H = 1 that try is the selection. Each `Volunteer` costs O(H): a
 per-try counter, never a pass over the fleet.
 
 DISTRIBUTIONS (H > 1): each member of some try gets a `TryAssignment` and
 answers with its encrypted label distribution once; per try the coordinator
-sums the members' ciphertexts. Tries with a silent member are not offered.
+sums the members' ciphertexts. The step closes as soon as every online
+member has answered (else at ``deadlines.distributions_s``); tries with a
+silent member are not offered.
 
 A distribution whose ciphertext count is not the layout's (public: the
 coordinator checks it on arrival) or that does not parse drops its sender
@@ -147,6 +157,9 @@ class _Round:
     step: DubheStep
     deadline_at: float
     volunteers: dict[str, tuple[bool, ...]] = field(default_factory=dict)
+    """Every answer's draws (all-no ones too, under explicit replies)."""
+    explicit: bool = False
+    """The announce asked every online device to answer (`SelectionRequest`)."""
     yes: list[int] = field(default_factory=list)
     """Per try, how many volunteers drew yes (kept per message: O(H))."""
     tentative: tuple[tuple[str, ...], ...] | None = None
@@ -170,6 +183,16 @@ class _Round:
             self.yes.extend([0] * (len(draws) - len(self.yes)))
         for h, drew in enumerate(draws):
             self.yes[h] += bool(drew)
+
+    def all_answered(self, eligible: Set[str]) -> bool:
+        """Under explicit replies: whether every eligible device has answered.
+
+        O(1) until the answers are as many as the eligible devices, then one
+        pass (a fleet under the threshold).
+        """
+        if not self.explicit or len(self.volunteers) < len(eligible):
+            return False
+        return all(d in self.volunteers for d in eligible)
 
     def members(self) -> set[str]:
         """Every device in some tentative set."""
@@ -263,6 +286,7 @@ class DubheSelection(SelectionMethod):
             request.epoch,
             DubheStep.VOLUNTEERING,
             request.now + self._volunteer_s,
+            explicit=request.explicit_replies,
             k=request.k,
         )
         if self._ranks_owed(request):
@@ -278,6 +302,7 @@ class DubheSelection(SelectionMethod):
         self._load_cap(request.round)
         work = self._restored(record, request.now)
         work.k = request.k
+        work.explicit = request.explicit_replies
         self._round = work
         if work.step is DubheStep.VOLUNTEERING and self._ranks_owed(request):
             work.step = DubheStep.RANKS
@@ -350,10 +375,13 @@ class DubheSelection(SelectionMethod):
     def _volunteering(
         self, work: _Round, request: SelectionRequest
     ) -> Selection | None:
-        full = len(work.yes) == self._tries and min(work.yes) >= request.k
-        if not (full or request.now >= work.deadline_at):
+        eligible = request.eligible  # kept per event: its size costs O(1)
+        if work.explicit:  # every eligible device answers: wait for them all
+            done = work.all_answered(eligible)
+        else:  # silence means no: K volunteers per try are all it can know
+            done = len(work.yes) == self._tries and min(work.yes) >= request.k
+        if not (done or request.now >= work.deadline_at):
             return None
-        eligible = request.eligible  # built here, once per window: O(N)
         if short_tries(work.volunteers, eligible, request.k):
             work.retries += 1  # wait longer each time: never a re-announce loop
             window = self._volunteer_s * min(2**work.retries, MAX_BACKOFF)
@@ -369,11 +397,12 @@ class DubheSelection(SelectionMethod):
             self._context().reannounce()
             return None
         logger.info(
-            "round %d: %d volunteers (per try %s), %d eligible",
+            "round %d: %d answers (yes per try %s), %d eligible, %s",
             work.round,
             len(work.volunteers),
             work.yes,
             len(eligible),
+            "explicit replies" if work.explicit else "silence means no",
         )
         tentative = make_tries(
             work.volunteers,
@@ -579,6 +608,10 @@ class DubheSelection(SelectionMethod):
         drawing = (DubheStep.RANKS, DubheStep.VOLUNTEERING)
         closed = work is not None and work.step not in drawing
         if work is not None and closed and message.round == work.round:
+            if work.explicit:  # every answer was waited for: this one is late
+                raise RejectedError(
+                    ErrorCode.LATE, f"round {work.round}'s answers are closed"
+                )
             # The window closed early (K per try): a normal, honest answer.
             logger.debug("round %d: late volunteer of %s", work.round, device)
             return
@@ -597,9 +630,20 @@ class DubheSelection(SelectionMethod):
                 ErrorCode.MALFORMED,
                 f"{len(message.draws)} draws for {self._tries} tries",
             )
-        if device in work.volunteers:
+        if not (work.explicit or any(message.draws)):
+            raise RejectedError(
+                ErrorCode.MALFORMED,
+                f"round {work.round}: silence means no; an all-no answer is not sent",
+            )
+        known = work.volunteers.get(device)
+        if known == message.draws:  # a re-sent answer (a restart): counted once
             logger.info("duplicate volunteer of %s ignored", device)
             return
+        if known is not None:
+            raise RejectedError(
+                ErrorCode.MALFORMED,
+                f"round {work.round} is answered already, with other draws",
+            )
         ctx.store.add_volunteer(work.round, device, message.draws)
         work.volunteers[device] = message.draws
         work.count(message.draws)

@@ -3,10 +3,13 @@
 On a `RoundAnnounce`: H coins with eq. (6)'s probability, computed from the
 decrypted overall registry and this device's category (the key epoch's
 roster, kept by the runtime), persisted per round so a re-announce after a
-coordinator restart gets the same answer. Silence means no: the device
-sends its `Volunteer` (all H coins) only when at least one coin is yes, so
-the coordinator hears from about H·K devices per round, whatever the
-fleet's size, and never learns who drew no. On a `TryAssignment`: the
+coordinator restart gets the same answer. The announce signs which rule
+the round runs: with ``explicit_replies`` (a fleet under the coordinator's
+threshold) the device always sends its `Volunteer`, all H coins, all no
+included, so the coordinator closes the window as soon as every online
+device has answered; without it silence means no: the device sends it only
+when at least one coin is yes, so the coordinator hears from about H·K
+devices per round, whatever the fleet's size. On a `TryAssignment`: the
 encrypted label distribution (packed fixed point). The agent decrypts
 `TrySums` and answers the best try, signed. A device outside the registry
 does not volunteer. The registration itself (the encrypted one-hot registry
@@ -272,7 +275,7 @@ class Dubhe(DeviceMethod):
             draws = self._draws(message, roster, roster.index)
             ctx.store.save_draws(message.epoch, message.round, draws)
         ctx.stats.answered_rounds.append(message.round)
-        if not any(draws):  # silence means no: nothing to send
+        if not (any(draws) or message.explicit_replies):  # silence means no
             logger.debug("%s: round %d: no draw; silent", ctx.device_id, message.round)
             return
         me = ctx.device_id

@@ -126,7 +126,9 @@ def test_one_try_selects_as_soon_as_it_has_k_volunteers(
     dubhe.open_round(request(ctx, 0.0))
     volunteer(router, "d0", (True,))
     assert dubhe.select(request(ctx, 1.0)) is None
-    volunteer(router, "d1", (False,))  # an older device's "no": counts nothing
+    with pytest.raises(RejectedError) as refused:  # silence means no: never sent
+        volunteer(router, "d1", (False,))
+    assert refused.value.code == ErrorCode.MALFORMED
     assert dubhe.select(request(ctx, 1.0)) is None
     volunteer(router, "d2", (True,))
 

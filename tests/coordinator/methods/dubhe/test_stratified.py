@@ -92,9 +92,12 @@ def test_the_service_selects_exactly_what_the_pure_stratified_draw_selects(
     served = selections(fed)
     assert [served[r] for r in range(1, 5)] == expected
     assert all(len(s) == 3 for s in expected)
-    # silence means no: exactly the K volunteers spoke each round
-    volunteers = Counter(m.round for _, m in fed.messages("volunteer"))
-    assert volunteers == {r: 3 for r in range(1, 5)}
+    # 12 devices, under the explicit-replies threshold: every device answers
+    # each round, and exactly the K of the quotas draw yes
+    answers = [m for _, m in fed.messages("volunteer")]
+    assert Counter(m.round for m in answers) == {r: 12 for r in range(1, 5)}
+    yes = Counter(m.round for m in answers if any(m.draws))
+    assert yes == {r: 3 for r in range(1, 5)}
     # nothing was broadcast: no global topic carried a selection
     assert all("/dev/" in t for t, _ in fed.messages("selection_result"))
 

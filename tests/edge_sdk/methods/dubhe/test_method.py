@@ -19,6 +19,7 @@ from ursa.edge_sdk.methods.dubhe.draws import participation_probability
 from ursa.edge_sdk.methods.dubhe.method import Dubhe
 from ursa.edge_sdk.methods.dubhe.tries import best_try
 from ursa.edge_sdk.registration import DISTRIBUTION_CODEC
+from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (
     AgentAnswer,
     EncryptedDistribution,
@@ -79,6 +80,20 @@ def test_a_device_that_drew_no_in_every_try_stays_silent(new_context: Any) -> No
 
     assert ctx.sent == []  # silence means no: the coordinator never hears it
     assert ctx.stats.answered_rounds == [5]
+
+
+def test_under_explicit_replies_a_device_says_no_too(new_context: Any) -> None:
+    ctx = new_context()
+    ctx.the_roster = Roster(3, 1, REGISTRY)
+    ctx.store.save_draws(3, 5, (False,) * TRIES)
+    _, router = attached(ctx)
+
+    router.dispatch(announce().model_copy(update={"explicit_replies": True}))
+
+    (answer,) = ctx.sent  # the coordinator closes the window on the last one
+    assert isinstance(answer, Volunteer) and answer.draws == (False,) * TRIES
+    # the id of its answer in any round: a re-sent one is a duplicate
+    assert answer.message_id == derived_id(ctx.device_id, "volunteer", 3, 5)
 
 
 def test_the_draws_follow_eq_6(new_context: Any) -> None:
