@@ -174,9 +174,12 @@ class Federation:
     def settle(self, windows: int = 100) -> None:
         """Let each volunteering window run out, while that moves the run on.
 
-        Silence means no: devices that drew no stay silent, so a window closes
-        at its deadline unless every try already has K volunteers. Stops when a
-        window's end changes nothing (a test holding the round on purpose).
+        Under the explicit-replies threshold (a fleet this small, by default)
+        a window closes once every online device has answered, so most rounds
+        need no tick; under silence devices that drew no stay silent, and a
+        window closes at its deadline unless every try already has K
+        volunteers. Stops when a window's end changes nothing (a test holding
+        the round on purpose).
         """
         for _ in range(windows):
             if not self.volunteering():
