@@ -4,19 +4,23 @@
 it already keeps elsewhere (stage and round, the store's enrolled and online
 devices, the transport's byte counts, the process's crypto time), so the
 HTTP view (`ursa.tools.observe`) reads one typed object from another thread
-without reaching into the service. A store that is closed (the service
-stopped) or not open yet leaves the device lists empty, never raises.
+without reaching into the service. Once the service stopped (a finished
+federation: its store and broker link are closed) the devices and completed
+rounds are read from the store's file, read-only (`ursa.coordinator.status`),
+so the view of a finished federation shows what it did, not zeros; before
+there is any store the device lists are empty. Nothing here raises.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ursa.coordinator.site_links import SiteLink
-from ursa.coordinator.telemetry import TelemetrySnapshot
+from ursa.coordinator.status import StatusError, read_status
+from ursa.coordinator.telemetry import DeviceRounds, TelemetrySnapshot
 from ursa.crypto.timing import crypto_seconds
 
 if TYPE_CHECKING:
@@ -47,10 +51,18 @@ class ServiceStatus:
     collected_at: float
     site_links: dict[str, SiteLink] = field(default_factory=dict)
 
+    @property
+    def link(self) -> str:
+        """The broker link: ``up``, ``closed`` (the federation finished) or ``down``."""
+        if self.connected:
+            return "up"
+        return "closed" if self.stage == "done" else "down"
+
     def to_json(self) -> dict[str, Any]:
         """The ``/api/status`` document (JSON-able; no secrets, no device data)."""
         t = self.telemetry
         now = self.collected_at
+        none = DeviceRounds()
         devices = [
             {
                 "id": device,
@@ -61,6 +73,7 @@ class ServiceStatus:
                     if device not in t.last_seen
                     else max(0.0, now - t.last_seen[device])
                 ),
+                **asdict(t.device_rounds.get(device, none)),
             }
             for device in self.enrolled
         ]
@@ -74,6 +87,7 @@ class ServiceStatus:
             "rounds_completed": self.rounds_completed,
             "methods": list(t.methods),
             "connected": self.connected,
+            "link": self.link,
             "site_links": {
                 site: {"up": link.up, "since": link.since}
                 for site, link in sorted(self.site_links.items())
@@ -95,6 +109,7 @@ class ServiceStatus:
             "epsilon": t.epsilon,
             "rejected": dict(t.rejected),
             "rounds": [r.to_json() for r in t.rounds],
+            "round_figures": list(t.round_figures),
             "errors": [e.to_json() for e in t.errors],
             "collected_at": now,
         }
@@ -103,16 +118,7 @@ class ServiceStatus:
 def service_status(service: CoordinatorService) -> ServiceStatus:
     """Snapshot ``service`` now (safe from any thread, before start and after stop)."""
     state = service.state
-    enrolled: tuple[str, ...] = ()
-    online: frozenset[str] = frozenset()
-    completed = 0
-    try:
-        store = service.store
-        enrolled = tuple(sorted(store.enrolled()))
-        online = frozenset(store.online())
-        completed = store.completed_rounds()
-    except (AttributeError, sqlite3.ProgrammingError):
-        pass  # not started yet, or stopped: no store to read
+    enrolled, online, completed = _store_figures(service)
     traffic = service.transport_stats
     return ServiceStatus(
         federation=service.federation,
@@ -133,3 +139,24 @@ def service_status(service: CoordinatorService) -> ServiceStatus:
         collected_at=time.time(),
         site_links=service.site_links,
     )
+
+
+def _store_figures(
+    service: CoordinatorService,
+) -> tuple[tuple[str, ...], frozenset[str], int]:
+    """Enrolled and online devices, completed rounds: from the store, or its file."""
+    try:
+        store = service.store
+        return (
+            tuple(sorted(store.enrolled())),
+            frozenset(store.online()),
+            store.completed_rounds(),
+        )
+    except (AttributeError, sqlite3.ProgrammingError):
+        pass  # not started yet, or stopped: the store is closed
+    try:
+        found = read_status(service.config.state_dir, errors=0)
+    except StatusError:
+        return (), frozenset(), 0  # no store yet
+    enrolled = tuple(d.device_id for d in found.devices)
+    return enrolled, frozenset(found.online), found.completed_rounds

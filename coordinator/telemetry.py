@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ROUND_DURATION_BUCKETS_S",
+    "DeviceRounds",
     "ErrorEvent",
     "RoundSummary",
     "Telemetry",
@@ -107,6 +108,20 @@ class RoundSummary:
 
 
 @dataclass(frozen=True)
+class DeviceRounds:
+    """How often one device was selected, and how its training rounds ended.
+
+    ``trained``: its update went into the round's aggregate; ``failed``: it
+    was selected for a training round and its update did not (its training
+    failed, its update was refused, or it came too late).
+    """
+
+    selected: int = 0
+    trained: int = 0
+    failed: int = 0
+
+
+@dataclass(frozen=True)
 class ErrorEvent:
     """A recent warning or error, as logged."""
 
@@ -150,6 +165,10 @@ class TelemetrySnapshot:
     epsilon: float | None
     """Distributed DP: the privacy spent so far (None without DP)."""
     methods: tuple[str, ...]
+    device_rounds: Mapping[str, DeviceRounds] = field(default_factory=dict)
+    """Device -> its selections and training outcomes so far."""
+    round_figures: tuple[str, ...] = ()
+    """Per-round figures a harness said it adds (`Telemetry.add_round_figures`)."""
 
 
 class Telemetry:
@@ -185,6 +204,8 @@ class Telemetry:
         self._methods: tuple[str, ...] = ()
         self._traffic: Callable[[], tuple[int, int]] | None = None
         self._traffic_at_open: dict[int, tuple[int, int]] = {}
+        self._device_rounds: dict[str, DeviceRounds] = {}
+        self._round_figures: tuple[str, ...] = ()
 
     # --- set-up -------------------------------------------------------------
 
@@ -192,6 +213,15 @@ class Telemetry:
         """The methods the federation runs (for the dashboard)."""
         with self._lock:
             self._methods = tuple(methods)
+
+    def add_round_figures(self, *names: str) -> None:
+        """A harness will annotate every round with these figures (`annotate_round`).
+
+        The dashboard then says a figure comes with the first round instead of
+        "not known here" while none has completed.
+        """
+        with self._lock:
+            self._round_figures = tuple(dict.fromkeys((*self._round_figures, *names)))
 
     def set_traffic(self, traffic: Callable[[], tuple[int, int]]) -> None:
         """Where to read (bytes sent, bytes received) so far, for per-round bytes."""
@@ -252,6 +282,11 @@ class Telemetry:
                     bytes_received=traffic[1] - at_open[1],
                 )
             self._rounds.append(summary)
+            for device in summary.selected:
+                counts = self._device_rounds.get(device, DeviceRounds())
+                self._device_rounds[device] = replace(
+                    counts, selected=counts.selected + 1
+                )
             if summary.elapsed_s is not None:
                 self._observe_duration(summary.elapsed_s)
             for old in [r for r in self._round_opened if r < round_index]:
@@ -262,8 +297,17 @@ class Telemetry:
     def training_round(self, record: RoundRecord) -> None:
         """The training plugin's record of a round (metrics, updates, version)."""
         summary = _from_record(record)
+        contributed = set(record.contributed)
         with self._lock:
             self._updates += len(record.contributed)
+            for device in record.selected:
+                counts = self._device_rounds.get(device, DeviceRounds())
+                trained = device in contributed
+                self._device_rounds[device] = replace(
+                    counts,
+                    trained=counts.trained + trained,
+                    failed=counts.failed + (not trained),
+                )
             if summary.accuracy is not None:
                 self._accuracy["server"] = summary.accuracy
             if summary.federated_accuracy is not None:
@@ -331,6 +375,8 @@ class Telemetry:
                 accuracy=dict(self._accuracy),
                 epsilon=self._epsilon,
                 methods=self._methods,
+                device_rounds=dict(self._device_rounds),
+                round_figures=self._round_figures,
             )
 
     # --- internals --------------------------------------------------------------

@@ -41,11 +41,17 @@ def test_status_counts_a_run_its_devices_messages_and_refusals(
     assert doc["crypto_s"] > 0  # the registration sums, at least
 
 
-def test_status_before_start_and_after_stop_does_not_raise(federation: Any) -> None:
+def test_status_before_start_is_empty_and_after_the_finish_shows_the_run(
+    federation: Any,
+) -> None:
     fed = federation(num_devices=2, k=1, rounds=1)
     fresh = CoordinatorService(fed.config)
     assert service_status(fresh).to_json()["devices"]["enrolled"] == 0
     fed.start()
-    fed.coordinator.stop()
+    fed.coordinator.stop()  # store and broker link closed: a finished federation
     doc = service_status(fed.coordinator).to_json()
-    assert doc["stage"] == "done" and doc["devices"]["list"] == []
+    assert doc["stage"] == "done" and doc["rounds_completed"] == 1
+    assert [d["id"] for d in doc["devices"]["list"]] == sorted(fed.device_ids)
+    assert doc["devices"]["enrolled"] == 2
+    assert (doc["connected"], doc["link"]) == (False, "closed")  # not "down"
+    assert sum(d["selected"] for d in doc["devices"]["list"]) == 1

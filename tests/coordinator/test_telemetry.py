@@ -6,6 +6,7 @@ import pytest
 
 from ursa.coordinator.telemetry import (
     ROUND_DURATION_BUCKETS_S,
+    DeviceRounds,
     RecentErrors,
     Telemetry,
 )
@@ -154,3 +155,16 @@ def test_recent_errors_are_escaped_and_name_their_device() -> None:
     (error,) = telemetry.snapshot().errors
     assert error.message == "refused: a\\nERROR forged\\u202e"
     assert error.to_json()["device"] == "d00"
+
+
+def test_each_device_counts_its_selections_and_how_its_training_ended() -> None:
+    telemetry = Telemetry()
+    for round_index in (1, 2):
+        telemetry.training_round(_record(round_index))  # d3 dropped both times
+        telemetry.round_completed(round_index, ("d1", "d2", "d3"))
+    telemetry.round_completed(3, ("d1",))  # a selection-only round
+
+    counts = telemetry.snapshot().device_rounds
+
+    assert counts["d1"] == DeviceRounds(selected=3, trained=2, failed=0)
+    assert counts["d3"] == DeviceRounds(selected=2, trained=0, failed=2)

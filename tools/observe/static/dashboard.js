@@ -6,6 +6,12 @@
   const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
     "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
 
+  const LINK_TITLES = {
+    up: "broker link up",
+    closed: "broker link closed: the federation finished",
+    down: "broker link down",
+  };
+
   function $(id) { return document.getElementById(id); }
 
   function text(id, value) { $(id).textContent = value; }
@@ -30,11 +36,26 @@
     return value === null || value === undefined ? "–" : (100 * value).toFixed(1) + " %";
   }
 
-  function tick(value, range) {
-    if (range >= 40) { return value.toFixed(0); }
-    if (range >= 4) { return value.toFixed(1); }
-    return value.toFixed(2);
+  // A round tick step for about `count` steps over `range`: 1, 2 or 5 times a power of ten.
+  function niceStep(range, count) {
+    const raw = range / count;
+    const magnitude = Math.pow(10, Math.floor(Math.log10(raw)));
+    const norm = raw / magnitude;
+    return (norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 5 ? 5 : 10) * magnitude;
   }
+
+  // Ticks at multiples of `step` within [lo, hi], with as many decimals as the step needs.
+  function ticks(lo, hi, step) {
+    const decimals = Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
+    const out = [];
+    for (let i = Math.ceil(lo / step - 1e-9); i * step <= hi + step * 1e-9; i += 1) {
+      out.push({ value: i * step, label: (i * step).toFixed(decimals) });
+    }
+    return out;
+  }
+
+  const NO_L1 = "Not known here: the devices' label distributions never leave the devices. A harness that made the data (ursa demo) shows it.";
+  const L1_SOON = "Comes with each round: the harness (ursa demo) knows the partition it made and adds it when a round completes.";
 
   // A line chart on a canvas: series = [{label, colour, width, points: [[x, y]], bars}]
   function chart(canvas, series, options) {
@@ -65,6 +86,13 @@
     let yMax = options.yMax !== undefined ? options.yMax : Math.max.apply(null, ys);
     if (options.yMin === undefined) { yMin = Math.min(0, yMin); }
     if (yMin === yMax) { yMax = yMin + 1; }
+    const yStep = niceStep(yMax - yMin, 5);
+    if (options.yMin === undefined) { yMin = Math.floor(yMin / yStep) * yStep; }
+    if (options.yMax === undefined) { yMax = Math.ceil(yMax / yStep - 1e-9) * yStep; }
+    const yTicks = ticks(yMin, yMax, yStep);
+    const xTicks = ticks(xMin, xMax, Math.max(1, Math.round(niceStep(xMax - xMin, 10))));
+    canvas.dataset.yticks = yTicks.map(function (t) { return t.label; }).join(",");
+    canvas.dataset.xticks = xTicks.map(function (t) { return t.label; }).join(",");
     const plotW = width - pad.left - pad.right;
     const plotH = height - pad.top - pad.bottom;
     function px(x) { return pad.left + (x - xMin) / (xMax - xMin) * plotW; }
@@ -73,20 +101,18 @@
     ctx.strokeStyle = "#dde1e8";
     ctx.fillStyle = "#6b7385";
     ctx.lineWidth = 1;
-    for (let i = 0; i <= 4; i += 1) {
-      const y = yMin + (yMax - yMin) * i / 4;
+    yTicks.forEach(function (t) {
       ctx.beginPath();
-      ctx.moveTo(pad.left, py(y));
-      ctx.lineTo(width - pad.right, py(y));
+      ctx.moveTo(pad.left, py(t.value));
+      ctx.lineTo(width - pad.right, py(t.value));
       ctx.stroke();
       ctx.textAlign = "right";
-      ctx.fillText(tick(y, yMax - yMin), pad.left - 6, py(y) + 4);
-    }
-    const step = Math.max(1, Math.ceil((xMax - xMin) / 10));
+      ctx.fillText(t.label, pad.left - 6, py(t.value) + 4);
+    });
     ctx.textAlign = "center";
-    for (let x = Math.ceil(xMin); x <= xMax; x += step) {
-      ctx.fillText(String(x), px(x), height - pad.bottom + 16);
-    }
+    xTicks.forEach(function (t) {
+      ctx.fillText(t.label, px(t.value), height - pad.bottom + 16);
+    });
     ctx.fillText(options.xLabel || "round", pad.left + plotW / 2, height - 2);
     const barSeries = series.filter(function (s) { return s.bars; });
     const barW = Math.max(2, Math.min(24, plotW / Math.max(1, xMax - xMin + 1) / (barSeries.length + 1)));
@@ -160,7 +186,7 @@
     return { series: series, server: server };
   }
 
-  function renderCharts(rounds) {
+  function renderCharts(rounds, harnessFigures) {
     const acc = accuracySeries(rounds);
     const accPoints = chart($("chart-accuracy"), acc.series, { yMin: 0, yMax: 1 });
     legend("legend-accuracy", accPoints ? acc.series : []);
@@ -171,6 +197,7 @@
       .map(function (r) { return [r.round, r.l1_to_uniform]; });
     const l1Points = chart($("chart-l1"), [{ label: "‖p_o − p_u‖₁", colour: "#9467bd", width: 2, points: l1 }], {});
     show("empty-l1", l1Points === 0);
+    text("empty-l1", harnessFigures.indexOf("l1_to_uniform") >= 0 ? L1_SOON : NO_L1);
     const trafficSeries = [
       { label: "KiB in", colour: "#2ca02c", bars: true,
         points: rounds.map(function (r) { return [r.round, r.bytes_received === null ? null : r.bytes_received / 1024]; }) },
@@ -197,6 +224,11 @@
       state.textContent = d.online ? "online" : "offline";
       state.className = d.online ? "online" : "offline";
       row.insertCell().textContent = ago(d.last_seen_ago_s);
+      ["selected", "trained", "failed"].forEach(function (name) {
+        const cell = row.insertCell();
+        cell.textContent = String(d[name] || 0);
+        if (name === "failed" && d[name] > 0) { cell.className = "offline"; }
+      });
     });
   }
 
@@ -233,10 +265,12 @@
   function render(s) {
     text("federation", s.federation);
     text("stage", s.stage);
-    $("link").className = "dot " + (s.connected ? "up" : "down");
+    $("link").className = "dot " + s.link;
+    $("link").title = LINK_TITLES[s.link] || "broker link";
     text("updated", "updated " + new Date(s.collected_at * 1000).toLocaleTimeString());
     text("round", s.round + " / " + s.rounds_total);
-    text("round-sub", s.rounds_completed + " completed, " + s.updates + " updates");
+    text("round-sub", (s.stage === "done" ? "finished: " : "") + s.rounds_completed +
+      " completed, " + s.updates + " updates");
     text("devices", s.devices.online + " / " + s.devices.enrolled);
     text("devices-sub", "online / enrolled");
     const server = s.accuracy.server;
@@ -251,7 +285,7 @@
     text("methods", s.methods.join(", ") || "–");
     text("epoch", "key epoch " + s.epoch +
       (typeof s.epsilon === "number" ? ", privacy spent \u03b5 " + s.epsilon.toFixed(2) : ""));
-    const points = renderCharts(s.rounds);
+    const points = renderCharts(s.rounds, s.round_figures || []);
     renderDevices(s.devices);
     renderErrors(s.errors, s.rejected);
     document.body.dataset.state = "ready";
