@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ursa.coordinator.service import CoordinatorService
     from ursa.coordinator.telemetry import Telemetry
     from ursa.coordinator.training import Evaluator, RoundRecord
+    from ursa.edge_sdk.callbacks import DeviceCallbacks
     from ursa.edge_sdk.client import EdgeClient
     from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig
     from ursa.edge_sdk.method import DeviceMethod
@@ -590,6 +591,7 @@ def build_device(
     transport: Transport | None = None,
     rng: np.random.Generator | None = None,
     methods: Sequence[DeviceMethod] = (),
+    callbacks: DeviceCallbacks | None = None,
 ) -> EdgeClient:
     """The `EdgeClient` of ``config``: a trainer from ``[training]`` if set.
 
@@ -597,6 +599,7 @@ def build_device(
     benchmark that holds them), else ``labels_path`` or ``labels_file``.
     ``methods`` are method objects the app built itself (e.g. a `Flicker`
     with its own feature extractor); each replaces the one its table builds.
+    ``callbacks`` are the app's hooks (`ursa.edge_sdk.callbacks`).
 
     Raises:
         ServiceSetupError: no labels, or labels given to a training device, or
@@ -619,7 +622,14 @@ def build_device(
         if labels is None:
             labels = load_labels(Path(str(path)))
         own = _with_flicker(methods, lambda: device_flicker(config, labels))
-        return EdgeClient(config, labels, transport=transport, methods=own, rng=rng)
+        return EdgeClient(
+            config,
+            labels,
+            transport=transport,
+            methods=own,
+            rng=rng,
+            callbacks=callbacks,
+        )
     if labels_path is not None or labels is not None:
         raise ServiceSetupError("a training device takes its labels from data_file")
     from ursa.edge_sdk.fleet_eval import split_for_evaluation
@@ -638,7 +648,13 @@ def build_device(
     )
     own = _with_flicker(methods, lambda: device_flicker(config, y, x))
     return EdgeClient(
-        config, y, trainer=trainer, transport=transport, methods=own, rng=rng
+        config,
+        y,
+        trainer=trainer,
+        transport=transport,
+        methods=own,
+        rng=rng,
+        callbacks=callbacks,
     )
 
 

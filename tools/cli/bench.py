@@ -168,6 +168,17 @@ def register(sub: Subparsers) -> None:
         help="the delta clip (DP sensitivity) of the noised runs (default 2.0)",
     )
     privacy.set_defaults(handler=_run_privacy)
+    rounds = names.add_parser(
+        "rounds",
+        help="the demo's job per method (random, dubhe, dubhe,climb): per-round "
+        "time beyond training, bytes per device, device peak RSS",
+    )
+    rounds.add_argument("--json", action="store_true", help="one JSON object")
+    rounds.add_argument("--rounds", type=int, default=25, help="rounds per method")
+    rounds.add_argument("--devices", type=int, default=20, help="device processes")
+    rounds.add_argument("--k", type=int, default=8, help="participants per round")
+    rounds.add_argument("--key-bits", type=int, default=2048, help="Paillier key")
+    rounds.set_defaults(handler=_run_rounds)
     secagg = names.add_parser(
         "secagg",
         help="one real secure-aggregation round per (K, params), beside plain "
@@ -360,6 +371,23 @@ def _run_privacy(args: argparse.Namespace) -> int:
         dp_clip_norm=args.dp_clip_norm,
         as_json=args.json,
     )
+
+
+def _run_rounds(args: argparse.Namespace) -> int:
+    from ursa.bench.rounds import run
+    from ursa.tools.demo.settings import DemoError
+
+    try:
+        return run(
+            rounds=args.rounds,
+            devices=args.devices,
+            k=args.k,
+            key_bits=args.key_bits,
+            as_json=args.json,
+        )
+    except DemoError as exc:
+        print(f"ursa bench rounds: {exc}", file=sys.stderr)
+        return 2
 
 
 def _secagg_ints(text: str, *, least: int, what: str) -> list[int]:

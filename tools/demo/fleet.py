@@ -76,3 +76,7 @@ class DeviceReport:
     flicker: dict[str, Any] | None = None
     final_model_saved: bool = False
     """Whether the device saved the federation's final model (`FederationEnd`)."""
+    round_train_s: tuple[tuple[int, float], ...] = ()
+    """(round, local training seconds) of each round it trained."""
+    peak_rss_bytes: int | None = None
+    """Its process's peak resident set size (None where the OS does not say)."""

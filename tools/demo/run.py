@@ -105,6 +105,7 @@ class DemoRun:
         round, from the service thread, so no further round aggregates)."""
         self.telemetry = Telemetry()
         """The coordinator's, with the harness's ||p_o - p_u||_1 of each round."""
+        self.telemetry.add_round_figures("l1_to_uniform")
 
     # --- data ----------------------------------------------------------------
 
@@ -417,7 +418,11 @@ class DemoRun:
 
         s = self.settings
         arrays = report.pop("_final_arrays")
-        rounds = sorted(self.rounds, key=lambda r: int(r["round"]))
+        walls = {r.round: r.elapsed_s for r in self.telemetry.snapshot().rounds}
+        rounds = [
+            entry | {"wall_s": walls.get(int(entry["round"]))}
+            for entry in sorted(self.rounds, key=lambda r: int(r["round"]))
+        ]
         report["settings"] = _settings_json(s)
         report["methods"] = s.methods()
         report["rounds"] = rounds
