@@ -25,6 +25,7 @@ def test_non_training_time_takes_off_the_slowest_selected_devices_training() -> 
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_tiny_run_reports_every_method_and_the_budget() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("amqtt")

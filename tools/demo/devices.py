@@ -47,6 +47,7 @@ PRELOADED = (
     "torch",
     "ursa.edge_sdk.client",
     "ursa.edge_sdk.training",
+    "ursa.models.registry",
     "ursa.tools.compose",
     "ursa.tools.demo.devices",
     "ursa.tools.demo.flicker",

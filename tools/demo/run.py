@@ -252,8 +252,8 @@ class DemoRun:
             stage, enrolled = None, 0
             while loop.is_alive() and time.monotonic() < deadline:
                 loop.join(1.0)
-                stage = self._note_stage(service, stage)
                 enrolled = self._note_enrolled(service, enrolled)
+                stage = self._note_stage(service, stage)
                 if not noted_flicker and service.flicker is not None:
                     noted_flicker = self._note_flicker(service.flicker)
                 exited = any(p.exitcode is not None for p in procs)

@@ -8,8 +8,10 @@ What runs (all on this machine):
   fleet validation loss first, then weighted classifier rounds) and an evaluation
   callback that scores every new global model on the held-out test split
   (torch, here in the harness; the service itself never imports torch);
-* N devices, each an `EdgeClient` + `TorchTrainer` in its own spawned
-  process (``--processes`` groups them when memory is short), holding its
+* N devices, each an `EdgeClient` + `TorchTrainer` in its own process,
+  forked from one forkserver that imported torch and the SDK once
+  (`ursa.tools.demo.devices`; ``--processes`` groups them when memory is
+  short), each enrolling as soon as it is up, holding its
   share of the training split, partitioned with Dubhe's global imbalance
   (rho, average EMD). The test split never leaves the harness.
 

@@ -85,6 +85,17 @@ def test_demo_serves_the_dashboard_status_and_metrics_while_it_runs(
     for entry in last["rounds"]:
         assert 0 <= entry["l1_to_uniform"] <= 2  # the harness's figure
         assert 0 <= entry["accuracy"] <= 1 and len(entry["per_class_accuracy"]) == 10
+    assert "l1_to_uniform" in last["round_figures"]  # said before round 1 too
+    # the view outlives the coordinator's loop while the devices save the final
+    # model: the finished federation shows its rounds and devices, link closed
+    finished = [s for s in seen if s["stage"] == "done"]
+    assert finished, "no status of the finished federation was read"
+    for status in finished:
+        assert status["rounds_completed"] == 3 and status["devices"]["enrolled"] == 6
+        assert status["link"] == "closed"
+        listed = status["devices"]["list"]
+        assert sum(d["selected"] for d in listed) == 3 * 2  # K = 2, 3 rounds
+        assert sum(d["trained"] + d["failed"] for d in listed) == 3 * 2
     assert metrics and "ursa_round " in metrics[-1]
     assert 'ursa_accuracy{source="server"}' in metrics[-1]
     assert b'src="dashboard.js"' in pages[-1] and TOKEN.encode() not in pages[-1]
