@@ -23,10 +23,10 @@ from ursa.crypto.identity import DeviceIdentity
 from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.methods.flicker import algorithm as dev
 from ursa.edge_sdk.methods.flicker.participant import ring_seal_context
+from ursa.lab.simulate.flicker_fleet import build_fleet
+from ursa.lab.simulate.flicker_tables import get_table
 from ursa.protocol.envelope import encode
 from ursa.protocol.messages import RingHop
-from ursa.tools.simulate.flicker_fleet import build_fleet
-from ursa.tools.simulate.flicker_tables import get_table
 
 BUDGETS = [Budget("ckks_public_context_bytes", at_most=500_000)]
 TABLE = "D1"

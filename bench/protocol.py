@@ -76,8 +76,8 @@ from ursa.protocol.topics import parse_topic
 from ursa.tools.broker.mosquitto import MosquittoBroker
 
 if TYPE_CHECKING:
+    from ursa.bench.mqtt_pool import MqttPool, PooledTransport
     from ursa.edge_sdk.client import EdgeClient
-    from ursa.protocol.mqtt_pool import MqttPool, PooledTransport
 
 logger = logging.getLogger(__name__)
 
@@ -149,9 +149,9 @@ def _labels(index: int, rng: np.random.Generator) -> np.ndarray:
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Build the devices, connect them at the given rate, serve until told to stop."""
+    from ursa.bench.mqtt_pool import MqttPool
     from ursa.edge_sdk.client import device_will
     from ursa.edge_sdk.config import BrokerConfig, DeviceConfig
-    from ursa.protocol.mqtt_pool import MqttPool
     from ursa.tools.compose import build_device
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")

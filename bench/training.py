@@ -95,8 +95,8 @@ def _status_mib(field: str) -> float:
 
 def measure_memory() -> dict[str, Any]:
     """Train one round in a fresh interpreter and return its figures."""
+    from ursa.tools.data.federation import PartitionSpec, build_federation
     from ursa.tools.data.loaders import load_dataset
-    from ursa.tools.simulate.federation import PartitionSpec, build_federation
 
     fed = build_federation(
         load_dataset("digits"),

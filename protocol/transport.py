@@ -5,7 +5,7 @@ payload)` in through one handler. It knows nothing about messages, envelopes or
 chunks (those sit on top, in `ursa.protocol`). Three implementations, each a
 `ursa.protocol.transport_base.TransportBase`:
 `ursa.protocol.mqtt.MqttTransport` (paho-mqtt, a real broker),
-`ursa.protocol.mqtt_pool.PooledTransport` (many paho clients on one loop, for
+`ursa.bench.mqtt_pool.PooledTransport` (many paho clients on one loop, for
 the load generator) and `ursa.protocol.inmemory.InMemoryTransport` (unit tests
 and simulation).
 

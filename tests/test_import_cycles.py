@@ -17,11 +17,21 @@ from ursa._compat import tomllib
 ROOT = Path(__file__).resolve().parents[1]
 
 
+CHECKOUT_ONLY = ("lab", "bench")
+"""Packages a checkout runs but the wheel leaves out: their imports count too."""
+
+
 def _package_modules() -> dict[str, Path]:
-    """Every module the wheel installs (pyproject's packages list), by name."""
+    """Every module of the wheel (pyproject's packages list) and of the lab, by name."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = list(config["tool"]["setuptools"]["packages"])
+    packages += [
+        ".".join(("ursa", *init.parent.relative_to(ROOT).parts))
+        for top in CHECKOUT_ONLY
+        for init in (ROOT / top).rglob("__init__.py")
+    ]
     modules: dict[str, Path] = {}
-    for package in config["tool"]["setuptools"]["packages"]:
+    for package in packages:
         folder = ROOT.joinpath(*package.split(".")[1:])
         for path in folder.glob("*.py"):
             name = package if path.stem == "__init__" else f"{package}.{path.stem}"
@@ -165,6 +175,8 @@ def test_graph_sees_the_packages_imports() -> None:
     assert "ursa.tools.demo.run" in graph["ursa.tools.demo.training"]
     assert "ursa.crypto.encoding" in graph["ursa.crypto.paillier"]
     assert "ursa.protocol.messages.base" in graph["ursa.protocol.messages"]
+    assert "ursa.tools.data.federation" in graph["ursa.lab.simulate.methods"]
+    assert "ursa.bench.mqtt_pool" in graph["ursa.bench.protocol"]
 
 
 def test_package_modules_import_without_cycles() -> None:

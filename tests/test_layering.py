@@ -11,15 +11,40 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("crypto", "models", "protocol", "edge_sdk", "coordinator", "tools", "bench")
+PRODUCT = ("crypto", "models", "protocol", "edge_sdk", "coordinator", "tools")
+CHECKOUT_ONLY = ("lab", "bench")
+"""The lab and the benchmarks: run from a checkout, not in the wheel."""
+PACKAGES = (*PRODUCT, *CHECKOUT_ONLY)
 
 # package -> the ursa subpackages it must never import
 FORBIDDEN: dict[str, set[str]] = {
-    "crypto": {"models", "protocol", "edge_sdk", "coordinator", "tools", "bench"},
-    "models": {"crypto", "protocol", "edge_sdk", "coordinator", "tools", "bench"},
-    "protocol": {"models", "edge_sdk", "coordinator", "tools", "bench"},
-    "edge_sdk": {"coordinator", "tools", "bench"},
-    "coordinator": {"edge_sdk", "tools", "bench"},
+    "crypto": {
+        "models",
+        "protocol",
+        "edge_sdk",
+        "coordinator",
+        "tools",
+        "lab",
+        "bench",
+    },
+    "models": {
+        "crypto",
+        "protocol",
+        "edge_sdk",
+        "coordinator",
+        "tools",
+        "lab",
+        "bench",
+    },
+    "protocol": {"models", "edge_sdk", "coordinator", "tools", "lab", "bench"},
+    "edge_sdk": {"coordinator", "tools", "lab", "bench"},
+    "coordinator": {"edge_sdk", "tools", "lab", "bench"},
+    "tools": {"lab", "bench"},
+}
+# product modules allowed to import the lab or the benchmarks, and why
+CHECKOUT_GATES: dict[str, str] = {
+    "tools/cli/simulate.py": "`ursa simulate` runs ursa.lab when a checkout has it",
+    "tools/cli/bench.py": "`ursa bench` runs ursa.bench when a checkout has it",
 }
 # modules allowed to import torch
 TORCH_ALLOWED_PREFIXES = ("models/", "edge_sdk/training")
@@ -44,11 +69,26 @@ def _modules(package: str) -> list[Path]:
 def test_imports_point_down(package: str) -> None:
     violations = []
     for path in _modules(package):
+        if path.relative_to(ROOT).as_posix() in CHECKOUT_GATES:
+            continue
         for name, line in _imports(path):
             parts = name.split(".")
             if parts[0] == "ursa" and len(parts) > 1 and parts[1] in FORBIDDEN[package]:
                 violations.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     assert not violations, "\n".join(violations)
+
+
+def test_only_the_checkout_gates_import_the_lab_or_the_benchmarks() -> None:
+    importers = {
+        path.relative_to(ROOT).as_posix()
+        for package in PRODUCT
+        for path in _modules(package)
+        if any(
+            name.split(".")[:2] in (["ursa", "lab"], ["ursa", "bench"])
+            for name, _ in _imports(path)
+        )
+    }
+    assert importers == set(CHECKOUT_GATES)
 
 
 def test_torch_only_in_models_and_training() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ursa.tools.faults import FaultFleet, FleetSettings, RunOutcome
+from ursa.lab.faults import FaultFleet, FleetSettings, RunOutcome
 
 RUN_TIMEOUT_S = 240.0
 """A coordinator still running then has wedged (a fault-free run: 30-90 s)."""

@@ -21,9 +21,9 @@ import time
 
 import pytest
 
+from ursa.lab.faults import OBSERVER, ROGUE, RunOutcome
+from ursa.lab.faults.hostile import flood, malformed_payloads
 from ursa.protocol.topics import status_topic, up_topic
-from ursa.tools.faults import OBSERVER, ROGUE, RunOutcome
-from ursa.tools.faults.hostile import flood, malformed_payloads
 
 from .conftest import MakeFleet, assert_recovered, run_to_end, start
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ursa.tools.faults import FaultFleet, RunOutcome
+from ursa.lab.faults import FaultFleet, RunOutcome
 
 from .conftest import (
     OUTAGE_S,

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from ursa.tools.faults import RunOutcome
+from ursa.lab.faults import RunOutcome
 
 from .conftest import (
     DEFAULTS,

@@ -19,10 +19,10 @@ from ursa.coordinator.methods.flicker.engine import (
 )
 from ursa.crypto.identity import DeviceIdentity
 from ursa.edge_sdk.methods.flicker import algorithm as dev
+from ursa.lab.simulate.flicker_device import FleetDevice
+from ursa.lab.simulate.flicker_run import run_flicker
+from ursa.lab.simulate.flicker_tables import get_table
 from ursa.protocol.envelope import decode
-from ursa.tools.simulate.flicker_device import FleetDevice
-from ursa.tools.simulate.flicker_run import run_flicker
-from ursa.tools.simulate.flicker_tables import get_table
 
 pytest.importorskip("tenseal")
 
@@ -156,8 +156,8 @@ def test_the_global_redundancy_test_runs_over_mosquitto_with_sealed_candidates(
     mosquitto_factory: Callable[..., Any], connect_mqtt: Callable[..., Any]
 ) -> None:
     from ursa.edge_sdk.methods.flicker import resampling as rs
-    from ursa.tools.simulate.flicker_fleet import build_fleet
-    from ursa.tools.simulate.flicker_train import _digits_setup
+    from ursa.lab.simulate.flicker_fleet import build_fleet
+    from ursa.lab.simulate.flicker_train import _digits_setup
 
     setup = _digits_setup("D3", 0)  # 4 devices holding digits 0-3 as Table 1, D3
     names = {d: f"dev{i:03d}" for i, d in enumerate(setup.device_x)}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ursa.bench.mqtt_pool import MqttPool
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.mqtt import MqttConfig, MqttTransport
-from ursa.protocol.mqtt_pool import MqttPool
 from ursa.protocol.transport import (
     NotConnectedError,
     PayloadTooLargeError,

@@ -1,4 +1,7 @@
-"""`ursa bench ...`: benchmarks that print figures and exit 1 on a missed budget."""
+"""`ursa bench ...`: benchmarks that print figures and exit 1 on a missed budget.
+
+They live in `ursa.bench` (a checkout, not the wheel), imported when they run.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +11,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ursa.tools.cli.checkout import add_checkout_only, in_checkout
+
 if TYPE_CHECKING:
     # argparse has no public name for the object add_subparsers() returns.
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def register(sub: Subparsers) -> None:
-    """Attach `ursa bench` and its benchmarks."""
+    """Attach `ursa bench` and its benchmarks (from a checkout only)."""
+    if not in_checkout("ursa.bench"):
+        add_checkout_only(sub, "bench", "ursa.bench", "benchmarks")
+        return
     bench = sub.add_parser("bench", help="benchmarks (exit 1 when a budget is missed)")
     names = bench.add_subparsers(dest="bench_name", required=True)
     crypto = names.add_parser("crypto", help="packed Paillier and CKKS figures")

@@ -1,4 +1,7 @@
-"""`ursa simulate ...`: in-process simulations for method comparisons."""
+"""`ursa simulate ...`: the lab's in-process simulations for method comparisons.
+
+They live in `ursa.lab` (a checkout, not the wheel), imported when they run.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +11,23 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ursa.tools.cli.checkout import add_checkout_only, in_checkout
+
 if TYPE_CHECKING:
     # argparse has no public name for the object add_subparsers() returns.
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def register(sub: Subparsers) -> None:
-    """Attach `ursa simulate` (its simulations register here as they arrive)."""
+    """Attach `ursa simulate`: the lab's simulations, from a checkout only."""
+    if not in_checkout("ursa.lab"):
+        add_checkout_only(sub, "simulate", "ursa.lab", "in-process simulations")
+        return
     simulate = sub.add_parser("simulate", help="in-process simulations")
     names = simulate.add_subparsers(dest="simulation", required=True)
     _register_selection(names)
-    from ursa.tools.simulate.flicker import add_flicker_parser
-    from ursa.tools.simulate.train import add_train_parser
+    from ursa.lab.simulate.flicker import add_flicker_parser
+    from ursa.lab.simulate.train import add_train_parser
 
     add_flicker_parser(names)
     add_train_parser(names)
@@ -120,10 +128,10 @@ def _register_selection(names: Subparsers) -> None:
 
 def _run_selection(args: argparse.Namespace) -> int:
     from ursa.crypto.errors import CryptoError
-    from ursa.tools.simulate.encrypted_sums import EncryptedSums, simulate_encrypted
-    from ursa.tools.simulate.selection import SelectionConfig, simulate_selection
-    from ursa.tools.simulate.selection_plot import participation_sweep, plot_selection
-    from ursa.tools.simulate.selection_sums import PLAINTEXT
+    from ursa.lab.simulate.encrypted_sums import EncryptedSums, simulate_encrypted
+    from ursa.lab.simulate.selection import SelectionConfig, simulate_selection
+    from ursa.lab.simulate.selection_plot import participation_sweep, plot_selection
+    from ursa.lab.simulate.selection_sums import PLAINTEXT
 
     draws = ("paper", "stratified") if args.draw == "both" else (args.draw,)
     try:

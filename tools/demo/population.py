@@ -13,7 +13,7 @@ import numpy as np
 from ursa.tools.demo.settings import TrainingDemoSettings
 
 if TYPE_CHECKING:
-    from ursa.tools.simulate.federation import Federation
+    from ursa.tools.data.federation import Federation
 
 __all__ = ["demo_population"]
 
@@ -25,8 +25,8 @@ def demo_population(s: TrainingDemoSettings) -> Federation:
         ValueError: the data cannot be dealt out so (a partition or
             federation error).
     """
+    from ursa.tools.data.federation import PartitionSpec, build_federation
     from ursa.tools.data.loaders import load_dataset
-    from ursa.tools.simulate.federation import PartitionSpec, build_federation
 
     spec = PartitionSpec(
         kind="dubhe",

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from ursa.coordinator.methods.flicker.method import FlickerMethod
     from ursa.coordinator.service import CoordinatorService
     from ursa.coordinator.training import RoundRecord
+    from ursa.tools.data.federation import Federation
     from ursa.tools.observe.server import ObserveServer
-    from ursa.tools.simulate.federation import Federation
 
 __all__ = ["DemoRun", "Progress"]
 

@@ -12,7 +12,7 @@ classifier and the per-sample weights on all local samples
 classifier's trainer. Phase ``"classifier"``: every call goes to that
 trainer (`model` becomes its name), which weights its loss per sample.
 
-The defaults are the simulator's (`ursa.tools.simulate.feddisk`); the
+The defaults are the simulator's (`ursa.lab.simulate.feddisk`); the
 coordinator must build its initial MADE from `FeddiskSettings.made_model_config`.
 torch is imported inside the methods only.
 """

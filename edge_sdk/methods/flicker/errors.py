@@ -2,7 +2,7 @@
 
 `ursa.edge_sdk.methods.flicker.participant.FlickerParticipant` reaches its
 device through a `ursa.edge_sdk.method.PeerChannel` (an `EdgeClient`'s
-`DeviceContext`, or the simulation's `ursa.tools.simulate.flicker_device`)
+`DeviceContext`, or the simulation's `ursa.lab.simulate.flicker_device`)
 and refuses what it cannot take with `RefusedError`, which its host logs.
 """
 

@@ -10,6 +10,9 @@ import pytest
 
 from ursa.coordinator.methods.flicker.engine import FlickerServiceConfig, Phase
 from ursa.edge_sdk.methods.flicker import algorithm as dev
+from ursa.lab.simulate.flicker_fleet import FEDERATION, Fleet, build_fleet
+from ursa.lab.simulate.flicker_run import run_flicker
+from ursa.lab.simulate.flicker_tables import get_table
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.inmemory import InMemoryTransport
 from ursa.protocol.messages import (
@@ -23,9 +26,6 @@ from ursa.protocol.messages import (
     RingStart,
 )
 from ursa.protocol.topics import CONTROL, up_topic
-from ursa.tools.simulate.flicker_fleet import FEDERATION, Fleet, build_fleet
-from ursa.tools.simulate.flicker_run import run_flicker
-from ursa.tools.simulate.flicker_tables import get_table
 
 pytest.importorskip("tenseal")
 

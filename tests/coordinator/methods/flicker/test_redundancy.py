@@ -11,17 +11,17 @@ import pytest
 from ursa.coordinator.methods.flicker.engine import FlickerServiceConfig, Phase
 from ursa.coordinator.methods.flicker.redundancy import RedundancyTest, vector_slots_for
 from ursa.edge_sdk.methods.flicker import resampling as rs
-from ursa.protocol.envelope import decode, encode
-from ursa.protocol.inmemory import InMemoryTransport
-from ursa.protocol.messages import BaseMessage, RedundancyReply
-from ursa.protocol.topics import CONTROL, up_topic
-from ursa.tools.simulate.flicker_fleet import FEDERATION, Fleet, build_fleet
-from ursa.tools.simulate.flicker_run import (
+from ursa.lab.simulate.flicker_fleet import FEDERATION, Fleet, build_fleet
+from ursa.lab.simulate.flicker_run import (
     CountingContext,
     CountingKeyOwner,
     run_flicker,
 )
-from ursa.tools.simulate.flicker_train import _digits_setup, _encrypted_global_test
+from ursa.lab.simulate.flicker_train import _digits_setup, _encrypted_global_test
+from ursa.protocol.envelope import decode, encode
+from ursa.protocol.inmemory import InMemoryTransport
+from ursa.protocol.messages import BaseMessage, RedundancyReply
+from ursa.protocol.topics import CONTROL, up_topic
 
 pytest.importorskip("tenseal")
 

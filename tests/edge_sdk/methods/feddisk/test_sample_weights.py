@@ -19,9 +19,9 @@ from ursa.edge_sdk.training import (
     made_nll,
     train_made_local,
 )
+from ursa.lab.simulate.feddisk_quality import clean_noisy_mixture, weight_quality
 from ursa.models.registry import initial_arrays
 from ursa.models.weights import add_scaled
-from ursa.tools.simulate.feddisk_quality import clean_noisy_mixture, weight_quality
 
 torch.set_num_threads(1)
 MADE = {"input_dim": 4, "hidden_sizes": [16]}

@@ -12,9 +12,9 @@ from pydantic import ValidationError
 from ursa.edge_sdk.methods.feddisk.trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
 from ursa.edge_sdk.training import TrainConfig, made_nll, train_made_local
+from ursa.lab.simulate.feddisk import FeddiskSettings as SimulatorSettings
 from ursa.models.registry import initial_arrays
 from ursa.models.weights import spec_of
-from ursa.tools.simulate.feddisk import FeddiskSettings as SimulatorSettings
 
 CLASSIFIER = {"input_dim": 16, "num_classes": 3, "hidden_sizes": [8]}
 SETTINGS = FeddiskSettings(

@@ -21,6 +21,7 @@ from ursa.edge_sdk.methods.flicker.redundancy import (
     WireGlobalTest,
     seal_context,
 )
+from ursa.lab.simulate.flicker_device import FleetDevice
 from ursa.protocol.chunking import split
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
@@ -37,7 +38,6 @@ from ursa.protocol.messages import (
     RingStart,
 )
 from ursa.protocol.topics import CKKS_CONTEXT, down_topic, global_topic, name_for
-from ursa.tools.simulate.flicker_device import FleetDevice
 
 pytest.importorskip("tenseal")
 

@@ -1,0 +1,137 @@
+"""A FLICKER fleet in one process: the real wire protocol over an in-memory bus.
+
+`build_fleet` connects one `FlickerCoordinator` and a `FleetDevice`
+(`ursa.lab.simulate.flicker_device`: the device protocol on its own transport)
+per device to a synchronous `InMemoryBus` (every message is encoded, routed by
+topic and decoded, exactly as over MQTT). Devices listed as ``silent`` are
+enrolled and placed in the ring but never connect. `Fleet.run` starts a ring
+and advances a fake clock past each deadline until the run ends, so a silent
+device is skipped without waiting. Devices given a
+`ursa.edge_sdk.methods.flicker.resampling.DataResampler` run the global redundancy test
+over
+the bus too (``global_test=False``: the local test only). Used by tests and
+`ursa bench flicker`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ursa.coordinator.methods.flicker.engine import (
+    FlickerCoordinator,
+    FlickerOutcome,
+    FlickerServiceConfig,
+    Phase,
+)
+from ursa.crypto.ckks import CkksKeyOwner
+from ursa.crypto.identity import DeviceIdentity
+from ursa.edge_sdk.methods.flicker import algorithm as dev
+from ursa.lab.simulate.flicker_device import FleetDevice
+from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
+from ursa.protocol.messages import COORDINATOR
+
+__all__ = ["FakeClock", "Fleet", "build_fleet"]
+
+FEDERATION = "flicker"
+MAX_TICKS = 10_000
+
+
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        """The current fake time in seconds."""
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward."""
+        self.now += seconds
+
+
+@dataclass
+class Fleet:
+    """A coordinator and its devices on one in-memory bus."""
+
+    bus: InMemoryBus
+    clock: FakeClock
+    coordinator: FlickerCoordinator
+    coordinator_transport: InMemoryTransport
+    participants: dict[str, FleetDevice]
+    transports: dict[str, InMemoryTransport]
+
+    def run(self, order: Sequence[str] | None = None) -> FlickerOutcome:
+        """Start a ring and drive deadlines until the run is done or failed."""
+        self.coordinator.start(order)
+        step = max(
+            self.coordinator.config.hop_deadline_s,
+            self.coordinator.config.reply_deadline_s,
+        )
+        for _ in range(MAX_TICKS):
+            if self.coordinator.phase in (Phase.DONE, Phase.FAILED):
+                break
+            self.clock.advance(step)
+            self.coordinator.tick()
+        return self.coordinator.outcome()
+
+
+def build_fleet(
+    counts: Mapping[str, Sequence[int]],
+    *,
+    silent: Collection[str] = (),
+    resamplers: Mapping[str, dev.Resampler] | None = None,
+    config: FlickerServiceConfig | None = None,
+    key_owner: CkksKeyOwner | None = None,
+    seed: int = 0,
+    global_test: bool = True,
+) -> Fleet:
+    """Connect a coordinator, one participant per device in ``counts``, and ``silent``.
+
+    ``silent`` devices need no counts; they are enrolled but never connect.
+    """
+    ids = [*counts, *(d for d in silent if d not in counts)]
+    identities = {d: DeviceIdentity.generate(d) for d in ids}
+    public = {d: i.public() for d, i in identities.items()}
+    num_classes = len(next(iter(counts.values())))
+    config = config or FlickerServiceConfig(
+        federation=FEDERATION, num_classes=num_classes
+    )
+    bus, clock = InMemoryBus(synchronous=True), FakeClock()
+    rng = np.random.default_rng(seed)
+    coordinator_transport = InMemoryTransport(bus, COORDINATOR)
+    coordinator = FlickerCoordinator(
+        config,
+        public,
+        coordinator_transport,
+        clock=clock,
+        rng=rng,
+        key_owner=key_owner,
+    )
+    coordinator_transport.connect()
+    coordinator.attach()
+    participants, transports = {}, {}
+    for device, row in counts.items():
+        if device in silent:
+            continue
+        transport = InMemoryTransport(bus, device)
+        participant = FleetDevice(
+            identity=identities[device],
+            federation=config.federation,
+            peers=public,
+            counts=row,
+            transport=transport,
+            resampler=(resamplers or {}).get(device),
+            rng=np.random.default_rng(rng.integers(1 << 32)),
+            global_test=global_test,
+        )
+        transport.connect()
+        participant.attach()
+        participants[device], transports[device] = participant, transport
+    return Fleet(
+        bus, clock, coordinator, coordinator_transport, participants, transports
+    )

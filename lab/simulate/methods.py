@@ -1,0 +1,312 @@
+"""One seeded in-process FL run: selection, CLIMB duals, training, aggregation, eval.
+
+`run_method` plays ``rounds`` rounds of one method on one `Federation` with the
+system's own algorithm code, only without a broker:
+
+* selection: ``random`` or ``dubhe`` (`ursa.lab.simulate.participants`,
+  with the devices' and coordinator's own Dubhe functions);
+* ``climb``: every ``dual_period`` rounds all N devices evaluate ``f_i`` at the
+  global model and run `ursa.edge_sdk.methods.climb.dual.apply_dual_means_all` on the
+  means (plaintext means, or with ``climb_encrypted`` the real Paillier path:
+  `encrypt_dual_report` -> `ursa.coordinator.methods.climb.dual_sum` ->
+  `decrypt_dual_means`);
+  participants scale their deltas by ``w_i``;
+* ``feddisk``: phase 1 (`ursa.lab.simulate.feddisk`), then weighted rounds;
+* ``focal``: local focal loss (gamma 2, as the CLIMB reference code);
+* training: `ursa.lab.simulate.fleet_mlp.train_fleet` (the vectorised equivalent of
+  `train_local`, tested equal) or ``trainer="sequential"`` (`train_local` per
+  device); aggregation: `ursa.coordinator.aggregation` (FedAvg by sample count,
+  equal weights under FedVC, CLIMB's average of scaled deltas).
+
+Every random stream derives from the seed: the same seed gives every method the
+same federation, initial model and device seeds (a paired comparison).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ursa.coordinator.aggregation import (
+    ModelUpdate,
+    Weighting,
+    apply_update,
+    finalize_aggregation,
+    init_aggregation,
+)
+from ursa.coordinator.encrypted_sum import add_report, finalize_encrypted_sum
+from ursa.coordinator.methods.climb.dual_sum import init_dual_sum
+from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey, generate_keypair
+from ursa.edge_sdk.methods.climb.dual import (
+    ClimbConfig,
+    DualMeans,
+    apply_dual_means_all,
+    decrypt_dual_means,
+    encrypt_dual_report,
+    plain_dual_means,
+)
+from ursa.edge_sdk.training import TrainConfig, train_local
+from ursa.lab.simulate.feddisk import FeddiskSettings, feddisk_phase_one
+from ursa.lab.simulate.fleet_mlp import (
+    FleetResult,
+    cross_entropy,
+    forward,
+    train_fleet,
+)
+from ursa.lab.simulate.participants import make_selector
+from ursa.models.registry import initial_arrays
+from ursa.models.weights import Arrays
+from ursa.tools.data.federation import DeviceData, Federation
+from ursa.tools.data.metrics import distributions
+
+METHODS = ("fedavg", "focal", "climb", "feddisk")
+TRAINERS = ("vectorised", "sequential")
+FINAL_WINDOW = 10
+"""Final accuracy = mean of the last this-many rounds (the issue's definition)."""
+
+_INIT, _SELECT, _DEVICE, _FEDDISK = range(4)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything a run needs besides the federation, the method and the seed."""
+
+    rounds: int = 200
+    participants: int = 100
+    train: TrainConfig = field(default_factory=TrainConfig)
+    hidden_sizes: tuple[int, ...] = (128, 128)
+    climb: ClimbConfig = field(default_factory=ClimbConfig)
+    dual_period: int = 1
+    climb_encrypted: bool = False
+    key_bits: int = 2048
+    selection: str = "random"
+    dubhe_tries: int = 20
+    feddisk: FeddiskSettings = field(default_factory=FeddiskSettings)
+    trainer: str = "vectorised"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One (method, seed) run: the curves and what the report needs."""
+
+    method: str
+    seed: int
+    accuracy: list[float]
+    per_class_final: list[float]
+    extra_rounds: int
+    diagnostics: dict[str, Any]
+    elapsed_s: float
+
+
+def run_method(
+    fed: Federation, method: str, settings: RunSettings, seed: int
+) -> RunResult:
+    """Play ``settings.rounds`` rounds of ``method`` on ``fed``.
+
+    Raises:
+        ValueError: an unknown method, selection or trainer, or K > N.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+    if settings.trainer not in TRAINERS:
+        raise ValueError(
+            f"unknown trainer {settings.trainer!r}; choose from {TRAINERS}"
+        )
+    n, k = fed.num_devices, settings.participants
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= K <= N, got K={k}, N={n}")
+    start = time.perf_counter()
+    model_config = {
+        "input_dim": fed.input_dim,
+        "num_classes": fed.num_classes,
+        "hidden_sizes": list(settings.hidden_sizes),
+    }
+    arrays = initial_arrays("mlp", model_config, seed=_seed(seed, _INIT))
+    p = distributions(fed.counts)
+    select, select_info = make_selector(
+        settings.selection, p, k, np.random.default_rng([seed, _SELECT]),
+        tries=settings.dubhe_tries,
+    )  # fmt: skip
+    config = settings.train
+    if method == "focal":
+        config = config.model_copy(update={"loss": "focal"})
+    devices = list(fed.devices)
+    diagnostics: dict[str, Any] = {"selection": select_info}
+    extra_rounds = 0
+    if method == "feddisk":
+        phase = feddisk_phase_one(
+            fed, settings.feddisk, select, np.random.default_rng([seed, _FEDDISK])
+        )
+        devices = [
+            DeviceData(d.x, d.y, w) for d, w in zip(devices, phase.weights, strict=True)
+        ]
+        extra_rounds = phase.made_rounds
+        diagnostics["feddisk"] = phase.summary
+    weighting = Weighting.EQUAL if config.fedvc_samples else Weighting.FEDAVG
+    climb = _ClimbState(fed, settings, seed) if method == "climb" else None
+    if climb is not None:
+        weighting = Weighting.CLIMB
+    accuracy: list[float] = []
+    per_class: list[npt.NDArray[np.float64]] = []
+    distances: list[float] = []
+    for rnd in range(settings.rounds):
+        chosen = select(extra_rounds + rnd)
+        distances.append(
+            float(np.abs(p[chosen].mean(axis=0) - 1 / fed.num_classes).sum())
+        )
+        scales = None
+        if climb is not None:
+            if rnd % settings.dual_period == 0:
+                climb.dual_step(arrays, devices)
+            scales = climb.weights[chosen].tolist()
+        seeds = [_device_seed(seed, rnd, int(i)) for i in chosen]
+        results = _train(
+            settings,
+            model_config,
+            arrays,
+            [devices[i] for i in chosen],
+            config,
+            seeds,
+            scales,
+        )
+        state = init_aggregation(arrays, weighting)
+        for i, res in zip(chosen, results, strict=True):
+            update = ModelUpdate(f"dev{int(i):05d}", res.delta, res.num_examples)
+            state, _ = apply_update(state, update)
+        arrays = finalize_aggregation(state, arrays)
+        acc, classes = evaluate_arrays(arrays, fed.test_x, fed.test_y, fed.num_classes)
+        accuracy.append(acc)
+        per_class.append(classes)
+    diagnostics["selection"]["mean_distance_to_uniform"] = float(np.mean(distances))
+    if climb is not None:
+        diagnostics["climb"] = climb.summary()
+    with warnings.catch_warnings():  # a class absent from the test set stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        final = np.nanmean(np.stack(per_class[-FINAL_WINDOW:]), axis=0)
+    return RunResult(
+        method,
+        seed,
+        accuracy,
+        [float(v) for v in final],
+        extra_rounds,
+        diagnostics,
+        time.perf_counter() - start,
+    )
+
+
+def evaluate_arrays(
+    arrays: Arrays,
+    x: npt.NDArray[np.float32],
+    y: npt.NDArray[np.int64],
+    num_classes: int,
+) -> tuple[float, npt.NDArray[np.float64]]:
+    """Test accuracy and per-class accuracy (NaN for an absent class)."""
+    pred = forward(arrays, x).argmax(axis=1)
+    hits = np.bincount(y, weights=(pred == y).astype(np.float64), minlength=num_classes)
+    counts = np.bincount(y, minlength=num_classes)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_class = hits / counts
+    return float((pred == y).mean()), per_class
+
+
+def device_losses(
+    arrays: Arrays, devices: Sequence[DeviceData]
+) -> npt.NDArray[np.float64]:
+    """``f_i``: each device's mean cross-entropy at ``arrays`` (= `evaluate_loss`)."""
+    x = np.concatenate([d.x for d in devices])
+    y = np.concatenate([d.y for d in devices])
+    owner = np.repeat(np.arange(len(devices)), [len(d.y) for d in devices])
+    ce = cross_entropy(forward(arrays, x), y)
+    sums = np.bincount(owner, weights=ce, minlength=len(devices))
+    out: npt.NDArray[np.float64] = sums / np.bincount(owner, minlength=len(devices))
+    return out
+
+
+class _ClimbState:
+    """The devices' dual variables, kept by the simulator on their behalf."""
+
+    def __init__(self, fed: Federation, settings: RunSettings, seed: int) -> None:
+        self.config = settings.climb
+        self.encrypted = settings.climb_encrypted
+        self.lambdas = np.zeros(fed.num_devices)
+        self.weights = np.ones(fed.num_devices)
+        self.steps = 0
+        self.max_lambda = 0.0
+        self.keys: tuple[PaillierPublicKey, PaillierSecretKey] | None = None
+        if self.encrypted:
+            self.keys = generate_keypair(settings.key_bits)
+
+    def dual_step(self, arrays: Arrays, devices: Sequence[DeviceData]) -> None:
+        losses = device_losses(arrays, devices)
+        means = self._means(losses)
+        self.weights, self.lambdas = apply_dual_means_all(
+            losses, self.lambdas, means, self.config
+        )
+        self.steps += 1
+        self.max_lambda = max(self.max_lambda, float(self.lambdas.max()))
+
+    def _means(self, losses: npt.NDArray[np.float64]) -> DualMeans:
+        if self.keys is None:
+            return plain_dual_means(losses, self.lambdas, self.config)
+        public, secret = self.keys
+        state = init_dual_sum(public, max_parties=self.config.max_parties)
+        for i, (f, lam) in enumerate(zip(losses, self.lambdas, strict=True)):
+            report = encrypt_dual_report(public, self.config, float(f), float(lam))
+            state, _ = add_report(state, f"dev{i:05d}", report.to_bytes(public))
+        return decrypt_dual_means(secret, self.config, finalize_encrypted_sum(state))
+
+    def summary(self) -> dict[str, Any]:
+        lam = self.lambdas
+        return {
+            "dual_steps": self.steps,
+            "encrypted": self.encrypted,
+            "final_lambda": {"mean": float(lam.mean()), "max": float(lam.max())},
+            "max_lambda_seen": self.max_lambda,
+            "final_weight": {
+                "min": float(self.weights.min()),
+                "max": float(self.weights.max()),
+            },
+        }
+
+
+def _train(
+    settings: RunSettings,
+    model_config: dict[str, Any],
+    arrays: Arrays,
+    devices: list[DeviceData],
+    config: TrainConfig,
+    seeds: list[int],
+    scales: list[float] | None,
+) -> list[FleetResult]:
+    if settings.trainer == "vectorised":
+        return train_fleet(
+            arrays, devices, config=config, seeds=seeds, delta_scales=scales
+        )
+    out = []
+    for j, dev in enumerate(devices):
+        res = train_local(
+            "mlp", model_config, arrays, dev.x, dev.y,
+            config=config.model_copy(update={"seed": seeds[j]}),
+            sample_weights=dev.sample_weights,
+            delta_scale=1.0 if scales is None else scales[j],
+        )  # fmt: skip
+        out.append(
+            FleetResult(res.delta, res.num_examples, res.mean_train_loss, res.num_steps)
+        )
+    return out
+
+
+def _seed(seed: int, stream: int) -> int:
+    return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
+
+
+def _device_seed(seed: int, rnd: int, device: int) -> int:
+    return int(
+        np.random.SeedSequence([seed, _DEVICE, rnd, device]).generate_state(1)[0]
+    )
