@@ -4,7 +4,8 @@ The wheel is built once (``python -m build --wheel --no-isolation``, as
 ``.ci/wheel`` builds it, from a copy of the tree so the checkout gets no
 ``build/`` or ``*.egg-info``), its file list checked by ``.ci/wheel_contents.py``,
 and its files unpacked into a folder that Python imports ``ursa`` from instead
-of the checkout: there ``ursa simulate`` and ``ursa bench`` refuse in one line.
+of the checkout: there ``ursa simulate`` and ``ursa bench`` refuse in one line,
+and the demo deals its devices' data without the lab.
 """
 
 from __future__ import annotations
@@ -101,23 +102,20 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
-# Runs `ursa` as an install of the wheel alone: the checkout's editable install
+# Python as on an install of the wheel alone: the checkout's editable install
 # (a finder on sys.meta_path that maps ``ursa.*`` to the checkout) is taken out.
-_AS_INSTALLED = """
-import runpy, sys
+_AS_INSTALLED = """import sys
 sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in repr(f)]
+"""
+_URSA = """import runpy
 sys.argv[0] = "ursa"
-if sys.argv[1:2] == ["--where"]:
-    import ursa.tools.cli
-    print(ursa.tools.cli.__file__)
-else:
-    runpy.run_module("ursa.tools.cli", run_name="__main__")
+runpy.run_module("ursa.tools.cli", run_name="__main__")
 """
 
 
-def _ursa(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _python(site: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", _AS_INSTALLED, *args],
+        [sys.executable, "-c", _AS_INSTALLED + code, *args],
         capture_output=True,
         text=True,
         cwd=site,
@@ -125,11 +123,28 @@ def _ursa(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _ursa(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return _python(site, _URSA, *args)
+
+
 def test_the_installed_package_is_the_wheels(installed: Path) -> None:
     done = _ursa(installed, "--version")
     assert done.returncode == 0, done.stderr
-    where = _ursa(installed, "--where")
+    where = _python(installed, "import ursa.tools.cli as m; print(m.__file__)")
     assert Path(where.stdout.strip()).is_relative_to(installed), where.stderr
+
+
+def test_the_demo_deals_its_data_from_the_wheel(installed: Path) -> None:
+    code = """
+from ursa.tools.demo.population import demo_population
+from ursa.tools.demo.settings import TrainingDemoSettings
+import ursa.tools.demo.run, ursa.tools.demo.selection
+federation = demo_population(TrainingDemoSettings(devices=8))
+print(len(federation.devices), sorted(m for m in sys.modules if ".lab" in m))
+"""
+    done = _python(installed, code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["8", "[]"]
 
 
 @pytest.mark.parametrize(
