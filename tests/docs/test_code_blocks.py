@@ -47,6 +47,9 @@ FEDERATION = "tutorials/first-federation.md"
 DEVICE_APP = "how-to/write-a-device-app.md"
 RUN: dict[str, set[str]] = {FEDERATION: {"sh"}, DEVICE_APP: {"python"}}
 """What `test_the_first_federation_runs_as_written` runs, page by page."""
+FINAL_MODEL = "how-to/use-the-final-model.md"
+PROGRAMS: dict[str, set[str]] = {FINAL_MODEL: {"python"}}
+"""Pages whose programs run on their own (`test_a_standalone_program_runs`)."""
 EXAMPLE = "examples/numpy_softmax"
 BROKER_PORT = "1883"
 FINISH_S = 240.0
@@ -126,11 +129,35 @@ def test_every_command_and_program_is_run_or_marked() -> None:
     unrun = [
         str(b)
         for b in ALL
-        if b.kind in RUNNABLE and b.skip is None and b.kind not in RUN.get(b.page, ())
+        if b.kind in RUNNABLE
+        and b.skip is None
+        and b.kind not in RUN.get(b.page, set()) | PROGRAMS.get(b.page, set())
     ]
     assert not unrun, f"run these in this module or mark them skipped: {unrun}"
     run = [b for b in ALL if b.skip is None and b.kind in RUN.get(b.page, ())]
     assert {b.page for b in run} == set(RUN)
+
+
+@pytest.mark.parametrize(
+    "block",
+    [b for b in ALL if b.skip is None and b.kind in PROGRAMS.get(b.page, ())],
+    ids=str,
+)
+def test_a_standalone_program_runs(block: Block, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime")
+    root = Path(ursa.__path__[0]).parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-c", block.text],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"{block}:\n{done.stderr}"
 
 
 @pytest.mark.parametrize("block", [b for b in ALL if b.kind == "toml"], ids=str)
