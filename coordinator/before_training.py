@@ -134,6 +134,17 @@ class BeforeTraining(ABC):
         """
         return {}
 
+    def awaits(self, round_index: int, now: float) -> bool:
+        """Whether the round must not close yet (default: no).
+
+        True while a figure of the step's own is still on its way as the
+        devices train (the fleet evaluation's decrypted result).
+        """
+        return False
+
+    def refused(self, round_index: int, device: str) -> None:  # noqa: B027 - optional hook
+        """``device`` refused the sum of the round's mean (default: nothing)."""
+
     def extend_deadlines(self, seconds: float) -> None:  # noqa: B027 - optional hook
         """The broker was away ``seconds``: give open windows that time back."""
 

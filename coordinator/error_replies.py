@@ -10,7 +10,9 @@ only logged (within the per-device refusal limits); four kinds act:
 * a mismatch of method, data, model or security parameters: the device does
   not fit the federation and sits the key epoch out.
 * its own work failed (training, evaluation, plain refused, secure
-  aggregation, a transfer): the open round stops waiting for it.
+  aggregation, a transfer): the open round stops waiting for it;
+* ``mean_refused``: it refused a secure mean's sum (logged); the open round
+  hears of it too, so it stops waiting for the agent's result of that sum.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable
 
 from ursa.coordinator.refusal_log import RefusalLog
 from ursa.protocol.messages import ErrorCode, ErrorReply
+from ursa.protocol.messages.secure_mean import MEAN_REFUSED
 
 __all__ = ["ErrorReplies"]
 
@@ -114,6 +117,8 @@ class ErrorReplies:
             )
             self._failed(message.round, message.sender, message.code)
             return
+        if message.code == MEAN_REFUSED:
+            self._failed(message.round, message.sender, message.code)
         report(
             logging.INFO,
             "%s reports %s: %s",

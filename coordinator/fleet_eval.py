@@ -95,6 +95,7 @@ class FleetEvaluation(SecureMeanStep):
         self.num_classes = num_classes
         self._max_parties = max_parties
         self._summed: dict[int, tuple[MeanHead, int]] = {}
+        self._result_due: dict[int, float] = {}
         self._results: dict[int, dict[str, Any]] = {}
 
     @property
@@ -142,12 +143,37 @@ class FleetEvaluation(SecureMeanStep):
             logger.warning("round %d: no evaluation report", head.round)
             return
         self._summed[head.round] = (head, len(mean.answered))
+        ctx = self.context
+        if ctx is not None:
+            self._result_due[head.round] = ctx.clock() + self.config.timeout_s
         logger.info(
             "round %d: evaluation of version %d summed %d reports",
             head.round,
             head.version,
             len(mean.answered),
         )
+
+    def awaits(self, round_index: int, now: float) -> bool:
+        """The agent's result of a sum that went out, until ``timeout_s`` after it.
+
+        A round whose devices train faster than the agent decrypts must not
+        close without its evaluation (the result would come too late).
+        """
+        due = self._result_due.get(round_index)
+        return due is not None and round_index not in self._results and now < due
+
+    def refused(self, round_index: int, device: str) -> None:
+        """The agent refused the round's sum: its result will not come."""
+        ctx = self.context
+        epoch = None if ctx is None else ctx.view.epoch_view()
+        if epoch is not None and device == epoch.agent:
+            self._result_due.pop(round_index, None)
+
+    def extend_deadlines(self, seconds: float) -> None:
+        """The broker was away: the agent's result may come that much later."""
+        super().extend_deadlines(seconds)
+        for round_index in self._result_due:
+            self._result_due[round_index] += seconds
 
     def metrics(self, round_index: int) -> Mapping[str, Any]:
         """``federated_eval`` once the agent answered this round's sum."""
@@ -158,6 +184,7 @@ class FleetEvaluation(SecureMeanStep):
         """Forget the round's sum and result."""
         super().close(round_index)
         self._summed.pop(round_index, None)
+        self._result_due.pop(round_index, None)
         self._results.pop(round_index, None)
 
     def _on_result(self, message: MeanResult) -> None:

@@ -120,7 +120,11 @@ class RoundPlugin(ABC):
     def on_device_failed(  # noqa: B027 - optional hook
         self, round_index: int, device: str, code: str
     ) -> None:
-        """A selected device's training failed (its `ErrorReply`): stop waiting."""
+        """A device's work in the round failed or was refused (its `ErrorReply`).
+
+        A selected device's training failed: stop waiting for it. ``code``
+        ``mean_refused``: a device refused a secure mean's sum (it still trains).
+        """
 
     def last_metrics(self) -> Mapping[str, Any]:
         """The last completed round's evaluation (for ``target_accuracy``)."""

@@ -100,6 +100,7 @@ from ursa.protocol.messages import (
     TransferManifest,
 )
 from ursa.protocol.messages import ModelUpdate as UpdateMessage
+from ursa.protocol.messages.secure_mean import MEAN_REFUSED
 from ursa.protocol.router import Dispatch, RejectedError, Router
 from ursa.protocol.secure_aggregation import (
     MODEL_SEGMENT,
@@ -394,8 +395,18 @@ class TrainingPlugin(RoundPlugin):
         work.deadline_at += seconds
 
     def on_device_failed(self, round_index: int, device: str, code: str) -> None:
-        """Stop waiting for a device whose training failed; close once none is left."""
+        """Stop waiting for a device whose training failed; close once none is left.
+
+        A refused mean's sum (``mean_refused``) goes to the steps instead: the
+        device still trains, but the sum's result may never come.
+        """
         work = self._open
+        if code == MEAN_REFUSED:
+            if work is not None and work.index == round_index:
+                for step in self._steps:
+                    step.refused(round_index, device)
+                self._maybe_finish(work)
+            return
         if work is None or work.index != round_index or not work.fail(device):
             return
         logger.warning(
@@ -587,6 +598,10 @@ class TrainingPlugin(RoundPlugin):
                 expected=secure.expected(work.index),
                 answered=secure.contributors(work.index),
             )
+        if not waiting and any(
+            step.awaits(work.index, self._clock()) for step in self._steps
+        ):
+            return  # a step's own figure (the fleet's evaluation) is on its way
         if not waiting:
             why = "every selected online device answered"
             if work.failed:

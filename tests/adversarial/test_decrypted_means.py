@@ -47,7 +47,7 @@ from tests.adversarial.means_fleet import (
 )
 from tests.coordinator.conftest import Federation
 from tests.coordinator.test_training import INITIAL
-from ursa.coordinator.config import EvaluationConfig, RegistryConfig, SelectionConfig
+from ursa.coordinator.config import EvaluationConfig, RegistryConfig
 from ursa.coordinator.fleet_eval import FleetEvaluation
 from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
@@ -244,12 +244,12 @@ EVAL_ROUNDS = 3
 
 def eval_fleet(tmp: Path, forge: Forge | None) -> Fleet:
     tmp.mkdir()
-    # Silence means no, as these figures were taken: on the synchronous bus an
-    # explicit-replies round trains and closes before the agent's result of
-    # its evaluation is delivered, and a closed round takes no result.
+    # Explicit replies (the default at this size): the devices train and
+    # answer before the agent's result of the round's evaluation is delivered
+    # on the synchronous bus, so the round must wait for it (`awaits`).
     fed = Federation(
         tmp, num_devices=DEVICES, k=K_SELECTED, tries=1, rounds=EVAL_ROUNDS,
-        key_bits=KEY_BITS, selection=SelectionConfig(explicit_replies_below=0),
+        key_bits=KEY_BITS,
     )  # fmt: skip
     step = FleetEvaluation(
         EvaluationConfig(every=1, timeout_s=30),
