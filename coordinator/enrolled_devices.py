@@ -16,14 +16,20 @@ import logging
 from collections.abc import Callable
 
 from ursa.coordinator.config import CoordinatorConfig, EnrolmentConfig
-from ursa.coordinator.enrolment import EnrolmentDecision, decide_enrolment
+from ursa.coordinator.enrolment import (
+    EnrolmentDecision,
+    decide_enrolment,
+    identity_of,
+)
 from ursa.coordinator.enrolment_list import EnrolmentList, EnrolmentWatch
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.refusal_log import RefusalLog, Stored
 from ursa.coordinator.store import CoordinatorStore
+from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.trust_anchor import TrustAnchor
 from ursa.protocol.messages import ErrorCode, Hello
+from ursa.protocol.operator_commands import enrol_command
 
 __all__ = ["REFUSING_KEY", "EnrolledDevices"]
 
@@ -155,13 +161,19 @@ class EnrolledDevices:
             store.set_certificate(device, certificate)  # checked, or renewed
             self.certificates[device] = certificate
         elif not decision.accepted:
+            try:
+                fingerprint = identity_of(message).fingerprint()
+            except CryptoError:
+                fingerprint = "(invalid keys)"
             self._refusals.write(
                 self._clock(),
                 device,
                 logging.WARNING,
-                "refused enrolment of %s: %s",
+                "refused enrolment of %s (fingerprint %s): %s; to admit it: %s",
                 device,
+                fingerprint,
                 decision.reason,
+                enrol_command(device, fingerprint),
                 kind="refused_enrolment",
                 stored=Stored("hello", "refused", decision.reason),
             )

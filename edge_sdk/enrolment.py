@@ -6,11 +6,18 @@ certificate) and pins the coordinator identity from the signed `EnrolResult`
 configured fingerprint if set); that acceptance names the run it joins
 (`RunMembership`). A Hello left unanswered is sent again with backoff; a
 coordinator that answers `unknown_device` or `wrong_run` gets a new one.
+
+A refused enrolment (a pinned coordinator that does not list this device
+yet) names this device's fingerprint and the ``ursa coordinator enrol``
+command that admits it, and the device says Hello again with a jittered
+backoff (5 s doubling to 5 min), so an operator's ``enrol`` takes effect
+without a restart.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Callable
 
@@ -27,9 +34,16 @@ from ursa.protocol.messages import (
     Hello,
     IdentityKeys,
 )
+from ursa.protocol.operator_commands import enrol_command
 from ursa.protocol.untrusted_text import escape
 
-__all__ = ["HELLO_RETRY_MAX_S", "HELLO_RETRY_S", "Enrolment"]
+__all__ = [
+    "HELLO_RETRY_MAX_S",
+    "HELLO_RETRY_S",
+    "REFUSED_RETRY_MAX_S",
+    "REFUSED_RETRY_S",
+    "Enrolment",
+]
 
 logger = logging.getLogger("ursa.edge_sdk")
 
@@ -37,6 +51,10 @@ HELLO_RETRY_S = 10.0
 """A Hello unanswered this long is sent again (then 2x, 4x, ... the wait)."""
 HELLO_RETRY_MAX_S = 300.0
 """The longest wait between two Hellos."""
+REFUSED_RETRY_S = 5.0
+"""After a refused enrolment, the first wait before the next Hello (then 2x, ...)."""
+REFUSED_RETRY_MAX_S = 300.0
+"""The longest wait between two Hellos of a refused device."""
 
 
 def _coordinator_keys(message: EnrolResult) -> IdentityKeys:
@@ -53,6 +71,8 @@ class Enrolment:
         link: The device on the wire (its identity, the pin it keeps).
         membership: The run joined (a signed acceptance names it).
         forget_run: Drops the old run's state when a new run is joined.
+        jitter: The factor in [0.5, 1] on each wait after a refusal (random:
+            a fleet refused together does not come back together).
     """
 
     def __init__(
@@ -61,6 +81,7 @@ class Enrolment:
         link: DeviceLink,
         membership: RunMembership,
         forget_run: Callable[[], None],
+        jitter: Callable[[], float] | None = None,
     ) -> None:
         self._link = link
         self._membership = membership
@@ -72,6 +93,10 @@ class Enrolment:
         self._unanswered = False
         self._retry_at: float | None = None
         self._backoff_s: float | None = None
+        self._refusals = 0
+        """Enrolments refused in a row (0: none since the last acceptance)."""
+        self._refusal_reasons: set[str] = set()
+        self._jitter = jitter or (lambda: random.uniform(0.5, 1.0))
 
     def say_hello(self) -> None:
         """Send `Hello` (again until an `EnrolResult` answers it)."""
@@ -99,6 +124,9 @@ class Enrolment:
         in every key epoch (issue 14). A coordinator that enrolled us already
         simply answers again.
         """
+        if self._refusals:
+            self._retry_refused(now)
+            return
         if not self._unanswered:
             self._retry_at = self._backoff_s = None
             return
@@ -115,15 +143,29 @@ class Enrolment:
         )
         self.say_hello()
 
+    def _retry_refused(self, now: float) -> None:
+        """After a refusal: Hello again in 5 s, 10 s, ... 5 min (jittered)."""
+        if self._retry_at is None:
+            wait = REFUSED_RETRY_S * 2 ** min(self._refusals - 1, 16)
+            self._retry_at = now + min(wait, REFUSED_RETRY_MAX_S) * self._jitter()
+            return
+        if now < self._retry_at:
+            return
+        self._retry_at = None
+        logger.info(
+            "%s: asking the coordinator to enrol it again", self._link.device_id
+        )
+        self.say_hello()
+
     def on_enrol_result(self, message: EnrolResult) -> None:
         """A signed acceptance pins the coordinator and joins its run."""
         link = self._link
         if message.device_id != link.device_id:
             return
         self._unanswered = False
+        self._retry_at = self._backoff_s = None
         if not message.accepted:
-            reason = escape(message.reason)
-            logger.error("%s: enrolment refused: %s", link.device_id, reason)
+            self._refused(escape(message.reason))
             return
         identity = link.trusted(_coordinator_keys(message), Role.COORDINATOR)
         pin = link.config.coordinator_fingerprint
@@ -140,8 +182,35 @@ class Enrolment:
         if known is None:
             link.pin(identity)
         self._membership.enter(message.run, link.store, self._forget_run)
+        self._refusals = 0
+        self._refusal_reasons.clear()
         self.enrolled.set()
         logger.info("%s: enrolled (run %s)", link.device_id, message.run)
+
+    def _refused(self, reason: str) -> None:
+        """The coordinator refused this device: say how to admit it, ask again later.
+
+        One ERROR per distinct reason (with the fingerprint and the command
+        that admits the device); each further refusal is an INFO line.
+        """
+        self._refusals += 1
+        device = self._link.device_id
+        if reason in self._refusal_reasons:
+            logger.info(
+                "%s: enrolment still refused (%s); asking again later", device, reason
+            )
+            return
+        self._refusal_reasons.add(reason)
+        fingerprint = self._link.identity.public().fingerprint()
+        logger.error(
+            "%s: enrolment refused: %s. This device's fingerprint is %s; to admit "
+            "it, run on the coordinator's host: %s (it says hello again, with "
+            "backoff, until admitted)",
+            device,
+            reason,
+            fingerprint,
+            enrol_command(device, fingerprint),
+        )
 
     def _refuse_coordinator(
         self,

@@ -333,6 +333,7 @@ def test_pinned_mode_refuses_unlisted_and_wrong_keys(
     for device_id in ("d00", "d01", "d02"):
         identity = DeviceIdentity.load_or_create(tmp_path / device_id, device_id)
         pins[device_id] = identity.public().fingerprint()
+    d02 = pins["d02"]
     pins["d02"] = "0" * 32
     fed = federation(
         num_devices=3,
@@ -348,13 +349,12 @@ def test_pinned_mode_refuses_unlisted_and_wrong_keys(
     assert results["d00"].accepted and results["d01"].accepted
     assert not results["d02"].accepted and not results["d03"].accepted
     assert (
-        "refused enrolment of d02: identity fingerprint does not match pin"
-        in caplog.text
-    )
-    assert (
-        "refused enrolment of d03: device id is not on the enrolment list"
-        in caplog.text
-    )
+        f"refused enrolment of d02 (fingerprint {d02}): identity fingerprint does "
+        "not match pin; to admit it: ursa coordinator enrol --config <coordinator "
+        f"config> --device d02 --fingerprint {d02}"
+    ) in caplog.text
+    assert "refused enrolment of d03 (fingerprint " in caplog.text
+    assert "device id is not on the enrolment list; to admit it: " in caplog.text
     assert fed.coordinator.state.stage is Stage.ENROLMENT  # 2 < min_devices=3
 
 
