@@ -40,6 +40,7 @@ from ursa.edge_sdk.methods.feddisk.method import FedDisk
 from ursa.edge_sdk.methods.feddisk.trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.methods.flicker.method import Flicker
 from ursa.edge_sdk.module_trainer import ModuleTrainer
+from ursa.edge_sdk.shutdown import run_until_signalled
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.trainer import (
     LocalDelta,
@@ -97,6 +98,7 @@ __all__ = [
     "evaluate_module",
     "inference",
     "load_device_config",
+    "run_until_signalled",
     "train_module",
 ]
 

@@ -68,7 +68,6 @@ from ursa.protocol.messages import (
     EnrolResult,
     ErrorReply,
     FederationEnd,
-    KeyEpochStart,
 )
 from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import Dispatch, RejectedError, Router
@@ -133,7 +132,6 @@ class EdgeClient:
         self.evaluation = FleetEvaluator(config.eval_min_parties)
         """Federated evaluation: the fleet's accuracy as this device learns it."""
         self._methods = DeviceMethods(config, self.data, methods or (), self.evaluation)
-        self._data_settled = False
         self._lifecycle = ClientState.NEW
         self._lock = threading.RLock()
         self.stats = DeviceStats()
@@ -156,6 +154,7 @@ class EdgeClient:
             method_names=self._methods.names,
             registration_key=self._methods.registration_key,
             model_problems=lambda: self.training.model_problems,
+            settle_data=self._settle_data,
         )
         self.training = TrainingRounds(
             link=self.link,
@@ -356,7 +355,6 @@ class EdgeClient:
         router = Router(self.device_id)
         router.register(EnrolResult, self.enrolment.on_enrol_result, owner="enrol")
         router.register(ErrorReply, self._on_error_reply, owner="client")
-        router.register(KeyEpochStart, self._on_key_epoch, owner="key_epoch")
         self.key_epoch.register(router)
         self.training.register(router)
         router.register(FederationEnd, self._end.on_federation_end, owner="end")
@@ -394,14 +392,10 @@ class EdgeClient:
         kind, why = message_kind(message), escape(str(exc))
         logger.warning("%s: refused %s: %s", self.device_id, kind, why)
 
-    def _on_key_epoch(self, message: KeyEpochStart) -> None:
-        """The first signed key epoch ends any balancing run: take its data first."""
-        if not self._data_settled:
-            self.link.verify_coordinator(message)
-            self._data_settled = True
-            for name, data in self._methods.replaced_data():
-                self.data.use(name, data)
-        self.key_epoch.on_key_epoch_start(message)
+    def _settle_data(self) -> None:
+        """The first signed key epoch ends any balancing run: take its data."""
+        for name, data in self._methods.replaced_data():
+            self.data.use(name, data)
 
     def _on_error_reply(self, message: ErrorReply) -> None:
         self.enrolment.on_error(message)

@@ -93,6 +93,9 @@ class KeyEpoch:
         registration_key: The methods' key for an epoch's registration.
         model_problems: How the last global model did not fit (a device
             that cannot train it sits the next epoch out too).
+        settle_data: Called once, at the first signed epoch, before the
+            device registers: a balancing method's run is over, its data
+            becomes the device's.
     """
 
     def __init__(
@@ -104,6 +107,7 @@ class KeyEpoch:
         method_names: Callable[[], tuple[str, ...]],
         registration_key: Callable[[int], bytes | None],
         model_problems: Callable[[], tuple[DataProblem, ...]],
+        settle_data: Callable[[], None],
     ) -> None:
         self._link = link
         self._data = data
@@ -111,6 +115,7 @@ class KeyEpoch:
         self._method_names = method_names
         self._registration_key = registration_key
         self._model_problems = model_problems
+        self._settle_data: Callable[[], None] | None = settle_data
         self._view = KeyEpochView()
 
     @property
@@ -120,6 +125,7 @@ class KeyEpoch:
 
     def register(self, router: Router) -> None:
         """The key epoch's kinds (its keys, its registry) on the device's router."""
+        router.register(KeyEpochStart, self.on_key_epoch_start, owner="key_epoch")
         router.register(SealRequest, self.on_seal_request, owner="key_epoch")
         router.register(AgentPublicKey, self.on_agent_public_key, owner="key_epoch")
         router.register(SealedSecretKey, self.on_sealed_secret_key, owner="key_epoch")
@@ -162,6 +168,9 @@ class KeyEpoch:
     def on_key_epoch_start(self, message: KeyEpochStart) -> None:
         """Adopt a newer signed epoch, unless it runs other methods or weak keys."""
         self._link.verify_coordinator(message)
+        settle, self._settle_data = self._settle_data, None
+        if settle is not None:
+            settle()
         current = self._view.notice
         if current is not None and message.epoch <= current.epoch:
             return

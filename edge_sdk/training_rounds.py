@@ -12,11 +12,8 @@ The coordinator's side is ``coordinator/training.py``. On the device:
   downloaded, and every method is ready (CLIMB: the round's dual step has
   given it ``w_i``, `ursa.edge_sdk.methods.climb`). It calls
   `ModelTrainer.train_delta` from that version with the methods' `TrainPlan`
-  (``delta_scale = w_i``) and sends `ModelUpdate`: the delta
-  inline when it fits ``inline_limit`` (float32 or float16 per
-  ``trainer.wire_dtype``), else a manifest + chunks (purpose
-  ``model_update``) followed by the update naming the transfer; the
-  coordinator's chunk re-requests are answered from the cached upload.
+  (``delta_scale = w_i``) and sends the delta (float32 or float16 per
+  ``trainer.wire_dtype``) through `UpdateUploads` (``update_uploads.py``).
 * **idempotence**: update message ids derive from (device, round); a
   re-published `ModelAvailable` of a round already trained re-sends the same
   messages (the coordinator drops ids it has seen), never retrains.
@@ -29,10 +26,7 @@ a time); keepalives continue on the transport's network thread.
 from __future__ import annotations
 
 import logging
-import math
-import re
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -60,22 +54,16 @@ from ursa.edge_sdk.method import DeviceMethod, TrainPlan
 from ursa.edge_sdk.secure_aggregation.participant import SecAggError
 from ursa.edge_sdk.secure_aggregation.rounds import Contribution, MaskingRounds
 from ursa.edge_sdk.stats import DeviceStats, TrainingStats
-from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer, TrainingReport
+from ursa.edge_sdk.trainer import ModelTrainer, TrainingReport
+from ursa.edge_sdk.update_uploads import UpdateUploads, update_metrics
 from ursa.models.weights import Arrays, arrays_to_bytes
-from ursa.protocol.chunking import split
 from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (
-    DEFAULT_CHUNK_SIZE,
-    MAX_UPDATE_METRICS,
-    NAME_PATTERN,
-    BaseMessage,
     Chunk,
     ChunkRequest,
     ErrorCode,
     ErrorReply,
-    MaskedUpdate,
     ModelAvailable,
-    ModelUpdate,
     SecAggRoster,
     SecAggSetup,
     SecAggShareBundle,
@@ -86,13 +74,9 @@ from ursa.protocol.messages import (
 from ursa.protocol.router import Router
 from ursa.protocol.secure_aggregation import float_names
 
-__all__ = ["KEPT_UPLOADS", "UPDATE_PURPOSE", "TrainingRounds", "update_metrics"]
+__all__ = ["TrainingRounds"]
 
 logger = logging.getLogger("ursa.edge_sdk")
-
-UPDATE_PURPOSE = "model_update"
-KEPT_UPLOADS = 4
-_METRIC_NAME = re.compile(NAME_PATTERN)
 
 
 class TrainingRounds:
@@ -109,10 +93,6 @@ class TrainingRounds:
         model_ready: Told after the methods when a new version is downloaded
             (the end of the federation's).
     """
-
-    inline_limit: int = DEFAULT_CHUNK_SIZE
-    """Deltas up to this many bytes go inline in `ModelUpdate`."""
-    chunk_size: int = DEFAULT_CHUNK_SIZE
 
     def __init__(
         self,
@@ -149,10 +129,8 @@ class TrainingRounds:
         self._notice_at = 0.0
         self._pending_rounds: set[int] = set()
         self._selected: set[int] = set()
-        self._sent_updates: OrderedDict[int, list[BaseMessage]] = OrderedDict()
-        self._uploads: OrderedDict[str, tuple[TransferManifest, list[Chunk]]] = (
-            OrderedDict()
-        )
+        self.uploads = UpdateUploads(link)
+        """What this device answered each round (its updates, and their chunks)."""
         self._masking: MaskingRounds | None = None
 
     def new_run(self) -> None:
@@ -162,8 +140,7 @@ class TrainingRounds:
         self._notice_at = 0.0
         self._pending_rounds = set()
         self._selected = set()
-        self._sent_updates = OrderedDict()
-        self._uploads = OrderedDict()
+        self.uploads.new_run()
         self._masking = None
 
     def register(self, router: Router) -> None:
@@ -172,7 +149,7 @@ class TrainingRounds:
         router.register(ModelAvailable, self.on_model_available, owner="training")
         router.register(TransferManifest, self.on_manifest, owner="training")
         router.register(Chunk, self.on_chunk, owner="training")
-        router.register(ChunkRequest, self.on_chunk_request, owner="training")
+        router.register(ChunkRequest, self.uploads.on_chunk_request, owner="training")
         router.register(SecAggSetup, self.on_secagg_setup, owner="training")
         router.register(SecAggRoster, self.on_secagg_roster, owner="training")
         router.register(SecAggShareBundle, self.on_secagg_bundle, owner="training")
@@ -299,7 +276,7 @@ class TrainingRounds:
         if notice is None or message.round > notice.round:
             self._model_notice = message
             self._notice_at = time.monotonic()
-        sent = self._sent_updates.get(message.round)
+        sent = self.uploads.answer_of(message.round)
         if sent is not None:  # the coordinator re-published: answer the same
             for item in sent:
                 self._link.send(item)
@@ -329,7 +306,7 @@ class TrainingRounds:
                 continue
             if self.downloads.model_sha256 != notice.sha256:
                 self._pending_rounds.discard(round_index)
-                self._sent_updates[notice.round] = [self._digest_refused(notice)]
+                self.uploads.keep(notice.round, [self._digest_refused(notice)])
                 continue
             if not all(m.ready_to_train(round_index) for m in self._methods):
                 continue
@@ -358,15 +335,15 @@ class TrainingRounds:
             reply = self._report_failure(
                 ErrorCode.TRAINING_FAILED, notice.round, exc, notice.message_id
             )
-            self._sent_updates[notice.round] = [reply]
+            self.uploads.keep(notice.round, [reply])
             return
         train_s = time.perf_counter() - started
         self.stats.train_s += train_s
-        fed, me = self._link.federation, self._link.device_id
+        me = self._link.device_id
         secure = self._secure_epoch()
         if not secure and not self._link.config.allow_plain_aggregation:
             reply = self._plain_refused(notice)
-            self._sent_updates[notice.round] = [reply]
+            self.uploads.keep(notice.round, [reply])
             return
         if secure:
             contribution = Contribution(
@@ -387,60 +364,18 @@ class TrainingRounds:
                     exc,
                     notice.message_id,
                 )
-                self._sent_updates[notice.round] = [reply]
+                self.uploads.keep(notice.round, [reply])
                 return
         else:
             payload = arrays_to_bytes(result.delta, dtype=trainer.wire_dtype)
-        messages: list[BaseMessage] = []
-        inline = len(payload) <= self.inline_limit
-        transfer_id = None
-        if not inline:
-            transfer_id = derived_id(me, "upload", notice.round, notice.model_version)
-            manifest, chunks = split(
-                payload,
-                purpose=UPDATE_PURPOSE,
-                federation=fed,
-                round=notice.round,
-                sender=me,
-                chunk_size=self.chunk_size,
-                transfer_id=transfer_id,
-            )
-            self._uploads[transfer_id] = (manifest, chunks)
-            while len(self._uploads) > KEPT_UPLOADS:
-                self._uploads.popitem(last=False)
-            messages += [manifest, *chunks]
-        update: BaseMessage
-        if secure:
-            update = MaskedUpdate(
-                federation=fed,
-                round=notice.round,
-                sender=me,
-                message_id=derived_id(me, "update", notice.round),
-                model=trainer.model,
-                base_version=notice.model_version,
-                transfer_id=transfer_id,
-                vector=payload if inline else None,
-            )
-        else:
-            update = ModelUpdate(
-                federation=fed,
-                round=notice.round,
-                sender=me,
-                message_id=derived_id(me, "update", notice.round),
-                model=trainer.model,
-                base_version=notice.model_version,
-                num_examples=result.num_examples,
-                delta_scaled=plan.scaled,
-                transfer_id=transfer_id,
-                weights=payload if inline else None,
-                metrics=update_metrics(result, train_s),
-            )
-        messages.append(update)
-        self._sent_updates[notice.round] = messages
-        while len(self._sent_updates) > KEPT_UPLOADS:
-            self._sent_updates.popitem(last=False)
-        for item in messages:
-            self._link.send(item)
+        self.uploads.upload(
+            notice,
+            payload,
+            secure=secure,
+            num_examples=result.num_examples,
+            scaled=plan.scaled,
+            metrics=update_metrics(result, train_s),
+        )
         self.stats.rounds_trained += 1
         self.stats.update_bytes += len(payload)
         self._notify_trained(
@@ -557,7 +492,7 @@ class TrainingRounds:
         self._model_notice = None
         self._notice_at = 0.0
         self._model_problems = ()
-        self._sent_updates.clear()
+        self.uploads.forget_answers()
 
     def _fits(self, version: int, arrays: Arrays) -> bool:
         """Whether a downloaded version fits the data and model (else refused)."""
@@ -610,20 +545,6 @@ class TrainingRounds:
         if not any(method.take_transfer(message) for method in self._methods):
             self.downloads.on_chunk(message)
 
-    def on_chunk_request(self, message: ChunkRequest) -> None:
-        """The coordinator lost chunks of an upload: send them again."""
-        upload = self._uploads.get(message.transfer_id)
-        if upload is None:
-            logger.info("%s: chunk request for an unknown upload", self._link.device_id)
-            return
-        manifest, chunks = upload
-        self._link.send(manifest)
-        by_index = {c.index: c for c in chunks}
-        for index in message.indices:
-            chunk = by_index.get(index)
-            if chunk is not None:
-                self._link.send(chunk)
-
     def poll(self, now: float) -> None:
         """Periodic work: re-request model chunks, re-check waiting rounds."""
         notice = self._model_notice
@@ -658,20 +579,3 @@ def _model_problems(
             ),
         )
     return ()
-
-
-def update_metrics(result: LocalDelta, train_s: float) -> tuple[tuple[str, float], ...]:
-    """What a `ModelUpdate` says of the training, at most 16 metrics.
-
-    ``samples``, ``train_s`` and the trainer's finite metrics (its
-    ``mean_train_loss`` as ``loss``).
-    """
-    said: dict[str, float] = {
-        "samples": float(result.num_examples),
-        "train_s": float(train_s),
-    }
-    for name, value in result.metrics.items():
-        key = "loss" if name == "mean_train_loss" else name
-        if key not in said and _METRIC_NAME.fullmatch(key) and math.isfinite(value):
-            said[key] = float(value)
-    return tuple(said.items())[:MAX_UPDATE_METRICS]

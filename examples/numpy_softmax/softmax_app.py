@@ -10,9 +10,7 @@ device and FedAvg (or CLIMB) weights its update. torch is never imported.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import threading
 from pathlib import Path
 
 from softmax_data import read
@@ -23,6 +21,7 @@ from ursa.edge_sdk import (
     DeviceConfig,
     EdgeClient,
     load_device_config,
+    run_until_signalled,
 )
 
 
@@ -35,15 +34,14 @@ def build_client(config: DeviceConfig, data_file: Path, *, seed: int = 0) -> Edg
 
 
 def main() -> None:
-    """Run the device until Ctrl-C."""
+    """Run the device until the federation ends, SIGTERM or Ctrl-C."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--data", type=Path, required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     client = build_client(load_device_config(args.config), args.data)
-    with contextlib.suppress(KeyboardInterrupt):
-        client.run(threading.Event())  # starts, polls, stops on the way out
+    run_until_signalled(client)  # starts, polls; SIGTERM or Ctrl-C stop it cleanly
 
 
 if __name__ == "__main__":

@@ -58,8 +58,8 @@ HONEST = ("d01", "d02")
 
 def _small_messages(client: EdgeClient) -> None:
     """Every update goes as a chunked upload; lost chunks are asked at once."""
-    client.training.inline_limit = 16
-    client.training.chunk_size = 16
+    client.training.uploads.inline_limit = 16
+    client.training.uploads.chunk_size = 16
     client.downloads.retry_s = 0.0
 
 

@@ -108,8 +108,8 @@ def test_default_limits_pass_a_whole_run_with_chunked_uploads(
     fed = federation(num_devices=6, k=3, tries=1, rounds=2)
 
     def small_chunks(client: Any) -> None:
-        client.training.inline_limit = 1
-        client.training.chunk_size = (
+        client.training.uploads.inline_limit = 1
+        client.training.uploads.chunk_size = (
             1  # one chunk per byte: ~50 per upload, all at once
         )
 

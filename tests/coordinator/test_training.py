@@ -297,8 +297,8 @@ def test_chunked_uploads_and_a_missed_download_are_recovered(
     fed.bus.drop_filter = lose_model_chunks
 
     def small_messages(client: EdgeClient) -> None:
-        client.training.inline_limit = 16
-        client.training.chunk_size = 16
+        client.training.uploads.inline_limit = 16
+        client.training.uploads.chunk_size = 16
         client.downloads.retry_s = 0.0
 
     plugin = start_training(

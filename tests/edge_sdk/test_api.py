@@ -45,6 +45,7 @@ PUBLIC = [
     "evaluate_module",
     "inference",
     "load_device_config",
+    "run_until_signalled",
     "train_module",
 ]
 LAZY = ("TrainConfig", "TrainingError", "evaluate_module", "train_module")

@@ -13,7 +13,7 @@ from ursa.edge_sdk.fleet_eval import FleetEvaluator, split_for_evaluation
 from ursa.edge_sdk.mean_bounds import ImplausibleSumError
 from ursa.edge_sdk.method import DeviceContext
 from ursa.edge_sdk.trainer import ClassCounts, LocalDelta, ModelTrainer
-from ursa.edge_sdk.training_rounds import update_metrics
+from ursa.edge_sdk.update_uploads import update_metrics
 from ursa.models.weights import Arrays
 from ursa.protocol.messages import (
     FLEET_EVAL,

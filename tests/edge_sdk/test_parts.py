@@ -3,46 +3,35 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 from types import ModuleType
 
 import pytest
 
-from ursa.edge_sdk import (
-    admission,
-    client,
-    connection,
-    device_link,
-    device_methods,
-    downloads,
-    enrolment,
-    epoch_view,
-    federation_end,
-    key_epoch,
-    local_dataset,
-    membership,
-    method_context,
-    stats,
-    training_rounds,
-)
 from ursa.edge_sdk.client import EdgeClient
 
-PARTS = (
-    admission,
-    client,
-    connection,
-    local_dataset,
-    device_link,
-    device_methods,
-    downloads,
-    enrolment,
-    epoch_view,
-    federation_end,
-    key_epoch,
-    membership,
-    method_context,
-    stats,
-    training_rounds,
+PARTS = tuple(
+    importlib.import_module(f"ursa.edge_sdk.{name}")
+    for name in (
+        "admission",
+        "client",
+        "connection",
+        "device_link",
+        "device_methods",
+        "downloads",
+        "enrolment",
+        "epoch_view",
+        "federation_end",
+        "key_epoch",
+        "local_dataset",
+        "membership",
+        "method_context",
+        "stats",
+        "training_rounds",
+        "update_uploads",
+        "shutdown",
+    )
 )
 
 
