@@ -257,7 +257,7 @@ def _enrol(args: argparse.Namespace) -> int:
     else:
         print(
             f"a running coordinator admits {args.device} at its next Hello "
-            "(a device it refused before says Hello again when restarted)"
+            "(a device it refused says Hello again within 5 minutes, no restart needed)"
         )
     return 0
 
