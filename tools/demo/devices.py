@@ -16,6 +16,7 @@ The harness starts one process per device by default.
 from __future__ import annotations
 
 import logging
+import multiprocessing.forkserver
 import multiprocessing.queues
 import sys
 import time
@@ -39,12 +40,14 @@ __all__ = [
     "peak_rss_bytes",
     "run_device_process",
     "spawn_devices",
+    "start_forkserver",
 ]
 
 POLL_S = 0.5
 CONNECT_ATTEMPTS = 3
 PRELOADED = (
     "torch",
+    "torch._dynamo",  # torch 2's first optimiser step imports it: seconds a process
     "ursa.edge_sdk.client",
     "ursa.edge_sdk.training",
     "ursa.models.registry",
@@ -301,6 +304,16 @@ def spawn_devices(
         proc.start()
         handle.processes.append(proc)
     return handle
+
+
+def start_forkserver() -> None:
+    """Start the forkserver now: it imports `PRELOADED` while the harness sets up.
+
+    It imports in its own process; this returns at once (a no-op where the
+    processes are spawned).
+    """
+    if device_context().get_start_method() == "forkserver":
+        multiprocessing.forkserver.ensure_running()
 
 
 def device_context() -> Any:

@@ -26,7 +26,11 @@ from ursa.tools.demo.coordinator import (
     training_hooks,
     write_initial_weights,
 )
-from ursa.tools.demo.devices import spawn_devices, wait_for_reports
+from ursa.tools.demo.devices import (
+    spawn_devices,
+    start_forkserver,
+    wait_for_reports,
+)
 from ursa.tools.demo.fleet import DeviceSpec
 from ursa.tools.demo.population import demo_population
 from ursa.tools.demo.settings import (
@@ -135,6 +139,7 @@ class DemoRun:
 
         s = self.settings
         started = time.perf_counter()
+        start_forkserver()  # the devices' parent imports torch meanwhile
         fed = self._federation()
         dists = distributions(fed.counts)
         ids = [f"dev{i:03d}" for i in range(s.devices)]

