@@ -42,6 +42,7 @@ from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageFunctions, StageMachine
 from ursa.coordinator.store import CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
+from ursa.coordinator.training_health import TrainingHealth
 from ursa.protocol.messages import COORDINATOR
 from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import Router
@@ -158,6 +159,8 @@ class Components:
             open_round=lambda now: self.rounds.start_round(now),
             forget_round=lambda: self.rounds.forget(),
         )
+        self.health = TrainingHealth(sit_out_after=config.sit_out_after_failures)
+        """The selected devices' streaks of failed training rounds (status)."""
         self.rounds = rounds = RoundCycle(
             config,
             stages=stages,
@@ -173,6 +176,9 @@ class Components:
             epoch_view=key_epoch.view,
             epoch_sets=key_epoch.sets,
             start_key_epoch=key_epoch.start,
+            health=self.health,
+            sit_out=key_epoch.sit_out,
+            sitting_out=key_epoch.sitting_out,
         )
         self._stage_functions: StageFunctions = {
             Stage.ENROLMENT: key_epoch.stage_enrolment,

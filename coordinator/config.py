@@ -526,6 +526,10 @@ class CoordinatorConfig(_Frozen):
     one online when the epoch started (devices left, or joined) by more than
     this fraction of it, and a quorum is online (0: never; late joiners then
     wait for the next epoch)."""
+    sit_out_after_failures: int = Field(default=3, ge=0)
+    """A selected device that failed this many training rounds in a row sits
+    the key epoch out (0: never); two in a row already show it as failing in
+    ``status``, the dashboard and ``/metrics``."""
     k: int = Field(default=10, ge=1)
     """K: devices selected per round."""
     tries: int = Field(default=1, ge=1, le=256)

@@ -189,6 +189,10 @@ class KeyEpoch:
         """Online enrolled devices not refusing us (maintained: O(1) to get)."""
         return self._ready.ready
 
+    def sitting_out(self) -> Set[str]:
+        """Devices sitting the current key epoch out."""
+        return self._ready.sitting_out()
+
     @property
     def online(self) -> Set[str]:
         """`ready` without the devices sitting the epoch out (a live view)."""

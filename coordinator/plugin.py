@@ -36,7 +36,14 @@ from ursa.protocol.messages import BaseMessage
 SignedT = TypeVar("SignedT", bound=BaseMessage)
 """A message the coordinator signs (returned as the same type)."""
 
-__all__ = ["CoordinatorView", "EpochView", "NoTraining", "RoundPlugin", "Send"]
+__all__ = [
+    "CoordinatorView",
+    "EpochView",
+    "NoTraining",
+    "RoundOutcome",
+    "RoundPlugin",
+    "Send",
+]
 
 Send = Callable[[BaseMessage, str | None], None]
 """How a plugin publishes: ``send(message, device_id)``; None means to all."""
@@ -81,6 +88,14 @@ class CoordinatorView(Protocol):
     def device_certificate(self, device: str) -> bytes:
         """An enrolled device's operator certificate (b"": none, tofu)."""
         ...
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """A finished round's participants: counted in its sum, or failed."""
+
+    contributed: frozenset[str]
+    failed: frozenset[str]
 
 
 class RoundPlugin(ABC):
@@ -129,6 +144,14 @@ class RoundPlugin(ABC):
     def last_metrics(self) -> Mapping[str, Any]:
         """The last completed round's evaluation (for ``target_accuracy``)."""
         return {}
+
+    def round_outcome(self, round_index: int) -> RoundOutcome | None:
+        """Whose contributions a finished round counted, and who failed it.
+
+        The runtime keeps each device's streak of failed rounds from it
+        (`ursa.coordinator.training_health`); None: the plugin does not say.
+        """
+        return None
 
     def final_model(self, send: Send) -> FinalModel | None:
         """The federation is over: the final model, its chunks sent (None: no model)."""

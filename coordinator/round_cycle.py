@@ -42,6 +42,7 @@ from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageMachine
 from ursa.coordinator.store import CoordinatorStore
 from ursa.coordinator.telemetry import Telemetry
+from ursa.coordinator.training_health import HEALTH_KEY, TrainingHealth
 from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.ids import derived_id
@@ -84,6 +85,9 @@ class RoundCycle:
         epoch_view: The current key epoch's public data, or None.
         epoch_sets: Who the current key epoch's rounds draw from, or None.
         start_key_epoch: Starts a new key epoch without the given devices.
+        health: The selected devices' streaks of failed rounds.
+        sit_out: Leaves a device out of the current key epoch.
+        sitting_out: The devices sitting the current key epoch out.
     """
 
     def __init__(
@@ -103,6 +107,9 @@ class RoundCycle:
         epoch_view: Callable[[], EpochView | None],
         epoch_sets: Callable[[], EpochSets | None],
         start_key_epoch: Callable[[float, frozenset[str]], None],
+        health: TrainingHealth,
+        sit_out: Callable[[str], None],
+        sitting_out: Callable[[], Set[str]],
     ) -> None:
         self._config = config
         self._stages = stages
@@ -118,6 +125,9 @@ class RoundCycle:
         self._epoch_view = epoch_view
         self._epoch_sets = epoch_sets
         self._start_key_epoch = start_key_epoch
+        self._health = health
+        self._sit_out = sit_out
+        self._sitting_out = sitting_out
         self._store: CoordinatorStore | None = None
         self._work: RoundWork | None = None
         self._announced_at = float("-inf")
@@ -134,10 +144,12 @@ class RoundCycle:
     def open(self, store: CoordinatorStore) -> None:
         """Keep rounds in ``store`` from now on (the service has started)."""
         self._store = store
+        self._health.restore(store.get_meta(HEALTH_KEY))
 
     def forget(self) -> None:
         """A new key epoch: no round is open until it is keyed."""
         self._work = None
+        self._health.new_epoch()
 
     def restore(self, index: int) -> None:
         """Reload round ``index`` if it belongs to the current key epoch."""
@@ -266,6 +278,7 @@ class RoundCycle:
             rng=self._rng,
             now=now,
             explicit_replies=self._explicit_replies,
+            excluded=self._sitting_out(),
         )
 
     def stage_selecting(self, now: float) -> None:
@@ -340,7 +353,28 @@ class RoundCycle:
             logger.warning("round %d: training deadline passed", work.round)
         if self._opened().complete_round(work.round):
             self._telemetry.round_completed(work.round, work.selected or ())
+            self._count_failures(work.round)
         self.start_round(now)
+
+    def _count_failures(self, round_index: int) -> None:
+        """Streaks of failed rounds: two show a device failing, N sit it out."""
+        outcome = self._plugin.round_outcome(round_index)
+        if outcome is None:
+            return
+        self._health.trained(outcome.contributed)
+        for device in sorted(outcome.failed):
+            if self._health.failed(device, round_index, "failed"):
+                streak = self._health.failing()[device]
+                logger.error(
+                    "%s failed %d training rounds in a row (the last: round %d); "
+                    "it sits this key epoch out: look at its log, fix its data "
+                    "or model and restart it",
+                    device,
+                    streak.count,
+                    round_index,
+                )
+                self._sit_out(device)
+        self._opened().set_meta(HEALTH_KEY, self._health.to_json())
 
 
 def _asks_every_answer(announce: bytes) -> bool:

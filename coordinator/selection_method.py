@@ -73,6 +73,9 @@ class SelectionRequest:
     rng: np.random.Generator
     now: float = 0.0
     explicit_replies: bool = False
+    excluded: Set[str] = frozenset()
+    """Devices of the epoch that sit it out (failing, a model that does not
+    fit): in no selection, even if they volunteered before."""
 
 
 @dataclass(frozen=True)

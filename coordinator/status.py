@@ -40,6 +40,7 @@ from ursa.coordinator.store import (
     ErrorRecord,
     error_record,
 )
+from ursa.coordinator.training_health import HEALTH_KEY, TrainingHealth
 
 __all__ = [
     "DeviceStatus",
@@ -101,6 +102,8 @@ class FederationStatus:
     devices: tuple[DeviceStatus, ...]
     refusing: tuple[str, ...]
     sat_out: dict[str, int]
+    failing: dict[str, int]
+    """Devices that failed two or more selected rounds in a row: how many."""
     last_round: RoundSummary | None
     trained: dict[str, dict[str, Any]]
     """Each model's last training round's figures (updates, accuracy, device
@@ -198,6 +201,7 @@ def _read(db: sqlite3.Connection, errors: int) -> dict[str, Any]:
         "sat_out": {
             str(d): int(e) for d, e in json.loads(meta.get(SAT_OUT_KEY, "{}")).items()
         },
+        "failing": _failing(meta.get(HEALTH_KEY)),
         "last_round": _last_round(db),
         "trained": _trained(meta),
         "live_phases": phases,
@@ -253,3 +257,10 @@ def _models(root: Path) -> tuple[ModelStatus, ...]:
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being replaced, or foreign: status shows what it can
     return tuple(found)
+
+
+def _failing(text: str | None) -> dict[str, int]:
+    """Failure streaks of two or more rounds, by device (`TrainingHealth`)."""
+    health = TrainingHealth(sit_out_after=0)
+    health.restore(text)
+    return {device: streak.count for device, streak in health.failing().items()}

@@ -76,7 +76,7 @@ from ursa.coordinator.model_transfer import (
     model_notice,
 )
 from ursa.coordinator.models import ModelStore, UnsafeModelError
-from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
+from ursa.coordinator.plugin import CoordinatorView, RoundOutcome, RoundPlugin, Send
 from ursa.coordinator.secure_aggregation.session import SecureAggregation
 from ursa.coordinator.store import LAST_ROUND_PREFIX
 from ursa.coordinator.training_round import (
@@ -413,6 +413,15 @@ class TrainingPlugin(RoundPlugin):
             "round %d: %s reports %s; not waiting for it", round_index, device, code
         )
         self._maybe_finish(work)
+
+    def round_outcome(self, round_index: int) -> RoundOutcome | None:
+        """Its record's contributed and failed devices (None: not finished here)."""
+        for record in reversed(self.history):
+            if record.round == round_index:
+                return RoundOutcome(
+                    frozenset(record.contributed), frozenset(record.failed)
+                )
+        return None
 
     def last_metrics(self) -> Mapping[str, Any]:
         """The last round's evaluation (empty before the first or without one)."""

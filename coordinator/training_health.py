@@ -8,13 +8,15 @@ broken device from the coordinator instead of from the device's log. After
 its rounds are no longer wasted (the round waits for no one who cannot
 train). A round whose sum counts the device's contribution ends its streak.
 
-A device that sits out comes back when it reports healthy again: a new
-``hello`` (the device restarted, usually after its operator fixed its data
-or model) or a new key epoch (it registers again, so its own checks passed).
+A device that sits out comes back at the next key epoch, when it registers
+again (its own data and model checks passed: a device whose operator fixed
+its data or model and restarted it); its streak ends with its first
+counted contribution.
+
 The coordinator learns nothing here it did not know: who was selected and
 which of them answered a failure code.
 
-Pure state: the service calls `failed`, `trained` and `healthy` and reads
+Pure state: the runtime calls `failed`, `trained` and `new_epoch` and reads
 `failing`; the streaks round-trip through `to_json` for a restart.
 """
 
@@ -25,10 +27,12 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["FAILING_AFTER", "FailureStreak", "TrainingHealth"]
+__all__ = ["FAILING_AFTER", "HEALTH_KEY", "FailureStreak", "TrainingHealth"]
 
 logger = logging.getLogger("ursa.coordinator")
 
+HEALTH_KEY = "training_health"
+"""Store meta key of the devices' failure streaks (`TrainingHealth.to_json`)."""
 FAILING_AFTER = 2
 """Failures in a row that make a device *failing* (status, dashboard, metrics)."""
 
@@ -75,10 +79,16 @@ class TrainingHealth:
         for device in devices:
             self._streaks.pop(device, None)
 
-    def healthy(self, device: str) -> bool:
-        """The device reported healthy (hello, new key epoch); True if it sat out."""
-        streak = self._streaks.pop(device, None)
-        return streak is not None and streak.sits_out
+    def new_epoch(self) -> None:
+        """A new key epoch takes every device back.
+
+        A streak that goes on after it sits the device out again at its next
+        failure.
+        """
+        self._streaks = {
+            d: FailureStreak(s.count, s.last_round, s.last_code)
+            for d, s in self._streaks.items()
+        }
 
     def sitting_out(self) -> frozenset[str]:
         """Devices that sit out for their failures."""

@@ -19,6 +19,7 @@ from ursa.coordinator.models import ModelStore
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin, round_figures
+from ursa.coordinator.training_health import HEALTH_KEY, TrainingHealth
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.methods.climb.dual import (
     ClimbConfig,
@@ -604,6 +605,37 @@ def test_a_failed_device_is_not_waited_for_and_the_end_names_the_final_model(
         assert saved == arrays_to_bytes(plugin.global_arrays)
     card = fed.config.state_dir / "final" / "model_card.json"
     assert '"version": 2' in card.read_text()
+
+
+def test_a_device_failing_round_after_round_is_named_then_sits_out(
+    federation: Any, tmp_path: Path
+) -> None:
+    fed = federation(num_devices=5, k=4, tries=1, rounds=5)
+    fed.config = fed.config.model_copy(update={"sit_out_after_failures": 2})
+    failing: list[str] = []
+
+    def fail_first(client: EdgeClient) -> None:
+        if not failing:
+            failing.append(client.device_id)
+            client.data.trainer = FailingTrainer(0)
+
+    plugin = start_training(
+        fed, tmp_path, TrainingConfig(aggregation=PLAIN), prepare=fail_first
+    )
+
+    assert fed.coordinator.is_done and plugin.version == 5
+    (bad,) = failing
+    failed_in = [r.round for r in plugin.history if bad in r.failed]
+    assert len(failed_in) == 2  # two failures, then never selected again
+    later = [r for r in plugin.history if r.round > failed_in[-1]]
+    assert later and all(bad not in r.selected for r in later)
+    health = TrainingHealth(sit_out_after=2)  # as `ursa coordinator status` reads it
+    health.restore(fed.coordinator.store.get_meta(HEALTH_KEY))
+    assert list(health.failing()) == [bad] and health.sitting_out() == {bad}
+    from ursa.coordinator.status import read_status
+
+    status = read_status(fed.config.state_dir)
+    assert status.failing == {bad: 2} and bad in status.sat_out
 
 
 def test_the_federation_ends_once_the_target_accuracy_is_reached(

@@ -45,14 +45,6 @@ def test_a_counted_contribution_ends_the_streak() -> None:
     assert set(health.failing()) == {"d2"}
 
 
-def test_reporting_healthy_brings_a_sat_out_device_back() -> None:
-    health = TrainingHealth(sit_out_after=1)
-    assert health.failed("d1", 1, "training_failed") is True
-    assert health.healthy("d1") is True
-    assert health.sitting_out() == frozenset()
-    assert health.healthy("d1") is False  # nothing to clear
-
-
 def test_zero_never_sits_a_device_out() -> None:
     health = TrainingHealth(sit_out_after=0)
     for round_index in range(1, 6):
@@ -87,3 +79,13 @@ def test_unreadable_stored_streaks_restore_nothing_and_say_so(
     assert health.failing() == {} and "unreadable" in caplog.text
     health.restore(None)
     assert health.sitting_out() == frozenset()
+
+
+def test_a_new_key_epoch_takes_a_device_back_and_its_next_failure_sits_it_out() -> None:
+    health = TrainingHealth(sit_out_after=2)
+    health.failed("d1", 1, "failed")
+    assert health.failed("d1", 2, "failed") is True
+    health.new_epoch()
+    assert health.sitting_out() == frozenset()
+    assert health.failing()["d1"].count == 2
+    assert health.failed("d1", 3, "failed") is True

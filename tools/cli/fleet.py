@@ -198,6 +198,10 @@ def _status_lines(status: FederationStatus, extra: dict[str, Any]) -> list[str]:
         ("revoked", extra["revoked"]),
         ("refusing this coordinator", list(status.refusing)),
         ("sitting the key epoch out", sorted(status.sat_out)),
+        (
+            "failing training (rounds in a row)",
+            [f"{d} ({n})" for d, n in sorted(status.failing.items())],
+        ),
         ("live phases", list(status.live_phases)),
     ):
         if names:

@@ -382,7 +382,12 @@ class DubheSelection(SelectionMethod):
             done = len(work.yes) == self._tries and min(work.yes) >= request.k
         if not (done or request.now >= work.deadline_at):
             return None
-        if short_tries(work.volunteers, eligible, request.k):
+        volunteers = {  # one that sits out since it volunteered takes no place
+            d: draws
+            for d, draws in work.volunteers.items()
+            if d not in request.excluded
+        }
+        if short_tries(volunteers, eligible, request.k):
             work.retries += 1  # wait longer each time: never a re-announce loop
             window = self._volunteer_s * min(2**work.retries, MAX_BACKOFF)
             logger.warning(
@@ -405,7 +410,7 @@ class DubheSelection(SelectionMethod):
             "explicit replies" if work.explicit else "silence means no",
         )
         tentative = make_tries(
-            work.volunteers,
+            volunteers,
             eligible,
             request.k,
             self._tries,

@@ -48,7 +48,7 @@ from ursa.coordinator.federation_end import FinalModel
 from ursa.coordinator.methods.feddisk.judging import FeddiskJudging
 from ursa.coordinator.methods.feddisk.state import FeddiskState, Role
 from ursa.coordinator.methods_config import FeddiskSpec
-from ursa.coordinator.plugin import CoordinatorView, Send
+from ursa.coordinator.plugin import CoordinatorView, RoundOutcome, Send
 from ursa.coordinator.training import TrainingPlugin
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -214,6 +214,12 @@ class FeddiskPlugin(FeddiskJudging):
         if self.phase != "classifier":
             return None
         return self._classifier.final_model(send)
+
+    def round_outcome(self, round_index: int) -> RoundOutcome | None:
+        """The outcome of the round as the MADE's or the classifier's plugin ran it."""
+        return self._made.round_outcome(round_index) or self._classifier.round_outcome(
+            round_index
+        )
 
     def on_device_failed(self, round_index: int, device: str, code: str) -> None:
         """The active model's round stops waiting for a device whose training failed."""
