@@ -221,6 +221,16 @@ class Admission:
             )
         return False
 
+    def report_unlogged(self) -> None:
+        """The drops since each sender's last line, in one last line (at stop)."""
+        for device, count in self._limiter.unlogged().items():
+            logger.warning(
+                "dropping messages from %s over the admission limits (at stop): "
+                "%d dropped since the last report",
+                device,
+                count,
+            )
+
     def hold(self, topic: str, payload: bytes, now: float) -> None:
         """Keep a message until the stage is restored, within `StartupHold`'s caps.
 

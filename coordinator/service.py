@@ -312,6 +312,7 @@ class CoordinatorService:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        self._parts.admission.report_unlogged()
         self._parts.link.close()
         if self._store is not None:
             self._store.close()

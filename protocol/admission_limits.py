@@ -177,6 +177,13 @@ class AdmissionLimiter:
         }
         return AdmissionStats(self._admitted, dict(self._dropped), by_sender)
 
+    def unlogged(self) -> dict[str, int]:
+        """Drops per sender not yet in a log line, then none (for a last line)."""
+        out = {s: b.unlogged for s, b in self._buckets.items() if b.unlogged}
+        for sender in out:
+            self._buckets[sender].unlogged = 0
+        return out
+
     def _bucket(self, sender: str, now: float) -> _Bucket:
         limits = self._limits
         bucket = self._buckets.get(sender)
