@@ -41,6 +41,8 @@ from ursa.protocol.unacked import Unacked
 __all__ = ["MqttConfig", "MqttTransport"]  # MqttConfig re-exported for callers
 
 logger = logging.getLogger(__name__)
+_PAHO_THREAD = "paho-mqtt-client-"
+"""The name paho gives its network thread (`Client.loop_start`)."""
 
 _MQTT_OK = MQTTErrorCode.MQTT_ERR_SUCCESS
 
@@ -219,6 +221,11 @@ class MqttTransport(TransportBase):
     def _shutdown(self) -> None:
         self._state = TransportState.CLOSED
         self._client.loop_stop()
+        if not threading.current_thread().name.startswith(_PAHO_THREAD):
+            # joined: close its wake-up socket pair now (paho has no public
+            # call for it; left to Client.__del__, a garbage-collected cycle
+            # may finalise the sockets first and warn of unclosed sockets)
+            self._client._reset_sockets(sockpair_only=True)
         self._inbox.put(None)
         worker = self._worker
         if worker is not None and worker is not threading.current_thread():
