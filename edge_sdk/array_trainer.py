@@ -41,7 +41,6 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.edge_sdk.torch_trainer import round_seed
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
 from ursa.models.spec import ModelMismatchError, check_fits
@@ -125,8 +124,6 @@ class ArrayModelTrainer(ModelTrainer):
             when known (None: not checked).
         epochs: Local epochs per round (`FitPlan.epochs`).
         model: The wire name of the model (the coordinator's ``[training] model``).
-        climb: CLIMB's settings when the app builds its client without a
-            ``[[methods]]`` list naming CLIMB.
         wire_dtype: Upload precision.
         seed: The device's seed; round seeds derive from it.
     """
@@ -138,7 +135,6 @@ class ArrayModelTrainer(ModelTrainer):
         num_features: int | None = None,
         epochs: int = 1,
         model: str = "classifier",
-        climb: ClimbConfig | None = None,
         wire_dtype: Literal["float32", "float16"] = "float32",
         seed: int = 0,
     ) -> None:
@@ -147,7 +143,6 @@ class ArrayModelTrainer(ModelTrainer):
         self.app = app
         self.epochs = epochs
         self.model = model
-        self.climb = climb
         self.wire_dtype = wire_dtype
         self.seed = seed
         self._features = num_features

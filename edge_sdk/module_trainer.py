@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.edge_sdk.torch_trainer import round_seed
 from ursa.edge_sdk.trainer import ClassCounts, LocalDelta, ModelTrainer
 from ursa.models.spec import check_fits
@@ -64,8 +63,6 @@ class ModuleTrainer(ModelTrainer):
         train: `TrainConfig` or its fields (``epochs``, ``batch_size``,
             ``fedvc_samples``, ...); the seed is set per round.
         model: The wire name of the model (`ModelAvailable.model`).
-        climb: CLIMB's settings when the federation runs CLIMB and the
-            client's ``[[methods]]`` do not say so.
         sample_weights: Per-sample weights (FedDisk), or None.
         wire_dtype: Upload precision.
         seed: The device's seed; round seeds derive from it.
@@ -92,7 +89,6 @@ class ModuleTrainer(ModelTrainer):
         optimizer: OptimizerFactory | None = None,
         train: TrainConfig | Mapping[str, Any] | None = None,
         model: str = "classifier",
-        climb: ClimbConfig | None = None,
         sample_weights: npt.ArrayLike | None = None,
         wire_dtype: Literal["float32", "float16"] = "float32",
         seed: int = 0,
@@ -112,7 +108,6 @@ class ModuleTrainer(ModelTrainer):
             else TrainConfig.model_validate(dict(train or {}))
         )
         self.model = model
-        self.climb = climb
         self.sample_weights = (
             None if sample_weights is None else np.asarray(sample_weights, np.float64)
         )

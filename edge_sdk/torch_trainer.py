@@ -4,7 +4,8 @@ It holds the device's local data (never sent) and trains the named model
 (``mlp`` / ``cnn``) from each downloaded global version with
 `ursa.edge_sdk.training.train_local`: the configured epochs, batch size,
 optimiser and FedVC sample count, optional per-sample weights (FedDisk) and
-``delta_scale`` (CLIMB's ``w_i``, given by the client). Each round uses its
+``delta_scale`` (CLIMB's ``w_i``: the method's `TrainPlan`, from the
+``[[methods]]`` table). Each round uses its
 own seed (`round_seed`: the device seed and the round), so a run is
 reproducible. CLIMB's ``f_i`` is `evaluate_loss` over the local data at the
 global model. torch is imported on first use, not with this module.
@@ -22,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.edge_sdk.trainer import ClassCounts, LocalDelta, ModelTrainer
 from ursa.models.spec import ModelMismatchError, check_fits
 from ursa.models.weights import Arrays
@@ -50,7 +50,6 @@ class TorchTrainer(ModelTrainer):
             "num_classes": 10}``; must match the coordinator's weights.
         train: Local training hyper-parameters (`TrainConfig`; default if None).
         model: The wire name of the model (`ModelAvailable.model`).
-        climb: CLIMB's settings when the federation runs CLIMB, else None.
         sample_weights: Per-sample weights (FedDisk), or None.
         wire_dtype: Upload precision.
         seed: The device's seed; round seeds derive from it.
@@ -71,7 +70,6 @@ class TorchTrainer(ModelTrainer):
         model_config: Mapping[str, Any],
         train: TrainConfig | None = None,
         model: str = "classifier",
-        climb: ClimbConfig | None = None,
         sample_weights: npt.ArrayLike | None = None,
         wire_dtype: Literal["float32", "float16"] = "float32",
         seed: int = 0,
@@ -86,7 +84,6 @@ class TorchTrainer(ModelTrainer):
         self.model_config = dict(model_config)
         self._train = train
         self.model = model
-        self.climb = climb
         self.sample_weights = (
             None if sample_weights is None else np.asarray(sample_weights, np.float64)
         )

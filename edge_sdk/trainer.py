@@ -4,8 +4,9 @@ The selection protocol (this package's client) decides *whether* a device
 trains in a round; a `Trainer` decides *how*. `NoOpTrainer` trains nothing
 and reports its sample count. A `ModelTrainer` trains from the global model
 the coordinator publishes and returns a delta: the client then downloads the
-model, runs CLIMB's dual steps if `climb` is set, and uploads the delta
-(``edge_sdk/training_rounds.py``, ``edge_sdk/methods/climb``); the torch one is
+model, lets the methods its ``[[methods]]`` table names plan the round
+(CLIMB's dual steps and scaled delta, FedProx's term) and uploads the delta
+(``edge_sdk/training_rounds.py``, ``edge_sdk/methods/registry.py``); the torch one is
 ``edge_sdk/torch_trainer.py``.
 """
 
@@ -19,7 +20,6 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.models.weights import Arrays
 
 __all__ = [
@@ -95,15 +95,12 @@ class ModelTrainer(Trainer):
 
     Attributes:
         model: The wire name of the model it trains (`ModelAvailable.model`).
-        climb: CLIMB's dual settings when the device takes part in CLIMB
-            (dual steps and scaled deltas), else None.
         wire_dtype: Precision of the uploaded delta.
         proximal: Whether `train_proximal` adds FedProx's term to the loss
             (FedProx refuses a trainer without it when the device is built).
     """
 
     model: str = "classifier"
-    climb: ClimbConfig | None = None
     wire_dtype: Literal["float32", "float16"] = "float32"
     proximal: bool = False
 

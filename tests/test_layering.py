@@ -135,11 +135,6 @@ METHOD_IMPORTERS: dict[str, str] = {
     "coordinator/__init__.py": "the public API re-exports the built-in methods",
     "edge_sdk/methods_config.py": "a [[methods]] table's settings class per kind",
     "coordinator/methods_config.py": "a [[methods]] table's settings class per kind",
-    # until the trainers lose ``climb=`` (issue 30, item 2)
-    "edge_sdk/trainer.py": "ModelTrainer.climb",
-    "edge_sdk/module_trainer.py": "ModuleTrainer(climb=)",
-    "edge_sdk/array_trainer.py": "ArrayTrainer(climb=)",
-    "edge_sdk/torch_trainer.py": "TorchTrainer(climb=)",
     # until FLICKER is built through the registry (issue 30, item 2)
     "coordinator/service.py": "the service builds FlickerMethod itself",
 }

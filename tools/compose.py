@@ -10,9 +10,10 @@ the same thing everywhere:
   `ClimbDualStep` before each round trains; FedDisk: a `FeddiskPlugin` over a
   MADE and a classifier `TrainingPlugin`); no training method, no plugin
   (rounds end at the selection);
-* device: a ``[training]`` section becomes a `TorchTrainer` with CLIMB's
-  settings under ``kind = "climb"``, wrapped in a `FeddiskTrainer` under
-  ``kind = "feddisk"``; torch is imported only then, so a selection-only
+* device: a ``[training]`` section becomes a `TorchTrainer`, wrapped in a
+  `FeddiskTrainer` under ``kind = "feddisk"``; the device's methods (CLIMB's
+  dual steps with its table's settings, ...) come from its ``[[methods]]``
+  list through `ursa.edge_sdk.methods.registry`; torch is imported only then, so a selection-only
   device and the coordinator run without it. Under ``kind = "flicker"`` the
   device's `Flicker` resamples its labels and, when it trains, its samples
   (images, with the shared ``features_file`` extractor);
@@ -496,7 +497,7 @@ def torch_trainer(
     Raises:
         ServiceSetupError: torch is missing or a setting is invalid.
     """
-    from ursa.edge_sdk.methods_config import ClimbSpec, FeddiskSpec, training_spec
+    from ursa.edge_sdk.methods_config import FeddiskSpec, training_spec
 
     try:
         from ursa.edge_sdk.module_trainer import ModuleTrainer
@@ -508,7 +509,6 @@ def torch_trainer(
         raise ServiceSetupError(f"[training] {TRAIN_EXTRA_HINT}") from None
     method = training_spec(methods)
     seed = device_seed(device_id) if training.seed is None else training.seed
-    climb = method.climb_config() if isinstance(method, ClimbSpec) else None
     eval_x, eval_y = evaluation if evaluation is not None else (None, None)
     trainer: TorchTrainer | ModuleTrainer
     try:
@@ -523,7 +523,6 @@ def torch_trainer(
                 eval_y=eval_y,
                 train=train,
                 model=training.model,
-                climb=climb,
                 wire_dtype=training.wire_dtype,
                 seed=seed,
             )
@@ -538,7 +537,6 @@ def torch_trainer(
                 model_config=training.model_options,
                 train=train,
                 model=training.model,
-                climb=climb,
                 wire_dtype=training.wire_dtype,
                 seed=seed,
             )

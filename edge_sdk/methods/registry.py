@@ -1,20 +1,27 @@
-"""The device halves a device runs, by ``[[methods]]`` kind.
+"""The device halves a device runs: one table, by ``[[methods]]`` kind.
 
-`compose_methods` builds an `EdgeClient`'s method list: the methods an app
-built itself, and every other kind of the configuration from its table (or
-implied by the trainer): `Dubhe` when it selects, `FedDisk` for a
-`PhasedTrainer`, `Climb` from a ``kind = "climb"`` table or the trainer's
-CLIMB settings, `Flicker` (count-level, over the device's labels) from a
-``kind = "flicker"`` table, `FedProx` from a ``kind = "fedprox"`` table.
-Adding a method adds one entry here.
+`DEVICE_METHODS` maps every kind to its settings class (the table's model in
+`ursa.edge_sdk.methods_config`, which carries the role) and the builder of
+its device half (None: the kind needs nothing on the device, e.g. ``fedavg``
+or ``random``). It is the only place outside ``methods/`` that names a
+method's class: a trainer never says which method it runs, the device's
+``[[methods]]`` list does (CLIMB's settings are its table's, FedDisk is
+built for a ``kind = "feddisk"`` table over a `PhasedTrainer`). Adding a
+method adds one entry here.
+
+`compose_methods` builds an `EdgeClient`'s method list from the table: the
+methods an app built itself, and one built half for every other kind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from pydantic import BaseModel
 
 from ursa.edge_sdk.method import DeviceMethod
 from ursa.edge_sdk.methods.climb.method import Climb
@@ -27,16 +34,83 @@ from ursa.edge_sdk.methods_config import (
     ClimbSpec,
     DeviceMethodSpec,
     DubheSpec,
+    FedAvgSpec,
+    FeddiskSpec,
     FedProxSpec,
-    flicker_spec,
-    selection_kind,
-    training_spec,
+    FlickerSpec,
+    RandomSpec,
 )
 from ursa.edge_sdk.trainer import ModelTrainer, Trainer
+from ursa.protocol.methods import MethodRole
 
-__all__ = ["compose_methods"]
+__all__ = ["DEVICE_METHODS", "DeviceEntry", "MethodInputs", "compose_methods"]
 
-_Factory = tuple[str, Callable[[], DeviceMethod]]
+
+@dataclass(frozen=True)
+class MethodInputs:
+    """What the device gives a builder besides the method's own table."""
+
+    trainer: Trainer
+    labels: NDArray[np.int64]
+
+
+Builder = Callable[[Any, MethodInputs], DeviceMethod]
+"""``build(spec, inputs)``: the device half of one ``[[methods]]`` table."""
+
+
+@dataclass(frozen=True)
+class DeviceEntry:
+    """One kind: its settings class (with its role) and its device half."""
+
+    settings: type[BaseModel]
+    build: Builder | None
+
+    @property
+    def role(self) -> MethodRole:
+        """Selection, training or balancing (the settings class says)."""
+        role: MethodRole = getattr(self.settings, "role")  # noqa: B009 - ClassVar
+        return role
+
+
+def _dubhe(spec: DubheSpec, inputs: MethodInputs) -> DeviceMethod:
+    return Dubhe(spec.draw)
+
+
+def _climb(spec: ClimbSpec, inputs: MethodInputs) -> DeviceMethod:
+    return Climb(spec.climb_config())
+
+
+def _fedprox(spec: FedProxSpec, inputs: MethodInputs) -> DeviceMethod:
+    return FedProx(inputs.trainer)
+
+
+def _feddisk(spec: FeddiskSpec, inputs: MethodInputs) -> DeviceMethod:
+    trainer = inputs.trainer
+    if not isinstance(trainer, ModelTrainer) or not isinstance(trainer, PhasedTrainer):
+        raise ValueError(
+            "[[methods]] feddisk needs a trainer with FedDisk's two phases "
+            f"(FeddiskTrainer); {type(trainer).__name__} has none"
+        )
+    return FedDisk(trainer)
+
+
+def _flicker(spec: FlickerSpec, inputs: MethodInputs) -> DeviceMethod:
+    return Flicker(spec, labels=inputs.labels)
+
+
+DEVICE_METHODS: Mapping[str, DeviceEntry] = {
+    "dubhe": DeviceEntry(DubheSpec, _dubhe),
+    "random": DeviceEntry(RandomSpec, None),
+    "fedavg": DeviceEntry(FedAvgSpec, None),
+    "fedprox": DeviceEntry(FedProxSpec, _fedprox),
+    "climb": DeviceEntry(ClimbSpec, _climb),
+    "feddisk": DeviceEntry(FeddiskSpec, _feddisk),
+    "flicker": DeviceEntry(FlickerSpec, _flicker),
+}
+"""Every kind a device's ``[[methods]]`` may name."""
+
+_ORDER = (MethodRole.SELECTION, MethodRole.TRAINING, MethodRole.BALANCING)
+"""The order hooks run in (a `TrainPlan` is adjusted in this order)."""
 
 
 def compose_methods(
@@ -45,40 +119,32 @@ def compose_methods(
     labels: NDArray[np.int64],
     given: Sequence[DeviceMethod] = (),
 ) -> list[DeviceMethod]:
-    """``given``, and a method for every other kind the device runs.
+    """``given``, and a method for every other kind of ``specs``.
 
-    Built-in kinds come first, in the order selection, training, balancing
-    (a `TrainPlan` is adjusted in this order); a given method replaces the
-    built one of its kind.
+    Built kinds come first, in the order selection, training, balancing; a
+    given method replaces the built one of its kind.
+
+    Raises:
+        ValueError: a table the trainer cannot run (FedDisk without phases,
+            FedProx without a proximal term), or a trainer with FedDisk's
+            phases and no ``kind = "feddisk"`` table.
     """
+    kinds = {spec.kind for spec in specs}
+    if "feddisk" not in kinds and isinstance(trainer, PhasedTrainer):
+        raise ValueError(
+            f"{type(trainer).__name__} trains FedDisk's phases: name "
+            "kind = 'feddisk' in [[methods]]"
+        )
     by_kind = {method.name: method for method in given}
-    composed = [
-        by_kind.pop(kind) if kind in by_kind else build()
-        for kind, build in _defaults(trainer, specs, labels)
-    ]
+    inputs = MethodInputs(trainer, labels)
+    composed = []
+    for role in _ORDER:
+        for spec in specs:
+            entry = DEVICE_METHODS[spec.kind]
+            if entry.role is not role:
+                continue
+            if spec.kind in by_kind:
+                composed.append(by_kind.pop(spec.kind))
+            elif entry.build is not None:
+                composed.append(entry.build(spec, inputs))
     return [*composed, *by_kind.values()]
-
-
-def _defaults(
-    trainer: Trainer, specs: Sequence[DeviceMethodSpec], labels: NDArray[np.int64]
-) -> list[_Factory]:
-    defaults: list[_Factory] = []
-    if selection_kind(specs) == "dubhe":
-        draw = next((s.draw for s in specs if isinstance(s, DubheSpec)), "paper")
-        defaults.append((Dubhe.name, lambda: Dubhe(draw)))
-    if isinstance(trainer, PhasedTrainer):
-        defaults.append((FedDisk.name, lambda: FedDisk(trainer)))
-    else:
-        spec = training_spec(specs)
-        if isinstance(spec, ClimbSpec):
-            config = spec.climb_config()
-            defaults.append((Climb.name, lambda: Climb(config)))
-        elif isinstance(spec, FedProxSpec):
-            defaults.append((FedProx.name, lambda: FedProx(trainer)))
-        elif isinstance(trainer, ModelTrainer) and trainer.climb is not None:
-            own = trainer.climb
-            defaults.append((Climb.name, lambda: Climb(own)))
-    balancing = flicker_spec(specs)
-    if balancing is not None:
-        defaults.append((Flicker.name, lambda: Flicker(balancing, labels=labels)))
-    return defaults

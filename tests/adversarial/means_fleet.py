@@ -34,8 +34,8 @@ from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.encoding import FixedPoint
 from ursa.crypto.paillier import EncryptedVector, PaillierPublicKey
 from ursa.edge_sdk.client import EdgeClient, device_will
-from ursa.edge_sdk.methods.climb.dual import ClimbConfig
-from ursa.edge_sdk.methods.feddisk.phased_trainer import Phase, PhasedTrainer
+from ursa.edge_sdk import methods_config as device_specs
+from ursa.edge_sdk.methods.feddisk.phased_trainer import Phase
 from ursa.edge_sdk.methods.feddisk.settings import FeddiskSettings
 from ursa.edge_sdk.trainer import ClassCounts, LocalDelta, ModelTrainer
 from ursa.models.weights import Arrays, arrays_to_bytes
@@ -58,6 +58,14 @@ __all__ = [
 
 ATTACKER = "d05"
 Spec = ClimbSpec | FedAvgSpec | FeddiskSpec
+DeviceSpec = (
+    device_specs.ClimbSpec | device_specs.FedAvgSpec | device_specs.FeddiskSpec
+)
+DEVICE_TRAINING: dict[str, type[DeviceSpec]] = {
+    "climb": device_specs.ClimbSpec,
+    "fedavg": device_specs.FedAvgSpec,
+    "feddisk": device_specs.FeddiskSpec,
+}
 """The federation's training method."""
 PLAIN = AggregationConfig(mode="plain")
 """The rows are about the means; plain rounds keep the suite fast."""
@@ -131,8 +139,8 @@ class ForgingTransport(InMemoryTransport):
 class RecordingTrainer(LinearTrainer):
     """`LinearTrainer` that notes the weight (delta scale) of every round it trains."""
 
-    def __init__(self, index: int, climb: ClimbConfig | None = None) -> None:
-        super().__init__(index, climb)
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
         self.scales: list[tuple[int, float]] = []
 
     def train_delta(
@@ -175,13 +183,19 @@ def start_fleet(
     training: Spec,
     forge: Forge | None,
     trainer: Callable[[int], ModelTrainer],
+    device_training: DeviceSpec | None = None,
 ) -> Fleet:
     """The real coordinator with ``plugin``, a device per id, the forger.
+
+    The devices' ``[[methods]]`` are Dubhe and ``device_training`` (default:
+    ``training``'s kind with its device defaults).
 
     Runs every round the in-memory bus can run without a deadline (as
     `tests.coordinator.test_training.start_training`).
     """
     fed.config = fed.config.model_copy(update={"methods": (DubheSpec(), training)})
+    own = device_training or DEVICE_TRAINING[training.kind]()
+    device_methods = (device_specs.DubheSpec(), own)
     fed.coordinator = CoordinatorService(
         fed.config,
         transport=InMemoryTransport(fed.bus, "coordinator"),
@@ -193,7 +207,7 @@ def start_fleet(
     forger: ForgingTransport | None = None
     for index, device_id in enumerate(fed.device_ids):
         config = fed.device_config(device_id).model_copy(
-            update={"allow_plain_aggregation": True}
+            update={"allow_plain_aggregation": True, "methods": device_methods}
         )
         will = device_will(config)
         transport: InMemoryTransport
@@ -292,7 +306,7 @@ class EvaluatingTrainer(RecordingTrainer):
         return ClassCounts(correct, total)
 
 
-class FixedMadeTrainer(PhasedTrainer):
+class FixedMadeTrainer(ModelTrainer):
     """FedDisk's two phases in numpy: a MADE whose validation NLL falls each round.
 
     Device ``i`` holds ``10 + i`` validation samples; its NLL at a MADE is

@@ -55,6 +55,7 @@ from ursa.coordinator.methods_config import ClimbSpec, FedAvgSpec, FeddiskSpec
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.paillier import PaillierPublicKey, encrypted_vector_from
 from ursa.edge_sdk.methods.climb.dual import ClimbConfig
+from ursa.edge_sdk.methods_config import ClimbSpec as DeviceClimbSpec
 from ursa.edge_sdk.methods.climb.method import Climb
 from ursa.edge_sdk.methods.feddisk.made_loss import MadeLossCodec
 from ursa.edge_sdk.methods.feddisk.method import FedDisk
@@ -114,7 +115,8 @@ def climb_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MakeFleet]
             plugin=training_plugin(fed, tmp, [ClimbDualStep()]),
             training=ClimbSpec(),
             forge=forge,
-            trainer=lambda index: RecordingTrainer(index, CLIMB),
+            trainer=RecordingTrainer,
+            device_training=DeviceClimbSpec.model_validate(CLIMB.model_dump()),
         )
 
     yield make

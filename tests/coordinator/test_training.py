@@ -26,6 +26,7 @@ from ursa.edge_sdk.methods.climb.dual import (
     apply_dual_means_all,
     plain_dual_means,
 )
+from ursa.edge_sdk import methods_config as device_specs
 from ursa.edge_sdk.methods.climb.method import Climb
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
 from ursa.models.spec import check_fits
@@ -44,9 +45,8 @@ PLAIN = AggregationConfig(mode="plain")
 class LinearTrainer(ModelTrainer):
     """A numpy stand-in: a fixed delta per device, a loss that depends on the model."""
 
-    def __init__(self, index: int, climb: ClimbConfig | None = None) -> None:
+    def __init__(self, index: int) -> None:
         self.index = index
-        self.climb = climb
         self.num_examples = 10 + 3 * index
 
     def delta(self, arrays: Arrays) -> Arrays:
@@ -108,7 +108,10 @@ def start_training(
     fed.coordinator.start()
     for index, device_id in enumerate(fed.device_ids):
         device_config = fed.device_config(device_id).model_copy(
-            update={"allow_plain_aggregation": not config.aggregation.secure}
+            update={
+                "allow_plain_aggregation": not config.aggregation.secure,
+                "methods": device_methods(climb),
+            }
         )
         topic, payload = device_will(device_config)
         device_transport = InMemoryTransport(
@@ -118,7 +121,7 @@ def start_training(
             device_config,
             np.arange(10).repeat(3),
             transport=device_transport,
-            trainer=LinearTrainer(index, climb),
+            trainer=LinearTrainer(index),
             rng=np.random.default_rng(index),
         )
         if prepare is not None:
@@ -128,6 +131,14 @@ def start_training(
         client.start()
     fed.settle()  # silent devices: each volunteering window runs out
     return plugin
+
+
+def device_methods(climb: ClimbConfig | None) -> tuple[Any, ...]:
+    """The devices' ``[[methods]]``: Dubhe, and CLIMB with ``climb``'s settings."""
+    if climb is None:
+        return (device_specs.DubheSpec(), device_specs.FedAvgSpec())
+    settings = device_specs.ClimbSpec.model_validate(climb.model_dump())
+    return (device_specs.DubheSpec(), settings)
 
 
 def climb_steps(climb: ClimbConfig | None) -> list[BeforeTraining]:

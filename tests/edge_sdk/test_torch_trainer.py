@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
 from ursa.edge_sdk.trainer import ModelTrainer
 from ursa.edge_sdk.training import TrainConfig, evaluate_loss, train_local
@@ -61,9 +60,9 @@ def test_rounds_get_different_seeds_and_scale_zero_gives_no_delta() -> None:
 def test_local_loss_is_the_mean_cross_entropy_at_the_model() -> None:
     x, y = _data()
     arrays = initial_arrays("mlp", MODEL, seed=2)
-    trainer = TorchTrainer(x, y, model_config=MODEL, climb=ClimbConfig())
+    trainer = TorchTrainer(x, y, model_config=MODEL)
 
-    assert isinstance(trainer, ModelTrainer) and trainer.climb is not None
+    assert isinstance(trainer, ModelTrainer)
     assert trainer.local_loss(arrays) == evaluate_loss("mlp", MODEL, arrays, x, y)
 
 

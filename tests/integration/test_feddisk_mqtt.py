@@ -15,6 +15,7 @@ from ursa.coordinator.methods_config import DubheSpec, FeddiskSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.identity import verify_signature
+from ursa.edge_sdk import methods_config as device_specs
 from ursa.edge_sdk.methods.feddisk.trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.training import TrainConfig, evaluate
@@ -32,6 +33,11 @@ SETTINGS = FeddiskSettings(
     local_made_max_epochs=20,
     classifier_epochs=5,
 )
+DEVICE_METHODS = (
+    device_specs.DubheSpec(),
+    device_specs.FeddiskSpec.model_validate(SETTINGS.model_dump()),
+)
+"""The devices' ``[[methods]]``: FedDisk is chosen by its table."""
 
 
 def test_feddisk_trains_the_made_then_the_weighted_classifier_over_mosquitto(
@@ -104,7 +110,13 @@ def test_feddisk_trains_the_made_then_the_weighted_classifier_over_mosquitto(
         )
         trainer = FeddiskTrainer(classifier, settings=SETTINGS, seed=i)
         clients.append(
-            fed.start_device(device_id, y[parts[i]], seed=i, trainer=trainer)
+            fed.start_device(
+                device_id,
+                y[parts[i]],
+                seed=i,
+                trainer=trainer,
+                method_specs=DEVICE_METHODS,
+            )
         )
     stop = threading.Event()
 

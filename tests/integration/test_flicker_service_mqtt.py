@@ -38,7 +38,6 @@ MODEL = {"input_dim": 64, "num_classes": 10, "hidden_sizes": [32]}
 def test_dubhe_climb_flicker_trains_after_flicker_balanced_the_images(
     mqtt_federation: Any, tmp_path: Path
 ) -> None:
-    from ursa.edge_sdk.methods.climb.dual import ClimbConfig
     from ursa.edge_sdk.methods.flicker.method import Flicker
     from ursa.edge_sdk.methods.flicker.resampling import CentroidFeatures
     from ursa.edge_sdk.torch_trainer import TorchTrainer
@@ -105,7 +104,6 @@ def test_dubhe_climb_flicker_trains_after_flicker_balanced_the_images(
             ys,
             model_config=MODEL,
             train=TrainConfig(epochs=2, batch_size=8, lr=0.1),
-            climb=ClimbConfig(),
             seed=i,
         )
         flicker = Flicker(

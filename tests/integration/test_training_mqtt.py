@@ -15,6 +15,7 @@ from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import ClimbSpec, DubheSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
+from ursa.edge_sdk import methods_config as device_specs
 from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.edge_sdk.methods.climb.method import Climb
 from ursa.edge_sdk.torch_trainer import TorchTrainer
@@ -104,12 +105,17 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
             y[parts[i]],
             model_config=MODEL,
             train=TrainConfig(epochs=2, batch_size=8, lr=0.1),
-            climb=climb,
             wire_dtype="float16" if i % 2 else "float32",
             seed=i,
         )
         clients.append(
-            fed.start_device(device_id, y[parts[i]], seed=i, trainer=trainer)
+            fed.start_device(
+                device_id,
+                y[parts[i]],
+                seed=i,
+                trainer=trainer,
+                method_specs=(device_specs.DubheSpec(), device_specs.ClimbSpec()),
+            )
         )
     stop = threading.Event()
 

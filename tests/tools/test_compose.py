@@ -141,7 +141,7 @@ def test_training_device_gets_a_torch_trainer(tmp_path: Path) -> None:
     training = _training(tmp_path)
     client = compose.build_device(_device(tmp_path, training=training))
     trainer = client.data.trainer
-    assert isinstance(trainer, TorchTrainer) and trainer.climb is None
+    assert isinstance(trainer, TorchTrainer)
     assert client.methods() == ("dubhe", "fedavg")
     assert trainer.num_examples == 12 and trainer.wire_dtype == "float16"
     assert trainer.seed == compose.device_seed("dev001")
@@ -158,14 +158,14 @@ def test_training_device_gets_a_torch_trainer(tmp_path: Path) -> None:
             compose.build_device(_device(tmp_path, training={**training, **bad}))
 
 
-def test_climb_method_reaches_the_trainer(tmp_path: Path) -> None:
+def test_climb_settings_come_from_the_methods_table(tmp_path: Path) -> None:
+    from ursa.edge_sdk.methods.climb.method import Climb
+
     methods = [DUBHE, {"kind": "climb", "eta_d": 0.3}]
     config = _device(tmp_path, training=_training(tmp_path), methods=methods)
     client = compose.build_device(config)
     assert client.methods() == ("dubhe", "climb")
-    climb = client.model_trainer()
-    assert climb is not None and climb.climb is not None
-    assert climb.climb.eta_d == 0.3
+    assert client.method(Climb).config.eta_d == 0.3
 
 
 def test_feddisk_device_wraps_its_torch_trainer(tmp_path: Path) -> None:

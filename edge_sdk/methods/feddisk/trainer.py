@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from ursa.edge_sdk.methods.feddisk.phased_trainer import PhasedTrainer
+from ursa.edge_sdk.methods.feddisk.phased_trainer import Phase
 from ursa.edge_sdk.methods.feddisk.settings import FeddiskSettings
 from ursa.edge_sdk.module_trainer import ModuleTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
-from ursa.edge_sdk.trainer import ClassCounts, LocalDelta
+from ursa.edge_sdk.trainer import ClassCounts, LocalDelta, ModelTrainer
 from ursa.models.weights import Arrays, spec_of
 
 if TYPE_CHECKING:
@@ -37,8 +37,11 @@ if TYPE_CHECKING:
 __all__ = ["FeddiskSettings", "FeddiskTrainer"]
 
 
-class FeddiskTrainer(PhasedTrainer):
+class FeddiskTrainer(ModelTrainer):
     """FedDisk on one device: the global MADE's rounds, then the weighted classifier.
+
+    A `ModelTrainer` that holds the classifier's trainer (composed, not
+    inherited) and has FedDisk's phases (`PhasedTrainer`, a protocol).
 
     Args:
         classifier: The phase-2 trainer; its data is the MADE's data too.
@@ -56,9 +59,8 @@ class FeddiskTrainer(PhasedTrainer):
         self.classifier = classifier
         self.settings = settings if settings is not None else FeddiskSettings()
         self.seed = seed
-        self.phase = "made"
+        self.phase: Phase = "made"
         self.model = self.settings.made_model
-        self.climb = None
         self.wire_dtype = classifier.wire_dtype
         self._x = classifier.x.reshape(len(classifier.x), -1)
         train, val = _split(len(self._x), self.settings.val_fraction, seed)

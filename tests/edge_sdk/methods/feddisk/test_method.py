@@ -17,6 +17,7 @@ from ursa.edge_sdk.methods.feddisk.made_loss import decrypt_fleet_loss
 from ursa.edge_sdk.methods.feddisk.method import FedDisk
 from ursa.edge_sdk.methods.feddisk.state import FEDDISK_MADE_FILE, FEDDISK_WEIGHTS_FILE
 from ursa.edge_sdk.methods.feddisk.trainer import FeddiskSettings, FeddiskTrainer
+from ursa.edge_sdk.methods_config import DubheSpec, FeddiskSpec
 from ursa.edge_sdk.state import DeviceStateDir
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.models.registry import initial_arrays
@@ -114,6 +115,7 @@ class Fleet:
             state_dir=self.tmp / device_id,
             obfuscator_pool_size=0,
             insecure_test_keys=True,
+            methods=(DubheSpec(), FeddiskSpec.model_validate(SETTINGS.model_dump())),
         )
         client = EdgeClient(
             config,

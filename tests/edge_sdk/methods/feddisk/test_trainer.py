@@ -92,7 +92,7 @@ def test_made_phase_trains_and_checks_the_made() -> None:
     loss, n_val = trainer.validation_loss(made)
 
     assert trainer.phase == "made" and trainer.model == "made"
-    assert trainer.climb is None and trainer.sample_weights is None
+    assert trainer.sample_weights is None
     expected = train_made_local(
         trainer.made_config,
         made,
