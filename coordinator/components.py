@@ -12,6 +12,7 @@ call time.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -72,6 +73,7 @@ class Components:
     Args:
         flicker: FLICKER's coordinator half, if the federation runs it.
         keep_error: Stores a refusal for ``ursa coordinator status``.
+        opened_store: The store, once the service has opened it (at start).
     """
 
     def __init__(
@@ -86,13 +88,13 @@ class Components:
         final_output: FinalOutput | None,
         telemetry: Telemetry,
         keep_error: Keep,
+        opened_store: Callable[[], CoordinatorStore],
     ) -> None:
         self._federation = config.federation
         self.telemetry = telemetry
         telemetry.set_methods(m.kind for m in config.methods)
         self.plugin = plugin = _checked_plugin(config, plugin)
         self.flicker = flicker
-        self.selection = selection = selection_method(config)
         self.outbox = outbox = Outbox("coordinator")
         self.stages = stages = StageMachine(telemetry)
         trust = config.trust.anchor(config.federation, COORDINATOR)
@@ -159,6 +161,19 @@ class Components:
             open_round=lambda now: self.rounds.start_round(now),
             forget_round=lambda: self.rounds.forget(),
         )
+        self.context = MethodContext(
+            federation=self._federation,
+            stores=opened_store,
+            online=key_epoch.online,
+            epoch=key_epoch.view,
+            sender=outgoing.send,
+            signer=outgoing.sign,
+            announcer=lambda: self.rounds.reannounce(),
+            identities=devices.identities.get,
+            certificates=lambda device: devices.certificates.get(device, b""),
+        )
+        """What methods are lent: the runtime's public surface only."""
+        self.selection = selection = selection_method(config, self.context)
         self.health = TrainingHealth(sit_out_after=config.sit_out_after_failures)
         """The selected devices' streaks of failed training rounds (status)."""
         self.rounds = rounds = RoundCycle(
@@ -235,21 +250,6 @@ class Components:
     def _traffic(self) -> tuple[int, int]:
         stats = self.link.stats
         return stats.bytes_sent, stats.bytes_received
-
-    def method_context(self, store: CoordinatorStore) -> MethodContext:
-        """The context methods are lent: the runtime's public surface only."""
-        certificates = self.devices.certificates
-        return MethodContext(
-            federation=self._federation,
-            store=store,
-            online=self.key_epoch.online,
-            epoch=self.key_epoch.view,
-            sender=self.outgoing.send,
-            signer=self.outgoing.sign,
-            announcer=self.rounds.reannounce,
-            identities=self.devices.identities.get,
-            certificates=lambda device: certificates.get(device, b""),
-        )
 
     def step(self, now: float) -> None:
         """Run the current stage's function until the stage stops changing."""

@@ -1,10 +1,12 @@
 """What the coordinator lends its methods: a context object, never the service.
 
-Selection methods and round plugins are handed one `MethodContext` when the
-service starts (`attach`). It holds the runtime's public surface as plain
-callables (send, sign, the key epoch's view, who is online, the store, the
-enrolled devices' keys), so a method can neither reach the service's state
-nor depend on how the service is composed.
+The service builds one `MethodContext` with its parts; a selection method
+is built with it (`ursa.coordinator.methods.registry`), a round plugin gets
+it when the service starts (`attach`). It holds the runtime's public surface
+as plain callables (send, sign, the key epoch's view, who is online, the
+store, the enrolled devices' keys), so a method can neither reach the
+service's state nor depend on how the service is composed. The store opens
+when the service starts, before any round or device message.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class MethodContext:
 
     Args:
         federation: The federation id (messages carry it).
-        store: The coordinator's store; writes join the current transaction.
+        stores: The coordinator's store (opened at start); writes join the
+            current transaction.
         online: Enrolled devices online and not sitting the epoch out (a live
             read-only view, never a copy).
         epoch: The current key epoch's public data, or None before the first.
@@ -46,7 +49,7 @@ class MethodContext:
     """
 
     federation: str
-    store: CoordinatorStore
+    stores: Callable[[], CoordinatorStore]
     online: Set[str]
     epoch: Callable[[], EpochView | None]
     sender: Callable[[BaseMessage, str | None], None]
@@ -54,6 +57,11 @@ class MethodContext:
     announcer: Callable[[], None]
     identities: Callable[[str], DevicePublicIdentity | None]
     certificates: Callable[[str], bytes]
+
+    @property
+    def store(self) -> CoordinatorStore:
+        """The coordinator's store (raises before the service started)."""
+        return self.stores()
 
     def epoch_view(self) -> EpochView | None:
         """The current key epoch (public key, registered devices, agent)."""

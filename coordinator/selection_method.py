@@ -96,7 +96,11 @@ class Selection:
 
 
 class SelectionContext(Protocol):
-    """What the runtime lends a selection method (given once, to `attach`)."""
+    """What the runtime lends a selection method (given at construction).
+
+    Its builder in `ursa.coordinator.methods.registry` hands it over; the
+    store behind it opens when the service starts, before any round.
+    """
 
     @property
     def federation(self) -> str:
@@ -140,9 +144,6 @@ class SelectionMethod(ABC):
         `SelectionResult` naming only its device and sends it to that device.
         """
         return False
-
-    def attach(self, ctx: SelectionContext) -> None:  # noqa: B027 - optional hook
-        """Keep the runtime's context (once, when the service starts)."""
 
     def register(self, router: Router) -> None:  # noqa: B027 - optional hook
         """Route the method's device messages to it (a kind has one owner)."""

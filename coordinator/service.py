@@ -3,7 +3,7 @@
 Enrolment, a key epoch, then rounds until `FederationEnd` (docs/protocol.md);
 its parts are built and wired in `ursa.coordinator.components` (the inbox,
 the key epoch, the round cycle, the broker link, the restart, ...); the
-service opens the store, lends methods their context (`method_context`) and
+service opens the store behind the methods' context (`Components.context`) and
 runs `start`, `tick` and `stop` under one lock.
 
 Nothing a device sends can crash it: an unexpected exception is logged and
@@ -105,6 +105,7 @@ class CoordinatorService:
             final_output=final_output,
             telemetry=telemetry or Telemetry(),
             keep_error=lambda *error: self.store.record_error(*error),
+            opened_store=lambda: self.store,
         )
 
     @property
@@ -243,9 +244,7 @@ class CoordinatorService:
         parts.inbox.open(store)
         with self._lock:
             parts.recovery.restore(store, now)
-        context = parts.method_context(store)
-        parts.plugin.attach(context)
-        parts.selection.attach(context)
+        parts.plugin.attach(parts.context)
         if self._flicker is not None:
             self._flicker.attach(
                 federation=cfg.federation,

@@ -13,10 +13,11 @@ the same thing everywhere:
 * device: a ``[training]`` section becomes a `TorchTrainer`, wrapped in a
   `FeddiskTrainer` under ``kind = "feddisk"``; the device's methods (CLIMB's
   dual steps with its table's settings, ...) come from its ``[[methods]]``
-  list through `ursa.edge_sdk.methods.registry`; torch is imported only then, so a selection-only
-  device and the coordinator run without it. Under ``kind = "flicker"`` the
-  device's `Flicker` resamples its labels and, when it trains, its samples
-  (images, with the shared ``features_file`` extractor);
+  list through `ursa.edge_sdk.methods.registry`; torch is imported only
+  then, so a selection-only device and the coordinator run without it.
+  Under ``kind = "flicker"`` the device's `Flicker` resamples its labels
+  and, when it trains, its samples (images, with the shared
+  ``features_file`` extractor);
 * FLICKER's coordinator half is built by the service from its config.
 
 Setup problems (missing weights, data or torch, a bad setting) raise

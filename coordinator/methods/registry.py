@@ -1,8 +1,9 @@
 """Which class runs each selection method named in ``[[methods]]``.
 
-The runtime looks a federation's selection method up here; adding one is a
-package under ``coordinator/methods/`` and a line below (plus its settings
-class in `ursa.coordinator.methods_config`).
+The runtime looks a federation's selection method up here and builds it
+with its context (`SelectionContext`), which the method holds from then on;
+adding one is a package under ``coordinator/methods/`` and a line below
+(plus its settings class in `ursa.coordinator.methods_config`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from ursa.coordinator.methods.dubhe import DubheSelection
 from ursa.coordinator.methods.dubhe.participation import ParticipationCap
 from ursa.coordinator.methods.random import RandomSelection
 from ursa.coordinator.methods_config import DubheSpec
-from ursa.coordinator.selection_method import SelectionMethod
+from ursa.coordinator.selection_method import SelectionContext, SelectionMethod
 
 __all__ = ["SELECTION_METHODS", "selection_method"]
 
 
-def _dubhe(config: CoordinatorConfig) -> SelectionMethod:
+def _dubhe(config: CoordinatorConfig, ctx: SelectionContext) -> SelectionMethod:
     d = config.deadlines
     spec = config.selection_method()
     cap = (
@@ -28,6 +29,7 @@ def _dubhe(config: CoordinatorConfig) -> SelectionMethod:
         else None
     )
     return DubheSelection(
+        ctx,
         tries=config.tries,
         num_classes=config.registry.num_classes,
         volunteer_s=d.volunteer_s,
@@ -38,16 +40,20 @@ def _dubhe(config: CoordinatorConfig) -> SelectionMethod:
     )
 
 
-def _random(config: CoordinatorConfig) -> SelectionMethod:
+def _random(config: CoordinatorConfig, ctx: SelectionContext) -> SelectionMethod:
     return RandomSelection(window_s=config.deadlines.volunteer_s)
 
 
-SELECTION_METHODS: Mapping[str, Callable[[CoordinatorConfig], SelectionMethod]] = {
+Builder = Callable[[CoordinatorConfig, SelectionContext], SelectionMethod]
+
+SELECTION_METHODS: Mapping[str, Builder] = {
     DubheSelection.name: _dubhe,
     RandomSelection.name: _random,
 }
 
 
-def selection_method(config: CoordinatorConfig) -> SelectionMethod:
-    """The federation's selection method, built from its config."""
-    return SELECTION_METHODS[config.selection_method().kind](config)
+def selection_method(
+    config: CoordinatorConfig, ctx: SelectionContext
+) -> SelectionMethod:
+    """The federation's selection method, built from its config and context."""
+    return SELECTION_METHODS[config.selection_method().kind](config, ctx)

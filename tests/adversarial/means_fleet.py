@@ -33,8 +33,8 @@ from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.encoding import FixedPoint
 from ursa.crypto.paillier import EncryptedVector, PaillierPublicKey
-from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk import methods_config as device_specs
+from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.methods.feddisk.phased_trainer import Phase
 from ursa.edge_sdk.methods.feddisk.settings import FeddiskSettings
 from ursa.edge_sdk.trainer import ClassCounts, LocalDelta, ModelTrainer
@@ -58,9 +58,7 @@ __all__ = [
 
 ATTACKER = "d05"
 Spec = ClimbSpec | FedAvgSpec | FeddiskSpec
-DeviceSpec = (
-    device_specs.ClimbSpec | device_specs.FedAvgSpec | device_specs.FeddiskSpec
-)
+DeviceSpec = device_specs.ClimbSpec | device_specs.FedAvgSpec | device_specs.FeddiskSpec
 DEVICE_TRAINING: dict[str, type[DeviceSpec]] = {
     "climb": device_specs.ClimbSpec,
     "fedavg": device_specs.FedAvgSpec,

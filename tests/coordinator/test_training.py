@@ -20,13 +20,13 @@ from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin, round_figures
 from ursa.coordinator.training_health import HEALTH_KEY, TrainingHealth
+from ursa.edge_sdk import methods_config as device_specs
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.methods.climb.dual import (
     ClimbConfig,
     apply_dual_means_all,
     plain_dual_means,
 )
-from ursa.edge_sdk import methods_config as device_specs
 from ursa.edge_sdk.methods.climb.method import Climb
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
 from ursa.models.spec import check_fits

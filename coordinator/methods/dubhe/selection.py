@@ -207,6 +207,8 @@ class DubheSelection(SelectionMethod):
     """Dubhe's self-selection over the encrypted registry (the coordinator half).
 
     Args:
+        ctx: The runtime's context (send, store, the key epoch, who is online),
+            held from construction on.
         tries: H, the tentative sets per round (1: no agent step).
         num_classes: Length of every encrypted distribution.
         volunteer_s: The volunteering window (and each re-announce's).
@@ -220,6 +222,7 @@ class DubheSelection(SelectionMethod):
 
     def __init__(
         self,
+        ctx: SelectionContext,
         *,
         tries: int,
         num_classes: int,
@@ -239,7 +242,7 @@ class DubheSelection(SelectionMethod):
         self._volunteer_s = volunteer_s
         self._distributions_s = distributions_s
         self._agent_s = agent_s
-        self._ctx: SelectionContext | None = None
+        self._ctx = ctx
         self._round: _Round | None = None
         self._cap = cap
         self._cap_loaded = False
@@ -255,10 +258,6 @@ class DubheSelection(SelectionMethod):
         return None if self._round is None else self._round.step
 
     # --- SelectionMethod ----------------------------------------------------------
-
-    def attach(self, ctx: SelectionContext) -> None:
-        """Keep the runtime's context."""
-        self._ctx = ctx
 
     def register(self, router: Router) -> None:
         """Volunteers, distributions and the agent's answer come here."""
@@ -295,7 +294,7 @@ class DubheSelection(SelectionMethod):
 
     def resume(self, request: SelectionRequest) -> None:
         """Reload the round from the store; re-send what its step waits on."""
-        record = self._context().store.round(request.round)
+        record = self._ctx.store.round(request.round)
         if record is None or record.epoch != request.epoch:
             self.open_round(request)
             return
@@ -349,7 +348,7 @@ class DubheSelection(SelectionMethod):
             work.deadline_at = request.now + self._volunteer_s
             self._entries = {}
             return None
-        ctx = self._context()
+        ctx = self._ctx
         epoch = ctx.epoch_view()
         if epoch is None or epoch.agent not in ctx.online_devices():
             eligible = sorted(request.eligible)
@@ -399,7 +398,7 @@ class DubheSelection(SelectionMethod):
                 window,
             )
             work.deadline_at = request.now + window
-            self._context().reannounce()
+            self._ctx.reannounce()
             return None
         logger.info(
             "round %d: %d answers (yes per try %s), %d eligible, %s",
@@ -418,7 +417,7 @@ class DubheSelection(SelectionMethod):
             self._held_back(work.round, eligible, request.k),
         )
         work.tentative = tentative
-        self._context().store.set_tries(work.round, tentative)
+        self._ctx.store.set_tries(work.round, tentative)
         if self._tries == 1:
             return Selection(tentative[0], 0)
         work.step = DubheStep.DISTRIBUTIONS
@@ -429,7 +428,7 @@ class DubheSelection(SelectionMethod):
     def _distributions(
         self, work: _Round, request: SelectionRequest
     ) -> Selection | None:
-        ctx = self._context()
+        ctx = self._ctx
         epoch, online = ctx.epoch_view(), ctx.online_devices()
         assert work.tentative is not None and epoch is not None
         delivered = set(work.distributions)
@@ -465,7 +464,7 @@ class DubheSelection(SelectionMethod):
             return self._topped_up(work, work.answer, request)
         if work.bad_sums is not None:
             return self._after_bad_sums(work, request)
-        ctx = self._context()
+        ctx = self._ctx
         epoch = ctx.epoch_view()
         agent = None if epoch is None else epoch.agent
         agent_gone = agent not in ctx.online_devices()
@@ -527,7 +526,7 @@ class DubheSelection(SelectionMethod):
             )
             if candidates:
                 work.candidates = candidates
-                self._context().store.set_candidates(work.round, candidates)
+                self._ctx.store.set_candidates(work.round, candidates)
                 work.deadline_at = request.now + self._agent_s
                 self._send_try_sums(work)
                 return None
@@ -547,7 +546,7 @@ class DubheSelection(SelectionMethod):
     # --- sending --------------------------------------------------------------------
 
     def _send_assignments(self, work: _Round, devices: list[str]) -> None:
-        ctx = self._context()
+        ctx = self._ctx
         for device in devices:
             indices = tuple(
                 h for h, members in enumerate(work.tentative or ()) if device in members
@@ -562,7 +561,7 @@ class DubheSelection(SelectionMethod):
 
     def _send_try_sums(self, work: _Round) -> None:
         """Sum each candidate try's distributions and send the sums to the agent."""
-        ctx = self._context()
+        ctx = self._ctx
         epoch = ctx.epoch_view()
         if epoch is None or epoch.public_key is None or work.tentative is None:
             return
@@ -624,7 +623,7 @@ class DubheSelection(SelectionMethod):
         work = self._open(
             message, DubheStep.RANKS if ranking else DubheStep.VOLUNTEERING
         )
-        ctx = self._context()
+        ctx = self._ctx
         epoch = ctx.epoch_view()
         if epoch is None or device not in epoch.registered:
             raise RejectedError(
@@ -656,7 +655,7 @@ class DubheSelection(SelectionMethod):
     def _on_distribution(self, message: EncryptedDistribution) -> None:
         device = message.sender  # admission checked it is the topic's device
         work = self._open(message, DubheStep.DISTRIBUTIONS)
-        ctx = self._context()
+        ctx = self._ctx
         epoch = ctx.epoch_view()
         if device not in work.members() or epoch is None or epoch.public_key is None:
             raise RejectedError(ErrorCode.UNAUTHORISED, "not a member of any try")
@@ -705,7 +704,7 @@ class DubheSelection(SelectionMethod):
     def _on_agent_answer(self, message: AgentAnswer) -> None:
         device = message.sender  # admission checked it is the topic's device
         work = self._open(message, DubheStep.AGENT)
-        epoch = self._context().epoch_view()
+        epoch = self._ctx.epoch_view()
         if epoch is None or device != epoch.agent or epoch.agent_identity is None:
             raise RejectedError(
                 ErrorCode.UNAUTHORISED, "only the epoch's agent answers"
@@ -739,7 +738,7 @@ class DubheSelection(SelectionMethod):
 
     def _on_sealed_ranks(self, message: SealedRanks) -> None:
         """A page's sealed ranks: relay each entry's first box to its device."""
-        ctx = self._context()
+        ctx = self._ctx
         epoch = ctx.epoch_view()
         handout = self._handout
         if epoch is None or message.sender != epoch.agent:
@@ -794,7 +793,7 @@ class DubheSelection(SelectionMethod):
         return not handout.is_complete
 
     def _load_handout(self, request: SelectionRequest) -> RankHandout:
-        store = self._context().store
+        store = self._ctx.store
         self._entries = store.rank_entries(request.epoch)
         handout = RankHandout.restored(
             store.method_state(self.name, RANKS_KEY),
@@ -819,7 +818,7 @@ class DubheSelection(SelectionMethod):
         self, round_index: int, now: float | None, *, again: bool
     ) -> None:
         """Send the agent its next rank pages (and, `again`, the open ones)."""
-        ctx, handout = self._context(), self._handout
+        ctx, handout = self._ctx, self._handout
         epoch = ctx.epoch_view()
         if handout is None or epoch is None or epoch.agent is None:
             return
@@ -836,7 +835,7 @@ class DubheSelection(SelectionMethod):
         if cap is None or self._cap_loaded:
             return
         self._cap_loaded = True
-        store = self._context().store
+        store = self._ctx.store
         first = max(1, round_index - cap.window + 1)
         stored = (store.round(r) for r in range(first, round_index))
         cap.restore(
@@ -873,11 +872,6 @@ class DubheSelection(SelectionMethod):
 
     # --- plumbing ---------------------------------------------------------------------
 
-    def _context(self) -> SelectionContext:
-        if self._ctx is None:
-            raise RuntimeError("DubheSelection used before attach()")
-        return self._ctx
-
     def _restored(self, record: RoundRecord, now: float) -> _Round:
         """The round as the store has it, at the step its data says, fresh window."""
         if record.selected is not None:
@@ -899,7 +893,7 @@ class DubheSelection(SelectionMethod):
         )
         for draws in record.volunteers.values():
             work.count(draws)
-        epoch = self._context().epoch_view()
+        epoch = self._ctx.epoch_view()
         if epoch is not None and epoch.public_key is not None:
             try:
                 work.distributions = {

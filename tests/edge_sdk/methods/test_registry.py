@@ -75,5 +75,6 @@ def test_a_kind_needing_nothing_builds_nothing_and_a_given_method_wins() -> None
     own = Dubhe("stratified")
     table = (specs.DubheSpec(), specs.FedAvgSpec())
     assert compose_methods(FixedLoss(0.5), table, LABELS, [own]) == [own]
+    fedprox = (specs.DubheSpec(), specs.FedProxSpec())
     with pytest.raises(ProximalUnsupportedError):
-        compose_methods(FixedLoss(0.5), (specs.DubheSpec(), specs.FedProxSpec()), LABELS)
+        compose_methods(FixedLoss(0.5), fedprox, LABELS)

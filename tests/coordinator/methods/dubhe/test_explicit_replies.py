@@ -125,9 +125,8 @@ def explicit(ctx: FakeContext, now: float) -> SelectionRequest:
 
 def open_method(ctx: FakeContext, tries: int = 1) -> tuple[DubheSelection, Router]:
     dubhe = DubheSelection(
-        tries=tries, num_classes=4, volunteer_s=10, distributions_s=10, agent_s=10
+        ctx, tries=tries, num_classes=4, volunteer_s=10, distributions_s=10, agent_s=10
     )
-    dubhe.attach(ctx)
     router = Router("coordinator")
     dubhe.register(router)
     dubhe.open_round(explicit(ctx, 0.0))
@@ -210,9 +209,8 @@ def test_under_silence_an_all_no_answer_is_refused(
 ) -> None:
     ctx = FakeContext(store, public_key)
     dubhe = DubheSelection(
-        tries=1, num_classes=4, volunteer_s=10, distributions_s=10, agent_s=10
+        ctx, tries=1, num_classes=4, volunteer_s=10, distributions_s=10, agent_s=10
     )
-    dubhe.attach(ctx)
     router = Router("coordinator")
     dubhe.register(router)
     silent = explicit(ctx, 0.0)

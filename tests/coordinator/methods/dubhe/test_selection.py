@@ -86,13 +86,13 @@ def store(tmp_path: Path) -> Iterator[CoordinatorStore]:
 
 def method(ctx: FakeContext, tries: int) -> tuple[DubheSelection, Router]:
     dubhe = DubheSelection(
+        ctx,
         tries=tries,
         num_classes=CLASSES,
         volunteer_s=10,
         distributions_s=10,
         agent_s=10,
     )
-    dubhe.attach(ctx)
     router = Router("coordinator")
     dubhe.register(router)
     return dubhe, router
@@ -466,6 +466,7 @@ def test_a_device_at_the_participation_cap_sits_the_round_out(
     store.set_selection(2, ("d0", "d3"), 0, b"result")
     ctx = FakeContext(store, keys[0])
     dubhe = DubheSelection(
+        ctx,
         tries=1,
         num_classes=CLASSES,
         volunteer_s=10,
@@ -473,7 +474,6 @@ def test_a_device_at_the_participation_cap_sits_the_round_out(
         agent_s=10,
         cap=ParticipationCap(0.5, 4),  # 2 of any 4 rounds
     )
-    dubhe.attach(ctx)
     router = Router("coordinator")
     dubhe.register(router)
     third = SelectionRequest(
