@@ -4,8 +4,9 @@
 round's model is published and before the selected devices are told to
 train (CLIMB's dual step is one: `ursa.coordinator.methods.climb`)::
 
-    plugin = TrainingPlugin(..., before_training=[step])   # step.register(router)
-    step.attach(ctx)                                       # once, at service start
+    plugin = TrainingPlugin(..., before_training=[ClimbDualStep.later(spec)])
+    step = ClimbDualStep(ctx, spec)  # at service start, with its context;
+    step.register(router)            # the step holds the context from then on
     phase = step.open(info, now)     # per round: resumed from its phase record,
                                      # or asked anew; None: nothing this round
     step.on_message / on_tick        # its own kinds (router), deadlines
@@ -25,7 +26,7 @@ list, `weighting` says how the round averages its updates.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -36,7 +37,13 @@ from ursa.coordinator.plugin import CoordinatorView, Send
 from ursa.protocol.messages import ModelUpdate
 from ursa.protocol.router import Router
 
-__all__ = ["BeforeTraining", "RoundInfo", "StepContext", "StepPhase"]
+__all__ = [
+    "BeforeTraining",
+    "RoundInfo",
+    "StepBuilder",
+    "StepContext",
+    "StepPhase",
+]
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,7 @@ class RoundInfo:
 
 @dataclass(frozen=True)
 class StepContext:
-    """What the training plugin gives its steps (once, in `BeforeTraining.attach`)."""
+    """What the training plugin builds its steps with (`StepBuilder`)."""
 
     federation: str
     view: CoordinatorView
@@ -82,7 +89,11 @@ class StepPhase(Protocol):
 
 
 class BeforeTraining(ABC):
-    """One method's phase before a round trains (see the module docstring)."""
+    """One method's phase before a round trains (see the module docstring).
+
+    Built with the training plugin's context and holding it from then on
+    (`ctx`); `later` says how to build it once that context exists.
+    """
 
     name: ClassVar[str]
     """The method's ``[[methods]]`` kind, signed into each key epoch instead of
@@ -94,13 +105,18 @@ class BeforeTraining(ABC):
     """Whether `name` goes into the signed method list (False for a runtime
     step every device runs, such as federated evaluation)."""
 
+    def __init__(self, ctx: StepContext) -> None:
+        self.ctx = ctx
+        """The training plugin's context: the store, the epoch, send, clock."""
+
+    @classmethod
+    def later(cls, *args: Any, **kwargs: Any) -> StepBuilder:
+        """This step with ``args``, built when the plugin's context exists."""
+        return StepBuilder(cls, lambda ctx: cls(ctx, *args, **kwargs))
+
     @abstractmethod
     def register(self, router: Router) -> None:
         """Register the step's message kinds (each kind has one owner)."""
-
-    @abstractmethod
-    def attach(self, ctx: StepContext) -> None:
-        """Keep the context (called once, when the service starts)."""
 
     @abstractmethod
     def open(self, info: RoundInfo, now: float) -> StepPhase | None:
@@ -152,3 +168,17 @@ class BeforeTraining(ABC):
         self, round_index: int, device: str, message: ModelUpdate
     ) -> None:
         """An update was counted in the round (default: nothing)."""
+
+
+@dataclass(frozen=True)
+class StepBuilder:
+    """A step to build once the training plugin's context exists.
+
+    ``kind`` says what the step is before it is built (its `name`, whether
+    it is `signed`, its `weighting`): the plugin names the signed methods
+    and its weighting from the configuration, and builds the steps when the
+    service lends it its view (`BeforeTraining.later` makes one).
+    """
+
+    kind: type[BeforeTraining]
+    build: Callable[[StepContext], BeforeTraining]

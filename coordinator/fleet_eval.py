@@ -29,7 +29,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from ursa.coordinator.before_training import RoundInfo
+from ursa.coordinator.before_training import RoundInfo, StepContext
 from ursa.coordinator.config import EvaluationConfig
 from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather
@@ -79,6 +79,7 @@ class FleetEvaluation(SecureMeanStep):
     """The encrypted federated evaluation before every ``every``-th round.
 
     Args:
+        ctx: The training plugin's context.
         config: The ``[evaluation]`` section.
         num_classes: The classifier's classes (two counts each per report).
         max_parties: The key epoch's ``max_parties`` (the devices' codec bound).
@@ -88,9 +89,14 @@ class FleetEvaluation(SecureMeanStep):
     signed: ClassVar[bool] = False
 
     def __init__(
-        self, config: EvaluationConfig, *, num_classes: int, max_parties: int
+        self,
+        ctx: StepContext,
+        config: EvaluationConfig,
+        *,
+        num_classes: int,
+        max_parties: int,
     ) -> None:
-        super().__init__()
+        super().__init__(ctx)
         self.config = config
         self.num_classes = num_classes
         self._max_parties = max_parties
@@ -114,8 +120,7 @@ class FleetEvaluation(SecureMeanStep):
         Its ciphertext count follows from the protocol's codec, the key epoch's
         party bound and key size (None: no epoch key to size it by).
         """
-        ctx = self.context
-        epoch = None if ctx is None else ctx.view.epoch_view()
+        epoch = self.ctx.view.epoch_view()
         if epoch is None or epoch.public_key is None:
             return None
         count = fleet_eval_ciphertexts(
@@ -143,9 +148,7 @@ class FleetEvaluation(SecureMeanStep):
             logger.warning("round %d: no evaluation report", head.round)
             return
         self._summed[head.round] = (head, len(mean.answered))
-        ctx = self.context
-        if ctx is not None:
-            self._result_due[head.round] = ctx.clock() + self.config.timeout_s
+        self._result_due[head.round] = self.ctx.clock() + self.config.timeout_s
         logger.info(
             "round %d: evaluation of version %d summed %d reports",
             head.round,
@@ -164,8 +167,7 @@ class FleetEvaluation(SecureMeanStep):
 
     def refused(self, round_index: int, device: str) -> None:
         """The agent refused the round's sum: its result will not come."""
-        ctx = self.context
-        epoch = None if ctx is None else ctx.view.epoch_view()
+        epoch = self.ctx.view.epoch_view()
         if epoch is not None and device == epoch.agent:
             self._result_due.pop(round_index, None)
 
@@ -194,8 +196,7 @@ class FleetEvaluation(SecureMeanStep):
                 ErrorCode.LATE, f"round {message.round} awaits no evaluation result"
             )
         head, parties = summed
-        ctx = self.context
-        epoch = None if ctx is None else ctx.view.epoch_view()
+        epoch = self.ctx.view.epoch_view()
         if (
             epoch is None
             or message.sender != epoch.agent

@@ -45,8 +45,8 @@ logger = logging.getLogger("ursa.coordinator.secure_mean")
 class SecureMeanStep(BeforeTraining):
     """One encrypted mean before the rounds that need it (see the module doc)."""
 
-    def __init__(self) -> None:
-        self._ctx: StepContext | None = None
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
         self._round: int | None = None
         self._mean: Gather[MeanReport, EncryptedSum] | None = None
         self._head: MeanHead | None = None
@@ -85,23 +85,14 @@ class SecureMeanStep(BeforeTraining):
             MeanReport, self._on_report, owner=self.name, purpose=self.purpose
         )
 
-    def attach(self, ctx: StepContext) -> None:
-        """Keep the training plugin's context."""
-        self._ctx = ctx
-
-    @property
-    def context(self) -> StepContext | None:
-        """The training plugin's context (None before `attach`)."""
-        return self._ctx
-
     def open(self, info: RoundInfo, now: float) -> StepPhase | None:
         """The round's mean if due: resumed from the store, else asked."""
         self._round, self._mean, self._head = info.round, None, None
-        ctx = self._ctx
+        ctx = self.ctx
         if not self.is_due(info.round):
             return None
-        epoch = None if ctx is None else ctx.view.epoch_view()
-        if ctx is None or epoch is None or epoch.public_key is None:
+        epoch = ctx.view.epoch_view()
+        if epoch is None or epoch.public_key is None:
             logger.warning("round %d: no epoch key; no %s", info.round, self.purpose)
             return None
         wire = self.wire(info)
@@ -129,10 +120,10 @@ class SecureMeanStep(BeforeTraining):
     def on_tick(self, round_index: int, now: float) -> None:
         """Follow last wills; close the mean at its deadline."""
         mean = self._open_mean(round_index)
-        if mean is None or self._ctx is None:
+        if mean is None:
             return
-        mean.track_online(self._ctx.view.online_devices(), self._ctx.send)
-        if mean.poll(now, self._ctx.send) is not PhaseStatus.OPEN:
+        mean.track_online(self.ctx.view.online_devices(), self.ctx.send)
+        if mean.poll(now, self.ctx.send) is not PhaseStatus.OPEN:
             self._changed(mean)  # no write on a quiet tick
 
     def is_done(self, round_index: int) -> bool:
@@ -142,8 +133,8 @@ class SecureMeanStep(BeforeTraining):
     def republish(self, round_index: int) -> None:
         """Ask again, or send the sum again (devices are idempotent)."""
         mean = self._mean
-        if mean is not None and self._ctx is not None and self._round == round_index:
-            mean.republish(self._ctx.send)
+        if mean is not None and self._round == round_index:
+            mean.republish(self.ctx.send)
 
     def extend_deadlines(self, seconds: float) -> None:
         """The open mean waits ``seconds`` longer (the broker was away)."""
@@ -154,21 +145,20 @@ class SecureMeanStep(BeforeTraining):
         """Drop the round's mean record."""
         if self._round != round_index or self._mean is None:
             return
-        if self._ctx is not None:
-            self._ctx.view.store.drop_phase(self._mean.key)
+        self.ctx.view.store.drop_phase(self._mean.key)
         self._mean = None
 
     # --- reports ------------------------------------------------------------------
 
     def _on_report(self, message: MeanReport) -> None:
         mean = self._open_mean(message.round)
-        if mean is None or self._ctx is None:
+        if mean is None:
             raise RejectedError(
                 ErrorCode.LATE, f"round {message.round} has no open {self.purpose}"
             )
         device = message.sender
         try:
-            outcome = offer_report(mean, message, self._ctx.send)
+            outcome = offer_report(mean, message, self.ctx.send)
         except RejectedError:
             self._changed(mean)  # no longer waited for: the mean may have closed
             raise
@@ -195,7 +185,7 @@ class SecureMeanStep(BeforeTraining):
 
         ``replied``: the device whose report it was (saved as one row).
         """
-        assert self._ctx is not None and self._round is not None
-        save_gather(self._ctx.view.store, mean, self._round, replied)
+        assert self._round is not None
+        save_gather(self.ctx.view.store, mean, self._round, replied)
         if not mean.is_open and self._head is not None:
             self.closed(self._head, mean)

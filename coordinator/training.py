@@ -66,7 +66,12 @@ from ursa.coordinator.aggregation import (
     finalize_aggregation,
     init_aggregation,
 )
-from ursa.coordinator.before_training import BeforeTraining, RoundInfo, StepContext
+from ursa.coordinator.before_training import (
+    BeforeTraining,
+    RoundInfo,
+    StepBuilder,
+    StepContext,
+)
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.federation_end import FinalModel
 from ursa.coordinator.model_transfer import (
@@ -77,7 +82,10 @@ from ursa.coordinator.model_transfer import (
 )
 from ursa.coordinator.models import ModelStore, UnsafeModelError
 from ursa.coordinator.plugin import CoordinatorView, RoundOutcome, RoundPlugin, Send
-from ursa.coordinator.secure_aggregation.session import SecureAggregation
+from ursa.coordinator.secure_aggregation.session import (
+    SecureAggregation,
+    check_accountant,
+)
 from ursa.coordinator.store import LAST_ROUND_PREFIX
 from ursa.coordinator.training_round import (
     WRONG_VERSION,
@@ -157,8 +165,9 @@ class TrainingPlugin(RoundPlugin):
         on_round: Called with each finished round's record.
         clock: Seconds, for the phase deadlines (the service's clock).
         before_training: Steps run in order before each round trains (e.g.
-            CLIMB's dual step); they name the signed method and may set the
-            weighting.
+            ``ClimbDualStep.later(spec)``); they name the signed method and
+            may set the weighting, and are built with the plugin's context
+            when the service lends it its view (`attach`).
         method: The training method devices run when no step names one
             (``fedavg``; ``fedprox`` aggregates as FedAvg too).
 
@@ -177,32 +186,27 @@ class TrainingPlugin(RoundPlugin):
         evaluate: Evaluator | None = None,
         on_round: Callable[[RoundRecord], None] | None = None,
         clock: Clock = time.time,
-        before_training: Sequence[BeforeTraining] = (),
+        before_training: Sequence[StepBuilder] = (),
         method: str = "fedavg",
     ) -> None:
         self.config = config or TrainingConfig()
         self._method = method
-        steps = tuple(before_training)
+        self._builders = tuple(before_training)
+        self._state_dir = state_dir
         self._secure: SecureAggregation | None = None
+        self._steps: tuple[BeforeTraining, ...] = ()
+        """The steps, built in `attach` (the secure aggregation's last)."""
         if self.config.aggregation.secure:
-            self._secure = SecureAggregation(
-                self.config.aggregation,
-                model=self.config.model,
-                state_dir=state_dir,
-                weighting=lambda: self._weighting.value,
-            )
-            steps = (*steps, self._secure)
+            check_accountant(self.config.aggregation)
         else:
             logger.warning(
                 '%s: [aggregation] mode = "plain": the coordinator sees every '
                 "device's model update (for debugging only)",
                 self.config.model,
             )
-        self._steps = steps
         self._step_router = Router(COORDINATOR)
-        for step in self._steps:
-            step.register(self._step_router)
-        self._weighting = _weighting(self.config.weighting, self._steps)
+        kinds = [builder.kind for builder in self._builders]
+        self._weighting = _weighting(self.config.weighting, kinds)
         self._federation = federation
         self._store = ModelStore(
             state_dir, self.config.model, keep=self.config.keep_versions
@@ -268,11 +272,26 @@ class TrainingPlugin(RoundPlugin):
         return tuple(s for s in self._steps if s is not self._secure)
 
     def attach(self, view: CoordinatorView) -> None:
-        """Keep the service's view (key epoch, who is online); attach the steps."""
+        """Keep the service's view (key epoch, who is online); build the steps.
+
+        Raises:
+            ValueError: two steps own one message kind.
+        """
         self._view = view
         ctx = StepContext(self._federation, view, self._emit, self._clock)
+        steps = [builder.build(ctx) for builder in self._builders]
+        if self.config.aggregation.secure:
+            self._secure = SecureAggregation(
+                ctx,
+                self.config.aggregation,
+                model=self.config.model,
+                state_dir=self._state_dir,
+                weighting=lambda: self._weighting.value,
+            )
+            steps.append(self._secure)
+        self._steps = tuple(steps)
         for step in self._steps:
-            step.attach(ctx)
+            step.register(self._step_router)
 
     # --- RoundPlugin ------------------------------------------------------------
 
@@ -449,7 +468,7 @@ class TrainingPlugin(RoundPlugin):
 
     def methods(self) -> tuple[str, ...]:
         """The training method devices must run: the steps' methods, else `method`."""
-        signed = (s.name for s in self._steps if s.signed)
+        signed = (b.kind.name for b in self._builders if b.kind.signed)
         return tuple(dict.fromkeys(signed)) or (self._method,)
 
     def is_complete(self, round_index: int) -> bool:
@@ -797,7 +816,9 @@ class TrainingPlugin(RoundPlugin):
             send(reply, device)
 
 
-def _weighting(configured: Weighting, steps: Sequence[BeforeTraining]) -> Weighting:
+def _weighting(
+    configured: Weighting, steps: Sequence[type[BeforeTraining]]
+) -> Weighting:
     """The configured weighting, unless a step says how its rounds average.
 
     Raises:

@@ -117,7 +117,7 @@ def training_plugin(
     method = config.training_method()
     if method is None:
         return None
-    from ursa.coordinator.before_training import BeforeTraining
+    from ursa.coordinator.before_training import StepBuilder
     from ursa.coordinator.fleet_eval import FleetEvaluation
     from ursa.coordinator.methods.climb.step import ClimbDualStep
     from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
@@ -127,13 +127,13 @@ def training_plugin(
 
     hooks = _observed(hooks or TrainingHooks(), telemetry)
     section = config.training_section()
-    steps: list[BeforeTraining] = (
-        [ClimbDualStep(method)] if isinstance(method, ClimbSpec) else []
+    steps: list[StepBuilder] = (
+        [ClimbDualStep.later(method)] if isinstance(method, ClimbSpec) else []
     )
     evaluate = hooks.classifier.evaluate or holdout_evaluator(config)
     if config.evaluation.every:
         steps.append(
-            FleetEvaluation(
+            FleetEvaluation.later(
                 config.evaluation,
                 num_classes=config.registry.num_classes,
                 max_parties=config.registry.max_parties,

@@ -90,7 +90,7 @@ from ursa.protocol.secure_aggregation import (
     noise_sigmas,
 )
 
-__all__ = ["MaskedSum", "SecureAggregation", "Unmasked"]
+__all__ = ["MaskedSum", "SecureAggregation", "Unmasked", "check_accountant"]
 
 logger = logging.getLogger("ursa.coordinator.secure_aggregation")
 
@@ -138,6 +138,7 @@ class SecureAggregation(BeforeTraining):
     """Secure aggregation of one model's rounds (see the module docstring).
 
     Args:
+        ctx: The training plugin's context.
         config: ``[aggregation]``.
         model: The model whose rounds it sums (its records are named by it).
         state_dir: Where the masked running sum is checkpointed.
@@ -151,22 +152,19 @@ class SecureAggregation(BeforeTraining):
 
     def __init__(
         self,
+        ctx: StepContext,
         config: AggregationConfig,
         *,
         model: str,
         state_dir: Path,
         weighting: WeightingName,
     ) -> None:
-        if config.noise_multiplier > 0:
-            try:
-                require_accountant()
-            except AccountantUnavailableError as exc:  # a setup error, not a crash
-                raise ValueError(f"[aggregation] noise_multiplier: {exc}") from None
+        super().__init__(ctx)
+        check_accountant(config)
         self._config = config
         self._model = model
         self._dir = Path(state_dir) / "secure_aggregation" / model
         self._weighting = weighting
-        self._ctx: StepContext | None = None
         self._round: _Round | None = None
 
     @property
@@ -182,13 +180,9 @@ class SecureAggregation(BeforeTraining):
         router.register(SecAggShares, self._on_shares, owner=self.name)
         router.register(SecAggUnmaskShares, self._on_unmask_shares, owner=self.name)
 
-    def attach(self, ctx: StepContext) -> None:
-        """Keep the training plugin's context."""
-        self._ctx = ctx
-
     def open(self, info: RoundInfo, now: float) -> StepPhase | None:
         """SA1 and SA2 of the round: resumed from the store, else asked anew."""
-        ctx = self._require_ctx()
+        ctx = self.ctx
         self._round = None
         selected = tuple(sorted(info.selected))
         threshold = self._config.threshold_for(len(selected))
@@ -239,12 +233,12 @@ class SecureAggregation(BeforeTraining):
     def on_tick(self, round_index: int, now: float) -> None:
         """Follow last wills; close the open gather at its deadline."""
         work = self._work(round_index)
-        if work is None or self._ctx is None:
+        if work is None:
             return
-        send = self._ctx.send
+        send = self.ctx.send
         for gather in (work.keys, work.shares, work.unmask):
             if gather is not None and gather.is_open:
-                gather.track_online(self._ctx.view.online_devices(), send)
+                gather.track_online(self.ctx.view.online_devices(), send)
                 gather.poll(now, send)
                 if not gather.is_open:  # no write on a quiet tick
                     self._changed(work, gather)
@@ -259,11 +253,11 @@ class SecureAggregation(BeforeTraining):
     def republish(self, round_index: int) -> None:
         """Send again what devices wait on in the running gather."""
         work = self._work(round_index)
-        if work is None or self._ctx is None:
+        if work is None:
             return
         for gather in (work.keys, work.shares, work.unmask):
             if gather is not None:
-                gather.republish(self._ctx.send)
+                gather.republish(self.ctx.send)
 
     def extend_deadlines(self, seconds: float) -> None:
         """The open gathers wait ``seconds`` longer (the broker was away)."""
@@ -279,9 +273,8 @@ class SecureAggregation(BeforeTraining):
         work = self._work(round_index)
         if work is None:
             return
-        if self._ctx is not None:
-            for key in self._keys(work.info):
-                self._ctx.view.store.drop_phase(key)
+        for key in self._keys(work.info):
+            self.ctx.view.store.drop_phase(key)
         self._masked_path(round_index).unlink(missing_ok=True)
         self._round = None
 
@@ -373,7 +366,7 @@ class SecureAggregation(BeforeTraining):
     def begin_unmask(self, round_index: int, now: float) -> None:
         """SA3: ask the survivors for their shares (or abandon below threshold)."""
         work = self._work(round_index)
-        ctx = self._require_ctx()
+        ctx = self.ctx
         if work is None or work.abandoned is not None or work.unmask is not None:
             return
         survivors = tuple(sorted(self.contributors(round_index)))
@@ -483,7 +476,7 @@ class SecureAggregation(BeforeTraining):
         setup = work.setup
         if setup.noise_multiplier == 0 or work.layout is None or work.spent:
             return
-        ctx = self._require_ctx()
+        ctx = self.ctx
         key = f"secagg.privacy.{self._model}"
         saved = ctx.view.store.get_meta(key)
         ledger = None
@@ -540,7 +533,7 @@ class SecureAggregation(BeforeTraining):
         self._offer(work, work.unmask, message)
 
     def _offer(self, work: _Round, gather: Gather[Any, Any], message: Any) -> None:
-        ctx = self._require_ctx()
+        ctx = self.ctx
         gather.offer(message.sender, message, ctx.send)
         self._changed(work, gather, message.sender)
 
@@ -561,7 +554,7 @@ class SecureAggregation(BeforeTraining):
         return (f"{base}/keys", f"{base}/shares", f"{base}/unmask")
 
     def _resume_or_open(self, work: _Round, now: float) -> None:
-        ctx = self._require_ctx()
+        ctx = self.ctx
         store = ctx.view.store
         keys_key, _, unmask_key = self._keys(work.info)
         saved = store.phase(keys_key)
@@ -609,7 +602,7 @@ class SecureAggregation(BeforeTraining):
 
     def _after_keys(self, work: _Round, now: float, *, resume: bool = False) -> None:
         """SA1 closed: abandon below threshold, else open (or resume) SA2."""
-        ctx = self._require_ctx()
+        ctx = self.ctx
         keys = work.keys
         assert keys is not None
         if keys.status is not PhaseStatus.DONE:
@@ -674,7 +667,7 @@ class SecureAggregation(BeforeTraining):
         self, work: _Round, gather: Gather[Any, Any], replied: str | None = None
     ) -> None:
         """Save the gather in the message's transaction; move on once it closed."""
-        ctx = self._require_ctx()
+        ctx = self.ctx
         if gather is work.unmask:  # the whole record: it carries the signed request
             record = {
                 "request": _unmask_request(gather),
@@ -697,10 +690,18 @@ class SecureAggregation(BeforeTraining):
     def _masked_path(self, round_index: int) -> Path:
         return self._dir / f"masked-r{round_index}.npz"
 
-    def _require_ctx(self) -> StepContext:
-        if self._ctx is None:
-            raise RuntimeError("SecureAggregation used before attach()")
-        return self._ctx
+
+def check_accountant(config: AggregationConfig) -> None:
+    """Refuse ``noise_multiplier`` without the DP accountant (a setup error).
+
+    Raises:
+        ValueError: noise asked for, and the accountant is not installed.
+    """
+    if config.noise_multiplier > 0:
+        try:
+            require_accountant()
+        except AccountantUnavailableError as exc:  # a setup error, not a crash
+            raise ValueError(f"[aggregation] noise_multiplier: {exc}") from None
 
 
 def _unmask_request(gather: Gather[Any, Any]) -> str:

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from tests.coordinator.conftest import Federation
 from tests.coordinator.test_training import INITIAL, LinearTrainer
-from ursa.coordinator.before_training import BeforeTraining
+from ursa.coordinator.before_training import StepBuilder
 from ursa.coordinator.methods_config import (
     ClimbSpec,
     DubheSpec,
@@ -159,7 +159,7 @@ class Fleet:
 
 
 def training_plugin(
-    fed: Federation, tmp_path: Path, steps: Sequence[BeforeTraining]
+    fed: Federation, tmp_path: Path, steps: Sequence[StepBuilder]
 ) -> TrainingPlugin:
     """Plain rounds of `INITIAL` with ``steps`` before each."""
     initial = tmp_path / "initial.ursw"

@@ -112,7 +112,7 @@ def climb_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MakeFleet]
         made.append(fed)
         return start_fleet(
             fed,
-            plugin=training_plugin(fed, tmp, [ClimbDualStep()]),
+            plugin=training_plugin(fed, tmp, [ClimbDualStep.later()]),
             training=ClimbSpec(),
             forge=forge,
             trainer=RecordingTrainer,
@@ -253,7 +253,7 @@ def eval_fleet(tmp: Path, forge: Forge | None) -> Fleet:
         tmp, num_devices=DEVICES, k=K_SELECTED, tries=1, rounds=EVAL_ROUNDS,
         key_bits=KEY_BITS,
     )  # fmt: skip
-    step = FleetEvaluation(
+    step = FleetEvaluation.later(
         EvaluationConfig(every=1, timeout_s=30),
         num_classes=CLASSES,
         max_parties=fed.config.registry.max_parties,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -95,13 +96,13 @@ class Harness:
         epoch = EpochView(4, self.public, frozenset(DEVICES), "d1", self.agent.public())
         self.view = FakeView(epoch, CoordinatorStore(self.tmp_path / DB_FILENAME))
         self.step = FleetEvaluation(
+            StepContext(FED, self.view, self.send, self.clock),
             EvaluationConfig(every=2, timeout_s=30),
             num_classes=CLASSES,
             max_parties=PARTIES,
         )
         self.router = Router("coordinator")
         self.step.register(self.router)
-        self.step.attach(StepContext(FED, self.view, self.send, self.clock))
 
     def send(self, message: BaseMessage, device: str | None) -> None:
         assert device is None
@@ -154,9 +155,12 @@ def harness(tmp_path: Path, keys: Keys, agent: DeviceIdentity) -> Iterator[Harne
 
 
 def test_due_every_nth_round_after_the_first() -> None:
-    step = FleetEvaluation(EvaluationConfig(every=2), num_classes=3, max_parties=4)
+    no_round = cast(StepContext, None)  # is_due reads no context
+    step = FleetEvaluation(
+        no_round, EvaluationConfig(every=2), num_classes=3, max_parties=4
+    )
     assert [r for r in range(1, 8) if step.is_due(r)] == [3, 5, 7]
-    never = FleetEvaluation(EvaluationConfig(), num_classes=3, max_parties=4)
+    never = FleetEvaluation(no_round, EvaluationConfig(), num_classes=3, max_parties=4)
     assert not any(never.is_due(r) for r in range(1, 8))
     assert FleetEvaluation.signed is False
 

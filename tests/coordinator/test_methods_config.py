@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pydantic import ValidationError
 
+from ursa.coordinator.before_training import StepContext
 from ursa.coordinator.config import CoordinatorConfig, load_coordinator_config
 from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import (
@@ -100,7 +101,9 @@ def test_climb_spec_fields_reach_its_dual_step(tmp_path: Path) -> None:
     )
     method = config.training_method()
     assert isinstance(method, ClimbSpec)
-    step = ClimbDualStep(method)
+    built = ClimbDualStep.later(method)
+    step = built.build(cast(StepContext, None))  # no round runs here
+    assert isinstance(step, ClimbDualStep) and built.kind is ClimbDualStep
     assert (step.spec.dual_period, step.spec.max_parties) == (3, 50)
     assert step.weighting == "climb"  # the step's, not the training config's
     training = config.training_section().training_config(method)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.aggregation import Weighting
-from ursa.coordinator.before_training import BeforeTraining
+from ursa.coordinator.before_training import StepBuilder
 from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import ClimbSpec, DubheSpec, FedAvgSpec
 from ursa.coordinator.models import ModelStore
@@ -141,9 +141,9 @@ def device_methods(climb: ClimbConfig | None) -> tuple[Any, ...]:
     return (device_specs.DubheSpec(), settings)
 
 
-def climb_steps(climb: ClimbConfig | None) -> list[BeforeTraining]:
+def climb_steps(climb: ClimbConfig | None) -> list[StepBuilder]:
     """CLIMB's dual step when the devices run CLIMB, else none."""
-    return [] if climb is None else [ClimbDualStep()]
+    return [] if climb is None else [ClimbDualStep.later()]
 
 
 def selections(fed: Any) -> dict[int, tuple[str, ...]]:

@@ -62,7 +62,7 @@ def test_fleet_accuracy_is_the_sum_of_the_devices_counts_and_no_device_is_seen(
         initial_weights=initial,
         evaluate=keep,
         before_training=[
-            FleetEvaluation(
+            FleetEvaluation.later(
                 config.evaluation,
                 num_classes=10,
                 max_parties=config.registry.max_parties,

@@ -85,7 +85,7 @@ def test_dubhe_climb_flicker_trains_after_flicker_balanced_the_images(
         config=TrainingConfig(update_timeout_s=30),
         initial_weights=initial,
         evaluate=score,
-        before_training=[ClimbDualStep(ClimbSpec(dual_timeout_s=15))],
+        before_training=[ClimbDualStep.later(ClimbSpec(dual_timeout_s=15))],
     )
     service = CoordinatorService(config, plugin=plugin)
     service.start()

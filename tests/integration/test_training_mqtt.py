@@ -88,7 +88,7 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
         config=TrainingConfig(update_timeout_s=30),
         initial_weights=initial,
         evaluate=score,
-        before_training=[ClimbDualStep(ClimbSpec(dual_timeout_s=15))],
+        before_training=[ClimbDualStep.later(ClimbSpec(dual_timeout_s=15))],
     )
     config = config.model_copy(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 60})}

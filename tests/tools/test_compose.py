@@ -6,17 +6,20 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from ursa.coordinator.plugin import CoordinatorView
 from ursa.edge_sdk.methods.flicker.method import Flicker
 from ursa.tools import compose
 from ursa.tools.cli import service as cli_service
 
 DUBHE = {"kind": "dubhe"}
+UNREAD_VIEW = cast(CoordinatorView, object())
+"""A view for building a plugin's steps: they keep it and read it per round."""
 
 
 def test_labels_from_npy_and_text(tmp_path: Path) -> None:
@@ -68,6 +71,8 @@ def test_training_plugin_of_the_training_method(tmp_path: Path) -> None:
     section = {"initial_weights": str(_weights(tmp_path, "--input-dim", "8"))}
     plugin = compose.training_plugin(_coordinator(tmp_path, climb, section))
     assert isinstance(plugin, TrainingPlugin)
+    assert plugin.before_training == ()  # built when the service lends a view
+    plugin.attach(UNREAD_VIEW)
     (step,) = plugin.before_training
     assert isinstance(step, ClimbDualStep) and step.spec.dual_period == 2
     assert plugin.version == 0 and plugin.weighting == "climb"
@@ -358,6 +363,7 @@ def test_a_holdout_file_scores_every_version_beside_federated_evaluation(
     }
     plugin = compose.training_plugin(CoordinatorConfig.model_validate(fields))
     assert isinstance(plugin, TrainingPlugin)
+    plugin.attach(UNREAD_VIEW)
     (step,) = plugin.before_training
     assert isinstance(step, FleetEvaluation) and step.num_classes == 3
     score = compose.holdout_evaluator(CoordinatorConfig.model_validate(fields))

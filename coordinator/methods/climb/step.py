@@ -23,7 +23,7 @@ import logging
 from typing import ClassVar
 
 from ursa.coordinator.aggregation import Weighting
-from ursa.coordinator.before_training import RoundInfo
+from ursa.coordinator.before_training import RoundInfo, StepContext
 from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather
 from ursa.coordinator.methods.climb.wire import dual_wire
@@ -42,6 +42,7 @@ class ClimbDualStep(SecureMeanStep):
     """CLIMB's encrypted dual step before the rounds that need one.
 
     Args:
+        ctx: The training plugin's context.
         spec: The ``[[methods]]`` ``kind = "climb"`` table (timeout, period,
             the devices' codec bound on parties).
     """
@@ -49,8 +50,8 @@ class ClimbDualStep(SecureMeanStep):
     name: ClassVar[str] = "climb"
     weighting: ClassVar[Weighting | None] = Weighting.CLIMB
 
-    def __init__(self, spec: ClimbSpec | None = None) -> None:
-        super().__init__()
+    def __init__(self, ctx: StepContext, spec: ClimbSpec | None = None) -> None:
+        super().__init__(ctx)
         self.spec = spec or ClimbSpec()
 
     @property

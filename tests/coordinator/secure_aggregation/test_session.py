@@ -2,11 +2,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from ursa.coordinator.before_training import StepContext
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.secure_aggregation.session import SecureAggregation
+
+CTX = cast(StepContext, None)
+"""The setup check runs before the step reads its context."""
 
 
 def test_dp_without_the_accountant_is_a_setup_error_not_a_crash_mid_round(
@@ -16,6 +21,7 @@ def test_dp_without_the_accountant_is_a_setup_error_not_a_crash_mid_round(
 
     with pytest.raises(ValueError, match=r"noise_multiplier: .*ursa-fl\[dp\]"):
         SecureAggregation(
+            CTX,
             AggregationConfig(noise_multiplier=1.0),
             model="classifier",
             state_dir=tmp_path,
@@ -23,6 +29,7 @@ def test_dp_without_the_accountant_is_a_setup_error_not_a_crash_mid_round(
         )
     # without noise nothing is needed
     SecureAggregation(
+        CTX,
         AggregationConfig(),
         model="classifier",
         state_dir=tmp_path,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.aggregation import Weighting
-from ursa.coordinator.before_training import RoundInfo, StepContext
+from ursa.coordinator.before_training import RoundInfo, StepBuilder, StepContext
 from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import ClimbSpec
 from ursa.coordinator.phase import PhaseStatus
@@ -92,10 +92,11 @@ class Harness:
         return CoordinatorStore(self.tmp_path / DB_FILENAME)
 
     def start(self) -> tuple[ClimbDualStep, Router]:
-        step = ClimbDualStep(self.spec)
+        step = ClimbDualStep(
+            StepContext(FED, self.view, self.send, self.clock), self.spec
+        )
         router = Router("coordinator")
         step.register(router)
-        step.attach(StepContext(FED, self.view, self.send, self.clock))
         return step, router
 
     def restart(self) -> None:
@@ -301,7 +302,7 @@ def test_an_unscaled_delta_is_noted(
 # --- composed into a TrainingPlugin -------------------------------------------------
 
 
-def plugin(tmp_path: Path, *steps: ClimbDualStep) -> TrainingPlugin:
+def plugin(tmp_path: Path, *steps: StepBuilder) -> TrainingPlugin:
     initial = tmp_path / "w.ursw"
     initial.write_bytes(arrays_to_bytes({"w": np.zeros(2, np.float32)}))
     return TrainingPlugin(
@@ -314,7 +315,7 @@ def plugin(tmp_path: Path, *steps: ClimbDualStep) -> TrainingPlugin:
 
 
 def test_the_step_names_the_signed_method_and_the_weighting(tmp_path: Path) -> None:
-    composed = plugin(tmp_path, ClimbDualStep())
+    composed = plugin(tmp_path, ClimbDualStep.later())
     assert composed.methods() == ("climb",)
     assert composed.weighting is Weighting.CLIMB
     plain = plugin(tmp_path)
@@ -322,10 +323,16 @@ def test_the_step_names_the_signed_method_and_the_weighting(tmp_path: Path) -> N
 
 
 def test_two_owners_of_the_dual_report_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(
-        ValueError, match=r"MeanReport of purpose 'climb\.dual' is handled by 'climb'"
-    ):
-        plugin(tmp_path, ClimbDualStep(), ClimbDualStep())
+    twice = plugin(tmp_path, ClimbDualStep.later(), ClimbDualStep.later())
+    store = CoordinatorStore(tmp_path / DB_FILENAME)
+    try:
+        with pytest.raises(
+            ValueError,
+            match=r"MeanReport of purpose 'climb\.dual' is handled by 'climb'",
+        ):
+            twice.attach(FakeView(None, store))  # the steps are built at start
+    finally:
+        store.close()
 
 
 def test_climb_weighting_without_its_step_is_refused() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -14,6 +14,7 @@ pytest.importorskip("torch")  # the federation here trains: torch-free Pythons s
 from tests.mu_recording_trainer import MuRecordingTrainer
 from ursa.coordinator.config import CoordinatorConfig, TrainingSection
 from ursa.coordinator.methods_config import DubheSpec, FedProxSpec
+from ursa.coordinator.plugin import CoordinatorView
 from ursa.coordinator.training import TrainingPlugin
 from ursa.crypto.identity import verify_signature
 from ursa.edge_sdk.client import EdgeClient, device_will
@@ -69,6 +70,7 @@ def test_the_plugin_aggregates_as_fedavg_and_runs_fedprox(tmp_path: Path) -> Non
     assert isinstance(plugin, TrainingPlugin)
     assert plugin.methods() == ("fedprox",)
     assert plugin.weighting == "fedavg"
+    plugin.attach(cast(CoordinatorView, object()))  # builds the steps: none
     assert plugin.before_training == ()
 
 
