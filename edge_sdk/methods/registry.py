@@ -91,6 +91,11 @@ def _feddisk(spec: FeddiskSpec, inputs: MethodInputs) -> DeviceMethod:
             "[[methods]] feddisk needs a trainer with FedDisk's two phases "
             f"(FeddiskTrainer); {type(trainer).__name__} has none"
         )
+    if trainer.settings != spec.settings():
+        raise ValueError(
+            "[[methods]] feddisk: the trainer's FeddiskSettings differ from the "
+            "table's (build the FeddiskTrainer with settings=spec.settings())"
+        )
     return FedDisk(trainer)
 
 
@@ -125,9 +130,10 @@ def compose_methods(
     given method replaces the built one of its kind.
 
     Raises:
-        ValueError: a table the trainer cannot run (FedDisk without phases,
-            FedProx without a proximal term), or a trainer with FedDisk's
-            phases and no ``kind = "feddisk"`` table.
+        ValueError: a table the trainer cannot run (FedDisk without phases
+            or with other settings than the table's, FedProx without a
+            proximal term), or a trainer with FedDisk's phases and no
+            ``kind = "feddisk"`` table.
     """
     kinds = {spec.kind for spec in specs}
     if "feddisk" not in kinds and isinstance(trainer, PhasedTrainer):

@@ -68,6 +68,9 @@ def test_feddisk_is_chosen_by_its_table() -> None:
         compose_methods(trainer, (specs.DubheSpec(), specs.FedAvgSpec()), LABELS)
     with pytest.raises(ValueError, match="FedDisk's two phases"):
         compose_methods(FixedLoss(0.5), table, LABELS)
+    other = (specs.DubheSpec(), specs.FeddiskSpec(made_lr=0.5))
+    with pytest.raises(ValueError, match="differ from the table's"):
+        compose_methods(trainer, other, LABELS)
 
 
 def test_a_kind_needing_nothing_builds_nothing_and_a_given_method_wins() -> None:
