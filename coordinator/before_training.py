@@ -28,7 +28,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
 from ursa.coordinator.aggregation import Weighting
 from ursa.coordinator.clock import Clock
@@ -44,6 +44,10 @@ __all__ = [
     "StepContext",
     "StepPhase",
 ]
+
+
+P = ParamSpec("P")
+StepT = TypeVar("StepT", bound="BeforeTraining")
 
 
 @dataclass(frozen=True)
@@ -110,9 +114,14 @@ class BeforeTraining(ABC):
         """The training plugin's context: the store, the epoch, send, clock."""
 
     @classmethod
-    def later(cls, *args: Any, **kwargs: Any) -> StepBuilder:
+    def later(
+        cls: Callable[Concatenate[StepContext, P], StepT],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> StepBuilder:
         """This step with ``args``, built when the plugin's context exists."""
-        return StepBuilder(cls, lambda ctx: cls(ctx, *args, **kwargs))
+        kind = cast(type[BeforeTraining], cls)  # typed as its constructor above
+        return StepBuilder(kind, lambda ctx: cls(ctx, *args, **kwargs))
 
     @abstractmethod
     def register(self, router: Router) -> None:
