@@ -58,7 +58,7 @@ class ErrorReplies:
         clock: Seconds (the refusal limits).
         epoch: The current key epoch's number (for the sit-out line).
         refused: The device refused our identity (the reply is checked first).
-        sit_out: Leaves a device out of the current key epoch.
+        sit_out: Leaves a device out of the current key epoch (and why).
         failed: A device's work in ``round`` failed with ``code``.
     """
 
@@ -69,7 +69,7 @@ class ErrorReplies:
         clock: Callable[[], float],
         epoch: Callable[[], int],
         refused: Callable[[ErrorReply], None],
-        sit_out: Callable[[str], None],
+        sit_out: Callable[[str, str], None],
         failed: Callable[[int, str, str], None],
     ) -> None:
         self._refusals = refusals
@@ -104,7 +104,7 @@ class ErrorReplies:
                 message.reason,
                 self._epoch(),
             )
-            self._sit_out(message.sender)
+            self._sit_out(message.sender, f"{message.code}: {message.reason}")
             return
         if message.code in FAILED:
             report(

@@ -18,8 +18,10 @@ stages follow Dubhe Fig. 4.
 
 Key epoch: a random online enrolled device becomes the agent; the signed
 `KeyEpochStart` (retained) names it, carries its enrolled identity keys (so
-every recipient can verify the agent and open its box) and the registry
-parameters; the agent gets the recipients' keys in `SealRequest` pages
+every recipient can verify the agent and open its box), the registry
+parameters and the global model's tensor spec (the plugin's `model_spec`:
+every device checks its own model against it before it registers); the agent
+gets the recipients' keys in `SealRequest` pages
 (`ursa.coordinator.seal_pages`: a few pages at a time, the next as the boxes
 of one come back). The agent's signed `AgentPublicKey` is verified and
 relayed (retained); the boxes of each page come back in `SealedKeys` and each
@@ -270,9 +272,9 @@ class KeyEpoch:
         if self._work is not None:
             self._work.left(device)
 
-    def sit_out(self, device: str) -> None:
+    def sit_out(self, device: str, why: str = "") -> None:
         """Leave `device` out of the current key epoch (persisted for a restart)."""
-        self._ready.sit_out(device)
+        self._ready.sit_out(device, why)
         self.left(device)
         self._sets_changed(device)
 
@@ -435,6 +437,7 @@ class KeyEpoch:
                 methods=cfg.method_names(),
                 method_settings=cfg.method_settings(),
                 aggregation=self._plugin.aggregation_mode(),
+                model_spec=self._plugin.model_spec(),
             )
         )
         payload = self._outgoing.encode(notice)
@@ -550,7 +553,7 @@ class KeyEpoch:
             limits.refusal_rekeys,
             limits.refusal_window_s,
         )
-        self.sit_out(device)
+        self.sit_out(device, "refused this coordinator's identity too often")
 
     def arrived(self, device: str) -> None:
         """A recipient back online while registration is open: wait for it again."""

@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ursa.coordinator.device_health import DeviceHealth, device_health
 from ursa.coordinator.site_links import SiteLink
 from ursa.coordinator.status import StatusError, read_status
 from ursa.coordinator.telemetry import DeviceRounds, TelemetrySnapshot
@@ -50,6 +51,8 @@ class ServiceStatus:
     telemetry: TelemetrySnapshot
     collected_at: float
     site_links: dict[str, SiteLink] = field(default_factory=dict)
+    health: DeviceHealth = field(default_factory=DeviceHealth)
+    """Devices failing their rounds or sitting the key epoch out (and why)."""
 
     @property
     def link(self) -> str:
@@ -74,6 +77,8 @@ class ServiceStatus:
                     else max(0.0, now - t.last_seen[device])
                 ),
                 **asdict(t.device_rounds.get(device, none)),
+                "failing": self.health.failing.get(device),
+                "sitting_out": self.health.sitting_out.get(device),
             }
             for device in self.enrolled
         ]
@@ -95,6 +100,8 @@ class ServiceStatus:
             "devices": {
                 "enrolled": len(self.enrolled),
                 "online": len(self.online & set(self.enrolled)),
+                "failing": len(self.health.failing),
+                "sitting_out": len(self.health.sitting_out),
                 "list": devices,
             },
             "traffic": {
@@ -118,7 +125,7 @@ class ServiceStatus:
 def service_status(service: CoordinatorService) -> ServiceStatus:
     """Snapshot ``service`` now (safe from any thread, before start and after stop)."""
     state = service.state
-    enrolled, online, completed = _store_figures(service)
+    enrolled, online, completed, health = _store_figures(service, state.epoch)
     traffic = service.transport_stats
     return ServiceStatus(
         federation=service.federation,
@@ -138,25 +145,31 @@ def service_status(service: CoordinatorService) -> ServiceStatus:
         telemetry=service.telemetry.snapshot(),
         collected_at=time.time(),
         site_links=service.site_links,
+        health=health,
     )
 
 
 def _store_figures(
-    service: CoordinatorService,
-) -> tuple[tuple[str, ...], frozenset[str], int]:
-    """Enrolled and online devices, completed rounds: from the store, or its file."""
+    service: CoordinatorService, epoch: int
+) -> tuple[tuple[str, ...], frozenset[str], int, DeviceHealth]:
+    """Enrolled and online devices, completed rounds, the devices in trouble.
+
+    From the store, or (once it is closed) from its file.
+    """
     try:
         store = service.store
         return (
             tuple(sorted(store.enrolled())),
             frozenset(store.online()),
             store.completed_rounds(),
+            device_health(store.get_meta, epoch),
         )
     except (AttributeError, sqlite3.ProgrammingError):
         pass  # not started yet, or stopped: the store is closed
     try:
         found = read_status(service.config.state_dir, errors=0)
     except StatusError:
-        return (), frozenset(), 0  # no store yet
+        return (), frozenset(), 0, DeviceHealth()  # no store yet
     enrolled = tuple(d.device_id for d in found.devices)
-    return enrolled, frozenset(found.online), found.completed_rounds
+    health = DeviceHealth(found.failing, found.sitting_out)
+    return enrolled, frozenset(found.online), found.completed_rounds, health

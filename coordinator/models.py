@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from ursa.coordinator.aggregation import (
     AggregationPolicy,
@@ -49,7 +51,9 @@ from ursa.coordinator.aggregation import (
     AggregationState,
     Weighting,
 )
+from ursa.models.spec import tensor_spec
 from ursa.models.weights import Arrays, arrays_from_bytes, arrays_to_bytes, spec_of
+from ursa.protocol.messages import ModelSpec
 
 __all__ = [
     "DEFAULT_KEEP_VERSIONS",
@@ -58,8 +62,11 @@ __all__ = [
     "ModelVersion",
     "UnsafeModelError",
     "check_model",
+    "signed_spec",
     "write_atomic",
 ]
+
+logger = logging.getLogger("ursa.coordinator")
 
 DEFAULT_KEEP_VERSIONS = 5
 LATEST = "latest.json"
@@ -95,6 +102,24 @@ def check_model(arrays: Arrays, like: Arrays | None = None) -> None:
         if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
             bad = int(np.size(values) - np.count_nonzero(np.isfinite(values)))
             raise UnsafeModelError(f"array {name!r} holds {bad} NaN or inf values")
+
+
+def signed_spec(model: str, arrays: Arrays) -> ModelSpec | None:
+    """The tensor spec of ``model`` at ``arrays``, for `KeyEpochStart.model_spec`.
+
+    None (logged) for a model past the spec's bounds: devices then check a
+    model only when they download it.
+    """
+    try:
+        return ModelSpec.of(model, tensor_spec(arrays))
+    except ValidationError as exc:
+        logger.warning(
+            "%s: the model's tensor spec is not signed into the key epochs "
+            "(devices check their model at the first download instead): %s",
+            model,
+            exc.errors()[0]["msg"],
+        )
+        return None
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from ursa.coordinator.federation_end import FinalModel
 from ursa.coordinator.store import CoordinatorStore
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierPublicKey
-from ursa.protocol.messages import BaseMessage
+from ursa.protocol.messages import BaseMessage, ModelSpec
 
 SignedT = TypeVar("SignedT", bound=BaseMessage)
 """A message the coordinator signs (returned as the same type)."""
@@ -128,6 +128,14 @@ class RoundPlugin(ABC):
     def aggregation_mode(self) -> Literal["secure", "plain"]:
         """How its rounds sum updates, signed into each key epoch (``secure``)."""
         return "secure"
+
+    def model_spec(self) -> ModelSpec | None:
+        """The tensor spec of the model its rounds train, signed into each key epoch.
+
+        Devices check their own model against it before they register
+        (None: no model, nothing to check).
+        """
+        return None
 
     def extend_deadlines(self, seconds: float) -> None:  # noqa: B027 - optional hook
         """The broker was away ``seconds``: give open windows that time back."""

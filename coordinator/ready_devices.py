@@ -16,11 +16,16 @@ from ursa.coordinator.device_sets import OnlineDevices
 from ursa.coordinator.enrolled_devices import EnrolledDevices
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.store import CoordinatorStore
+from ursa.protocol.untrusted_text import escape
 
-__all__ = ["SAT_OUT_KEY", "ReadyDevices"]
+__all__ = ["SAT_OUT_KEY", "SAT_OUT_WHY_KEY", "ReadyDevices"]
 
 SAT_OUT_KEY = "sat_out"
 """Store meta key: JSON ``{device: key epoch}`` of the devices that sat out."""
+SAT_OUT_WHY_KEY = "sat_out_why"
+"""Store meta key: JSON ``{device: why}``, the reason of each one's last sit-out
+(a device's own words escaped, at most `MAX_WHY_CHARS`), for the status."""
+MAX_WHY_CHARS = 300
 
 
 class ReadyDevices:
@@ -44,6 +49,7 @@ class ReadyDevices:
         self._epoch = epoch
         self._ready: set[str] = set()
         self._sat_out: dict[str, int] = {}
+        self._why: dict[str, str] = {}
         self.view = OnlineDevices(self._ready, lambda: self._sat_out, epoch)
         """`ready` without the devices sitting the key epoch out (read-only)."""
         self._store: CoordinatorStore | None = None
@@ -70,6 +76,8 @@ class ReadyDevices:
         self._store = store
         sat_out = json.loads(store.get_meta(SAT_OUT_KEY) or "{}")
         self._sat_out = {str(d): int(e) for d, e in sat_out.items()}
+        why = json.loads(store.get_meta(SAT_OUT_WHY_KEY) or "{}")
+        self._why = {str(d): str(w) for d, w in why.items()}
         devices, online = self._devices, self._presence.online
         self._ready.clear()  # in place: the view shares it
         self._ready.update(
@@ -86,10 +94,15 @@ class ReadyDevices:
         epoch = self._epoch()
         return {device for device, e in self._sat_out.items() if e == epoch}
 
-    def sit_out(self, device: str) -> None:
-        """Leave `device` out of the current key epoch (persisted for a restart)."""
+    def sit_out(self, device: str, why: str = "") -> None:
+        """Leave `device` out of the current key epoch (persisted for a restart).
+
+        ``why`` (a device's words are escaped here) is shown by the status.
+        """
         self._sat_out[device] = self._epoch()
+        self._why[device] = escape(why, MAX_WHY_CHARS)
         self.view.touch(device)
         if self._store is None:
             raise RuntimeError("the ready devices have no store yet")
         self._store.set_meta(SAT_OUT_KEY, json.dumps(self._sat_out))
+        self._store.set_meta(SAT_OUT_WHY_KEY, json.dumps(self._why))

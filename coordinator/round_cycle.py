@@ -86,7 +86,7 @@ class RoundCycle:
         epoch_sets: Who the current key epoch's rounds draw from, or None.
         start_key_epoch: Starts a new key epoch without the given devices.
         health: The selected devices' streaks of failed rounds.
-        sit_out: Leaves a device out of the current key epoch.
+        sit_out: Leaves a device out of the current key epoch (and why).
         sitting_out: The devices sitting the current key epoch out.
     """
 
@@ -108,7 +108,7 @@ class RoundCycle:
         epoch_sets: Callable[[], EpochSets | None],
         start_key_epoch: Callable[[float, frozenset[str]], None],
         health: TrainingHealth,
-        sit_out: Callable[[str], None],
+        sit_out: Callable[[str, str], None],
         sitting_out: Callable[[], Set[str]],
     ) -> None:
         self._config = config
@@ -373,7 +373,7 @@ class RoundCycle:
                     streak.count,
                     round_index,
                 )
-                self._sit_out(device)
+                self._sit_out(device, f"failed {streak.count} training rounds in a row")
         self._opened().set_meta(HEALTH_KEY, self._health.to_json())
 
 

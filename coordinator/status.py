@@ -10,7 +10,8 @@ the coordinator's writes), and model checkpoints are read from their
 What the store persists, and so what status can show: the stage, key epoch
 (agent, recipients, registrations), round, enrolled devices with their
 fingerprints and presence, each round's volunteers and selection, the live
-phases, the devices refusing this coordinator or sitting an epoch out, and
+phases, the devices refusing this coordinator or sitting an epoch out (and
+why) or failing their rounds (`ursa.coordinator.device_health`), and
 the newest refusals (`CoordinatorStore.record_error`; at most
 `SHOWN_PER_DEVICE` of one device, so one device's flood hides no other's),
 each model's last
@@ -29,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ursa.coordinator.device_health import device_health
 from ursa.coordinator.enrolled_devices import REFUSING_KEY
 from ursa.coordinator.ready_devices import SAT_OUT_KEY
 from ursa.coordinator.stage_machine import STATE_KEY
@@ -40,7 +42,6 @@ from ursa.coordinator.store import (
     ErrorRecord,
     error_record,
 )
-from ursa.coordinator.training_health import HEALTH_KEY, TrainingHealth
 
 __all__ = [
     "DeviceStatus",
@@ -104,6 +105,8 @@ class FederationStatus:
     sat_out: dict[str, int]
     failing: dict[str, int]
     """Devices that failed two or more selected rounds in a row: how many."""
+    sitting_out: dict[str, str]
+    """Devices sitting the current key epoch out: why (`DeviceHealth`)."""
     last_round: RoundSummary | None
     trained: dict[str, dict[str, Any]]
     """Each model's last training round's figures (updates, accuracy, device
@@ -186,6 +189,7 @@ def _read(db: sqlite3.Connection, errors: int) -> dict[str, Any]:
         recent = tuple(error_record(tuple(r)) for r in rows)
     phases = tuple(str(r[0]) for r in db.execute("SELECT key FROM phases ORDER BY key"))
     deadline = state.get("deadline_at")
+    health = device_health(meta.get, epoch)
     return {
         "stage": str(state.get("stage", "enrolment")),  # none saved: the first
         "epoch": epoch,
@@ -201,7 +205,8 @@ def _read(db: sqlite3.Connection, errors: int) -> dict[str, Any]:
         "sat_out": {
             str(d): int(e) for d, e in json.loads(meta.get(SAT_OUT_KEY, "{}")).items()
         },
-        "failing": _failing(meta.get(HEALTH_KEY)),
+        "failing": dict(health.failing),
+        "sitting_out": dict(health.sitting_out),
         "last_round": _last_round(db),
         "trained": _trained(meta),
         "live_phases": phases,
@@ -257,10 +262,3 @@ def _models(root: Path) -> tuple[ModelStatus, ...]:
         except (OSError, ValueError, KeyError, TypeError):
             continue  # being replaced, or foreign: status shows what it can
     return tuple(found)
-
-
-def _failing(text: str | None) -> dict[str, int]:
-    """Failure streaks of two or more rounds, by device (`TrainingHealth`)."""
-    health = TrainingHealth(sit_out_after=0)
-    health.restore(text)
-    return {device: streak.count for device, streak in health.failing().items()}

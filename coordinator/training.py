@@ -80,7 +80,7 @@ from ursa.coordinator.model_transfer import (
     Uploads,
     model_notice,
 )
-from ursa.coordinator.models import ModelStore, UnsafeModelError
+from ursa.coordinator.models import ModelStore, UnsafeModelError, signed_spec
 from ursa.coordinator.plugin import CoordinatorView, RoundOutcome, RoundPlugin, Send
 from ursa.coordinator.secure_aggregation.session import (
     SecureAggregation,
@@ -105,6 +105,7 @@ from ursa.protocol.messages import (
     ErrorCode,
     MaskedUpdate,
     ModelAvailable,
+    ModelSpec,
     TransferManifest,
 )
 from ursa.protocol.messages import ModelUpdate as UpdateMessage
@@ -222,6 +223,7 @@ class TrainingPlugin(RoundPlugin):
         self._latest = latest
         self._arrays = self._store.load_arrays(latest)
         self._payload = self._store.load_bytes(latest)
+        self._spec = signed_spec(self.config.model, self._arrays)
         self._evaluate = evaluate
         self._on_round = on_round
         self._clock = clock
@@ -461,6 +463,10 @@ class TrainingPlugin(RoundPlugin):
             dict(self._arrays),
             metrics,
         )
+
+    def model_spec(self) -> ModelSpec | None:
+        """The model's tensor spec (every version has the initial one's)."""
+        return self._spec
 
     def aggregation_mode(self) -> Literal["secure", "plain"]:
         """``secure`` (masked sums) or ``plain``, as its configuration says."""

@@ -219,7 +219,7 @@ class ArrayModelTrainer(ModelTrainer):
         own = self.app.initial_weights()
         if own is None:
             return
-        theirs = _as_list(global_arrays)
+        theirs = list(global_arrays.values())  # no copy: a signed spec's views
         if len(own) != len(theirs):
             raise ModelMismatchError(
                 str(min(len(own), len(theirs))),

@@ -174,6 +174,7 @@ class EdgeClient:
             final_dir=config.state_dir / FINAL_DIRNAME,
             trainer=self.data.trainer,
             models=self.downloads,
+            sits_out=lambda: self.key_epoch.view.sits_out,
             lock=self._lock,
             callbacks=callbacks,
         )

@@ -14,7 +14,10 @@ then calls the app's ``on_finished`` and sets `finished` (`EdgeClient.run`
 returns, ``ursa device run`` exits 0). The ONNX export runs in a thread of
 its own: a device stopped meanwhile exits at once, with the weights only.
 A device that trains no model (a selection-only one) finishes at once
-without files.
+without files, and so does one that sat the last key epoch out (its data or
+model does not fit the federation's, `ursa.edge_sdk.model_fit`) or whose
+trainer refuses the final weights (`ModelTrainer.check_arrays`): it saves
+no model its own module could not load.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -89,7 +93,8 @@ class EndOfFederation:
     """`FederationEnd`: the final model saved, ``on_finished``, `finished` set.
 
     Handed the device's downloads (to take the final version as every
-    version is downloaded) and the client's lock (the ONNX export finishes
+    version is downloaded), whether it sits the key epoch out (``sits_out``:
+    then no model is saved) and the client's lock (the ONNX export finishes
     on a thread of its own). The coordinator's signature is checked by the
     client before the message gets here.
     """
@@ -101,6 +106,7 @@ class EndOfFederation:
         final_dir: Path,
         trainer: Trainer,
         models: ModelView,
+        sits_out: Callable[[], bool],
         lock: threading.RLock,
         callbacks: DeviceCallbacks | None,
     ) -> None:
@@ -111,6 +117,7 @@ class EndOfFederation:
         """Set once the final model is saved and ``on_finished`` called."""
         self._trainer = trainer
         self._models = models
+        self._sits_out = sits_out
         self._lock = lock
         self._callbacks = callbacks
         self._end: FederationEnd | None = None
@@ -130,6 +137,15 @@ class EndOfFederation:
         models = self._models
         trainer = model_trainer_of(self._trainer)
         if message.model is None or trainer is None or message.model != trainer.model:
+            self._finish(message, None)
+            return
+        if self._sits_out():
+            logger.warning(
+                "%s: no final model saved: this device sat the key epoch out "
+                "(its data or model does not fit the federation's; see the error "
+                "above)",
+                self.device_id,
+            )
             self._finish(message, None)
             return
         version = message.model_version
@@ -170,7 +186,7 @@ class EndOfFederation:
         if self._finishing:
             return
         self._finishing = True
-        if arrays is None:
+        if arrays is None or not self._loadable(arrays):
             self._finished(message, None, None)
             return
         weights = self._save_weights(message, arrays)
@@ -183,6 +199,22 @@ class EndOfFederation:
             name=f"ursa-final-{self.device_id}",
             daemon=True,
         ).start()
+
+    def _loadable(self, arrays: Arrays) -> bool:
+        """Whether the trainer's own model takes ``arrays`` (else logged)."""
+        trainer = model_trainer_of(self._trainer)
+        if trainer is None:
+            return True
+        try:
+            trainer.check_arrays(arrays)
+        except ValueError as exc:
+            logger.error(
+                "%s: final model not saved: it does not fit this device's model: %s",
+                self.device_id,
+                exc,
+            )
+            return False
+        return True
 
     def _export_then_finish(
         self, message: FederationEnd, arrays: Arrays, weights: Path

@@ -6,14 +6,16 @@ Dubhe Fig. 4 (left half):
 
 Adopt a signed `KeyEpochStart`, taking the agent's identity from its
 `agent_keys` (covered by the coordinator's signature, and certified by the
-operator under ``[trust]``), and compute the registry slot from the local
-label histogram (Algorithm 1, never sent). The agent generates the Paillier
-key, stores its secret key (0600) before publishing the signed public key,
-and seals the secret key to every recipient the operator certified, bound to
-federation and epoch, page by page as the coordinator's `SealRequest` pages
-arrive (each page's boxes go back in one `SealedKeys`). The others verify
-the public key's signature and open their box, checking the secret key
-matches the public key.
+operator under ``[trust]``), check the labels against its ``num_classes``
+and the trainer's model against its ``model_spec`` (`ursa.edge_sdk.model_fit`:
+a device that does not fit sits the epoch out, `sit_out`), and compute the
+registry slot from the local label histogram (Algorithm 1, never sent).
+The agent generates the Paillier key, stores its secret key (0600) before
+publishing the signed public key, and seals the secret key to every
+recipient the operator certified, bound to federation and epoch, page by
+page as the coordinator's `SealRequest` pages arrive (each page's boxes go
+back in one `SealedKeys`). The others verify the public key's signature and
+open their box, checking the secret key matches the public key.
 
 Register: encrypt the one-hot registry with the epoch key (pooled
 obfuscators). Decrypt the overall registry and check that it sums to its
@@ -49,6 +51,7 @@ from ursa.edge_sdk.data_check import DataProblem, reason_of
 from ursa.edge_sdk.device_link import DeviceLink
 from ursa.edge_sdk.epoch_view import CurrentEpoch, KeyEpochView
 from ursa.edge_sdk.local_dataset import LocalDataset
+from ursa.edge_sdk.model_fit import spec_problems
 from ursa.edge_sdk.registration import is_one_hot, registry_indices, registry_vector
 from ursa.edge_sdk.state import StoredEpoch
 from ursa.edge_sdk.stats import DeviceStats
@@ -227,7 +230,11 @@ class KeyEpoch:
         self._view.adopt(notice, payload, agent)
         codebook = Codebook(notice.num_classes, notice.groups)
         distribution = self._data.distribution(notice.num_classes)
-        problems = (*self._data.problems(notice.num_classes), *self._model_problems())
+        data = self._data
+        fit = spec_problems(data.model_trainer, notice.model_spec, data.labels)
+        if fit is None:  # no signed spec of our model: the last download's verdict
+            fit = self._model_problems()
+        problems = (*data.problems(notice.num_classes), *fit)
         if problems or distribution is None:
             self.sit_out(notice.round, problems, notice.message_id)
         else:

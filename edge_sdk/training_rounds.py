@@ -29,9 +29,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-import numpy as np
-from numpy.typing import NDArray
-
 from ursa.edge_sdk.callbacks import (
     DeviceCallbacks,
     DeviceError,
@@ -40,17 +37,13 @@ from ursa.edge_sdk.callbacks import (
     Selected,
     notify,
 )
-from ursa.edge_sdk.data_check import (
-    DataFacts,
-    DataProblem,
-    FederationFacts,
-    data_problems,
-)
+from ursa.edge_sdk.data_check import DataProblem
 from ursa.edge_sdk.device_link import DeviceLink
 from ursa.edge_sdk.downloads import ModelDownloads
 from ursa.edge_sdk.epoch_view import CurrentEpoch
 from ursa.edge_sdk.local_dataset import LocalDataset
 from ursa.edge_sdk.method import DeviceMethod, TrainPlan
+from ursa.edge_sdk.model_fit import model_problems
 from ursa.edge_sdk.secure_aggregation.participant import SecAggError
 from ursa.edge_sdk.secure_aggregation.rounds import Contribution, MaskingRounds
 from ursa.edge_sdk.stats import DeviceStats, TrainingStats
@@ -498,7 +491,8 @@ class TrainingRounds:
         """Whether a downloaded version fits the data and model (else refused)."""
         trainer = self._data.model_trainer
         if trainer is not None:
-            problems = _model_problems(trainer, arrays, self._data.labels, version)
+            model = f"model {trainer.model} v{version}"
+            problems = model_problems(trainer, arrays, self._data.labels, model)
             if problems:
                 self._refuse_model(version, problems)
                 return False
@@ -550,32 +544,3 @@ class TrainingRounds:
         notice = self._model_notice
         self.downloads.request(now, 0 if notice is None else notice.round)
         self.maybe_train()
-
-
-def _model_problems(
-    trainer: ModelTrainer,
-    arrays: Arrays,
-    labels: NDArray[np.int64],
-    version: int,
-) -> tuple[DataProblem, ...]:
-    """How a downloaded global model does not fit this device (its data, its model)."""
-    model = f"model {trainer.model} v{version}"
-    federation = FederationFacts(
-        model_features=trainer.model_features(arrays), model=model
-    )
-    facts = DataFacts.of(labels, trainer.features)
-    problems = tuple(data_problems(facts, federation))
-    if problems:
-        return problems
-    try:
-        trainer.check_arrays(arrays)
-    except ValueError as exc:
-        return (
-            DataProblem(
-                f"the federation's {model} does not fit this device's model: {exc}",
-                "give the device the federation's model ([training] "
-                "architecture and model_options, or the app's module)",
-                model=True,
-            ),
-        )
-    return ()

@@ -40,6 +40,7 @@ __all__ = [
     "first_mismatch",
     "is_import_path",
     "load_factory",
+    "spec_arrays",
     "tensor_spec",
 ]
 
@@ -119,6 +120,21 @@ def tensor_spec(arrays: Mapping[str, FloatArray]) -> TensorSpec:
         )
         for name, a in arrays.items()
     )
+
+
+def spec_arrays(spec: TensorSpec) -> dict[str, FloatArray]:
+    """Read-only arrays of ``spec``'s names, shapes and kinds, holding no memory.
+
+    Each is a zero broadcast to its shape (one value, whatever the shape), so
+    a trainer's ``check_arrays`` can judge a signed spec as it judges a
+    downloaded model, before any model is downloaded.
+    """
+    return {
+        name: np.broadcast_to(
+            np.zeros((), dtype=np.int64 if kind == "int" else np.float32), shape
+        )
+        for name, shape, kind in spec
+    }
 
 
 def first_mismatch(

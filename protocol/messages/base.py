@@ -24,7 +24,7 @@ from typing_extensions import Self
 
 from ursa._compat import StrEnum
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 """2: `KeyEpochStart` carries the federation's signed method list. 3: one
 `secure_mean` family. 4: every message carries `run`; `EnrolResult` is signed.
 6: model updates are summed under masks (`secure_aggregation`); `KeyEpochStart`
@@ -32,7 +32,9 @@ signs the aggregation mode. 7: bounded influence and safe defaults (the agent's
 registry check, signed named refusals, operator certificates on every relayed
 identity; docs/protocol.md "Version 7"). 8: every coordinator message but a
 chunk is signed, and `ModelAvailable` names the model's SHA-256
-(docs/protocol.md "Version 8")."""
+(docs/protocol.md "Version 8"). 10: `KeyEpochStart` signs the global model's
+tensor spec (`ModelSpec`), so a device whose model does not fit sits the epoch
+out before any selection (docs/protocol.md "Version 10")."""
 
 COORDINATOR = "coordinator"
 """The `sender` of coordinator messages; reserved, never a device id."""

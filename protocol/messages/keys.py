@@ -40,6 +40,87 @@ class MethodSetting(_Frozen):
     value: float
 
 
+MAX_SPEC_TENSORS = 4096
+"""Most tensors a signed `ModelSpec` lists (a ResNet-152's state dict has ~900)."""
+MAX_TENSOR_NAME = 256
+"""Longest tensor name in a `ModelSpec`."""
+MAX_SPEC_NAME_CHARS = 128 * 1024
+"""Most characters all of a spec's tensor names take together, so a spec is at
+most about 400 KiB (4096 tensors of 8 dimensions), within the payload cap."""
+MAX_TENSOR_DIMS = 8
+MAX_DIMENSION = 2**32 - 1
+MAX_SPEC_VALUES = 2**36
+"""Most values all of a spec's tensors hold together (a device checks its
+model against the spec without allocating any of them)."""
+
+
+class ModelTensor(_Frozen):
+    """One tensor of a `ModelSpec` (not a message): its name, shape and kind.
+
+    ``kind`` is ``"float"`` or ``"int"`` (an integer buffer such as BatchNorm's
+    ``num_batches_tracked``), as `ursa.models.spec.tensor_spec` names them.
+    """
+
+    name: Annotated[str, Field(min_length=1, max_length=MAX_TENSOR_NAME)]
+    shape: Annotated[
+        tuple[Annotated[int, Field(ge=0, le=MAX_DIMENSION)], ...],
+        Field(max_length=MAX_TENSOR_DIMS),
+    ]
+    kind: Literal["float", "int"]
+
+
+class ModelSpec(_Frozen):
+    """The global model's tensors, in order (not a message): what a device checks.
+
+    Signed into `KeyEpochStart`, so a device whose own model does not fit
+    (another architecture, another class count) sits the epoch out before
+    any selection, naming the first tensor that differs, instead of being
+    selected and failing. ``model`` is the model's wire name (a device
+    compares only a spec of the model it trains).
+    """
+
+    model: Name
+    tensors: Annotated[
+        tuple[ModelTensor, ...], Field(min_length=1, max_length=MAX_SPEC_TENSORS)
+    ]
+
+    @_model_validator(mode="after")
+    def _bounded(self) -> Self:
+        unique_entries(tuple(t.name for t in self.tensors))
+        if sum(len(t.name) for t in self.tensors) > MAX_SPEC_NAME_CHARS:
+            raise ValueError(f"tensor names longer than {MAX_SPEC_NAME_CHARS} in all")
+        values = 0
+        for tensor in self.tensors:
+            size = 1
+            for dim in tensor.shape:
+                size *= dim
+            values += size
+        if values > MAX_SPEC_VALUES:
+            raise ValueError(f"the tensors hold more than {MAX_SPEC_VALUES} values")
+        return self
+
+    @classmethod
+    def of(
+        cls, model: str, tensors: tuple[tuple[str, tuple[int, ...], str], ...]
+    ) -> ModelSpec:
+        """The spec of ``model`` from its (name, shape, kind) triples.
+
+        Raises:
+            pydantic.ValidationError: a model past the bounds above.
+        """
+        return cls(
+            model=model,
+            tensors=tuple(
+                ModelTensor(name=n, shape=s, kind="int" if k == "int" else "float")
+                for n, s, k in tensors
+            ),
+        )
+
+    def triples(self) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+        """The (name, shape, kind) triples (`ursa.models.spec.TensorSpec`)."""
+        return tuple((t.name, t.shape, t.kind) for t in self.tensors)
+
+
 class KeyEpochStart(BaseMessage):
     """Coordinator to all: a new key epoch, its agent and registry parameters.
 
@@ -50,6 +131,9 @@ class KeyEpochStart(BaseMessage):
     with `method_mismatch` instead of silently skipping their steps;
     `method_settings` carries the values those methods' device halves take
     from the coordinator (FedProx's ``mu``), signed with the rest.
+    `model_spec` is the global model's tensor spec (None: the federation
+    trains no model, or its model is past `ModelSpec`'s bounds): every device
+    checks its own model against it before it registers.
     """
 
     kind: Literal["key_epoch_start"] = "key_epoch_start"
@@ -72,6 +156,7 @@ class KeyEpochStart(BaseMessage):
     aggregation: Literal["secure", "plain"] = "secure"
     """How the rounds sum model updates: under masks, or in the clear (a device
     sends a plain update only if its own config allows it)."""
+    model_spec: ModelSpec | None = None
 
     @_model_validator(mode="after")
     def _registry_params(self) -> Self:

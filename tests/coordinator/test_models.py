@@ -20,6 +20,7 @@ from ursa.coordinator.models import (
     ModelVersion,
     UnsafeModelError,
     check_model,
+    signed_spec,
     write_atomic,
 )
 from ursa.models.weights import arrays_to_bytes
@@ -152,3 +153,37 @@ def test_a_non_finite_checkpoint_or_initial_file_is_refused(tmp_path: Path) -> N
     old = ModelVersion("b", 3, 3, digest, path.stat().st_size, path)
     with pytest.raises(UnsafeModelError):
         store.load_arrays(old)
+
+
+def test_the_signed_spec_names_every_tensor_its_shape_and_kind() -> None:
+    arrays = {
+        "fc.weight": np.zeros((3, 8), dtype=np.float32),
+        "bn.num_batches_tracked": np.zeros((), dtype=np.int64),
+    }
+    spec = signed_spec("classifier", arrays)
+    assert spec is not None and spec.model == "classifier"
+    assert spec.triples() == (
+        ("fc.weight", (3, 8), "float"),
+        ("bn.num_batches_tracked", (), "int"),
+    )
+
+
+def test_a_model_past_the_specs_bounds_is_not_signed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    arrays = {f"t{i}": np.zeros(1, dtype=np.float32) for i in range(5000)}
+    assert signed_spec("classifier", arrays) is None
+    assert "the model's tensor spec is not signed into the key epochs" in caplog.text
+
+
+def test_the_training_plugin_signs_its_models_spec(tmp_path: Path) -> None:
+    from ursa.coordinator.training import TrainingPlugin
+
+    initial = tmp_path / "initial.ursw"
+    arrays = {"w": np.zeros((3, 4), dtype=np.float32)}
+    initial.write_bytes(arrays_to_bytes(arrays))
+    plugin = TrainingPlugin(
+        federation="fed", state_dir=tmp_path, initial_weights=initial
+    )
+    spec = plugin.model_spec()
+    assert spec is not None and spec.triples() == (("w", (3, 4), "float"),)

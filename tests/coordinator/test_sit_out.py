@@ -14,6 +14,7 @@ import pytest
 
 from tests.refusing_device import RefusingDevice
 from ursa.coordinator.methods_config import RandomSpec
+from ursa.coordinator.status import read_status
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.methods_config import RandomSpec as DeviceRandomSpec
 from ursa.protocol.envelope import decode
@@ -88,6 +89,8 @@ def test_labels_outside_the_classes_sit_out_and_rounds_do_not_wait(
         f"{MISFIT} sits out: data_mismatch: {OUTSIDE} (excluded from key epoch 1)"
         in caplog.text
     )
+    status = read_status(fed.config.state_dir)
+    assert status.sitting_out == {MISFIT: f"data_mismatch: {OUTSIDE}"}
 
 
 def test_a_device_that_sits_out_is_eligible_again_in_the_next_epoch(

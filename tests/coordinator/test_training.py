@@ -18,6 +18,7 @@ from ursa.coordinator.methods_config import ClimbSpec, DubheSpec, FedAvgSpec
 from ursa.coordinator.models import ModelStore
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.service import CoordinatorService
+from ursa.coordinator.status import read_status
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin, round_figures
 from ursa.coordinator.training_health import HEALTH_KEY, TrainingHealth
 from ursa.edge_sdk import methods_config as device_specs
@@ -465,33 +466,28 @@ class ShapedTrainer(LinearTrainer):
         return int(np.shape(global_arrays["w"])[0])
 
 
-def test_a_selected_device_whose_features_do_not_fit_sits_out_without_a_wait(
+def test_a_device_whose_features_do_not_fit_sits_out_at_the_key_epoch(
     federation: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     fed = federation(num_devices=5, k=2, tries=1, rounds=3)
     caplog.set_level(logging.INFO)
-
-    def misfit() -> str:  # the first device selected in round 1 holds 2 features
-        return selections(fed)[1][0]
+    bad = fed.device_ids[0]  # it holds 2 features; the model takes 3
 
     def shaped(client: EdgeClient) -> None:
         index = fed.device_ids.index(client.device_id)
-        client.data.trainer = ShapedTrainer(index, client.device_id, misfit)
+        client.data.trainer = ShapedTrainer(index, client.device_id, lambda: bad)
 
     plugin = start_training(
         fed, tmp_path, TrainingConfig(aggregation=PLAIN), prepare=shaped
     )
 
     assert fed.coordinator.is_done and plugin.version == 3  # the clock never moved
-    bad = misfit()
     refusals = [m for _, m in fed.messages("error") if m.code == "data_mismatch"]
-    reason = "samples have 2 features; the federation's model classifier v0 takes 3"
+    reason = "samples have 2 features; the federation's model classifier takes 3"
     assert [(m.sender, m.reason) for m in refusals] == [(bad, reason)]
-    first, *later = plugin.history
-    assert first.dropped == (bad,) and bad not in first.contributed
-    assert all(bad not in r.contributed and r.dropped == () for r in later)
-    chosen = selections(fed)
-    assert bad not in chosen[2] and bad not in chosen[3]
+    assert all(bad not in r.contributed and r.dropped == () for r in plugin.history)
+    assert all(bad not in chosen for chosen in selections(fed).values())
+    assert all(m.sender != bad for _, m in fed.messages("registration"))
     assert all(m.sender != bad for _, m in fed.messages("model_update"))
     assert fed.devices[bad].sits_out and fed.devices[bad].model_version is None
     assert f"{bad} sits out: data_mismatch: {reason}" in caplog.text
@@ -512,9 +508,47 @@ class OtherModelTrainer(LinearTrainer):
         check_fits(own, global_arrays)
 
 
-def test_a_device_with_another_model_answers_model_mismatch_naming_the_tensor(
+def test_a_device_with_another_model_sits_out_at_the_key_epoch_naming_the_tensor(
     federation: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    fed = federation(num_devices=5, k=2, tries=1, rounds=2)
+    caplog.set_level(logging.INFO)
+    bad = fed.device_ids[0]
+
+    def other(client: EdgeClient) -> None:
+        index = fed.device_ids.index(client.device_id)
+        client.data.trainer = OtherModelTrainer(index, client.device_id, lambda: bad)
+
+    plugin = start_training(
+        fed, tmp_path, TrainingConfig(aggregation=PLAIN), prepare=other
+    )
+
+    assert fed.coordinator.is_done and plugin.version == 2
+    (notice, *_) = [m for _, m in fed.messages("key_epoch_start")]
+    assert notice.model_spec.triples() == (("w", (3,), "float"), ("b", (2,), "float"))
+    refusals = [m for _, m in fed.messages("error") if m.code == "model_mismatch"]
+    assert [m.sender for m in refusals] == [bad]
+    assert refusals[0].reason == (
+        "the federation's model classifier does not fit this device's model: "
+        "tensor 'w': shape (4,) in this device's model, (3,) in the federation's "
+        "model"
+    )
+    assert all(bad not in chosen for chosen in selections(fed).values())
+    assert all(r.dropped == () for r in plugin.history)
+    assert fed.devices[bad].model_version is None
+    assert f"{bad} sits out: model_mismatch: " in caplog.text
+    assert read_status(fed.config.state_dir).sitting_out == {
+        bad: f"model_mismatch: {refusals[0].reason}"
+    }
+
+
+def test_without_a_signed_spec_the_download_finds_another_model(
+    federation: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(TrainingPlugin, "model_spec", lambda self: None)
     fed = federation(num_devices=5, k=2, tries=1, rounds=2)
     caplog.set_level(logging.INFO)
 

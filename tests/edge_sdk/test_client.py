@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from tests.edge_sdk.trainers import PlainTrainer, ShapedTrainer
 from ursa.coordinator.config import CoordinatorConfig, DeadlinesConfig, EnrolmentConfig
-from ursa.coordinator.methods_config import ClimbSpec, DubheSpec
+from ursa.coordinator.methods_config import ClimbSpec, DubheSpec, FedAvgSpec
 from ursa.coordinator.plugin import NoTraining, RoundPlugin
 from ursa.coordinator.service import CoordinatorService
 from ursa.crypto.encoding import PackingLayout
@@ -23,8 +24,7 @@ from ursa.edge_sdk.config import DeviceConfig, load_device_config
 from ursa.edge_sdk.method import DeviceMethod, LocalData
 from ursa.edge_sdk.methods.climb.method import Climb
 from ursa.edge_sdk.methods.dubhe.method import Dubhe
-from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer, NoOpTrainer
-from ursa.models.weights import Arrays
+from ursa.edge_sdk.trainer import ModelTrainer, NoOpTrainer
 from ursa.protocol.admission_limits import AdmissionLimits, DropReason
 from ursa.protocol.envelope import decode, encode, message_digest, signing_bytes
 from ursa.protocol.errors import ProtocolError
@@ -35,6 +35,7 @@ from ursa.protocol.messages import (
     EnrolResult,
     ErrorReply,
     IdentityKeys,
+    ModelSpec,
     Registration,
     RingHop,
     RoundAnnounce,
@@ -94,6 +95,7 @@ class Harness:
         self,
         device_id: str,
         methods: list[DeviceMethod] | None = None,
+        trainer: ModelTrainer | None = None,
         **config: Any,
     ) -> EdgeClient:
         cfg = DeviceConfig(
@@ -115,6 +117,7 @@ class Harness:
             ),
             rng=np.random.default_rng(index),
             methods=methods,
+            trainer=trainer,
         )
         self.clients[device_id] = client
         return client
@@ -270,6 +273,46 @@ def test_a_device_without_the_federations_methods_refuses_the_epoch(
     assert f"d0 sits out: method_mismatch: {expected}" in caplog.text
     assert all(c.epoch is None for c in h.clients.values())
     assert h.messages("registration") == []
+
+
+class _SignsASpec(NoTraining):
+    """Selection rounds, with a model spec signed into each key epoch."""
+
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec.of("classifier", (("w", (3, 4), "float"),))
+
+    def methods(self) -> tuple[str, ...]:
+        return ("fedavg",)
+
+
+def test_a_device_whose_model_does_not_fit_the_signed_spec_sits_out_unregistered(
+    harness: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = harness(3, plugin=_SignsASpec(), methods=(DubheSpec(), FedAvgSpec()))
+    caplog.set_level(logging.INFO)
+    h.coordinator.start()
+    for device_id in h.ids:
+        shape = (5, 4) if device_id == "d0" else (3, 4)
+        h.client(device_id, trainer=ShapedTrainer(shape)).start()
+
+    (notice,) = h.messages("key_epoch_start")
+    assert notice.model_spec == _SignsASpec().model_spec()
+    (refusal,) = h.messages("error")
+    assert (refusal.sender, refusal.code) == ("d0", "model_mismatch")
+    assert refusal.reason.startswith(
+        "the federation's model classifier does not fit this device's model: "
+        "tensor 'w': shape (5, 4) in this device's model, (3, 4) in the "
+        "federation's model"
+    )
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any(
+        line.startswith("d0: sitting out key epoch 1: model_mismatch: ")
+        and "\n" not in line
+        for line in lines
+    )
+    assert h.clients["d0"].sits_out
+    assert not h.clients["d1"].sits_out and not h.clients["d2"].sits_out
+    assert {m.sender for m in h.messages("registration")} == {"d1", "d2"}
 
 
 def test_a_wrong_coordinator_pin_stops_the_device(
@@ -541,22 +584,10 @@ def test_a_climb_table_gives_an_app_trainer_the_dual_steps(tmp_path: Path) -> No
         }
     )
 
-    client = EdgeClient(config, np.array([0, 1, 1]), trainer=_PlainTrainer())
+    client = EdgeClient(config, np.array([0, 1, 1]), trainer=PlainTrainer())
 
     assert client.methods() == ("dubhe", "climb")
     assert client.method(Climb).config.eta_d == 0.25
-
-
-class _PlainTrainer(ModelTrainer):
-    """A model trainer without CLIMB settings of its own."""
-
-    def train_delta(
-        self, round_index: int, global_arrays: Arrays, *, delta_scale: float
-    ) -> LocalDelta:
-        return LocalDelta(dict(global_arrays), 3)
-
-    def local_loss(self, global_arrays: Arrays) -> float:
-        return 0.5
 
 
 class _Balances(DeviceMethod):

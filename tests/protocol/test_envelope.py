@@ -371,7 +371,7 @@ def test_other_protocol_version_raises_version_error(version: int) -> None:
     with pytest.raises(VersionError) as info:
         decode(_envelope(m.Heartbeat(**DEV, seq=1), protocol_version=version))
     assert info.value.version == version
-    assert info.value.supported == m.PROTOCOL_VERSION == 9
+    assert info.value.supported == m.PROTOCOL_VERSION == 10
 
 
 @pytest.mark.parametrize("version", ["1", 1.0, True, None])

@@ -46,7 +46,7 @@ def test_common_fields_have_defaults_for_id_time_and_version() -> None:
     first = m.Heartbeat(**DEV, seq=1)
     second = m.Heartbeat(**DEV, seq=1)
 
-    assert first.protocol_version == m.PROTOCOL_VERSION == 9
+    assert first.protocol_version == m.PROTOCOL_VERSION == 10
     assert first.message_id != second.message_id
     assert len(first.message_id) == 32
     assert first.sent_at > 0
@@ -430,3 +430,56 @@ def test_the_agent_splits_a_page_of_boxes_by_its_byte_budget() -> None:
     assert [b for part in parts for b in part] == boxes
     assert all(sum(len(b.box) for b in p) <= SEALED_KEYS_BUDGET for p in parts)
     assert len(parts) == 3  # 16 + 16 + 8
+
+
+def _spec(*tensors: tuple[str, tuple[int, ...], str]) -> m.ModelSpec:
+    return m.ModelSpec.of("classifier", tensors)
+
+
+def test_the_model_spec_is_signed_with_the_epoch_and_round_trips() -> None:
+    spec = _spec(("fc.weight", (3, 8), "float"), ("bn.num_batches_tracked", (), "int"))
+    notice = _epoch(model_spec=spec)
+
+    back = decode(encode(notice))
+    assert isinstance(back, m.KeyEpochStart) and back.model_spec == spec
+    assert back.model_spec.triples() == (
+        ("fc.weight", (3, 8), "float"),
+        ("bn.num_batches_tracked", (), "int"),
+    )
+    assert signing_bytes(_epoch(model_spec=spec)) != signing_bytes(
+        _epoch(model_spec=_spec(("fc.weight", (10, 8), "float")))
+    )
+    assert _epoch().model_spec is None  # a federation that trains no model
+
+
+@pytest.mark.parametrize(
+    "tensors",
+    [
+        (),  # no tensor
+        (("w", (3,), "float"), ("w", (3,), "float")),  # a name twice
+        (("", (3,), "float"),),
+        (("w" * 257, (3,), "float"),),
+        (("w", (1,) * 9, "float"),),  # too many dimensions
+        (("w", (2**32,), "float"),),
+        (("w", (-1,), "float"),),
+        (("w", (2**18, 2**18 + 1), "float"),),  # more than 2^36 values
+        (("w", (3,), "complex"),),
+    ],
+)
+def test_a_model_spec_past_its_bounds_is_refused(tensors: Any) -> None:
+    with pytest.raises(ValidationError):
+        m.ModelSpec(
+            model="classifier",
+            tensors=tuple({"name": n, "shape": s, "kind": k} for n, s, k in tensors),
+        )
+
+
+def test_a_model_spec_lists_at_most_4096_tensors_of_bounded_names() -> None:
+    many = tuple((f"t{i}", (1,), "float") for i in range(m.MAX_SPEC_TENSORS + 1))
+    with pytest.raises(ValidationError):
+        _spec(*many)
+    long_names = tuple((f"{i:04d}" + "n" * 200, (1,), "float") for i in range(700))
+    with pytest.raises(ValidationError, match="tensor names longer than"):
+        _spec(*long_names)
+    largest = _spec(*((f"{i:0200d}", (2,) * 8, "float") for i in range(640)))
+    assert len(encode(_epoch(model_spec=largest))) < 256 * 1024

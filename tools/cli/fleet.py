@@ -197,7 +197,6 @@ def _status_lines(status: FederationStatus, extra: dict[str, Any]) -> list[str]:
         ("pinned, not enrolled yet", extra["pinned_not_enrolled"]),
         ("revoked", extra["revoked"]),
         ("refusing this coordinator", list(status.refusing)),
-        ("sitting the key epoch out", sorted(status.sat_out)),
         (
             "failing training (rounds in a row)",
             [f"{d} ({n})" for d, n in sorted(status.failing.items())],
@@ -206,6 +205,10 @@ def _status_lines(status: FederationStatus, extra: dict[str, Any]) -> list[str]:
     ):
         if names:
             lines.append(f"{label}: {' '.join(names)}")
+    if status.sitting_out:
+        lines.append(f"sitting key epoch {status.epoch} out:")
+        for name, why in sorted(status.sitting_out.items()):
+            lines.append(f"  {name:<16} {why or '-'}")
     if status.errors:
         lines.append("recent errors (newest first):")
         for error in status.errors:

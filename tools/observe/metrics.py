@@ -56,6 +56,25 @@ class StatusCollector(Collector):
         online = len(s.online & set(s.enrolled))
         yield _gauge("ursa_devices_online", "Enrolled devices online.", online)
         yield _gauge(
+            "ursa_devices_failing",
+            "Devices that failed two or more selected rounds in a row.",
+            len(s.health.failing),
+        )
+        yield _gauge(
+            "ursa_devices_sitting_out",
+            "Devices sitting the current key epoch out (their model or data does "
+            "not fit, or they failed too many rounds in a row).",
+            len(s.health.sitting_out),
+        )
+        failing = GaugeMetricFamily(
+            "ursa_device_failed_rounds_in_a_row",
+            "Selected rounds a failing device failed in a row, by device.",
+            labels=["device"],
+        )
+        for device, count in sorted(s.health.failing.items()):
+            failing.add_metric([device], float(count))
+        yield failing
+        yield _gauge(
             "ursa_broker_connected", "1 while the broker link is up.", s.connected
         )
         links = GaugeMetricFamily(

@@ -58,6 +58,7 @@ from ursa.protocol.messages import (
     FeddiskSwitch,
     MadeVerdict,
     MeanReport,
+    ModelSpec,
 )
 from ursa.protocol.router import RejectedError
 
@@ -224,6 +225,10 @@ class FeddiskPlugin(FeddiskJudging):
     def on_device_failed(self, round_index: int, device: str, code: str) -> None:
         """The active model's round stops waiting for a device whose training failed."""
         self._active().on_device_failed(round_index, device, code)
+
+    def model_spec(self) -> ModelSpec | None:
+        """The active phase's model's (a device checks a spec of its own model only)."""
+        return self._active().model_spec()
 
     def aggregation_mode(self) -> Literal["secure", "plain"]:
         """The classifier's (both phases are built from one ``[aggregation]``)."""

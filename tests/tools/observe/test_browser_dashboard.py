@@ -4,7 +4,9 @@ A finished federation (stage done, its broker link closed after a clean
 finish) must look finished, not failed: its completed rounds and enrolled
 devices, a broker dot that is not red, each device's selected / trained /
 failed rounds, the ||p_o - p_u||_1 values a harness added (lower is better),
-a crypto card that says whose time it shows, and round tick values.
+a crypto card that says whose time it shows, and round tick values. A
+device failing its rounds or sitting the key epoch out stands out in the
+devices table (its reason on hover) and in the failing / sitting out card.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 
 from tests.tools.observe.chromium import STATE, DevTools, Page
 from tests.tools.observe.statuses import fixed_status
+from ursa.coordinator.device_health import DeviceHealth
 from ursa.coordinator.live_status import ServiceStatus
 from ursa.coordinator.telemetry import Telemetry
 from ursa.coordinator.training import RoundRecord
@@ -121,3 +124,52 @@ def test_before_round_one_the_demo_says_the_figure_comes_with_the_rounds(
         said = _text(page, "empty-l1")
         assert "Not known here" not in said and "when a round completes" in said
         assert page.evaluate("document.getElementById('link').className") == "dot up"
+
+
+def test_failing_and_sitting_out_devices_stand_out_with_their_reason(
+    browser: DevTools,
+) -> None:
+    why = "model_mismatch: tensor 'fc.weight': shape (3, 8) here, (10, 8) there"
+    health = DeviceHealth(failing={"d3": 2}, sitting_out={"d1": why})
+    troubled = dataclasses.replace(fixed_status(), health=health)
+    with ObserveServer(lambda: troubled, Listen("127.0.0.1", 0)) as view:
+        page = Page(browser)
+        page.call("Page.navigate", {"url": view.url})
+        page.wait_for(STATE, "ready", "the dashboard drawn from /api/status")
+
+        assert _text(page, "trouble") == "1 / 1"
+        assert "trouble" in page.evaluate(
+            "document.getElementById('trouble').className"
+        )
+        assert _column(page, 1) == [
+            "online, sitting out",
+            "online",
+            "offline, failing",
+        ]
+        health_of = page.evaluate(
+            "Array.from(document.querySelectorAll('#devices-table tbody tr'))"
+            ".map(function (r) { return r.cells[1].dataset.health; })"
+        )
+        assert health_of == ["sitting-out", "ok", "failing"]
+        titles = page.evaluate(
+            "Array.from(document.querySelectorAll('#devices-table tbody tr'))"
+            ".map(function (r) { return r.cells[1].title; })"
+        )
+        assert titles == [
+            f"sits the key epoch out: {why}",
+            "",
+            "failed 2 selected rounds in a row",
+        ]
+
+
+def test_a_healthy_fleet_shows_no_trouble(browser: DevTools) -> None:
+    with ObserveServer(fixed_status, Listen("127.0.0.1", 0)) as view:
+        page = Page(browser)
+        page.call("Page.navigate", {"url": view.url})
+        page.wait_for(STATE, "ready", "the dashboard drawn from /api/status")
+
+        assert _text(page, "trouble") == "0 / 0"
+        assert page.evaluate("document.getElementById('trouble').className") == (
+            "value"
+        )
+        assert _column(page, 1) == ["online", "online", "offline"]

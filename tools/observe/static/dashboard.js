@@ -221,8 +221,17 @@
       const row = body.insertRow();
       row.insertCell().textContent = d.id;
       const state = row.insertCell();
-      state.textContent = d.online ? "online" : "offline";
-      state.className = d.online ? "online" : "offline";
+      const sits = typeof d.sitting_out === "string";
+      const failing = typeof d.failing === "number";
+      state.textContent = (d.online ? "online" : "offline") +
+        (sits ? ", sitting out" : failing ? ", failing" : "");
+      state.className = sits || failing ? "trouble" : d.online ? "online" : "offline";
+      state.dataset.health = sits ? "sitting-out" : failing ? "failing" : "ok";
+      if (sits) {
+        state.title = "sits the key epoch out: " + (d.sitting_out || "no reason given");
+      } else if (failing) {
+        state.title = "failed " + d.failing + " selected rounds in a row";
+      }
       row.insertCell().textContent = ago(d.last_seen_ago_s);
       ["selected", "trained", "failed"].forEach(function (name) {
         const cell = row.insertCell();
@@ -273,6 +282,9 @@
       " completed, " + s.updates + " updates");
     text("devices", s.devices.online + " / " + s.devices.enrolled);
     text("devices-sub", "online / enrolled");
+    text("trouble", (s.devices.failing || 0) + " / " + (s.devices.sitting_out || 0));
+    $("trouble").className = "value" +
+      ((s.devices.failing || 0) + (s.devices.sitting_out || 0) > 0 ? " trouble" : "");
     const server = s.accuracy.server;
     const federated = s.accuracy.federated;
     text("accuracy", pct(server !== undefined ? server : federated));
