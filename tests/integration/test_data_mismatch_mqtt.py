@@ -1,4 +1,7 @@
-"""A device whose data does not fit sits out over a real Mosquitto; nothing waits."""
+"""A device whose data or model does not fit sits out over a real Mosquitto.
+
+It sits the key epoch out before any selection, so no round waits on it.
+"""
 
 from __future__ import annotations
 
@@ -121,15 +124,96 @@ def test_a_device_with_32_features_sits_out_of_a_64_feature_federation(
         thread.join(timeout=60)
     assert service.is_done, f"stuck at {service.state}"
     refusals = [m for _, m in fed.capture.messages("error") if m.sender == misfit]
-    reason = "samples have 32 features; the federation's model classifier v0 takes 64"
+    reason = "samples have 32 features; the federation's model classifier takes 64"
     assert {(m.code, m.reason) for m in refusals} == {("data_mismatch", reason)}
     chosen = {
         m.round: set(m.selected) for _, m in fed.capture.messages("selection_result")
     }
     assert sorted(chosen) == [1, 2, 3]
-    # (its answer races round 1's training over the broker; by round 3 it is in)
-    assert misfit not in chosen[3]
+    assert all(misfit not in s for s in chosen.values())  # out at the key epoch
     assert plugin.version == 3
     assert all(misfit not in r.contributed for r in plugin.history)
-    assert all(set(r.dropped) <= {misfit} for r in plugin.history)
+    assert all(r.dropped == () for r in plugin.history)
     assert fed.clients[misfit].sits_out
+
+
+def test_a_device_with_a_wrong_shaped_model_sits_out_at_the_key_epoch(
+    mqtt_federation: Any, tmp_path: Path
+) -> None:
+    """It names the tensor before any selection, trains nothing, saves no model."""
+    from ursa.coordinator.status import read_status
+    from ursa.edge_sdk.torch_trainer import TorchTrainer
+    from ursa.edge_sdk.training import TrainConfig
+    from ursa.models.registry import initial_arrays
+
+    fed = mqtt_federation("itshape")
+    initial = tmp_path / "initial.ursw"
+    model = {"input_dim": 16, "num_classes": 10, "hidden_sizes": [8]}
+    initial.write_bytes(arrays_to_bytes(initial_arrays("mlp", model, seed=0)))
+    config = fed.coordinator_config(
+        4,
+        k=2,
+        tries=1,
+        rounds=3,
+        methods=(RandomSpec(), FedAvgSpec()),
+        deadlines=DEADLINES,
+    )
+    plugin = TrainingPlugin(
+        federation="itshape",
+        state_dir=config.state_dir,
+        config=TrainingConfig(update_timeout_s=NEVER_S),
+        initial_weights=initial,
+    )
+    service = CoordinatorService(config, plugin=plugin)
+    service.start()
+    thread = threading.Thread(target=service.run, name="coordinator", daemon=True)
+    thread.start()
+    misfit, *others = fed.device_ids(4)
+    rng = np.random.default_rng(0)
+    clients = []
+    for index, device_id in enumerate(fed.device_ids(4)):
+        hidden = [12] if device_id == misfit else [8]  # same data, another model
+        y = device_labels(index)
+        trainer = TorchTrainer(
+            rng.normal(size=(len(y), 16)).astype(np.float32),
+            y,
+            model_config={**model, "hidden_sizes": hidden},
+            train=TrainConfig(batch_size=32),
+            seed=index,
+        )
+        methods = (DeviceRandomSpec(), DeviceFedAvgSpec())
+        clients.append(
+            fed.start_device(
+                device_id, y, seed=index, trainer=trainer, method_specs=methods
+            )
+        )
+
+    with polling(clients):
+        thread.join(timeout=60)
+        fed.capture.wait_for(
+            lambda: all(c.finished.is_set() for c in clients), 30, "the end"
+        )
+    assert service.is_done, f"stuck at {service.state}"
+    (notice, *_) = [m for _, m in fed.capture.messages("key_epoch_start")]
+    assert notice.model_spec is not None and notice.model_spec.model == "classifier"
+    refusals = [m for _, m in fed.capture.messages("error") if m.sender == misfit]
+    assert [m.code for m in refusals] == ["model_mismatch"]
+    assert refusals[0].reason.startswith(
+        "the federation's model classifier does not fit this device's model: "
+        "tensor 'net.1.weight': shape (12, 16) in this device's model, (8, 16) "
+        "in the federation's model"
+    )
+    assert all(m.sender != misfit for _, m in fed.capture.messages("registration"))
+    chosen = {
+        m.round: set(m.selected) for _, m in fed.capture.messages("selection_result")
+    }
+    assert sorted(chosen) == [1, 2, 3]
+    assert all(misfit not in s and len(s) == 2 for s in chosen.values())
+    assert plugin.version == 3
+    assert all(r.dropped == () and r.failed == () for r in plugin.history)
+    assert fed.clients[misfit].sits_out
+    assert not (fed.clients[misfit].final_dir / "model.ursw").exists()
+    for device_id in others:
+        assert (fed.clients[device_id].final_dir / "model.ursw").is_file()
+    status = read_status(config.state_dir)
+    assert status.sitting_out == {misfit: f"model_mismatch: {refusals[0].reason}"}
