@@ -17,6 +17,8 @@ has nothing checked here.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -28,10 +30,12 @@ from ursa.edge_sdk.data_check import (
 )
 from ursa.edge_sdk.trainer import ModelTrainer
 from ursa.models.spec import spec_arrays
-from ursa.models.weights import Arrays
+from ursa.models.weights import Arrays, WeightsError
 from ursa.protocol.messages import ModelSpec
 
 __all__ = ["model_problems", "spec_problems"]
+
+logger = logging.getLogger("ursa.edge_sdk")
 
 
 def model_problems(
@@ -39,11 +43,15 @@ def model_problems(
     arrays: Arrays,
     labels: NDArray[np.int64],
     model: str,
+    *,
+    misfit: tuple[type[Exception], ...] = (ValueError,),
 ) -> tuple[DataProblem, ...]:
     """How the federation's ``model`` at ``arrays`` does not fit this device.
 
     Its data first (features per sample), then its own model (the first
     tensor that differs); ``model`` names the federation's model in messages.
+    ``misfit``: what ``check_arrays`` raises for a model that does not fit
+    (other exceptions propagate).
     """
     federation = FederationFacts(
         model_features=trainer.model_features(arrays), model=model
@@ -54,7 +62,7 @@ def model_problems(
         return problems
     try:
         trainer.check_arrays(arrays)
-    except ValueError as exc:
+    except misfit as exc:
         return (
             DataProblem(
                 f"the federation's {model} does not fit this device's model: {exc}",
@@ -74,10 +82,29 @@ def spec_problems(
     """How the signed ``spec`` does not fit this device (empty: it fits).
 
     None when there is nothing to judge: no model trained here, no spec
-    signed, or a spec of another model than the trainer's.
+    signed, a spec of another model than the trainer's, or an app trainer
+    whose check needs real weights. Only a `WeightsError` (ursa's own
+    checks: `ModelMismatchError` names the tensor) counts as a misfit here;
+    anything else an app's ``check_arrays`` raises on the spec's read-only
+    views (writing into them, say) is logged, and the first download is
+    judged instead: a device is never sat out for what its check could not do.
     """
     if trainer is None or spec is None or spec.model != trainer.model:
         return None
-    return model_problems(
-        trainer, spec_arrays(spec.triples()), labels, f"model {spec.model}"
-    )
+    try:
+        return model_problems(
+            trainer,
+            spec_arrays(spec.triples()),
+            labels,
+            f"model {spec.model}",
+            misfit=(WeightsError,),
+        )
+    except Exception as exc:  # the app's check_arrays or model_features
+        logger.warning(
+            "the trainer cannot judge the signed spec of model %s (%s: %s); "
+            "its model is checked at the first download instead",
+            spec.model,
+            type(exc).__name__,
+            exc,
+        )
+        return None

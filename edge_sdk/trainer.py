@@ -154,7 +154,15 @@ class ModelTrainer(Trainer):
         return None
 
     def check_arrays(self, global_arrays: Arrays) -> None:
-        """Raise ValueError if the arrays do not fit the model (default: accept)."""
+        """Raise ValueError if the arrays do not fit the model (default: accept).
+
+        Called with each downloaded version and, before the device registers,
+        with the key epoch's signed spec as read-only zero-size views (only
+        their names, shapes and dtypes are real). At the key epoch only a
+        `ModelMismatchError` (`ursa.models.spec.check_fits` raises it, naming
+        the tensor) sits the device out; another error there defers the
+        judgement to the first download.
+        """
 
     @property
     def features(self) -> int | None:

@@ -207,3 +207,24 @@ def test_a_device_without_insecure_test_keys_refuses_small_keys_and_sits_out(
     assert registered and MISFIT not in registered
     selected = [set(m.selected) for _, m in fed.messages("selection_result")]
     assert selected and all(MISFIT not in s for s in selected)
+
+
+def test_status_names_the_device_sitting_out_with_its_reason(
+    federation: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ursa.tools.cli.app import main
+
+    from .test_status import _clear_ursa_env, _config_file
+
+    _clear_ursa_env(monkeypatch)
+    fed = configure(federation, "random")
+    start_with_misfit(fed, np.r_[np.arange(10), 12])
+    fed.settle()
+
+    assert main(["coordinator", "status", "--config", str(_config_file(fed))]) == 0
+    text = capsys.readouterr().out
+    assert f"sitting key epoch 1 out:\n  {MISFIT:<16} data_mismatch: {OUTSIDE}\n" in (
+        text
+    )

@@ -7,11 +7,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.edge_sdk.trainers import ShapedTrainer
 from ursa.edge_sdk.array_trainer import ArrayModelTrainer, ArrayTrainer
 from ursa.edge_sdk.model_fit import spec_problems
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.models.registry import initial_arrays
 from ursa.models.spec import spec_arrays, tensor_spec
+from ursa.models.weights import Arrays
 from ursa.protocol.messages import ModelSpec
 
 MLP = {"input_dim": 8, "num_classes": 3, "hidden_sizes": [4]}
@@ -93,3 +95,21 @@ def test_a_spec_of_a_huge_model_is_judged_without_allocating_it() -> None:
     (array,) = spec_arrays(spec.triples()).values()
     assert array.shape == (2**16, 2**16) and array.nbytes > 2**33
     assert array.base is not None and array.base.size == 1  # one value, shared
+
+
+class _NeedsRealWeights(ShapedTrainer):
+    """An app trainer whose check writes into the arrays it is given."""
+
+    def check_arrays(self, global_arrays: Arrays) -> None:
+        for array in global_arrays.values():
+            array[...] = 0  # a read-only view: numpy refuses
+
+
+def test_a_trainer_that_cannot_judge_views_is_judged_at_the_download(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    spec = ModelSpec.of("classifier", (("w", (3, 4), "float"),))
+    assert spec_problems(_NeedsRealWeights((3, 4)), spec, LABELS) is None
+    assert "the trainer cannot judge the signed spec of model classifier" in (
+        caplog.text
+    )
