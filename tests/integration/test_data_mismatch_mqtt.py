@@ -6,16 +6,19 @@ It sits the key epoch out before any selection, so no round waits on it.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from ursa.coordinator.config import DeadlinesConfig
+from ursa.coordinator.config import CoordinatorConfig, DeadlinesConfig
 from ursa.coordinator.methods_config import FedAvgSpec, RandomSpec
 from ursa.coordinator.service import CoordinatorService
+from ursa.coordinator.status import read_status
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
+from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.methods_config import FedAvgSpec as DeviceFedAvgSpec
 from ursa.edge_sdk.methods_config import RandomSpec as DeviceRandomSpec
 from ursa.models.weights import arrays_to_bytes
@@ -71,16 +74,33 @@ def test_a_misfit_device_answers_data_mismatch_and_is_never_selected(
     assert not any(fed.clients[d].sits_out for d in others)
 
 
-def test_a_device_with_32_features_sits_out_of_a_64_feature_federation(
-    mqtt_federation: Any, tmp_path: Path
-) -> None:
+@dataclass
+class _TorchFederation:
+    """Four torch devices training over Mosquitto, the first a misfit."""
+
+    config: CoordinatorConfig
+    service: CoordinatorService
+    plugin: TrainingPlugin
+    thread: threading.Thread
+    clients: list[EdgeClient]
+    misfit: str
+
+
+def _torch_federation(
+    fed: Any,
+    tmp_path: Path,
+    model: dict[str, Any],
+    misfit_model: dict[str, Any],
+) -> _TorchFederation:
+    """The coordinator on ``model``, 4 devices; the first trains ``misfit_model``.
+
+    Each device's data has the features its own model takes.
+    """
     from ursa.edge_sdk.torch_trainer import TorchTrainer
     from ursa.edge_sdk.training import TrainConfig
     from ursa.models.registry import initial_arrays
 
-    fed = mqtt_federation("itwide")
     initial = tmp_path / "initial.ursw"
-    model = {"input_dim": 64, "num_classes": 10, "hidden_sizes": [16]}
     initial.write_bytes(arrays_to_bytes(initial_arrays("mlp", model, seed=0)))
     config = fed.coordinator_config(
         4,
@@ -91,7 +111,7 @@ def test_a_device_with_32_features_sits_out_of_a_64_feature_federation(
         deadlines=DEADLINES,
     )
     plugin = TrainingPlugin(
-        federation="itwide",
+        federation=config.federation,
         state_dir=config.state_dir,
         config=TrainingConfig(update_timeout_s=NEVER_S),
         initial_weights=initial,
@@ -104,12 +124,12 @@ def test_a_device_with_32_features_sits_out_of_a_64_feature_federation(
     rng = np.random.default_rng(0)
     clients = []
     for index, device_id in enumerate(fed.device_ids(4)):
-        features = 32 if device_id == misfit else 64  # its own config says 32 too
+        own = misfit_model if device_id == misfit else model
         y = device_labels(index)
         trainer = TorchTrainer(
-            rng.normal(size=(len(y), features)).astype(np.float32),
+            rng.normal(size=(len(y), own["input_dim"])).astype(np.float32),
             y,
-            model_config={**model, "input_dim": features},
+            model_config=own,
             train=TrainConfig(batch_size=32),
             seed=index,
         )
@@ -119,81 +139,53 @@ def test_a_device_with_32_features_sits_out_of_a_64_feature_federation(
                 device_id, y, seed=index, trainer=trainer, method_specs=methods
             )
         )
+    return _TorchFederation(config, service, plugin, thread, clients, misfit)
 
-    with polling(clients):
-        thread.join(timeout=60)
-    assert service.is_done, f"stuck at {service.state}"
-    refusals = [m for _, m in fed.capture.messages("error") if m.sender == misfit]
-    reason = "samples have 32 features; the federation's model classifier takes 64"
-    assert {(m.code, m.reason) for m in refusals} == {("data_mismatch", reason)}
+
+def _never_selected(fed: Any, run: _TorchFederation) -> None:
+    """Every round ran with two devices, none the misfit, and none dropped one."""
     chosen = {
         m.round: set(m.selected) for _, m in fed.capture.messages("selection_result")
     }
     assert sorted(chosen) == [1, 2, 3]
-    assert all(misfit not in s for s in chosen.values())  # out at the key epoch
-    assert plugin.version == 3
-    assert all(misfit not in r.contributed for r in plugin.history)
-    assert all(r.dropped == () for r in plugin.history)
-    assert fed.clients[misfit].sits_out
+    assert all(run.misfit not in s and len(s) == 2 for s in chosen.values())
+    assert run.plugin.version == 3
+    assert all(run.misfit not in r.contributed for r in run.plugin.history)
+    assert all(r.dropped == () and r.failed == () for r in run.plugin.history)
+    assert fed.clients[run.misfit].sits_out
+
+
+def test_a_device_with_32_features_sits_out_of_a_64_feature_federation(
+    mqtt_federation: Any, tmp_path: Path
+) -> None:
+    fed = mqtt_federation("itwide")
+    model = {"input_dim": 64, "num_classes": 10, "hidden_sizes": [16]}
+    run = _torch_federation(fed, tmp_path, model, {**model, "input_dim": 32})
+
+    with polling(run.clients):
+        run.thread.join(timeout=60)
+    assert run.service.is_done, f"stuck at {run.service.state}"
+    refusals = [m for _, m in fed.capture.messages("error") if m.sender == run.misfit]
+    reason = "samples have 32 features; the federation's model classifier takes 64"
+    assert {(m.code, m.reason) for m in refusals} == {("data_mismatch", reason)}
+    _never_selected(fed, run)  # out at the key epoch, before round 1
 
 
 def test_a_device_with_a_wrong_shaped_model_sits_out_at_the_key_epoch(
     mqtt_federation: Any, tmp_path: Path
 ) -> None:
     """It names the tensor before any selection, trains nothing, saves no model."""
-    from ursa.coordinator.status import read_status
-    from ursa.edge_sdk.torch_trainer import TorchTrainer
-    from ursa.edge_sdk.training import TrainConfig
-    from ursa.models.registry import initial_arrays
-
     fed = mqtt_federation("itshape")
-    initial = tmp_path / "initial.ursw"
     model = {"input_dim": 16, "num_classes": 10, "hidden_sizes": [8]}
-    initial.write_bytes(arrays_to_bytes(initial_arrays("mlp", model, seed=0)))
-    config = fed.coordinator_config(
-        4,
-        k=2,
-        tries=1,
-        rounds=3,
-        methods=(RandomSpec(), FedAvgSpec()),
-        deadlines=DEADLINES,
-    )
-    plugin = TrainingPlugin(
-        federation="itshape",
-        state_dir=config.state_dir,
-        config=TrainingConfig(update_timeout_s=NEVER_S),
-        initial_weights=initial,
-    )
-    service = CoordinatorService(config, plugin=plugin)
-    service.start()
-    thread = threading.Thread(target=service.run, name="coordinator", daemon=True)
-    thread.start()
-    misfit, *others = fed.device_ids(4)
-    rng = np.random.default_rng(0)
-    clients = []
-    for index, device_id in enumerate(fed.device_ids(4)):
-        hidden = [12] if device_id == misfit else [8]  # same data, another model
-        y = device_labels(index)
-        trainer = TorchTrainer(
-            rng.normal(size=(len(y), 16)).astype(np.float32),
-            y,
-            model_config={**model, "hidden_sizes": hidden},
-            train=TrainConfig(batch_size=32),
-            seed=index,
-        )
-        methods = (DeviceRandomSpec(), DeviceFedAvgSpec())
-        clients.append(
-            fed.start_device(
-                device_id, y, seed=index, trainer=trainer, method_specs=methods
-            )
-        )
+    run = _torch_federation(fed, tmp_path, model, {**model, "hidden_sizes": [12]})
+    misfit = run.misfit
 
-    with polling(clients):
-        thread.join(timeout=60)
+    with polling(run.clients):
+        run.thread.join(timeout=60)
         fed.capture.wait_for(
-            lambda: all(c.finished.is_set() for c in clients), 30, "the end"
+            lambda: all(c.finished.is_set() for c in run.clients), 30, "the end"
         )
-    assert service.is_done, f"stuck at {service.state}"
+    assert run.service.is_done, f"stuck at {run.service.state}"
     (notice, *_) = [m for _, m in fed.capture.messages("key_epoch_start")]
     assert notice.model_spec is not None and notice.model_spec.model == "classifier"
     refusals = [m for _, m in fed.capture.messages("error") if m.sender == misfit]
@@ -204,16 +196,9 @@ def test_a_device_with_a_wrong_shaped_model_sits_out_at_the_key_epoch(
         "in the federation's model"
     )
     assert all(m.sender != misfit for _, m in fed.capture.messages("registration"))
-    chosen = {
-        m.round: set(m.selected) for _, m in fed.capture.messages("selection_result")
-    }
-    assert sorted(chosen) == [1, 2, 3]
-    assert all(misfit not in s and len(s) == 2 for s in chosen.values())
-    assert plugin.version == 3
-    assert all(r.dropped == () and r.failed == () for r in plugin.history)
-    assert fed.clients[misfit].sits_out
+    _never_selected(fed, run)
     assert not (fed.clients[misfit].final_dir / "model.ursw").exists()
-    for device_id in others:
-        assert (fed.clients[device_id].final_dir / "model.ursw").is_file()
-    status = read_status(config.state_dir)
+    for client in run.clients[1:]:
+        assert (client.final_dir / "model.ursw").is_file()
+    status = read_status(run.config.state_dir)
     assert status.sitting_out == {misfit: f"model_mismatch: {refusals[0].reason}"}
