@@ -1,31 +1,27 @@
 """`EdgeClient`: the device side of ursa's protocol over a `Transport`.
 
-What a device does (the coordinator's side is in ``coordinator/service.py``),
-each step a part the client owns and hands its collaborators (the shared
+Wiring and lifecycle (the coordinator's side is ``coordinator/service.py``):
+each step is a part the client owns and hands its collaborators (the shared
 `DeviceLink`: identity, pinned coordinator, outbox):
 
-1. `DeviceConnection`: connect (client id = username = device id; retained
-   ``online`` status, last will ``offline``); `Enrolment`: say `Hello`, pin
-   the coordinator from the signed `EnrolResult`, join its run.
-2. `KeyEpoch`: adopt a signed `KeyEpochStart`, compute the registry slot
-   (Algorithm 1) locally, make (the agent) or open the epoch's Paillier key,
-   register, decrypt the overall registry; kept in its `KeyEpochView`.
-3. The methods (`DeviceMethods`, each given the `DeviceMethodContext`): Dubhe's
-   volunteering and tries, CLIMB's dual steps, FedDisk's MADE phase, a
-   balancing method before the first key epoch (its `replace_data` becomes
-   the device's labels and samples before it registers).
-4. `TrainingRounds`: on a signed `SelectionResult` naming this device,
-   `Trainer.train`, or with a `ModelTrainer` the model download, the
-   methods' hooks, training and the (masked) delta upload.
-5. `EndOfFederation`: on the signed, retained `FederationEnd`, save the final
-   model, call the app's ``on_finished`` and set `finished`.
+1. `DeviceConnection` connects (retained ``online`` status, last will
+   ``offline``); `Enrolment` says `Hello`, pins the coordinator from the
+   signed `EnrolResult` and joins its run (`RunMembership`).
+2. `KeyEpoch` adopts a signed `KeyEpochStart`, computes the registry slot
+   (Algorithm 1), makes (the agent) or opens the epoch's Paillier key,
+   registers and decrypts the overall registry (its `KeyEpochView`).
+3. `DeviceMethods`, each given the `DeviceMethodContext`: Dubhe, CLIMB,
+   FedDisk, a balancing method before the first key epoch.
+4. `TrainingRounds`: selected, it downloads the model, trains and uploads
+   the (masked) delta.
+5. `EndOfFederation`: the signed, retained `FederationEnd` saves the final
+   model, calls ``on_finished`` and sets `finished`.
 
-`DeviceAdmission` checks what arrives before the router table dispatches it.
-Messages arrive in any order across topics: one that needs something not
-known yet (the coordinator identity, the agent's identity, the key, the
-registry) waits in a per-kind slot and is retried after every change. Every
-answer has a deterministic message id, so answering twice (e.g. after a
-coordinator restart re-announces) is idempotent. Nothing secret is logged.
+`DeviceInbox` takes what arrives through `DeviceAdmission` to the router.
+Every answer has a deterministic message id (answering twice is idempotent);
+nothing secret is logged. A device kept running after the end
+(``run(until_finished=False)``) follows the coordinator's next run: that
+run's state starts afresh, the identity and the pin stay.
 """
 
 from __future__ import annotations
@@ -40,9 +36,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ursa._compat import StrEnum
-from ursa.crypto.errors import CryptoError, UntrustedIdentityError
 from ursa.edge_sdk.admission import DeviceAdmission
-from ursa.edge_sdk.callbacks import DeviceCallbacks, DeviceError, notify
+from ursa.edge_sdk.callbacks import DeviceCallbacks
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.connection import DeviceConnection, device_will
 from ursa.edge_sdk.device_link import DeviceLink
@@ -51,28 +46,20 @@ from ursa.edge_sdk.enrolment import Enrolment
 from ursa.edge_sdk.epoch_view import CurrentEpoch
 from ursa.edge_sdk.federation_end import FINAL_DIRNAME, EndOfFederation
 from ursa.edge_sdk.fleet_eval import FleetEvaluator
+from ursa.edge_sdk.inbox import DeviceInbox
 from ursa.edge_sdk.key_epoch import KeyEpoch
 from ursa.edge_sdk.local_dataset import LocalDataset
 from ursa.edge_sdk.membership import HELLO_ON_NEW_RUN_S, RunMembership
 from ursa.edge_sdk.method import DeviceMethod
 from ursa.edge_sdk.method_context import DeviceMethodContext
-from ursa.edge_sdk.registration import RegistrationError
 from ursa.edge_sdk.stats import DeviceStats
 from ursa.edge_sdk.trainer import ModelTrainer, Trainer
 from ursa.edge_sdk.training_rounds import TrainingRounds
 from ursa.models.weights import Arrays
 from ursa.protocol.admission_limits import AdmissionStats
-from ursa.protocol.envelope import message_kind
-from ursa.protocol.messages import (
-    BaseMessage,
-    EnrolResult,
-    ErrorReply,
-    FederationEnd,
-)
+from ursa.protocol.messages import EnrolResult, FederationEnd
 from ursa.protocol.outbox import Outbox
-from ursa.protocol.router import Dispatch, RejectedError, Router
 from ursa.protocol.transport import Transport
-from ursa.protocol.untrusted_text import escape
 
 __all__ = [
     "HELLO_ON_NEW_RUN_S",
@@ -83,9 +70,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("ursa.edge_sdk")
-
-_REFUSALS = (CryptoError, RegistrationError, RejectedError, ValueError)
-"""What a handler raises for a message it refuses: logged, never fatal."""
 
 
 class ClientState(StrEnum):
@@ -107,9 +91,8 @@ class EdgeClient:
             `MqttTransport` from ``config.broker``.
         trainer: Called when selected; default `NoOpTrainer`.
         methods: Device halves the app builds itself (e.g. a balancing
-            method over its own samples); every other kind the device runs
-            is built from its ``[[methods]]`` table or the trainer
-            (`ursa.edge_sdk.methods.registry.compose_methods`).
+            method over its own samples); the others are built from the
+            ``[[methods]]`` table (`ursa.edge_sdk.methods.registry`).
         rng: The device's private randomness for the volunteer coins.
         callbacks: The app's hooks on the device's progress
             (`ursa.edge_sdk.callbacks`); one that raises is logged only.
@@ -128,7 +111,7 @@ class EdgeClient:
     ) -> None:
         self.data = LocalDataset(config.device_id, labels, trainer)
         """The labels and the trainer (`ursa.edge_sdk.local_dataset`)."""
-        self._config, self._callbacks = config, callbacks
+        self._config = config
         self.evaluation = FleetEvaluator(config.eval_min_parties)
         """Federated evaluation: the fleet's accuracy as this device learns it."""
         self._methods = DeviceMethods(config, self.data, methods or (), self.evaluation)
@@ -154,7 +137,7 @@ class EdgeClient:
             method_names=self._methods.names,
             registration_key=self._methods.registration_key,
             model_problems=lambda: self.training.model_problems,
-            settle_data=self._settle_data,
+            settle_data=self._methods.settle_data,
         )
         self.training = TrainingRounds(
             link=self.link,
@@ -180,7 +163,17 @@ class EdgeClient:
         )
         self.finished = self._end.finished
         """Set once the federation is over (`ursa.edge_sdk.federation_end`)."""
-        self.router = self._routes(rng)
+        self._inbox = DeviceInbox(
+            link=self.link,
+            admission=self.admission,
+            membership=self._membership,
+            lock=self._lock,
+            enrolment=self.enrolment,
+            methods=self._methods,
+            callbacks=callbacks,
+        )
+        self.router = self._inbox.router
+        self._routes(rng)
 
     # --- public view ----------------------------------------------------------
 
@@ -294,16 +287,14 @@ class EdgeClient:
         self.key_epoch.close()
 
     def run(
-        self,
-        stop: threading.Event,
-        *,
-        poll_s: float = 1.0,
-        until_finished: bool = True,
+        self, stop: threading.Event, *, poll_s: float = 1.0, until_finished: bool = True
     ) -> None:
         """Start, serve (calling `poll` every ``poll_s``) until `stop`, then stop.
 
         With ``until_finished`` it also returns once the federation is over
-        (`finished`: the final model saved, ``on_finished`` called).
+        (`finished`: the final model saved, ``on_finished`` called); without,
+        it keeps the device connected and follows the coordinator's next run
+        (``ursa coordinator new-run``), finishing each run it takes part in.
         """
         self.start(stop=stop)
         try:
@@ -334,28 +325,16 @@ class EdgeClient:
         self.router.clear_parked()
         self._methods.new_run()
 
-    # --- receiving ------------------------------------------------------------
-
     def handle(self, topic: str, payload: bytes) -> None:
         """The transport handler: validate, dispatch, retry waiting messages."""
-        if self._lifecycle is ClientState.STOPPED:
-            return
-        try:
-            with self._lock:
-                message = self.admission.accept(topic, payload)
-                if message is not None:
-                    self._process(message)
-                    while (joined := self._membership.next_joined()) is not None:
-                        self._process(joined)  # what the run sent before joining
-        except Exception:
-            logger.exception("%s: internal error on %s", self.device_id, topic)
+        if self._lifecycle is not ClientState.STOPPED:
+            self._inbox.receive(topic, payload)  # under the lock; errors logged
         self._connection.flush()
 
-    def _routes(self, rng: np.random.Generator | None) -> Router:
+    def _routes(self, rng: np.random.Generator | None) -> None:
         """Every kind this device handles, by the part that owns it."""
-        router = Router(self.device_id)
+        router = self.router
         router.register(EnrolResult, self.enrolment.on_enrol_result, owner="enrol")
-        router.register(ErrorReply, self._on_error_reply, owner="client")
         self.key_epoch.register(router)
         self.training.register(router)
         router.register(FederationEnd, self._end.on_federation_end, owner="end")
@@ -368,39 +347,3 @@ class EdgeClient:
             rng=rng if rng is not None else np.random.default_rng(),
         )
         self._methods.attach(context, router)
-        return router
-
-    def _process(self, message: BaseMessage) -> None:
-        """Dispatch; once a message is consumed, retry the ones that waited."""
-        if not self.admission.authentic(message):
-            return
-        try:
-            outcome = self.router.dispatch(message)
-        except _REFUSALS as exc:
-            self._refused(message, exc)
-            return
-        if outcome is Dispatch.UNHANDLED:
-            logger.debug("%s: no handler for %s", self.device_id, message_kind(message))
-        elif outcome is Dispatch.HANDLED:
-            self.router.retry_parked(self._refused)
-
-    def _refused(self, message: BaseMessage, exc: Exception) -> None:
-        if not isinstance(exc, _REFUSALS):
-            raise exc
-        if isinstance(exc, UntrustedIdentityError):
-            self.link.refuse_untrusted(message, exc)
-            return
-        kind, why = message_kind(message), escape(str(exc))
-        logger.warning("%s: refused %s: %s", self.device_id, kind, why)
-
-    def _settle_data(self) -> None:
-        """The first signed key epoch ends any balancing run: take its data."""
-        for name, data in self._methods.replaced_data():
-            self.data.use(name, data)
-
-    def _on_error_reply(self, message: ErrorReply) -> None:
-        self.enrolment.on_error(message)
-        reason = escape(message.reason)
-        event = DeviceError(message.round, message.code, reason, "coordinator")
-        notify(self._callbacks, "on_error", event, device=self.device_id)
-        self._methods.on_error_reply(message)

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.local_dataset import LocalDataset
-from ursa.edge_sdk.method import DeviceContext, DeviceMethod, LocalData
+from ursa.edge_sdk.method import DeviceContext, DeviceMethod
 from ursa.edge_sdk.methods.registry import compose_methods
 from ursa.edge_sdk.methods_config import selection_kind
 from ursa.edge_sdk.secure_mean import with_secure_means
@@ -102,12 +102,16 @@ class DeviceMethods:
                 return key
         return None
 
-    def replaced_data(self) -> Iterator[tuple[str, LocalData]]:
-        """The data each balancing method leaves (asked once, at the first epoch)."""
+    def settle_data(self) -> None:
+        """The first signed key epoch ends any balancing run: the device takes its data.
+
+        Each balancing method is asked once; what it leaves becomes the
+        device's labels (and the trainer's samples) before it registers.
+        """
         for method in self._methods:
             data = method.replace_data()
             if data is not None:
-                yield method.name, data
+                self._data.use(method.name, data)
 
     def on_error_reply(self, message: ErrorReply) -> None:
         """Every method hears what the coordinator refused."""

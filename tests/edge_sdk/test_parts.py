@@ -23,6 +23,7 @@ PARTS = tuple(
         "enrolment",
         "epoch_view",
         "federation_end",
+        "inbox",
         "key_epoch",
         "local_dataset",
         "membership",
