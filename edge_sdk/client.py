@@ -324,6 +324,7 @@ class EdgeClient:
         self.training.new_run()
         self.router.clear_parked()
         self._methods.new_run()
+        self._end.new_run()
 
     def handle(self, topic: str, payload: bytes) -> None:
         """The transport handler: validate, dispatch, retry waiting messages."""

@@ -18,6 +18,14 @@ without files, and so does one that sat the last key epoch out (its data or
 model does not fit the federation's, `ursa.edge_sdk.model_fit`) or whose
 trainer refuses the final weights (`ModelTrainer.check_arrays`): it saves
 no model its own module could not load.
+
+A device kept running after the end (``EdgeClient.run(until_finished=False)``,
+``ursa device run --keep-running``) follows the coordinator's next run
+(``ursa coordinator new-run``): joining it calls `new_run`, which clears
+`finished` so that the new run's end is taken again. The old run's end
+cannot end the new one: its messages carry the old run's id, which the
+device has left (`RunMembership`), and an export still running for it
+finishes nothing once the run changed.
 """
 
 from __future__ import annotations
@@ -122,6 +130,15 @@ class EndOfFederation:
         self._callbacks = callbacks
         self._end: FederationEnd | None = None
         self._finishing = False
+        self._run = 0
+        """Bumped by `new_run`: an export of an older run's end finishes nothing."""
+
+    def new_run(self) -> None:
+        """A new run was joined: its end is taken again (the final model replaced)."""
+        self._run += 1
+        self._end = None
+        self._finishing = False
+        self.finished.clear()
 
     def on_federation_end(self, message: FederationEnd) -> None:
         """The signed end: finish with the final model, downloaded if need be."""
@@ -195,7 +212,7 @@ class EndOfFederation:
             return
         threading.Thread(
             target=self._export_then_finish,
-            args=(message, arrays, weights),
+            args=(message, arrays, weights, self._run),
             name=f"ursa-final-{self.device_id}",
             daemon=True,
         ).start()
@@ -217,7 +234,7 @@ class EndOfFederation:
         return True
 
     def _export_then_finish(
-        self, message: FederationEnd, arrays: Arrays, weights: Path
+        self, message: FederationEnd, arrays: Arrays, weights: Path, run: int
     ) -> None:
         onnx_path: Path | None = None
         try:
@@ -238,7 +255,8 @@ class EndOfFederation:
             "" if onnx_path is None else " (with ONNX)",
         )
         with self._lock:
-            self._finished(message, weights, onnx_path)
+            if run == self._run:  # else a new run was joined meanwhile
+                self._finished(message, weights, onnx_path)
 
     def _finished(
         self, message: FederationEnd, weights: Path | None, onnx: Path | None

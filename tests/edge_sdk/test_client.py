@@ -34,6 +34,7 @@ from ursa.protocol.messages import (
     AgentPublicKey,
     EnrolResult,
     ErrorReply,
+    FederationEnd,
     IdentityKeys,
     ModelSpec,
     Registration,
@@ -478,6 +479,38 @@ def test_only_a_signed_acceptance_of_the_pinned_coordinator_moves_a_device_to_a_
     h.raw.publish(topic, _enrol_result(coordinator, run="run1"))  # a replay
     assert client.link.store.load_run().run == "run2"
     assert "run run1 is over" in caplog.text
+
+
+def _federation_end(identity: DeviceIdentity, run: str, rounds: int) -> bytes:
+    """The signed end of ``run`` after ``rounds`` rounds (no model: selection only)."""
+    end = FederationEnd(
+        federation=FED, run=run, round=rounds, sender=COORDINATOR, rounds=rounds
+    )
+    return encode(
+        end.model_copy(update={"signature": identity.sign(signing_bytes(end))})
+    )
+
+
+def test_a_device_kept_running_finishes_each_run_and_an_old_end_ends_nothing(
+    harness: Any,
+) -> None:
+    h = harness(2)  # the coordinator is not started: the test plays it
+    client = h.client("d0")
+    client.start()
+    coordinator = DeviceIdentity.generate(COORDINATOR)
+    enrol = down_topic(FED, "d0", name_for("enrol_result"))
+    end = global_topic(FED, name_for("federation_end"))
+    h.raw.publish(enrol, _enrol_result(coordinator, run="run1"))
+    old_end = _federation_end(coordinator, "run1", 3)
+    h.raw.publish(end, old_end)
+    assert client.finished.is_set()
+
+    h.raw.publish(enrol, _enrol_result(coordinator, run="run2"))  # new-run
+    assert not client.finished.is_set()
+    h.raw.publish(end, old_end)  # replayed, or still retained on the broker
+    assert not client.finished.is_set()
+    h.raw.publish(end, _federation_end(coordinator, "run2", 5))
+    assert client.finished.is_set()
 
 
 def test_selected_devices_train_once_per_round() -> None:

@@ -8,9 +8,10 @@ file), stop cleanly on SIGTERM/SIGINT, and log to stderr. Also runnable as
 ``ursa coordinator serve`` on a finished store exits 3 and names ``ursa
 coordinator new-run``, which archives the run and opens a new one on the same
 state dir (`ursa.coordinator.run_archive`). ``ursa device run`` exits 0 at
-the end of the federation (the final model saved); with ``--infer`` it keeps
-serving that model instead (`ursa.tools.cli.infer`: samples on stdin,
-classes on stdout).
+the end of the federation (the final model saved); with ``--keep-running`` it
+stays connected and follows the coordinator's next run (each run's final
+model replaces the last); with ``--infer`` it also serves that model
+(`ursa.tools.cli.infer`: samples on stdin, classes on stdout).
 
 Both are built by `ursa.tools.compose` from their ``[[methods]]`` and
 ``[training]`` sections (initial weights come from `ursa model init`), the
@@ -109,6 +110,12 @@ def register(sub: Subparsers) -> None:
     run.add_argument("--config", type=Path, required=True, help="TOML or JSON file")
     run.add_argument(
         "--labels", type=Path, help="labels file (.npy, .txt, .csv); else labels_file"
+    )
+    run.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="stay connected after the end of the federation and take part in "
+        "the coordinator's next run (`ursa coordinator new-run`)",
     )
     run.add_argument(
         "--infer",
@@ -302,7 +309,7 @@ def _device_run(args: argparse.Namespace) -> int:
             config.broker.url,
             config.state_dir,
         )
-        client.run(stop)  # returns at the end of the federation, too
+        client.run(stop, until_finished=not args.keep_running)
         _stopped(stop, watcher, f"device {config.device_id}: stopped")
     except ConnectAbortedError:
         return 0  # stopped while waiting for the broker
