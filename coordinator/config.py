@@ -621,6 +621,18 @@ class CoordinatorConfig(_Frozen):
         """The methods signed into each key epoch, in config order."""
         return method_names(self.methods)
 
+    def summary(self, run: str) -> str:
+        """The start-up log line: what this coordinator runs, with whom, where.
+
+        No secret: the broker's address without any user info in its URL.
+        """
+        return (
+            f"coordinator: federation {self.federation}, run {run}, methods "
+            f"{', '.join(self.method_names())}, broker {self.broker.address()}, "
+            f"K={self.k} of {self.min_devices} devices, {self.tries} tries, "
+            f"{self.rounds} rounds, state {self.state_dir}"
+        )
+
     def method_settings(self) -> tuple[MethodSetting, ...]:
         """The methods' settings signed beside their names (FedProx's ``mu``)."""
         return method_settings(self.methods)

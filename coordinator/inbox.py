@@ -225,7 +225,8 @@ class Inbox:
         if device not in self._devices.identities:
             if message.online:  # its hello may have preceded our subscription
                 reason = "device is not enrolled (send hello)"
-                self._reject(device, "status", ErrorCode.UNKNOWN_DEVICE, reason, None)
+                code = ErrorCode.UNKNOWN_DEVICE  # a race: its hello is on the way
+                self._reject(device, "status", code, reason, None, race=True)
             return
         presence, store = self._presence, self._opened()
         with store.transaction():

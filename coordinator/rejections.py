@@ -4,7 +4,10 @@ Admission, the handlers and the error replies all refuse through one
 `Rejections`, so every refused message is counted by its code (telemetry),
 written within the sender's refusal limits (`RefusalLog`, its text escaped,
 kept for ``ursa coordinator status``) and answered with an `ErrorReply`
-when the sender is known.
+when the sender is known. A refusal that only says when the message came
+(`TIMING_CODES`: late, a round, epoch or run gone by) or an expected race the
+caller names (``race``: a device's status before its hello) is written at
+INFO; every other refusal at WARNING.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from ursa.coordinator.refusal_log import RefusalLog, Stored
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.telemetry import Telemetry
 from ursa.protocol.messages import COORDINATOR, ErrorReply
+from ursa.protocol.messages.base import TIMING_CODES
 
 __all__ = ["Rejections"]
 
@@ -58,14 +62,21 @@ class Rejections:
         reason: str,
         in_reply_to: str | None,
         counted: bool = False,
+        *,
+        race: bool = False,
     ) -> None:
-        """Refuse `what` from `device` (``counted``: the telemetry already has it)."""
+        """Refuse `what` from `device` (``counted``: the telemetry already has it).
+
+        ``race``: an expected race, not a fault (logged at INFO, as the
+        `TIMING_CODES` are).
+        """
         if not counted:
             self._telemetry.rejected(code)
+        expected = race or code in TIMING_CODES
         self._refusals.write(
             self._clock(),
             device,
-            logging.WARNING,
+            logging.INFO if expected else logging.WARNING,
             "rejected %s from %s: %s: %s",
             what,
             device,

@@ -240,7 +240,7 @@ class CoordinatorService:
         fresh = store.get_meta(STATE_KEY) is None
         run = store.run_id()
         parts.outgoing.start(identity, run)
-        logger.info("run %s%s", run, " (new)" if fresh else "")
+        logger.info("%s%s", cfg.summary(run), " (a new run)" if fresh else "")
         parts.inbox.open(store)
         with self._lock:
             parts.recovery.restore(store, now)

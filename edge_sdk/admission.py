@@ -145,7 +145,7 @@ class DeviceAdmission:
         if coordinator is None:
             if isinstance(message, ErrorReply):
                 return True
-            logger.warning(
+            logger.info(  # a race: retained notices come before the EnrolResult
                 "%s: dropped %s: no coordinator key is pinned yet",
                 self._link.device_id,
                 kind,

@@ -34,6 +34,7 @@ from ursa.protocol.messages import (
     Hello,
     IdentityKeys,
 )
+from ursa.protocol.messages.base import TIMING_CODES
 from ursa.protocol.operator_commands import enrol_command
 from ursa.protocol.untrusted_text import escape
 
@@ -248,8 +249,17 @@ class Enrolment:
         )
 
     def on_error(self, message: ErrorReply) -> None:
-        """The coordinator refused something: an unknown device says Hello again."""
-        logger.warning(
+        """The coordinator refused something: an unknown device says Hello again.
+
+        A refusal of when a message came (`TIMING_CODES`: a late reply, a run
+        gone by) or of a device not enrolled yet (the Hello below mends it) is
+        an expected race: INFO. Any other is a WARNING.
+        """
+        expected = (
+            message.code in TIMING_CODES or message.code == ErrorCode.UNKNOWN_DEVICE
+        )
+        logger.log(
+            logging.INFO if expected else logging.WARNING,
             "%s: coordinator refused a message: %s: %s",
             self._link.device_id,
             message.code,

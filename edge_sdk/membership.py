@@ -118,8 +118,8 @@ class RunMembership:
         if fresh and now - self._hello_at >= HELLO_ON_NEW_RUN_S:
             self._hello_at = now
             self._say_hello()
-        if count == 0:
-            logger.warning(
+        if count == 0:  # expected: a new run's notices come before its acceptance
+            logger.info(
                 "%s: dropping messages of run %s (%s first); this device is in run %s",
                 self.device_id,
                 run or "(none)",

@@ -287,7 +287,7 @@ class TrainingRounds:
             if notice.round < round_index:
                 continue
             if notice.round > round_index:
-                logger.warning(
+                logger.info(  # a race: back (or ready) after the round closed
                     "%s: round %d is over before it could train",
                     self._link.device_id,
                     round_index,

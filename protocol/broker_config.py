@@ -9,7 +9,7 @@ the client id is known. For a device, client id = username = device id
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from typing_extensions import Self
@@ -88,6 +88,11 @@ class BrokerConfig(BaseModel):
                 "loopback), or set allow_plaintext = true for a lab network"
             )
         return self
+
+    def address(self) -> str:
+        """The URL for a log line: any ``user:password@`` in it left out."""
+        scheme, netloc, path, query, fragment = urlsplit(self.url)
+        return urlunsplit((scheme, netloc.rpartition("@")[2], path, query, fragment))
 
     def mqtt_config(
         self, client_id: str, *, will: tuple[str, bytes] | None = None

@@ -129,6 +129,14 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal"
 
 
+TIMING_CODES = frozenset(
+    {ErrorCode.LATE, ErrorCode.WRONG_ROUND, ErrorCode.WRONG_EPOCH, ErrorCode.WRONG_RUN}
+)
+"""Refusals that say when a message came, not what it says: a reply after its
+window, a rejoining device's message of a round, key epoch or run gone by.
+Expected races in a live fleet, so both sides log them at INFO, not WARNING."""
+
+
 def _not_reserved(value: str) -> str:
     if value == COORDINATOR:
         raise ValueError(f"{COORDINATOR!r} is reserved and cannot be a device id")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ursa.coordinator.config import EnrolmentConfig
+from ursa.coordinator.config import BrokerConfig, EnrolmentConfig
 from ursa.coordinator.methods.dubhe import DubheSelection, DubheStep
 from ursa.coordinator.rounds import Stage
 from ursa.coordinator.service import MAX_HELD
@@ -18,15 +18,16 @@ from ursa.crypto.identity import (
     verify_signature,
 )
 from ursa.edge_sdk.state import DeviceStateDir
-from ursa.protocol.envelope import decode, signing_bytes
+from ursa.protocol.envelope import decode, encode, signing_bytes
 from ursa.protocol.messages import (
     AgentAnswer,
     Hello,
     Registration,
     RoundAnnounce,
+    Status,
     Volunteer,
 )
-from ursa.protocol.topics import up_topic
+from ursa.protocol.topics import status_topic, up_topic
 
 FED = "fed"
 
@@ -123,6 +124,48 @@ def test_waits_for_min_devices_then_keys_an_epoch(federation: Any) -> None:
     hellos = [topic for topic, _ in fed.messages("hello")]
     assert hellos and all("/up/" in topic for topic in hellos)  # none relayed
     assert fed.coordinator.is_done
+
+
+def test_start_logs_one_summary_line_without_the_broker_password(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    broker = BrokerConfig(url="mqtt://coordinator:hunter2@127.0.0.1:1883")
+    fed = federation(num_devices=4, k=2, tries=2, rounds=5, broker=broker)
+    caplog.set_level(logging.INFO, logger="ursa.coordinator")
+    fed.coordinator.start()
+    lines = [
+        r.message for r in caplog.records if "coordinator: federation" in r.message
+    ]
+    assert lines == [
+        f"coordinator: federation {FED}, run {fed.coordinator.run_id}, methods "
+        "dubhe, broker mqtt://127.0.0.1:1883, K=2 of 4 devices, 2 tries, 5 rounds, "
+        f"state {fed.config.state_dir} (a new run)"
+    ]
+    assert "hunter2" not in caplog.text
+
+
+def test_expected_races_are_info_and_real_refusals_warnings(
+    federation: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=4, k=2, rounds=2)
+    fed.coordinator.start()
+    for device_id in fed.device_ids[:3]:
+        fed.new_device(device_id).start()
+    d0 = fed.device_ids[0]
+    caplog.set_level(logging.INFO, logger="ursa.coordinator")
+    status = Status(federation=FED, round=0, sender="d03", online=True, state="idle")
+    fed.raw.publish(status_topic(FED, "d03"), encode(status))  # before its hello
+    old = Volunteer(federation=FED, round=1, sender=d0, draws=(True,), run="old")
+    fed.send_as(d0, old)  # a rejoining device's message of a run gone by
+    fed.raw.publish(f"ursa/v1/{FED}/dev/{d0}/up/control", b"\xc1not msgpack")
+
+    def level(needle: str) -> str:
+        (record,) = [r for r in caplog.records if needle in r.getMessage()]
+        return record.levelname
+
+    assert level("rejected status from d03: unknown_device") == "INFO"
+    assert level(f"rejected volunteer from {d0}: wrong_run") == "INFO"
+    assert level(f"rejected message from {d0}: malformed") == "WARNING"
 
 
 def test_bad_messages_are_rejected_with_reasons_and_the_run_continues(

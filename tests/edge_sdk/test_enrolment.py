@@ -11,7 +11,7 @@ from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.device_link import DeviceLink
 from ursa.edge_sdk.enrolment import REFUSED_RETRY_MAX_S, REFUSED_RETRY_S, Enrolment
 from ursa.edge_sdk.membership import RunMembership
-from ursa.protocol.messages import COORDINATOR, EnrolResult
+from ursa.protocol.messages import COORDINATOR, EnrolResult, ErrorReply
 from ursa.protocol.outbox import Outbox
 
 REASON = "device id is not on the enrolment list"
@@ -81,3 +81,25 @@ def test_a_refused_device_says_hello_again_with_bounded_backoff(
     ]
     assert waits == pytest.approx(expected, abs=0.25)
     assert max(waits) <= REFUSED_RETRY_MAX_S
+
+
+@pytest.mark.parametrize(
+    ("code", "level"),
+    [
+        ("late", logging.INFO),  # a reply after its window: a race
+        ("wrong_run", logging.INFO),  # a run gone by: the Hello below mends it
+        ("unknown_device", logging.INFO),  # a status before the Hello
+        ("bad_signature", logging.WARNING),  # a real problem
+    ],
+)
+def test_an_error_reply_of_an_expected_race_is_info(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, code: str, level: int
+) -> None:
+    enrolment, _, _ = _enrolment(tmp_path, 1.0)
+    caplog.set_level(logging.INFO, logger="ursa.edge_sdk")
+    reply = ErrorReply(
+        federation="f", round=3, sender=COORDINATOR, code=code, reason="r"
+    )
+    enrolment.on_error(reply)
+    (record,) = [r for r in caplog.records if "coordinator refused" in r.message]
+    assert record.levelno == level

@@ -100,7 +100,8 @@ def test_serve_and_device_run_wait_for_a_broker_that_starts_later(
         assert "all 1 rounds complete" in text
         for device in DEVICES:
             assert f"device {device}: connected after" in text
-        assert f"coordinator: federation {FED}, methods dubhe" in text  # start-up
+        assert f"coordinator: federation {FED}, run " in text  # start-up
+        assert ", methods dubhe, broker mqtt://127.0.0.1:" in text
         running = 0  # a device may leave on its own at the federation's end
         for process in processes[1:]:  # the devices stop cleanly on SIGTERM
             running += process.poll() is None

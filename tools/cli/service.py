@@ -39,7 +39,7 @@ from ursa.tools.cli.logs import LOG_FORMATS, configure_logging
 from ursa.tools.compose import ServiceSetupError, build_coordinator, build_device
 
 if TYPE_CHECKING:
-    from ursa.coordinator.config import CoordinatorConfig, HttpConfig
+    from ursa.coordinator.config import HttpConfig
     from ursa.coordinator.service import CoordinatorService
     from ursa.edge_sdk.client import EdgeClient
     from ursa.tools.observe.server import ObserveServer
@@ -168,16 +168,6 @@ def _stopped(stop: threading.Event, watcher: threading.Thread, line: str) -> Non
     logger.info("%s", line)
 
 
-def _summary_of_coordinator(config: CoordinatorConfig) -> str:
-    """The start-up line: what this coordinator runs, with whom, where."""
-    return (
-        f"coordinator: federation {config.federation}, methods "
-        f"{', '.join(config.method_names())}, broker {config.broker.url}, "
-        f"K={config.k} of {config.min_devices} devices, {config.tries} tries, "
-        f"{config.rounds} rounds, state {config.state_dir}"
-    )
-
-
 def _serve(args: argparse.Namespace) -> int:
     stop, watcher = _stop_on_signals("coordinator")  # first: SIGTERM at start exits 0
     from ursa.crypto.paillier_keys import MIN_SECURE_KEY_BITS
@@ -222,7 +212,6 @@ def _serve(args: argparse.Namespace) -> int:
         except ObserveConfigError as exc:
             print(f"ursa coordinator serve: {exc}", file=sys.stderr)
             return 2
-    logger.info("%s", _summary_of_coordinator(config))
     try:
         service.run(stop, until_done=not args.keep_running)
         _stopped(stop, watcher, "coordinator: stopped")
@@ -306,7 +295,7 @@ def _device_run(args: argparse.Namespace) -> int:
             config.device_id,
             config.federation,
             ", ".join(m.kind for m in config.method_list()),
-            config.broker.url,
+            config.broker.address(),
             config.state_dir,
         )
         client.run(stop, until_finished=not args.keep_running)

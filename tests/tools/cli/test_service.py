@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -170,3 +171,18 @@ def test_serve_refuses_keys_under_2048_bits_without_the_test_switch(
     err = capsys.readouterr().err
     assert "key_bits = 1024 is below 2048" in err and "insecure_test_keys" in err
     assert not (tmp_path / "c").exists()  # refused before anything started
+
+
+def test_sigterm_logs_stopping_then_stopped(caplog: pytest.LogCaptureFixture) -> None:
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    caplog.set_level(logging.INFO, logger="ursa.cli")
+    try:
+        stop, watcher = cli_service._stop_on_signals("coordinator")
+        signal.raise_signal(signal.SIGTERM)  # what `systemctl stop` sends
+        assert stop.wait(5)
+        cli_service._stopped(stop, watcher, "coordinator: stopped")
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+    lines = [r.message for r in caplog.records]
+    assert lines == ["coordinator: stopping (SIGTERM)", "coordinator: stopped"]
