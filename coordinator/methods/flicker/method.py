@@ -188,8 +188,8 @@ class FlickerMethod:
         engine = self._require()
         if engine.phase is Phase.IDLE:
             if len(online) < fl.MIN_RING_DEVICES:
-                if not self._waiting_logged:
-                    logger.warning(
+                if not self._waiting_logged:  # expected: the fleet comes online
+                    logger.info(
                         "FLICKER waits for %d online devices (%d now)",
                         fl.MIN_RING_DEVICES,
                         len(online),
