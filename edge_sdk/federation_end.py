@@ -25,7 +25,9 @@ A device kept running after the end (``EdgeClient.run(until_finished=False)``,
 `finished` so that the new run's end is taken again. The old run's end
 cannot end the new one: its messages carry the old run's id, which the
 device has left (`RunMembership`), and an export still running for it
-finishes nothing once the run changed.
+writes and finishes nothing once the run changed. Each run's final model
+replaces the last one in ``final`` (an older run's ``model.onnx`` goes with
+its weights).
 """
 
 from __future__ import annotations
@@ -236,27 +238,35 @@ class EndOfFederation:
     def _export_then_finish(
         self, message: FederationEnd, arrays: Arrays, weights: Path, run: int
     ) -> None:
-        onnx_path: Path | None = None
         try:
             onnx = onnx_of(self._trainer, arrays)
-            if onnx is not None:
-                onnx_path = weights.parent / ONNX_FILENAME
-                partial = onnx_path.with_suffix(".onnx.part")
-                partial.write_bytes(onnx)
-                os.replace(partial, onnx_path)  # a reader never sees half a file
-        except Exception:  # the exporter's many errors, a full disk
+        except Exception:  # the exporter's many errors
             logger.exception("%s: final model not exported to ONNX", self.device_id)
-            onnx_path = None
-        logger.info(
-            "%s: final model version %s saved in %s%s",
-            self.device_id,
-            message.model_version,
-            weights.parent,
-            "" if onnx_path is None else " (with ONNX)",
-        )
+            onnx = None
         with self._lock:
-            if run == self._run:  # else a new run was joined meanwhile
-                self._finished(message, weights, onnx_path)
+            if run != self._run:
+                return  # a new run was joined meanwhile: these are not its files
+            onnx_path = None if onnx is None else self._write_onnx(weights, onnx)
+            logger.info(
+                "%s: final model version %s saved in %s%s",
+                self.device_id,
+                message.model_version,
+                weights.parent,
+                "" if onnx_path is None else " (with ONNX)",
+            )
+            self._finished(message, weights, onnx_path)
+
+    def _write_onnx(self, weights: Path, onnx: bytes) -> Path | None:
+        """``model.onnx`` beside the weights; None if it could not be written."""
+        path = weights.parent / ONNX_FILENAME
+        partial = path.with_suffix(".onnx.part")
+        try:
+            partial.write_bytes(onnx)
+            os.replace(partial, path)  # a reader never sees half a file
+        except OSError as exc:  # a full disk
+            logger.error("%s: final model's ONNX not saved: %s", self.device_id, exc)
+            return None
+        return path
 
     def _finished(
         self, message: FederationEnd, weights: Path | None, onnx: Path | None
@@ -278,6 +288,7 @@ class EndOfFederation:
         }
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            (folder / ONNX_FILENAME).unlink(missing_ok=True)  # an older run's
             weights = folder / WEIGHTS_FILENAME
             weights.write_bytes(arrays_to_bytes(arrays))
             (folder / FINAL_INFO_FILENAME).write_text(json.dumps(info, indent=2))
