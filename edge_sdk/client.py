@@ -162,7 +162,7 @@ class EdgeClient:
             callbacks=callbacks,
         )
         self.finished = self._end.finished
-        """Set once the federation is over (`ursa.edge_sdk.federation_end`)."""
+        """Set once the run's federation is over; cleared when a new run is joined."""
         self._inbox = DeviceInbox(
             link=self.link,
             admission=self.admission,
