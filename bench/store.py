@@ -1,12 +1,11 @@
 """`ursa bench store`: the coordinator store's cost per message, by commit mode.
 
 Replays, on a real `CoordinatorStore` file (WAL, ``synchronous=NORMAL``), the
-store calls the service's admission makes for each message
-(`CoordinatorService._admit`): the duplicate check, one unit of work with the
-handler's record, the ``seen`` row where the message has no natural key, and
-the commit. Two message kinds:
+store calls the coordinator's inbox makes for each message: the duplicate
+check, one unit of work with the handler's record, the ``seen`` row where
+the message has no natural key, and the commit. Two message kinds:
 
-    volunteer   Dubhe's `Volunteer` (a record under (round, device)), the
+    volunteer   Dubhe's `Volunteer` (a method row under (round, device)), the
                 message every round is made of
     heartbeat   a message with no record of its own (only a ``seen`` row)
 
@@ -25,6 +24,7 @@ would take 50 ms each to miss it).
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from collections.abc import Sequence
@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ursa.bench.common import Budget, report
-from ursa.coordinator.natural_keys import natural_key
-from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store import CoordinatorStore, NaturalKey
 from ursa.coordinator.store_batches import CommitPolicy
 from ursa.protocol.messages import BaseMessage, Heartbeat, Volunteer
 
@@ -42,6 +41,7 @@ __all__ = ["MODES", "StoreRun", "measure", "run"]
 MODES = ("every", "batched")
 KINDS = ("volunteer", "heartbeat")
 _FED = "bench"
+_METHOD = "bench"
 _DEVICES_PER_ROUND = 1_000
 MAX_BATCHED_COMMITS_PER_MESSAGE = 0.05
 
@@ -80,14 +80,23 @@ def _messages(kind: str, count: int) -> list[BaseMessage]:
     return out
 
 
+def _natural_key(message: BaseMessage) -> NaturalKey | None:
+    """A volunteer's row, as a selection method keeps one per device and round."""
+    if not isinstance(message, Volunteer):
+        return None
+    return NaturalKey.method_row(_METHOD, f"volunteers.{message.round}", message.sender)
+
+
 def _handle(store: CoordinatorStore, message: BaseMessage, natural_keys: bool) -> None:
-    """What `CoordinatorService._admit` asks of the store for one message."""
-    natural = natural_key(message) if natural_keys else None
+    """What the coordinator's inbox asks of the store for one message."""
+    natural = _natural_key(message) if natural_keys else None
     if store.is_duplicate(message.message_id, natural):
         return
     with store.transaction():
         if isinstance(message, Volunteer):
-            store.add_volunteer(message.round, message.sender, message.draws)
+            draws = json.dumps(list(message.draws)).encode()
+            key = f"volunteers.{message.round}"
+            store.add_method_row(_METHOD, key, message.sender, draws)
         if natural is None:
             store.mark_seen(message.message_id, 0.0)
 

@@ -231,6 +231,7 @@ class Components:
             rounds=rounds,
             stages=stages,
             plugin=plugin,
+            selection=selection,
             flicker=flicker,
             outage=outage,
             outgoing=outgoing,

@@ -34,6 +34,7 @@ from ursa.coordinator.refusal_log import RefusalLog
 from ursa.coordinator.rejections import Rejections
 from ursa.coordinator.round_cycle import RoundCycle
 from ursa.coordinator.rounds import Stage
+from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageMachine
 from ursa.coordinator.store import CoordinatorStore
@@ -75,6 +76,7 @@ class Inbox:
         rounds: The open round (the plugin's messages go to it).
         stages: The run's `RoundState`.
         plugin: The training plugin (its messages and failed devices).
+        selection: The selection method (its answers' natural keys).
         flicker: FLICKER's coordinator half, if the federation runs it.
         outage: Site bridges' states.
         outgoing: The signing point and outbox.
@@ -99,6 +101,7 @@ class Inbox:
         rounds: RoundCycle,
         stages: StageMachine,
         plugin: RoundPlugin,
+        selection: SelectionMethod,
         flicker: Balancing | None,
         outage: BrokerOutage,
         outgoing: SigningPoint,
@@ -119,6 +122,7 @@ class Inbox:
         self._rounds = rounds
         self._stages = stages
         self._plugin = plugin
+        self._selection = selection
         self._flicker = flicker
         self._outage = outage
         self._outgoing = outgoing
@@ -168,7 +172,9 @@ class Inbox:
             self._on_status(device, message, now)
             return
         store = self._opened()
-        natural = natural_key(message)  # its stored record de-duplicates it
+        natural = natural_key(
+            message, self._selection
+        )  # its stored record de-duplicates it
         if store.is_duplicate(message.message_id, natural):
             logger.debug(
                 "duplicate %s %s from %s ignored", kind, message.message_id, device

@@ -33,7 +33,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from ursa.coordinator.plugin import EpochView
-from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store import CoordinatorStore, NaturalKey
 from ursa.protocol.messages import BaseMessage
 from ursa.protocol.router import Router
 
@@ -156,6 +156,14 @@ class SelectionMethod(ABC):
 
     def epoch_unusable(self, epoch: EpochView, online: Set[str]) -> str | None:
         """Why the next round needs a new key epoch first (None: it does not)."""
+        return None
+
+    def natural_key(self, message: BaseMessage) -> NaturalKey | None:
+        """The stored row that de-duplicates one of its messages (None: a ``seen`` row).
+
+        A method that keeps one row per device and round (`CoordinatorStore.
+        add_method_row`) names it here, so a re-sent answer costs one read.
+        """
         return None
 
     def extend_deadlines(self, seconds: float) -> None:  # noqa: B027 - optional hook

@@ -29,6 +29,7 @@ from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.key_epoch import KeyEpoch
 from ursa.coordinator.methods.flicker.method import FlickerMethod
+from ursa.coordinator.methods.registry import migrate_store
 from ursa.coordinator.own_identity import IDENTITY_PUBLIC_FILENAME
 from ursa.coordinator.plugin import NoTraining, RoundPlugin
 from ursa.coordinator.retained_sweep import RETAINED_SWEEP_S
@@ -235,6 +236,7 @@ class CoordinatorService:
         store = self._store = CoordinatorStore(
             cfg.state_dir / DB_FILENAME, commit=cfg.store.policy()
         )
+        migrate_store(store)  # an earlier version's state dir, once
         parts.outbox.wait_for(store)  # publish nothing a crash takes back
         now = self._clock()
         fresh = store.get_meta(STATE_KEY) is None

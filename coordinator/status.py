@@ -32,6 +32,7 @@ from typing import Any
 
 from ursa.coordinator.device_health import device_health
 from ursa.coordinator.enrolled_devices import REFUSING_KEY
+from ursa.coordinator.methods.registry import VOLUNTEER_ROWS
 from ursa.coordinator.ready_devices import SAT_OUT_KEY
 from ursa.coordinator.stage_machine import STATE_KEY
 from ursa.coordinator.store import (
@@ -207,7 +208,7 @@ def _read(db: sqlite3.Connection, errors: int) -> dict[str, Any]:
         },
         "failing": dict(health.failing),
         "sitting_out": dict(health.sitting_out),
-        "last_round": _last_round(db),
+        "last_round": _last_round(db, tables),
         "trained": _trained(meta),
         "live_phases": phases,
         "errors": recent,
@@ -229,20 +230,25 @@ def _trained(meta: dict[str, str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _last_round(db: sqlite3.Connection) -> RoundSummary | None:
+def _last_round(db: sqlite3.Connection, tables: set[str]) -> RoundSummary | None:
     row = db.execute(
         "SELECT round, epoch, selected, completed FROM rounds "
         "ORDER BY round DESC LIMIT 1"
     ).fetchone()
     if row is None:
         return None
-    volunteers = db.execute(
-        "SELECT COUNT(*) FROM volunteers WHERE round = ?", (row[0],)
-    )
+    volunteers, (method, prefix) = 0, VOLUNTEER_ROWS
+    if "method_rows" in tables:  # none before the coordinator moved Dubhe's rows
+        volunteers = int(
+            db.execute(
+                "SELECT COUNT(*) FROM method_rows WHERE method = ? AND key = ?",
+                (method, f"{prefix}{row[0]}"),
+            ).fetchone()[0]
+        )
     return RoundSummary(
         round=int(row[0]),
         epoch=int(row[1]),
-        volunteers=int(volunteers.fetchone()[0]),
+        volunteers=volunteers,
         selected=None if row[2] is None else tuple(json.loads(row[2])),
         completed=bool(row[3]),
     )

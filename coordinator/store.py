@@ -1,7 +1,9 @@
 """SQLite persistence of the coordinator: the one store of its state.
 
 Core tables (devices, key epochs, rounds, seen ids), each method's progress
-(``method_state``: one JSON value per method and key) and the records of live
+(``method_state``: one JSON value per method and key; ``method_rows``: one
+bytes value per method, key and device, for the answers a method keeps per
+device, e.g. one per round) and the records of live
 phases (``phases``: `ursa.coordinator.gather.Gather`,
 `ursa.coordinator.wait.Wait`, `ursa.coordinator.relay.Relay` as JSON), so no
 method keeps files of its own. A gather over the whole fleet saves its full
@@ -28,17 +30,21 @@ them, and the devices send them again (same ids) when the restarted
 coordinator re-publishes what its stage waits on.
 
 De-duplication: a message stored as a record with a natural key (a
-volunteer's or distribution's round and device, a registration's epoch and
-device: `NaturalKey`) is recognised by that record (`has_record`); other
-messages by a ``seen`` row of their message id.
+method row's method, key and device, a registration's epoch and device:
+`NaturalKey`) is recognised by that record (`has_record`); other messages by
+a ``seen`` row of their message id.
+
+Schema changes of a state dir written by an earlier version run once, each in
+one transaction recorded in ``meta`` under ``schema.<name>`` (`migrate`); a
+method's own migration lives in its folder and is run through the registry.
 
 What is stored is what the coordinator may know (docs/threat_model.md): device public
 identities, who is online, the agent, public keys, ciphertexts (running
-registry sum, encrypted distributions), volunteers' draws, tentative sets,
-the selection and the signed notices it published; under the stratified
-draw each registrant's registry ciphertext and one-time public key (for the
-rank hand-out). Never a plaintext
-distribution, category, registry or secret key: the coordinator has none.
+registry sum), the selection and the signed notices it published, and what
+each method keeps (ciphertexts and public answers: never a plaintext); when
+ranks are handed out, each registrant's registry ciphertext and one-time
+public key. Never a plaintext category, registry or secret
+key: the coordinator has none.
 """
 
 from __future__ import annotations
@@ -47,11 +53,11 @@ import json
 import logging
 import secrets
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Protocol
 
 from ursa.coordinator.store_batches import BatchedConnection, CommitPolicy, StoreStats
 from ursa.protocol.untrusted_text import escape
@@ -63,12 +69,14 @@ __all__ = [
     "MAX_ERRORS_PER_DEVICE",
     "RECENT_ERRORS_SQL",
     "RUN_KEY",
+    "SCHEMA_PREFIX",
     "SHOWN_PER_DEVICE",
     "CoordinatorStore",
     "EpochRecord",
     "ErrorRecord",
     "NaturalKey",
     "RoundRecord",
+    "SchemaSql",
 ]
 
 logger = logging.getLogger("ursa.coordinator.store")
@@ -80,6 +88,8 @@ LAST_ROUND_PREFIX = "last_round."
 DB_FILENAME = "coordinator.sqlite3"
 RUN_KEY = "run"
 """Meta key of this store's run id (made once, with the store)."""
+SCHEMA_PREFIX = "schema."
+"""Meta keys ``schema.<name>``: the version a migration brought the store to."""
 DEFAULT_MAX_SEEN = 200_000
 """Message ids kept for de-duplication. An older id may be forgotten safely: a
 message that old is for a finished round or epoch and is refused as late."""
@@ -120,18 +130,15 @@ CREATE TABLE IF NOT EXISTS rank_entries (
     rank_key BLOB NOT NULL, PRIMARY KEY (epoch, device_id));
 CREATE TABLE IF NOT EXISTS rounds (
     round INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, announce BLOB NOT NULL,
-    tries TEXT, candidates TEXT, selected TEXT, try_index INTEGER,
-    result BLOB, completed INTEGER NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS volunteers (
-    round INTEGER NOT NULL, device_id TEXT NOT NULL, draws TEXT NOT NULL,
-    PRIMARY KEY (round, device_id));
-CREATE TABLE IF NOT EXISTS distributions (
-    round INTEGER NOT NULL, device_id TEXT NOT NULL, blob BLOB NOT NULL,
-    PRIMARY KEY (round, device_id));
+    selected TEXT, try_index INTEGER, result BLOB,
+    completed INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS seen (message_id TEXT PRIMARY KEY, seen_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS method_state (
     method TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
     PRIMARY KEY (method, key));
+CREATE TABLE IF NOT EXISTS method_rows (
+    method TEXT NOT NULL, key TEXT NOT NULL, device_id TEXT NOT NULL,
+    value BLOB NOT NULL, PRIMARY KEY (method, key, device_id));
 CREATE TABLE IF NOT EXISTS phases (
     key TEXT PRIMARY KEY, round INTEGER NOT NULL, record TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS phase_progress (key TEXT PRIMARY KEY, record TEXT NOT NULL);
@@ -147,18 +154,48 @@ CREATE TABLE IF NOT EXISTS errors (
 class NaturalKey:
     """A record that identifies a message by what it is, not by its id.
 
-    A device sends one volunteer and one distribution per round and one
-    registration per key epoch, so the stored record is the de-duplication
-    and the message needs no ``seen`` row.
+    A device sends one registration per key epoch, and a method may take one
+    answer per device and key (its round), kept as a method row: the stored
+    record is the de-duplication and the message needs no ``seen`` row.
     """
 
-    table: Literal["volunteers", "distributions", "registrations"]
-    scope: int
-    """The round (volunteers, distributions) or the key epoch (registrations)."""
     device: str
+    key: str
+    """The method row's key, or the key epoch (a registration) in decimal."""
+    method: str | None = None
+    """The method whose row it is; None: a key epoch's registration."""
+
+    @classmethod
+    def registration(cls, epoch: int, device: str) -> NaturalKey:
+        """A device's registration in key epoch ``epoch``."""
+        return cls(device, str(epoch))
+
+    @classmethod
+    def method_row(cls, method: str, key: str, device: str) -> NaturalKey:
+        """A method's row of ``device`` under ``key`` (`add_method_row`)."""
+        return cls(device, key, method)
+
+    def query(self) -> tuple[str, tuple[object, ...]]:
+        """The ``EXISTS`` sub-query finding the record, and its arguments."""
+        if self.method is None:
+            return (
+                "SELECT 1 FROM registrations WHERE epoch = ? AND device_id = ?",
+                (int(self.key), self.device),
+            )
+        return (
+            "SELECT 1 FROM method_rows WHERE method = ? AND key = ? AND device_id = ?",
+            (self.method, self.key, self.device),
+        )
 
 
-_SCOPE_COLUMN = {"volunteers": "round", "distributions": "round"}
+class SchemaSql(Protocol):
+    """The SQL a migration runs in its transaction (`CoordinatorStore.migrate`)."""
+
+    def read(self, sql: str, args: tuple[object, ...] = ()) -> sqlite3.Cursor:
+        """Run a query."""
+
+    def write(self, sql: str, args: tuple[object, ...] = ()) -> sqlite3.Cursor:
+        """Run a change."""
 
 
 @dataclass(frozen=True)
@@ -182,10 +219,6 @@ class RoundRecord:
     round: int
     epoch: int
     announce: bytes
-    volunteers: dict[str, tuple[bool, ...]]
-    tries: tuple[tuple[str, ...], ...] | None
-    candidates: tuple[int, ...] | None
-    distributions: dict[str, bytes]
     selected: tuple[str, ...] | None
     try_index: int | None
     result: bytes | None
@@ -280,12 +313,7 @@ class CoordinatorStore:
 
     def has_record(self, key: NaturalKey) -> bool:
         """Whether the record a message would store exists (its de-duplication)."""
-        column = _SCOPE_COLUMN.get(key.table, "epoch")
-        row = self._exec(
-            f"SELECT 1 FROM {key.table} WHERE {column} = ? AND device_id = ?",
-            (key.scope, key.device),
-        )
-        return row.fetchone() is not None
+        return self._exec(*key.query()).fetchone() is not None
 
     def is_duplicate(self, message_id: str, key: NaturalKey | None) -> bool:
         """Whether a message was handled before: its record exists, or its id is seen.
@@ -295,13 +323,34 @@ class CoordinatorStore:
         """
         if key is None:
             return self.is_seen(message_id)
-        column = _SCOPE_COLUMN.get(key.table, "epoch")
+        sql, args = key.query()
         row = self._exec(
-            f"SELECT EXISTS (SELECT 1 FROM {key.table} WHERE {column} = ? "
-            "AND device_id = ?) OR EXISTS (SELECT 1 FROM seen WHERE message_id = ?)",
-            (key.scope, key.device, message_id),
+            f"SELECT EXISTS ({sql}) "
+            "OR EXISTS (SELECT 1 FROM seen WHERE message_id = ?)",
+            (*args, message_id),
         )
         return bool(row.fetchone()[0])
+
+    def migrate(
+        self, name: str, version: int, step: Callable[[SchemaSql], None]
+    ) -> bool:
+        """Bring the store to ``version`` of schema ``name`` once; True if it ran.
+
+        ``step`` runs only when ``meta`` has an older ``schema.<name>`` (or
+        none), in one transaction with the new version, committed at once:
+        a crash leaves the old form whole, and a second open does nothing.
+        """
+        meta = SCHEMA_PREFIX + name
+        with self._lock:
+            found = self.get_meta(meta)
+            if found is not None and int(found) >= version:
+                return False
+            with self.transaction():
+                step(self._conn)
+                self.set_meta(meta, str(version))
+            self.flush()
+        logger.info("store schema %s: version %d", name, version)
+        return True
 
     # --- meta and dedup -----------------------------------------------------
 
@@ -363,6 +412,31 @@ class CoordinatorStore:
             "INSERT OR REPLACE INTO method_state VALUES (?, ?, ?)",
             (method, key, json.dumps(value)),
         )
+
+    def add_method_row(self, method: str, key: str, device: str, value: bytes) -> None:
+        """A method's one row of ``device`` under ``key`` (a second one raises).
+
+        Its `NaturalKey.method_row` then recognises a re-sent message.
+        """
+        self._write(
+            "INSERT INTO method_rows VALUES (?, ?, ?, ?)", (method, key, device, value)
+        )
+
+    def method_rows(self, method: str, key: str) -> dict[str, bytes]:
+        """Device -> value of a method's rows under ``key``."""
+        rows = self._exec(
+            "SELECT device_id, value FROM method_rows WHERE method = ? AND key = ?",
+            (method, key),
+        ).fetchall()
+        return {str(d): bytes(v) for d, v in rows}
+
+    def count_method_rows(self, method: str, key: str) -> int:
+        """How many rows a method keeps under ``key``."""
+        row = self._exec(
+            "SELECT COUNT(*) FROM method_rows WHERE method = ? AND key = ?",
+            (method, key),
+        ).fetchone()
+        return int(row[0])
 
     def phase(self, key: str) -> dict[str, Any] | None:
         """A live phase's record, or None (with the replies saved since, merged).
@@ -550,7 +624,7 @@ class CoordinatorStore:
     ) -> None:
         """One more registrant and the new running sum.
 
-        ``rank_entry``: (registry ciphertext, the stratified draw's one-time
+        ``rank_entry``: (registry ciphertext, the rank hand-out's one-time
         public key or b""), kept for the agent's one-hot check and the
         epoch's rank hand-out.
         """
@@ -641,35 +715,6 @@ class CoordinatorStore:
             "UPDATE rounds SET announce = ? WHERE round = ?", (announce, round_index)
         )
 
-    def add_volunteer(
-        self, round_index: int, device_id: str, draws: tuple[bool, ...]
-    ) -> None:
-        """A device's answer to the announce."""
-        self._write(
-            "INSERT INTO volunteers VALUES (?, ?, ?)",
-            (round_index, device_id, json.dumps(list(draws))),
-        )
-
-    def set_tries(self, round_index: int, tries: tuple[tuple[str, ...], ...]) -> None:
-        """The H tentative sets."""
-        self._write(
-            "UPDATE rounds SET tries = ? WHERE round = ?",
-            (json.dumps([list(t) for t in tries]), round_index),
-        )
-
-    def add_distribution(self, round_index: int, device_id: str, blob: bytes) -> None:
-        """A member's encrypted distribution."""
-        self._write(
-            "INSERT INTO distributions VALUES (?, ?, ?)", (round_index, device_id, blob)
-        )
-
-    def set_candidates(self, round_index: int, candidates: tuple[int, ...]) -> None:
-        """Which tries were sent to the agent, in the order of its sums."""
-        self._write(
-            "UPDATE rounds SET candidates = ? WHERE round = ?",
-            (json.dumps(list(candidates)), round_index),
-        )
-
     def set_selection(
         self,
         round_index: int,
@@ -710,42 +755,22 @@ class CoordinatorStore:
         return None if row is None else bytes(row[0])
 
     def round(self, round_index: int) -> RoundRecord | None:
-        """Load one round with its volunteers and distributions."""
+        """Load one round (its selection method keeps its own progress)."""
         row = self._exec(
-            "SELECT round, epoch, announce, tries, candidates, selected, try_index, "
-            "result, completed FROM rounds WHERE round = ?",
+            "SELECT round, epoch, announce, selected, try_index, result, completed "
+            "FROM rounds WHERE round = ?",
             (round_index,),
         ).fetchone()
         if row is None:
             return None
-        volunteers = {
-            str(d): tuple(bool(x) for x in json.loads(draws))
-            for d, draws in self._exec(
-                "SELECT device_id, draws FROM volunteers WHERE round = ?",
-                (round_index,),
-            ).fetchall()
-        }
-        distributions = {
-            str(d): bytes(b)
-            for d, b in self._exec(
-                "SELECT device_id, blob FROM distributions WHERE round = ?",
-                (round_index,),
-            ).fetchall()
-        }
         return RoundRecord(
             round=int(row[0]),
             epoch=int(row[1]),
             announce=bytes(row[2]),
-            volunteers=volunteers,
-            tries=None
-            if row[3] is None
-            else tuple(tuple(t) for t in json.loads(row[3])),
-            candidates=None if row[4] is None else tuple(json.loads(row[4])),
-            distributions=distributions,
-            selected=None if row[5] is None else tuple(json.loads(row[5])),
-            try_index=None if row[6] is None else int(row[6]),
-            result=_opt_bytes(row[7]),
-            completed=bool(row[8]),
+            selected=None if row[3] is None else tuple(json.loads(row[3])),
+            try_index=None if row[4] is None else int(row[4]),
+            result=_opt_bytes(row[5]),
+            completed=bool(row[6]),
         )
 
 

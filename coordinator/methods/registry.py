@@ -3,7 +3,11 @@
 The runtime looks a federation's selection method up here and builds it
 with its context (`SelectionContext`), which the method holds from then on;
 adding one is a package under ``coordinator/methods/`` and a line below
-(plus its settings class in `ursa.coordinator.methods_config`).
+(plus its settings class in `ursa.coordinator.methods_config`). A method
+whose stored form changed lists its one-time migration in
+`STORE_MIGRATIONS`; the runtime runs them all when it opens the store,
+whatever the federation's method (an old state dir loses the tables an
+earlier version made for every method).
 """
 
 from __future__ import annotations
@@ -12,12 +16,21 @@ from collections.abc import Callable, Mapping
 
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.methods.dubhe import DubheSelection
+from ursa.coordinator.methods.dubhe import migration as dubhe_migration
+from ursa.coordinator.methods.dubhe import records as dubhe_records
 from ursa.coordinator.methods.dubhe.participation import ParticipationCap
 from ursa.coordinator.methods.random import RandomSelection
 from ursa.coordinator.methods_config import DubheSpec
 from ursa.coordinator.selection_method import SelectionContext, SelectionMethod
+from ursa.coordinator.store import CoordinatorStore
 
-__all__ = ["SELECTION_METHODS", "selection_method"]
+__all__ = [
+    "SELECTION_METHODS",
+    "STORE_MIGRATIONS",
+    "VOLUNTEER_ROWS",
+    "migrate_store",
+    "selection_method",
+]
 
 
 def _dubhe(config: CoordinatorConfig, ctx: SelectionContext) -> SelectionMethod:
@@ -57,3 +70,20 @@ def selection_method(
 ) -> SelectionMethod:
     """The federation's selection method, built from its config and context."""
     return SELECTION_METHODS[config.selection_method().kind](config, ctx)
+
+
+STORE_MIGRATIONS: tuple[Callable[[CoordinatorStore], bool], ...] = (
+    dubhe_migration.migrate,
+)
+"""Each method's one-time move of an earlier version's stored form (idempotent)."""
+
+
+def migrate_store(store: CoordinatorStore) -> None:
+    """Run every method's store migration that is due (once per state dir)."""
+    for migrate in STORE_MIGRATIONS:
+        migrate(store)
+
+
+VOLUNTEER_ROWS = (dubhe_records.NAMESPACE, dubhe_records.VOLUNTEERS)
+"""(method, row key prefix) of a round's volunteers, for ``ursa coordinator
+status`` (it reads the file, not a store): ``<prefix><round>``."""

@@ -10,8 +10,10 @@ import pytest
 
 from ursa.coordinator.config import BrokerConfig, EnrolmentConfig
 from ursa.coordinator.methods.dubhe import DubheSelection, DubheStep
+from ursa.coordinator.methods.dubhe.records import DubheRecords
 from ursa.coordinator.rounds import Stage
 from ursa.coordinator.service import MAX_HELD
+from ursa.coordinator.store import DB_FILENAME
 from ursa.crypto.identity import (
     DeviceIdentity,
     DevicePublicIdentity,
@@ -28,6 +30,8 @@ from ursa.protocol.messages import (
     Volunteer,
 )
 from ursa.protocol.topics import status_topic, up_topic
+
+from .methods.dubhe.test_migration import write_as_before
 
 FED = "fed"
 
@@ -285,8 +289,8 @@ def test_duplicates_are_ignored_not_double_counted(
     fed.raw.publish(topic, payload)  # same message id: a broker redelivery
     fed.send_as(first, volunteer.model_copy(update={"message_id": "fresh1"}))
 
-    stored = fed.coordinator.store.round(1)
-    assert stored is not None and list(stored.volunteers) == [first]
+    stored = DubheRecords(fed.coordinator.store).round(1)
+    assert list(stored.volunteers) == [first]
     assert f"duplicate volunteer {volunteer.message_id} from {first}" in caplog.text
     # another id, the same (round, device): its stored record makes it a duplicate
     assert f"duplicate volunteer fresh1 from {first}" in caplog.text
@@ -333,12 +337,15 @@ def test_agent_offline_at_round_start_triggers_a_new_epoch(federation: Any) -> N
     assert agent not in fed.messages("selection_result")[0][1].selected
 
 
+@pytest.mark.parametrize("old_form", [False, True], ids=["store", "old_form"])
 @pytest.mark.parametrize(
     "stall", ["volunteer", "encrypted_distribution", "agent_answer"]
 )
 def test_restart_from_sqlite_mid_round_resumes_without_double_counting(
-    federation: Any, stall: str
+    federation: Any, stall: str, old_form: bool
 ) -> None:
+    """``old_form``: the store is rewritten as the version before wrote it
+    (Dubhe's rows in core tables); the restart moves them once and resumes."""
     fed = federation(num_devices=6, k=2, tries=3, rounds=3)
     fed.bus.drop_filter = _drop(None, stall)  # round 1 stalls at that stage
     fed.start(settle=stall != "volunteer")
@@ -352,11 +359,20 @@ def test_restart_from_sqlite_mid_round_resumes_without_double_counting(
     enrolled_before = fed.coordinator.store.enrolled()
     round_before = fed.coordinator.state.round
 
+    kept = DubheRecords(fed.coordinator.store).round(1)
     fed.coordinator_transport.kill()  # kill -9: no clean shutdown
     fed.coordinator.store.close()
+    if old_form:
+        write_as_before(fed.config.state_dir / DB_FILENAME)
     fed.bus.drop_filter = None
     fed.coordinator = fed.new_coordinator()
     fed.coordinator.start()
+    assert fed.coordinator.store.get_meta("schema.dubhe") == "1"
+    resumed = DubheRecords(fed.coordinator.store).round(1)  # the bus runs on inline
+    assert bool(kept.volunteers) is (stall != "volunteer")
+    assert kept.volunteers.items() <= resumed.volunteers.items()
+    assert kept.distributions.items() <= resumed.distributions.items()
+    assert kept.tries is None or resumed.tries == kept.tries
     fed.settle()
 
     assert fed.coordinator.store.enrolled() == enrolled_before
@@ -480,8 +496,8 @@ def test_a_message_queued_during_a_restart_waits_until_the_round_is_reopened(
     refused = [e.in_reply_to for e in fed.errors_to(late)]
     assert queued.message_id not in refused
     assert "not open" not in caplog.text
-    stored = fed.coordinator.store.round(1)
-    assert stored is not None and late in stored.volunteers
+    stored = DubheRecords(fed.coordinator.store).round(1)
+    assert late in stored.volunteers
     assert fed.coordinator.is_done
 
 
@@ -668,8 +684,8 @@ def test_a_device_message_of_another_run_is_refused_and_not_remembered(
     assert errors[-1].in_reply_to == stale.message_id
     assert not fed.coordinator.store.is_seen(stale.message_id)
     assert fed.coordinator.run_drops() == {late: 1}
-    stored = fed.coordinator.store.round(1)
-    assert stored is not None and late not in stored.volunteers
+    stored = DubheRecords(fed.coordinator.store).round(1)
+    assert late not in stored.volunteers
 
 
 def test_messages_held_before_the_stage_is_restored_are_capped(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store import CoordinatorStore, SchemaSql
 
 
 def test_epoch_and_round_round_trip(tmp_path: Path) -> None:
@@ -16,10 +17,8 @@ def test_epoch_and_round_round_trip(tmp_path: Path) -> None:
     store.add_registration(1, "a", b"sum1")
     store.add_registration(1, "b", b"sum2")
     store.add_round(1, 1, b"announce")
-    store.add_volunteer(1, "a", (True, False))
-    store.set_tries(1, (("a",), ("b",)))
-    store.add_distribution(1, "a", b"dist")
-    store.set_candidates(1, (0,))
+    store.add_method_row("m", "answers.1", "a", b"\x00yes")
+    store.set_method_state("m", "plan.1", [["a"], ["b"]])
     store.set_selection(1, ("a",), 0, b"result")
     store.close()
 
@@ -34,10 +33,12 @@ def test_epoch_and_round_round_trip(tmp_path: Path) -> None:
     assert (epoch.public_key_msg, epoch.running_sum) == (b"pk", b"sum2")
     record = store.round(1)
     assert record is not None
-    assert record.volunteers == {"a": (True, False)}
-    assert record.tries == (("a",), ("b",))
-    assert record.distributions == {"a": b"dist"}
-    assert (record.candidates, record.selected, record.try_index) == ((0,), ("a",), 0)
+    assert (record.epoch, record.announce) == (1, b"announce")
+    assert (record.selected, record.try_index, record.result) == (("a",), 0, b"result")
+    assert store.method_rows("m", "answers.1") == {"a": b"\x00yes"}
+    assert store.method_rows("m", "answers.2") == {}
+    assert store.count_method_rows("m", "answers.1") == 1
+    assert store.method_state("m", "plan.1") == [["a"], ["b"]]
     assert store.last_result() == b"result"
     assert store.rounds_in_epoch(1) == 1
     store.close()
@@ -216,4 +217,57 @@ def test_a_phase_reply_is_a_row_merged_into_the_record(tmp_path: Path) -> None:
     store.drop_phase("mean/3")
     store.save_phase("mean/3", 3, {"answered": [], "n": 0})  # a new one: no leftovers
     assert store.phase("mean/3") == {"answered": [], "n": 0}
+    store.close()
+
+
+def test_a_fresh_store_has_only_core_and_generic_method_tables(tmp_path: Path) -> None:
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    tables = {
+        str(r[0])
+        for r in store._exec("SELECT name FROM sqlite_master WHERE type = 'table'")
+    }
+    columns = {str(r[1]) for r in store._exec("PRAGMA table_info(rounds)")}
+    store.close()
+    assert not {"volunteers", "distributions"} & tables  # a method's, not core
+    assert {"method_state", "method_rows", "phases"} <= tables
+    assert not {"tries", "candidates"} & columns
+
+
+def test_a_second_method_row_of_a_device_is_refused(tmp_path: Path) -> None:
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    store.add_method_row("m", "answers.1", "a", b"one")
+    with pytest.raises(sqlite3.IntegrityError):
+        store.add_method_row("m", "answers.1", "a", b"two")
+    assert store.method_rows("m", "answers.1") == {"a": b"one"}
+    store.close()
+
+
+def test_a_migration_runs_once_and_records_its_version(tmp_path: Path) -> None:
+    runs: list[int] = []
+
+    def step(sql: SchemaSql) -> None:
+        runs.append(1)
+        sql.write("INSERT OR REPLACE INTO meta VALUES ('moved', 'yes')")
+
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    assert store.migrate("m", 1, step)
+    assert not store.migrate("m", 1, step)
+    store.close()
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    assert not store.migrate("m", 1, step)  # recorded across a reopen
+    assert store.migrate("m", 2, step)  # a newer version runs
+    assert (store.get_meta("schema.m"), store.get_meta("moved")) == ("2", "yes")
+    store.close()
+    assert runs == [1, 1]
+
+
+def test_a_failed_migration_leaves_the_store_as_it_was(tmp_path: Path) -> None:
+    def step(sql: SchemaSql) -> None:
+        sql.write("INSERT INTO meta VALUES ('half', 'done')")
+        raise RuntimeError("crash mid-migration")
+
+    store = CoordinatorStore(tmp_path / "db.sqlite3")
+    with pytest.raises(RuntimeError):
+        store.migrate("m", 1, step)
+    assert (store.get_meta("half"), store.get_meta("schema.m")) == (None, None)
     store.close()

@@ -15,7 +15,7 @@ from ursa.coordinator.natural_keys import natural_key
 from ursa.coordinator.store import CoordinatorStore, NaturalKey
 from ursa.coordinator.store_batches import CommitPolicy
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
-from ursa.protocol.messages import Heartbeat, Registration, Volunteer
+from ursa.protocol.messages import Heartbeat, Registration
 from ursa.protocol.outbox import Outbox
 
 LONG = CommitPolicy(interval_s=3600.0, max_records=10_000)
@@ -36,15 +36,14 @@ def test_records_are_visible_to_the_store_at_once_and_to_others_after_flush(
     try:
         store.add_round(1, 1, b"announce")
         with store.transaction():
-            store.add_volunteer(1, "a", (True,))
+            store.add_method_row("m", "answers.1", "a", b"yes")
         assert store.pending == 2
-        record = store.round(1)
-        assert record is not None and record.volunteers == {"a": (True,)}
-        assert _committed(path, "SELECT device_id FROM volunteers") == []
+        assert store.method_rows("m", "answers.1") == {"a": b"yes"}
+        assert _committed(path, "SELECT device_id FROM method_rows") == []
 
         store.flush()
         assert store.pending == 0
-        assert _committed(path, "SELECT device_id FROM volunteers") == [("a",)]
+        assert _committed(path, "SELECT device_id FROM method_rows") == [("a",)]
     finally:
         store.close()
 
@@ -96,23 +95,28 @@ def test_a_failed_unit_rolls_back_alone_and_the_batch_goes_on(tmp_path: Path) ->
 def test_a_retransmission_is_a_duplicate_by_its_natural_key(tmp_path: Path) -> None:
     store = CoordinatorStore(tmp_path / "db.sqlite3", commit=LONG)
     try:
-        volunteer = Volunteer(federation="f", round=1, sender="a", draws=(True,))
-        key = natural_key(volunteer)
-        assert key == NaturalKey("volunteers", 1, "a")
-        assert not store.is_duplicate(volunteer.message_id, key)
-        store.add_round(1, 1, b"announce")
+        key = NaturalKey.method_row("m", "answers.1", "a")
+        assert not store.is_duplicate("id1", key)
         with store.transaction():
-            store.add_volunteer(1, "a", volunteer.draws)  # no seen row
-        again = volunteer.model_copy()
-        assert store.is_duplicate(again.message_id, natural_key(again))
-        other = Volunteer(federation="f", round=2, sender="a", draws=(True,))
-        assert not store.is_duplicate(other.message_id, natural_key(other))
+            store.add_method_row("m", "answers.1", "a", b"yes")  # no seen row
+        assert store.is_duplicate("id2", key)  # a copy with a fresh id too
+        assert store.has_record(key)
+        for other in (
+            NaturalKey.method_row("m", "answers.2", "a"),
+            NaturalKey.method_row("m", "answers.1", "b"),
+            NaturalKey.method_row("n", "answers.1", "a"),
+        ):
+            assert not store.is_duplicate("id1", other)
         assert store._exec("SELECT COUNT(*) FROM seen").fetchone()[0] == 0
 
         registration = Registration(
             federation="f", round=0, sender="b", epoch=3, registry=b"r"
         )
-        assert natural_key(registration) == NaturalKey("registrations", 3, "b")
+        assert natural_key(registration) == NaturalKey.registration(3, "b")
+        assert not store.is_duplicate("fresh", natural_key(registration))
+        store.add_epoch(3, "b", ("b",), b"notice")
+        store.add_registration(3, "b", b"sum")
+        assert store.is_duplicate("fresh", natural_key(registration))
         heartbeat = Heartbeat(federation="f", round=1, sender="a", seq=1)
         assert natural_key(heartbeat) is None
         with store.transaction():
@@ -127,10 +131,11 @@ def test_a_refused_message_with_a_natural_key_is_remembered_by_its_id(
 ) -> None:
     store = CoordinatorStore(tmp_path / "db.sqlite3", commit=LONG)
     try:
-        garbled = Volunteer(federation="f", round=1, sender="a", draws=(True,))
+        key = NaturalKey.method_row("m", "answers.1", "a")
         with store.transaction():  # refused: no record, a seen row
-            store.mark_seen(garbled.message_id, 1.0)
-        assert store.is_duplicate(garbled.message_id, natural_key(garbled))
+            store.mark_seen("garbled", 1.0)
+        assert store.is_duplicate("garbled", key)
+        assert not store.is_duplicate("fixed", key)
     finally:
         store.close()
 
@@ -167,11 +172,11 @@ store = CoordinatorStore(
 store.add_round(1, 1, b"announce")
 for device in ("a", "b"):
     with store.transaction():
-        store.add_volunteer(1, device, (True,))
+        store.add_method_row("m", "answers.1", device, b"yes")
 store.flush()
 for device in ("c", "d"):
     with store.transaction():
-        store.add_volunteer(1, device, (True,))
+        store.add_method_row("m", "answers.1", device, b"yes")
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -188,17 +193,16 @@ def test_a_kill_before_the_flush_loses_only_the_open_batch(tmp_path: Path) -> No
 
     store = CoordinatorStore(path, commit=LONG)
     try:
-        record = store.round(1)
-        assert record is not None
-        assert sorted(record.volunteers) == ["a", "b"]
-        again = Volunteer(federation="f", round=1, sender="c", draws=(True,))
-        assert not store.is_duplicate(again.message_id, natural_key(again))
+        assert store.round(1) is not None
+        assert sorted(store.method_rows("m", "answers.1")) == ["a", "b"]
+        again = NaturalKey.method_row("m", "answers.1", "c")
+        assert not store.is_duplicate("c1", again)
         with store.transaction():  # the device's retransmission refills it
-            store.add_volunteer(1, "c", again.draws)
+            store.add_method_row("m", "answers.1", "c", b"yes")
         store.flush()
     finally:
         store.close()
-    assert _committed(path, "SELECT device_id FROM volunteers ORDER BY 1") == [
+    assert _committed(path, "SELECT device_id FROM method_rows ORDER BY 1") == [
         ("a",),
         ("b",),
         ("c",),

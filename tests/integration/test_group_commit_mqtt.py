@@ -41,6 +41,13 @@ HELD = 3
 ROUNDS = 3
 
 
+_ROUND_2_VOLUNTEERS = (
+    "SELECT device_id FROM method_rows "
+    "WHERE method = 'dubhe' AND key = 'volunteers.2'"
+)
+"""Dubhe's volunteers of round 2 (`ursa.coordinator.methods.dubhe.records`)."""
+
+
 def _read(db: Path, sql: str) -> list[tuple[Any, ...]]:
     with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
         return conn.execute(sql).fetchall()
@@ -107,7 +114,7 @@ def test_a_kill_mid_batch_is_refilled_by_the_devices_retransmissions(
         assert process.wait(timeout=10) == -signal.SIGKILL
 
         state = json.loads(_read(db, "SELECT value FROM meta WHERE key='state'")[0][0])
-        committed = _read(db, "SELECT device_id FROM volunteers WHERE round = 2")
+        committed = _read(db, _ROUND_2_VOLUNTEERS)
         assert state["round"] == 2
         assert not held & admitted
         assert len(committed) < len(admitted), "the batch was committed before the kill"
@@ -123,7 +130,7 @@ def test_a_kill_mid_batch_is_refilled_by_the_devices_retransmissions(
 
     completed = _read(db, "SELECT round FROM rounds WHERE completed = 1 ORDER BY 1")
     assert completed == [(r,) for r in range(1, ROUNDS + 1)]
-    refilled = _read(db, "SELECT device_id FROM volunteers WHERE round = 2")
+    refilled = _read(db, _ROUND_2_VOLUNTEERS)
     volunteered = {
         m.sender for _, m in fed.capture.messages("volunteer") if m.round == 2
     }

@@ -65,11 +65,12 @@ Under this draw the selection is sent to each selected device alone
 (`private_selection`): every device knows the shared seed, and a broadcast
 set would let it link device ids to categories.
 
-Progress lives in the store's round record (volunteers' draws, tentative
-sets, encrypted distributions, candidates), written in the transaction of
-the message that changed it; the step is read back from what is there, so a
-restarted coordinator resumes with fresh windows and re-sends what it waits
-on. The coordinator sees draws and ciphertexts only: never a distribution.
+Progress lives in Dubhe's records in the store (volunteers' draws, tentative
+sets, encrypted distributions, candidates: `ursa.coordinator.methods.dubhe.
+records`), written in the transaction of the message that changed it; the
+step is read back from what is there, so a restarted coordinator resumes
+with fresh windows and re-sends what it waits on. The coordinator sees draws
+and ciphertexts only: never a distribution.
 """
 
 from __future__ import annotations
@@ -85,6 +86,12 @@ from ursa.coordinator.methods.dubhe.ranks import (
     RANKS_DONE_KEY,
     RANKS_KEY,
     RankHandout,
+)
+from ursa.coordinator.methods.dubhe.records import (
+    NAMESPACE,
+    DubheRecords,
+    DubheRound,
+    natural_key,
 )
 from ursa.coordinator.methods.dubhe.tries import (
     common_suspects,
@@ -102,7 +109,7 @@ from ursa.coordinator.selection_method import (
     SelectionMethod,
     SelectionRequest,
 )
-from ursa.coordinator.store import RoundRecord
+from ursa.coordinator.store import NaturalKey, RoundRecord
 from ursa.crypto.encoding import FixedPoint
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import verify_signature
@@ -218,7 +225,7 @@ class DubheSelection(SelectionMethod):
         cap: The participation cap (None: none).
     """
 
-    name: ClassVar[str] = "dubhe"
+    name: ClassVar[str] = NAMESPACE
 
     def __init__(
         self,
@@ -258,6 +265,10 @@ class DubheSelection(SelectionMethod):
         return None if self._round is None else self._round.step
 
     # --- SelectionMethod ----------------------------------------------------------
+
+    def natural_key(self, message: BaseMessage) -> NaturalKey | None:
+        """A volunteer's or distribution's row de-duplicates it (`records`)."""
+        return natural_key(message)
 
     def register(self, router: Router) -> None:
         """Volunteers, distributions and the agent's answer come here."""
@@ -299,7 +310,7 @@ class DubheSelection(SelectionMethod):
             self.open_round(request)
             return
         self._load_cap(request.round)
-        work = self._restored(record, request.now)
+        work = self._restored(record, self._kept().round(request.round), request.now)
         work.k = request.k
         work.explicit = request.explicit_replies
         self._round = work
@@ -417,7 +428,7 @@ class DubheSelection(SelectionMethod):
             self._held_back(work.round, eligible, request.k),
         )
         work.tentative = tentative
-        self._ctx.store.set_tries(work.round, tentative)
+        self._kept().set_tries(work.round, tentative)
         if self._tries == 1:
             return Selection(tentative[0], 0)
         work.step = DubheStep.DISTRIBUTIONS
@@ -439,7 +450,7 @@ class DubheSelection(SelectionMethod):
         candidates = complete_tries(tries, delivered)
         if candidates and epoch.agent in online and epoch.public_key is not None:
             work.candidates = candidates
-            ctx.store.set_candidates(work.round, candidates)
+            self._kept().set_candidates(work.round, candidates)
             work.step = DubheStep.AGENT
             work.deadline_at = request.now + self._agent_s
             self._send_try_sums(work)
@@ -526,7 +537,7 @@ class DubheSelection(SelectionMethod):
             )
             if candidates:
                 work.candidates = candidates
-                self._ctx.store.set_candidates(work.round, candidates)
+                self._kept().set_candidates(work.round, candidates)
                 work.deadline_at = request.now + self._agent_s
                 self._send_try_sums(work)
                 return None
@@ -648,7 +659,7 @@ class DubheSelection(SelectionMethod):
                 ErrorCode.MALFORMED,
                 f"round {work.round} is answered already, with other draws",
             )
-        ctx.store.add_volunteer(work.round, device, message.draws)
+        self._kept().add_volunteer(work.round, device, message.draws)
         work.volunteers[device] = message.draws
         work.count(message.draws)
 
@@ -687,7 +698,7 @@ class DubheSelection(SelectionMethod):
                 f"distribution has {len(vector.ciphertexts)} ciphertexts; "
                 f"{self._num_classes} values for K={work.k} take {needed}",
             )
-        ctx.store.add_distribution(work.round, device, message.distribution)
+        self._kept().add_distribution(work.round, device, message.distribution)
         work.distributions[device] = vector
 
     def _drop_malformed(self, work: _Round, device: str, reason: str) -> NoReturn:
@@ -872,9 +883,13 @@ class DubheSelection(SelectionMethod):
 
     # --- plumbing ---------------------------------------------------------------------
 
-    def _restored(self, record: RoundRecord, now: float) -> _Round:
+    def _kept(self) -> DubheRecords:
+        """Dubhe's records in the store the context holds (open from start)."""
+        return DubheRecords(self._ctx.store)
+
+    def _restored(self, round_: RoundRecord, record: DubheRound, now: float) -> _Round:
         """The round as the store has it, at the step its data says, fresh window."""
-        if record.selected is not None:
+        if round_.selected is not None:
             step, window = DubheStep.SELECTED, 0.0
         elif record.tries is None:
             step, window = DubheStep.VOLUNTEERING, self._volunteer_s
@@ -883,8 +898,8 @@ class DubheSelection(SelectionMethod):
         else:
             step, window = DubheStep.AGENT, self._agent_s
         work = _Round(
-            record.round,
-            record.epoch,
+            round_.round,
+            round_.epoch,
             step,
             now + window,
             volunteers=dict(record.volunteers),
@@ -902,6 +917,6 @@ class DubheSelection(SelectionMethod):
                 }
             except CryptoError:
                 logger.exception(
-                    "stored distributions of round %d unreadable", record.round
+                    "stored distributions of round %d unreadable", round_.round
                 )
         return work

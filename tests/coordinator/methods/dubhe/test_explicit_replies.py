@@ -18,6 +18,7 @@ import pytest
 
 from ursa.coordinator.config import SelectionConfig
 from ursa.coordinator.methods.dubhe import DubheSelection, DubheStep
+from ursa.coordinator.methods.dubhe.records import DubheRecords
 from ursa.coordinator.selection_method import SelectionRequest
 from ursa.coordinator.store import CoordinatorStore
 from ursa.crypto.identity import verify_signature
@@ -83,15 +84,14 @@ def test_a_second_answer_after_the_window_changes_nothing(federation: Any) -> No
     fed.start(settle=False)
     assert fed.coordinator.is_done
     store = fed.coordinator.store
-    record = store.round(1)
-    assert record is not None
+    record = DubheRecords(store).round(1)
     first = record.volunteers["d00"]
     again = Volunteer(federation=FED, round=1, sender="d00", draws=(True,) * 3)
 
     fed.send_as("d00", again.model_copy(update={"message_id": "another"}))
 
-    record = store.round(1)
-    assert record is not None and record.volunteers["d00"] == first
+    record = DubheRecords(store).round(1)
+    assert record.volunteers["d00"] == first
     assert len(record.volunteers) == 8
 
 
@@ -157,8 +157,8 @@ def test_the_window_closes_once_every_eligible_device_answered(
     selection = dubhe.select(explicit(ctx, 1.0))
 
     assert selection is not None and set(selection.selected) <= {"d0", "d1", "d2"}
-    stored = store.round(1)
-    assert stored is not None and set(stored.volunteers) == set(DEVICES)
+    stored = DubheRecords(store).round(1)
+    assert set(stored.volunteers) == set(DEVICES)
 
 
 def test_a_device_gone_offline_is_not_waited_for(
@@ -192,16 +192,16 @@ def test_hostile_answers_are_refused_typed_and_count_for_nothing(
     ahead = Volunteer(federation=FED, round=2, sender="d1", draws=(True, True))
     assert refused(router, ahead) == ErrorCode.WRONG_ROUND
 
-    stored = store.round(1)
-    assert stored is not None and stored.volunteers == {"d0": (False, True)}
+    stored = DubheRecords(store).round(1)
+    assert stored.volunteers == {"d0": (False, True)}
     for device in DEVICES[1:]:
         say(router, device, (True, True))
     assert dubhe.select(explicit(ctx, 1.0)) is None  # closed: distributions
     assert dubhe.step is DubheStep.DISTRIBUTIONS
     after = Volunteer(federation=FED, round=1, sender="d0", draws=(True, True))
     assert refused(router, after.model_copy(update={"message_id": "x"})) == "late"
-    stored = store.round(1)
-    assert stored is not None and stored.volunteers["d0"] == (False, True)
+    stored = DubheRecords(store).round(1)
+    assert stored.volunteers["d0"] == (False, True)
 
 
 def test_under_silence_an_all_no_answer_is_refused(
@@ -219,8 +219,8 @@ def test_under_silence_an_all_no_answer_is_refused(
     no = Volunteer(federation=FED, round=1, sender="d0", draws=(False,))
 
     assert refused(router, no) == ErrorCode.MALFORMED
-    stored = store.round(1)
-    assert stored is not None and stored.volunteers == {}
+    stored = DubheRecords(store).round(1)
+    assert stored.volunteers == {}
 
 
 def test_the_threshold_counts_online_devices() -> None:

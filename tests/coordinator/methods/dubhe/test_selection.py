@@ -12,6 +12,7 @@ import pytest
 
 from ursa.coordinator.methods.dubhe import DubheSelection, DubheStep
 from ursa.coordinator.methods.dubhe.participation import ParticipationCap
+from ursa.coordinator.methods.dubhe.records import DubheRecords
 from ursa.coordinator.plugin import EpochView
 from ursa.coordinator.selection_method import Selection, SelectionRequest
 from ursa.coordinator.store import CoordinatorStore
@@ -136,11 +137,11 @@ def test_one_try_selects_as_soon_as_it_has_k_volunteers(
 
     assert selection == Selection(("d0", "d2"), 0)
     assert dubhe.step is DubheStep.SELECTED and ctx.announces == 0
-    stored = store.round(1)
-    assert stored is not None and stored.tries == (("d0", "d2"),)
+    stored = DubheRecords(store).round(1)
+    assert stored.tries == (("d0", "d2"),)
     volunteer(router, "d3", (True,))  # after an early close: normal, not an error
-    stored = store.round(1)
-    assert stored is not None and "d3" not in stored.volunteers
+    stored = DubheRecords(store).round(1)
+    assert "d3" not in stored.volunteers
 
 
 def test_at_the_deadline_a_short_try_is_topped_up_from_the_silent_devices(
@@ -198,8 +199,8 @@ def test_a_restart_mid_volunteering_keeps_the_counts(
     volunteer(router2, "d2", (False, True))
     assert restarted.select(request(again, 101.0)) is None  # now distributions
     assert restarted.step is DubheStep.DISTRIBUTIONS
-    stored = store.round(1)
-    assert stored is not None and stored.tries is not None
+    stored = DubheRecords(store).round(1)
+    assert stored.tries is not None
     assert set(stored.tries[0]) == {"d0", "d1"}
     assert set(stored.tries[1]) == {"d0", "d2"}
 
@@ -258,8 +259,8 @@ def test_the_agents_signed_choice_selects_its_try_and_the_sums_match_plaintext(
 
     [(sums, to)] = ctx.of(TrySums)
     assert to == "d4" and isinstance(sums, TrySums)
-    stored = store.round(1)
-    assert stored is not None and stored.tries is not None
+    stored = DubheRecords(store).round(1)
+    assert stored.tries is not None
     for h, blob in enumerate(sums.sums):
         vector = encrypted_vector_from(blob, public)
         total = decrypt_real_sum(secret, DISTRIBUTION_CODEC, 2, vector)
@@ -282,8 +283,8 @@ def test_a_silent_agent_falls_back_to_the_first_complete_try_and_asks_a_rekey(
     ctx = FakeContext(store, keys[0])
     dubhe, router = method(ctx, tries=2)
     run_to_agent(ctx, router, dubhe, keys[0])
-    stored = store.round(1)
-    assert stored is not None and stored.tries is not None
+    stored = DubheRecords(store).round(1)
+    assert stored.tries is not None
 
     assert dubhe.select(request(ctx, 11.9)) is None
     assert dubhe.select(request(ctx, 12.0)) == Selection(stored.tries[0], 0, rekey=True)
@@ -314,8 +315,8 @@ def test_a_restart_mid_distributions_resends_to_the_silent_and_counts_once(
     assert restarted.step is DubheStep.DISTRIBUTIONS
     assert sorted(d for _, d in again.of(TryAssignment)) == members[1:]
     router2.dispatch(sent)  # a re-sent answer: ignored, not summed twice
-    stored = store.round(1)
-    assert stored is not None and list(stored.distributions) == [first]
+    stored = DubheRecords(store).round(1)
+    assert list(stored.distributions) == [first]
     with pytest.raises(RejectedError) as refused:
         router2.dispatch(
             EncryptedDistribution(

@@ -50,6 +50,16 @@ def test_every_round_signs_exactly_k_online_registered_devices(federation: Any) 
     assert sum(len(d.stats.selected_rounds) for d in fed.devices.values()) == 12
 
 
+def test_a_random_federations_store_has_no_selection_rows(federation: Any) -> None:
+    fed = random_federation(federation, num_devices=4, k=2, rounds=1)
+    fed.start()
+    assert fed.coordinator.is_done
+    store = fed.coordinator.store
+    tables = store._exec("SELECT name FROM sqlite_master WHERE type = 'table'")
+    assert not {"volunteers", "distributions"} & {str(r[0]) for r in tables}
+    assert store._exec("SELECT COUNT(*) FROM method_rows").fetchone()[0] == 0
+
+
 def test_the_draw_differs_between_rounds(federation: Any) -> None:
     fed = random_federation(federation, num_devices=10, k=3, rounds=6)
     fed.start()
