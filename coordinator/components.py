@@ -12,7 +12,7 @@ call time.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from ursa.coordinator.identity_refusals import IdentityRefusals
 from ursa.coordinator.inbox import Inbox
 from ursa.coordinator.key_epoch import KeyEpoch
 from ursa.coordinator.method_context import MethodContext
-from ursa.coordinator.methods.registry import selection_method
+from ursa.coordinator.methods.registry import migrate_store, selection_method
 from ursa.coordinator.own_identity import OwnIdentity
 from ursa.coordinator.plugin import RoundPlugin
 from ursa.coordinator.presence import Presence
@@ -42,6 +42,8 @@ from ursa.coordinator.rounds import Stage
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageFunctions, StageMachine
 from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store_batches import CommitPolicy
+from ursa.coordinator.store_slot import StoreSlot
 from ursa.coordinator.telemetry import Telemetry
 from ursa.coordinator.training_health import TrainingHealth
 from ursa.protocol.messages import COORDINATOR
@@ -73,7 +75,6 @@ class Components:
     Args:
         flicker: FLICKER's coordinator half, if the federation runs it.
         keep_error: Stores a refusal for ``ursa coordinator status``.
-        opened_store: The store, once the service has opened it (at start).
     """
 
     def __init__(
@@ -88,15 +89,16 @@ class Components:
         final_output: FinalOutput | None,
         telemetry: Telemetry,
         keep_error: Keep,
-        opened_store: Callable[[], CoordinatorStore],
     ) -> None:
         self._federation = config.federation
         self.telemetry = telemetry
         telemetry.set_methods(m.kind for m in config.methods)
         self.plugin = plugin = _checked_plugin(config, plugin)
         self.flicker = flicker
+        self.store = store = StoreSlot()
+        """The store, handed to every part that persists (`open_store` fills it)."""
         self.outbox = outbox = Outbox("coordinator")
-        self.stages = stages = StageMachine(telemetry)
+        self.stages = stages = StageMachine(telemetry, store)
         trust = config.trust.anchor(config.federation, COORDINATOR)
         self.identity = OwnIdentity(config, trust)
         self.presence = presence = Presence(
@@ -111,6 +113,7 @@ class Components:
             refusals=refusals,
             clock=clock,
             changed=lambda device: self.key_epoch.device_changed(device),
+            store=store,
         )
         identity_refusals = IdentityRefusals(config.key_epochs)
         self.retained = RetainedSweep(config.federation, outbox, telemetry)
@@ -160,10 +163,11 @@ class Components:
             clock=clock,
             open_round=lambda now: self.rounds.start_round(now),
             forget_round=lambda: self.rounds.forget(),
+            store=store,
         )
         self.context = MethodContext(
             federation=self._federation,
-            stores=opened_store,
+            stores=lambda: store.store,
             online=key_epoch.online,
             epoch=key_epoch.view,
             sender=outgoing.send,
@@ -194,6 +198,7 @@ class Components:
             health=self.health,
             sit_out=key_epoch.sit_out,
             sitting_out=key_epoch.sitting_out,
+            store=store,
         )
         self._stage_functions: StageFunctions = {
             Stage.ENROLMENT: key_epoch.stage_enrolment,
@@ -242,11 +247,23 @@ class Components:
             identity=lambda: self.identity.public,
             certificate=lambda: self.identity.certificate,
             step=self.step,
+            store=store,
         )
         key_epoch.register(router)
         selection.register(router)
         if flicker is not None:
             flicker.register(router)
+
+    def open_store(self, path: Path, policy: CommitPolicy) -> CoordinatorStore:
+        """Open the store at ``path`` (the service starts), moved to this version.
+
+        Every method's one-time migration of an older state dir runs first
+        (`migrate_store`), then the parts persist into it (`StoreSlot.fill`).
+        """
+        store = CoordinatorStore(path, commit=policy)
+        migrate_store(store)
+        self.store.fill(store)
+        return store
 
     def _traffic(self) -> tuple[int, int]:
         stats = self.link.stats

@@ -24,7 +24,7 @@ from ursa.coordinator.enrolment import (
 from ursa.coordinator.enrolment_list import EnrolmentList, EnrolmentWatch
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.refusal_log import RefusalLog, Stored
-from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store_slot import StoreSlot
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.trust_anchor import TrustAnchor
@@ -53,6 +53,7 @@ class EnrolledDevices:
         refusals: Writes refusal lines within the per-device limits.
         clock: Seconds (enrolment times, refusal limits).
         changed: Called with a device whose enrolment or refusal changed.
+        store: The runtime's store (enrolments, certificates, refusals).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class EnrolledDevices:
         refusals: RefusalLog,
         clock: Callable[[], float],
         changed: Callable[[str], None],
+        store: StoreSlot,
     ) -> None:
         self._config = config
         self._trust = trust
@@ -71,7 +73,7 @@ class EnrolledDevices:
         self._refusals = refusals
         self._clock = clock
         self._changed = changed
-        self._store: CoordinatorStore | None = None
+        self._store = store
         self._watch: EnrolmentWatch | None = None
         self._reads_applied = 0
         """`EnrolmentWatch.reads` when the list was last applied (start, ticks)."""
@@ -81,9 +83,9 @@ class EnrolledDevices:
         self.refusing: set[str] = set()
         """Enrolled devices that refused this coordinator's identity (not counted)."""
 
-    def restore(self, store: CoordinatorStore) -> None:
-        """Load the enrolled devices from ``store`` (kept), less the stale ones."""
-        self._store = store
+    def restore(self) -> None:
+        """Load the enrolled devices from the store, less the stale ones."""
+        store = self._store.store
         self.identities.clear()  # in place: readers hold these collections
         self.identities.update(
             (d, DevicePublicIdentity.from_bytes(b)) for d, b in store.enrolled().items()
@@ -120,7 +122,7 @@ class EnrolledDevices:
 
     def _forget_stale(self, listed: EnrolmentList) -> dict[str, str]:
         """Forget devices revoked, or enrolled again with new keys, by command."""
-        store = self._opened()
+        store = self._store.store
         fingerprints = {d: i.fingerprint() for d, i in self.identities.items()}
         stale = listed.stale_devices(fingerprints)
         for device, reason in sorted(stale.items()):
@@ -137,7 +139,7 @@ class EnrolledDevices:
         A device that refused us is taken back first (a new try, e.g. after
         `ursa device repin`); a refusal is logged within the limits.
         """
-        store = self._opened()
+        store = self._store.store
         device = message.sender  # admission checked it is the topic's device
         if device in self.refusing:
             self.refusing.discard(device)
@@ -203,10 +205,4 @@ class EnrolledDevices:
         return True
 
     def _save_refusing(self) -> None:
-        self._opened().set_meta(REFUSING_KEY, json.dumps(sorted(self.refusing)))
-
-    def _opened(self) -> CoordinatorStore:
-        store = self._store
-        if store is None:
-            raise RuntimeError("the enrolled devices are not restored yet")
-        return store
+        self._store.store.set_meta(REFUSING_KEY, json.dumps(sorted(self.refusing)))

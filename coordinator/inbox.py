@@ -37,7 +37,7 @@ from ursa.coordinator.rounds import Stage
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageMachine
-from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store_slot import StoreSlot
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.protocol.envelope import message_kind
 from ursa.protocol.messages import (
@@ -87,6 +87,7 @@ class Inbox:
         identity: The coordinator's public identity (once started).
         certificate: The coordinator's operator certificate (b"": tofu).
         step: Runs the stage loop.
+        store: The runtime's store (seen ids, presence).
     """
 
     def __init__(
@@ -112,6 +113,7 @@ class Inbox:
         identity: Callable[[], DevicePublicIdentity],
         certificate: Callable[[], bytes],
         step: Callable[[float], None],
+        store: StoreSlot,
     ) -> None:
         self._config = config
         self._router = router
@@ -132,7 +134,7 @@ class Inbox:
         self._identity = identity
         self._certificate = certificate
         self._step = step
-        self._store: CoordinatorStore | None = None
+        self._store = store
         own = "coordinator"
         replies = ErrorReplies(
             refusals,
@@ -145,16 +147,6 @@ class Inbox:
         router.register(Hello, self._on_hello, owner=own)
         router.register(ErrorReply, replies.on_error_reply, owner=own)
         router.register(Heartbeat, lambda m: None, owner=own)
-
-    def open(self, store: CoordinatorStore) -> None:
-        """Keep seen ids and presence in ``store`` from now on (started)."""
-        self._store = store
-
-    def _opened(self) -> CoordinatorStore:
-        store = self._store
-        if store is None:
-            raise RuntimeError("the inbox has no store yet")
-        return store
 
     def admit(
         self, topic: str, payload: bytes, now: float, *, charged: bool = False
@@ -171,10 +163,8 @@ class Inbox:
         if admitted.on_status_topic:
             self._on_status(device, message, now)
             return
-        store = self._opened()
-        natural = natural_key(
-            message, self._selection
-        )  # its stored record de-duplicates it
+        store = self._store.store
+        natural = natural_key(message, self._selection)  # its record de-duplicates it
         if store.is_duplicate(message.message_id, natural):
             logger.debug(
                 "duplicate %s %s from %s ignored", kind, message.message_id, device
@@ -234,7 +224,7 @@ class Inbox:
                 code = ErrorCode.UNKNOWN_DEVICE  # a race: its hello is on the way
                 self._reject(device, "status", code, reason, None, race=True)
             return
-        presence, store = self._presence, self._opened()
+        presence, store = self._presence, self._store.store
         with store.transaction():
             if message.online:
                 if not presence.arrived(device):
@@ -256,7 +246,7 @@ class Inbox:
 
     def departed(self, devices: set[str]) -> None:
         """Record departures the presence applied (last wills, or a hold ended)."""
-        store = self._opened()
+        store = self._store.store
         for device in sorted(devices):
             store.set_online(device, False)
             self._key_epoch.left(device)

@@ -80,7 +80,7 @@ from ursa.coordinator.rounds import RoundState, Stage, advance
 from ursa.coordinator.seal_pages import SealPaging
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageMachine
-from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store_slot import StoreSlot
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.paillier import (
     PaillierPublicKey,
@@ -120,6 +120,8 @@ class KeyEpoch:
         clock: Seconds (the sealing's and the check's nudges).
         open_round: Opens the first round of a keyed epoch.
         forget_round: Drops the open round (a new key epoch starts).
+        store: The runtime's store (epochs, registrations), handed on to the
+            sealing, the registry check and the ready set.
     """
 
     def __init__(
@@ -137,6 +139,7 @@ class KeyEpoch:
         clock: Clock,
         open_round: Callable[[float], None],
         forget_round: Callable[[], None],
+        store: StoreSlot,
     ) -> None:
         self._config = config
         self._stages = stages
@@ -151,9 +154,12 @@ class KeyEpoch:
         self._open_round = open_round
         self._forget_round = forget_round
         self._ready = ReadyDevices(
-            devices=devices, presence=presence, epoch=lambda: stages.state.epoch
+            devices=devices,
+            presence=presence,
+            epoch=lambda: stages.state.epoch,
+            store=store,
         )
-        self._store: CoordinatorStore | None = None
+        self._store = store
         self._work: EpochWork | None = None
         self._sealing = KeySealing(
             config,
@@ -163,6 +169,7 @@ class KeyEpoch:
             clock=clock,
             epoch=lambda: self._work,
             current=self._current_epoch,
+            store=store,
         )
         self._verdicts = RegistryVerdicts(
             config,
@@ -174,6 +181,7 @@ class KeyEpoch:
             current=self._current_epoch,
             new_epoch=self.start,
             changed=self._sets_changed,
+            store=store,
         )
         self._view: EpochView | None = None
         self._sets: EpochSets | None = None
@@ -314,12 +322,10 @@ class KeyEpoch:
 
     # --- restart --------------------------------------------------------------
 
-    def restore(self, store: CoordinatorStore, state: RoundState | None) -> None:
+    def restore(self, state: RoundState | None) -> None:
         """Reload the sit-outs, the ready set and ``state``'s key epoch."""
-        self._store = store
-        self._sealing.open(store)
-        self._verdicts.open(store)
-        self._ready.restore(store)
+        store = self._store.store
+        self._ready.restore()
         self._sets = None
         record = store.epoch(state.epoch) if state is not None and state.epoch else None
         if record is None:
@@ -366,12 +372,6 @@ class KeyEpoch:
         unsealed = work.sealing is not None and not work.sealing.is_complete
         if stage is Stage.KEY_EPOCH or (stage is Stage.REGISTRATION and unsealed):
             self._sealing.request()  # the pages not known complete, again
-
-    def _opened(self) -> CoordinatorStore:
-        store = self._store
-        if store is None:
-            raise RuntimeError("the key epoch has no store yet")
-        return store
 
     # --- the stages -----------------------------------------------------------
 
@@ -441,7 +441,7 @@ class KeyEpoch:
             )
         )
         payload = self._outgoing.encode(notice)
-        self._opened().add_epoch(epoch, agent, recipients, payload)
+        self._store.store.add_epoch(epoch, agent, recipients, payload)
         self._work = EpochWork(
             epoch,
             agent,
@@ -513,7 +513,7 @@ class KeyEpoch:
         )
         payload = self._outgoing.encode(message)
         work.registry_sum_msg = payload
-        self._opened().set_registry_sum(work.epoch, payload)
+        self._store.store.set_registry_sum(work.epoch, payload)
         logger.info(
             "key epoch %d: registry sum of %d devices published (%d missing)",
             work.epoch,
@@ -540,7 +540,7 @@ class KeyEpoch:
         now = self._clock()
         refusals = self._identity_refusals
         if refusals.may_rekey(device, now):
-            self._opened().set_meta(REFUSAL_REKEYS_KEY, refusals.to_json())
+            self._store.store.set_meta(REFUSAL_REKEYS_KEY, refusals.to_json())
             logger.warning("key epoch %d counted %s; keying again", work.epoch, device)
             self.start(now, frozenset({device}))
             return
@@ -616,7 +616,7 @@ class KeyEpoch:
         else:
             total = add_encrypted(work.public_key, work.running_sum, vector)
         rank_entry = (message.registry, message.rank_key or b"")
-        self._opened().add_registration(
+        self._store.store.add_registration(
             work.epoch, device, total.to_bytes(work.public_key), rank_entry
         )
         work.running_sum = total

@@ -27,7 +27,7 @@ from ursa.coordinator.rounds import Stage
 from ursa.coordinator.seal_pages import BoxVerdict
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageMachine
-from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store_slot import StoreSlot
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import verify_signature
 from ursa.crypto.paillier import PaillierPublicKey
@@ -75,6 +75,7 @@ class KeySealing:
         clock: Clock,
         epoch: Callable[[], EpochWork | None],
         current: Callable[[int], EpochWork],
+        store: StoreSlot,
     ) -> None:
         self._config = config
         self._stages = stages
@@ -83,17 +84,7 @@ class KeySealing:
         self._clock = clock
         self._epoch = epoch
         self._current = current
-        self._store: CoordinatorStore | None = None
-
-    def open(self, store: CoordinatorStore) -> None:
-        """Persist the public key and the pages into ``store`` (started)."""
         self._store = store
-
-    def _opened(self) -> CoordinatorStore:
-        store = self._store
-        if store is None:
-            raise RuntimeError("the key sealing has no store yet")
-        return store
 
     def register(self, router: Router) -> None:
         """Route the agent's key and boxes here."""
@@ -199,7 +190,7 @@ class KeySealing:
         payload = encode(message)
         work.public_key = public_key
         work.public_key_msg = payload
-        self._opened().set_public_key(work.epoch, payload)
+        self._store.store.set_public_key(work.epoch, payload)
         self._outgoing.send_raw(payload, "agent_public_key", None)
 
     def _sealing_agent(self, device: str, epoch: int) -> EpochWork:
@@ -279,7 +270,7 @@ class KeySealing:
             "page_size": self._config.seal_page_size,
             "done_through": through,
         }
-        self._opened().set_meta(SEAL_PAGES_KEY, json.dumps(record))
+        self._store.store.set_meta(SEAL_PAGES_KEY, json.dumps(record))
         total, done = paging.num_pages, paging.pages_done
         tenth = max(1, total // 10)
         for page in completed:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Set
 from ursa.coordinator.device_sets import OnlineDevices
 from ursa.coordinator.enrolled_devices import EnrolledDevices
 from ursa.coordinator.presence import Presence
-from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store_slot import StoreSlot
 from ursa.protocol.untrusted_text import escape
 
 __all__ = ["SAT_OUT_KEY", "SAT_OUT_WHY_KEY", "ReadyDevices"]
@@ -43,6 +43,7 @@ class ReadyDevices:
         devices: EnrolledDevices,
         presence: Presence,
         epoch: Callable[[], int],
+        store: StoreSlot,
     ) -> None:
         self._devices = devices
         self._presence = presence
@@ -52,7 +53,7 @@ class ReadyDevices:
         self._why: dict[str, str] = {}
         self.view = OnlineDevices(self._ready, lambda: self._sat_out, epoch)
         """`ready` without the devices sitting the key epoch out (read-only)."""
-        self._store: CoordinatorStore | None = None
+        self._store = store
 
     @property
     def ready(self) -> Set[str]:
@@ -71,12 +72,11 @@ class ReadyDevices:
         else:
             self._ready.discard(device)
 
-    def restore(self, store: CoordinatorStore) -> None:
+    def restore(self) -> None:
         """Reload the sit-outs and recompute the set (start-up only: O(N))."""
-        self._store = store
-        sat_out = json.loads(store.get_meta(SAT_OUT_KEY) or "{}")
+        sat_out = json.loads(self._store.store.get_meta(SAT_OUT_KEY) or "{}")
         self._sat_out = {str(d): int(e) for d, e in sat_out.items()}
-        why = json.loads(store.get_meta(SAT_OUT_WHY_KEY) or "{}")
+        why = json.loads(self._store.store.get_meta(SAT_OUT_WHY_KEY) or "{}")
         self._why = {str(d): str(w) for d, w in why.items()}
         devices, online = self._devices, self._presence.online
         self._ready.clear()  # in place: the view shares it
@@ -102,7 +102,5 @@ class ReadyDevices:
         self._sat_out[device] = self._epoch()
         self._why[device] = escape(why, MAX_WHY_CHARS)
         self.view.touch(device)
-        if self._store is None:
-            raise RuntimeError("the ready devices have no store yet")
-        self._store.set_meta(SAT_OUT_KEY, json.dumps(self._sat_out))
-        self._store.set_meta(SAT_OUT_WHY_KEY, json.dumps(self._why))
+        self._store.store.set_meta(SAT_OUT_KEY, json.dumps(self._sat_out))
+        self._store.store.set_meta(SAT_OUT_WHY_KEY, json.dumps(self._why))

@@ -82,14 +82,13 @@ class Recovery:
 
     def restore(self, store: CoordinatorStore, now: float) -> None:
         """Reload state from ``store``; give the current stage a fresh deadline."""
-        self._stages.open(store)
-        self._rounds.open(store)
-        self._devices.restore(store)
+        self._rounds.restore_health()
+        self._devices.restore()
         self._presence.restore(store.online() & set(self._devices.identities))
         self._identity_refusals.restore(store.get_meta(REFUSAL_REKEYS_KEY))
         raw = store.get_meta(STATE_KEY)
         state = None if raw is None else RoundState.from_json(json.loads(raw))
-        self._key_epoch.restore(store, state)
+        self._key_epoch.restore(state)
         if state is None:
             return
         self._rounds.restore(state.round)

@@ -25,7 +25,7 @@ from ursa.coordinator.registry_check import (
 )
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageMachine
-from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store_slot import StoreSlot
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.identity import verify_signature
 from ursa.crypto.paillier import encrypted_vector_from, sum_encrypted
@@ -52,6 +52,7 @@ class RegistryVerdicts:
             `RejectedError` when it is not current).
         new_epoch: Starts a new key epoch without the given devices.
         changed: A device left the epoch's registered set.
+        store: The runtime's store (the registrations).
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class RegistryVerdicts:
         current: Callable[[int], EpochWork],
         new_epoch: Callable[[float, frozenset[str]], None],
         changed: Callable[[str], None],
+        store: StoreSlot,
     ) -> None:
         self._config = config
         self._stages = stages
@@ -76,17 +78,7 @@ class RegistryVerdicts:
         self._current = current
         self._new_epoch = new_epoch
         self._changed = changed
-        self._store: CoordinatorStore | None = None
-
-    def open(self, store: CoordinatorStore) -> None:
-        """Read the registrations from ``store`` (started)."""
         self._store = store
-
-    def _opened(self) -> CoordinatorStore:
-        store = self._store
-        if store is None:
-            raise RuntimeError("the registry verdicts have no store yet")
-        return store
 
     def register(self, router: Router) -> None:
         """Route the agent's verdicts here."""
@@ -100,7 +92,7 @@ class RegistryVerdicts:
         """
         check = work.check
         if check is None:
-            blobs = self._opened().registry_blobs(work.epoch)
+            blobs = self._store.store.registry_blobs(work.epoch)
             rng = shuffle_generator(self._config.seed, work.epoch)
             check = work.check = RegistryChecking.start(work.epoch, blobs, rng)
             logger.info(
@@ -191,7 +183,7 @@ class RegistryVerdicts:
         total = (
             None if work.running_sum is None else work.running_sum.to_bytes(public_key)
         )
-        self._opened().drop_registrations(work.epoch, sorted(check.excluded), total)
+        self._store.store.drop_registrations(work.epoch, sorted(check.excluded), total)
         logger.warning(
             "key epoch %d: %d registrations are not one-hot (%s); left out of the "
             "epoch and its registry sum",

@@ -40,7 +40,7 @@ from ursa.coordinator.selection_method import (
 )
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageMachine
-from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store_slot import StoreSlot
 from ursa.coordinator.telemetry import Telemetry
 from ursa.coordinator.training_health import HEALTH_KEY, TrainingHealth
 from ursa.protocol.envelope import decode
@@ -88,6 +88,7 @@ class RoundCycle:
         health: The selected devices' streaks of failed rounds.
         sit_out: Leaves a device out of the current key epoch (and why).
         sitting_out: The devices sitting the current key epoch out.
+        store: The runtime's store (rounds, selections, streaks).
     """
 
     def __init__(
@@ -110,6 +111,7 @@ class RoundCycle:
         health: TrainingHealth,
         sit_out: Callable[[str, str], None],
         sitting_out: Callable[[], Set[str]],
+        store: StoreSlot,
     ) -> None:
         self._config = config
         self._stages = stages
@@ -128,7 +130,7 @@ class RoundCycle:
         self._health = health
         self._sit_out = sit_out
         self._sitting_out = sitting_out
-        self._store: CoordinatorStore | None = None
+        self._store = store
         self._work: RoundWork | None = None
         self._announced_at = float("-inf")
         """When the open round was last re-announced (rate limit)."""
@@ -141,10 +143,9 @@ class RoundCycle:
         """The current round, as the coordinator works on it (None: none open)."""
         return self._work
 
-    def open(self, store: CoordinatorStore) -> None:
-        """Keep rounds in ``store`` from now on (the service has started)."""
-        self._store = store
-        self._health.restore(store.get_meta(HEALTH_KEY))
+    def restore_health(self) -> None:
+        """Reload the devices' failure streaks (the service has started)."""
+        self._health.restore(self._store.store.get_meta(HEALTH_KEY))
 
     def forget(self) -> None:
         """A new key epoch: no round is open until it is keyed."""
@@ -153,7 +154,7 @@ class RoundCycle:
 
     def restore(self, index: int) -> None:
         """Reload round ``index`` if it belongs to the current key epoch."""
-        store, epoch = self._opened(), self._epoch()
+        store, epoch = self._store.store, self._epoch()
         record = store.round(index) if index else None
         if record is None or epoch is None or record.epoch != epoch.epoch:
             self._work = None  # none yet, or of an earlier epoch: a new one is keyed
@@ -167,19 +168,13 @@ class RoundCycle:
         )
         self._explicit_replies = _asks_every_answer(record.announce)
 
-    def _opened(self) -> CoordinatorStore:
-        store = self._store
-        if store is None:
-            raise RuntimeError("the round cycle has no store yet")
-        return store
-
     def start_round(self, now: float) -> None:
         """Open the next round, or rekey first, or finish."""
         cfg = self._config
         work = self._epoch()
-        if self._ending.is_due(self._opened(), self._stages.state.round):
+        if self._ending.is_due(self._store.store, self._stages.state.round):
             self._stages.advance(Stage.DONE, now, None)
-            self._ending.announce(self._opened().completed_rounds())
+            self._ending.announce(self._store.store.completed_rounds())
             return
         assert work is not None, "a round needs a key epoch"
         view = self._epoch_view()
@@ -189,7 +184,7 @@ class RoundCycle:
         )
         epoch_full = (
             cfg.rounds_per_epoch > 0
-            and self._opened().rounds_in_epoch(work.epoch) >= cfg.rounds_per_epoch
+            and self._store.store.rounds_in_epoch(work.epoch) >= cfg.rounds_per_epoch
         )
         if self._stages.state.rekey or unusable or epoch_full:
             why = unusable or "rekey"
@@ -201,7 +196,7 @@ class RoundCycle:
         index = self._stages.state.round + 1
         self._explicit_replies = cfg.selection.explicit_replies(len(self._online))
         payload = self._announce(index, work.epoch)
-        self._opened().add_round(index, work.epoch, payload)
+        self._store.store.add_round(index, work.epoch, payload)
         self._work = RoundWork(index, work.epoch, payload)
         self._stages.set(
             advance(self._stages.state, Stage.SELECTING, round=index, deadline_at=None)
@@ -260,7 +255,7 @@ class RoundCycle:
             return
         self._announced_at = now
         work.announce = self._announce(work.round, work.epoch)
-        self._opened().set_announce(work.round, work.announce)
+        self._store.store.set_announce(work.round, work.announce)
         self._outgoing.send_raw(work.announce, "round_announce", None)
 
     def selection_request(self, now: float) -> SelectionRequest | None:
@@ -310,7 +305,9 @@ class RoundCycle:
         payload = self._outgoing.encode(result)
         work.selected = selected
         work.result = payload
-        self._opened().set_selection(work.round, selected, selection.try_index, payload)
+        self._store.store.set_selection(
+            work.round, selected, selection.try_index, payload
+        )
         if selection.rekey:
             self._stages.mark_rekey()
         self._stages.advance(Stage.TRAINING, now, self._config.deadlines.training_s)
@@ -351,7 +348,7 @@ class RoundCycle:
             return
         if not done:
             logger.warning("round %d: training deadline passed", work.round)
-        if self._opened().complete_round(work.round):
+        if self._store.store.complete_round(work.round):
             self._telemetry.round_completed(work.round, work.selected or ())
             self._count_failures(work.round)
         self.start_round(now)
@@ -374,7 +371,7 @@ class RoundCycle:
                     round_index,
                 )
                 self._sit_out(device, f"failed {streak.count} training rounds in a row")
-        self._opened().set_meta(HEALTH_KEY, self._health.to_json())
+        self._store.store.set_meta(HEALTH_KEY, self._health.to_json())
 
 
 def _asks_every_answer(announce: bytes) -> bool:

@@ -29,7 +29,6 @@ from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.key_epoch import KeyEpoch
 from ursa.coordinator.methods.flicker.method import FlickerMethod
-from ursa.coordinator.methods.registry import migrate_store
 from ursa.coordinator.own_identity import IDENTITY_PUBLIC_FILENAME
 from ursa.coordinator.plugin import NoTraining, RoundPlugin
 from ursa.coordinator.retained_sweep import RETAINED_SWEEP_S
@@ -95,7 +94,6 @@ class CoordinatorService:
         self._lock = threading.RLock()
         self._stopped = threading.Event()
         self._started = self._resumed = False
-        self._store: CoordinatorStore | None = None
         self._parts = Components(
             config,
             transport=transport,
@@ -106,7 +104,6 @@ class CoordinatorService:
             final_output=final_output,
             telemetry=telemetry or Telemetry(),
             keep_error=lambda *error: self.store.record_error(*error),
-            opened_store=lambda: self.store,
         )
 
     @property
@@ -137,9 +134,9 @@ class CoordinatorService:
     @property
     def store(self) -> CoordinatorStore:
         """The persistent store (once started; for inspection and tests)."""
-        if self._store is None:
+        if not self._parts.store.is_open:
             raise AttributeError("the coordinator has not started: no store yet")
-        return self._store
+        return self._parts.store.store
 
     @property
     def is_done(self) -> bool:
@@ -233,17 +230,13 @@ class CoordinatorService:
         self._started = True
         cfg, parts = self._config, self._parts
         identity = parts.identity.load()
-        store = self._store = CoordinatorStore(
-            cfg.state_dir / DB_FILENAME, commit=cfg.store.policy()
-        )
-        migrate_store(store)  # an earlier version's state dir, once
+        store = parts.open_store(cfg.state_dir / DB_FILENAME, cfg.store.policy())
         parts.outbox.wait_for(store)  # publish nothing a crash takes back
         now = self._clock()
         fresh = store.get_meta(STATE_KEY) is None
         run = store.run_id()
         parts.outgoing.start(identity, run)
         logger.info("%s%s", cfg.summary(run), " (a new run)" if fresh else "")
-        parts.inbox.open(store)
         with self._lock:
             parts.recovery.restore(store, now)
         parts.plugin.attach(parts.context)
@@ -315,8 +308,8 @@ class CoordinatorService:
         self._stopped.set()
         self._parts.admission.report_unlogged()
         self._parts.link.close()
-        if self._store is not None:
-            self._store.close()
+        if self._parts.store.is_open:
+            self._parts.store.store.close()
 
     def handle(self, topic: str, payload: bytes) -> None:
         """The transport handler: admit, dispatch, step; never raises.

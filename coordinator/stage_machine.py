@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from ursa.coordinator.rounds import RoundState, Stage, advance
-from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.store_slot import StoreSlot
 from ursa.coordinator.telemetry import Telemetry
 
 __all__ = ["MAX_STEPS", "STATE_KEY", "StageFunctions", "StageMachine"]
@@ -37,21 +37,18 @@ class StageMachine:
 
     Args:
         telemetry: Told of every stage change.
+        store: The runtime's store (every new state is written there).
     """
 
-    def __init__(self, telemetry: Telemetry) -> None:
+    def __init__(self, telemetry: Telemetry, store: StoreSlot) -> None:
         self._telemetry = telemetry
         self._state = RoundState()
-        self._store: CoordinatorStore | None = None
+        self._store = store
 
     @property
     def state(self) -> RoundState:
         """The current stage, epoch, round and deadline."""
         return self._state
-
-    def open(self, store: CoordinatorStore) -> None:
-        """Persist into ``store`` from now on (the service has started)."""
-        self._store = store
 
     def resume(self, state: RoundState) -> None:
         """Resume at a restored ``state`` (already in the store: not written)."""
@@ -69,9 +66,7 @@ class StageMachine:
             )
             self._telemetry.stage_changed(str(state.stage), state.round)
         self._state = state
-        if self._store is None:
-            raise RuntimeError("the stage machine has no store yet")
-        self._store.set_meta(STATE_KEY, json.dumps(state.to_json()))
+        self._store.store.set_meta(STATE_KEY, json.dumps(state.to_json()))
 
     def advance(self, stage: Stage, now: float, deadline_s: float | None) -> None:
         """Move to `stage` with a deadline `deadline_s` from `now` (None: none)."""
