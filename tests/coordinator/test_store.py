@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 
 import pytest
 
+from ursa.coordinator import store as store_module
 from ursa.coordinator.store import CoordinatorStore, SchemaSql
 
 
@@ -271,3 +273,11 @@ def test_a_failed_migration_leaves_the_store_as_it_was(tmp_path: Path) -> None:
         store.migrate("m", 1, step)
     assert (store.get_meta("half"), store.get_meta("schema.m")) == (None, None)
     store.close()
+
+
+def test_the_core_store_names_no_methods_concept() -> None:
+    """Dubhe's (or any method's) words stay in its folder, not in the core store."""
+    text = Path(store_module.__file__).read_text().lower()
+    words = ("volunteer", "distribution", "draws", "tries", "candidate", "dubhe")
+    found = [w for w in words if re.search(rf"\b{w}", text)]
+    assert not found, f"coordinator/store.py names {found}"
