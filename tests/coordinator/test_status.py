@@ -8,10 +8,14 @@ from typing import Any
 
 import pytest
 
+from ursa.coordinator.methods.dubhe.records import DubheRecords
 from ursa.coordinator.status import StatusError, read_status
+from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.protocol.messages import Volunteer
 from ursa.tools.cli.app import main
+
+from .methods.dubhe.test_migration import write_as_before
 
 
 def _config_file(fed: Any) -> Path:
@@ -174,3 +178,31 @@ def test_status_of_a_stopped_coordinator_creates_no_files(federation: Any) -> No
 
     assert (status.stage, status.completed_rounds) == ("done", 1)
     assert sorted(p.name for p in fed.config.state_dir.iterdir()) == files
+
+
+def test_status_counts_the_last_rounds_volunteers_from_dubhes_rows(
+    tmp_path: Path,
+) -> None:
+    store = CoordinatorStore(tmp_path / DB_FILENAME)
+    store.add_round(1, 1, b"announce")
+    store.add_round(2, 1, b"announce")
+    records = DubheRecords(store)
+    for device in ("a", "b", "c"):
+        records.add_volunteer(1, device, (True,))
+    for device in ("a", "b"):
+        records.add_volunteer(2, device, (True,))
+    store.close()
+
+    last = read_status(tmp_path).last_round
+    assert last is not None and (last.round, last.volunteers) == (2, 2)
+
+
+def test_status_of_a_store_not_moved_yet_counts_no_volunteers(tmp_path: Path) -> None:
+    store = CoordinatorStore(tmp_path / DB_FILENAME)
+    store.add_round(1, 1, b"announce")
+    DubheRecords(store).add_volunteer(1, "a", (True,))
+    store.close()
+    write_as_before(tmp_path / DB_FILENAME)  # as the version before left it
+
+    last = read_status(tmp_path).last_round
+    assert last is not None and (last.round, last.volunteers) == (1, 0)
