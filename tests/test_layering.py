@@ -202,3 +202,21 @@ def test_only_the_registries_import_a_method_from_outside_methods() -> None:
     assert not violations, "\n".join(violations)
     stale = sorted(set(METHOD_IMPORTERS) - importers)
     assert not stale, f"no longer import a method, drop from METHOD_IMPORTERS: {stale}"
+
+
+def test_dubhe_is_reached_from_anywhere_outside_methods_only_through_the_registry() -> (
+    None
+):
+    """Dubhe's coordinator half (its records and migration too) across every
+    package, the lab and the benchmarks included: only the registry and the
+    listed public API name ``coordinator/methods/dubhe/``."""
+    violations = []
+    for package in PACKAGES:
+        for path in _modules(package):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith("coordinator/methods/") or rel in METHOD_IMPORTERS:
+                continue
+            for side, method, line in _method_imports(path):
+                if (side, method) == ("coordinator", "dubhe"):
+                    violations.append(f"{rel}:{line} imports coordinator/methods/dubhe")
+    assert not violations, "\n".join(violations)

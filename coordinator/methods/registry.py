@@ -28,6 +28,7 @@ __all__ = [
     "SELECTION_METHODS",
     "STORE_MIGRATIONS",
     "VOLUNTEER_ROWS",
+    "ParticipationCap",
     "migrate_store",
     "selection_method",
 ]

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ursa.coordinator.device_sets import IndexedDevices
-from ursa.coordinator.methods.dubhe.participation import ParticipationCap
+from ursa.coordinator.methods.registry import ParticipationCap
 from ursa.coordinator.selection import draw_tries
 from ursa.edge_sdk.methods.dubhe.draws import participation_probabilities
 from ursa.edge_sdk.methods.dubhe.tries import best_try
