@@ -176,16 +176,21 @@ class NaturalKey:
         return cls(device, key, method)
 
     def query(self) -> tuple[str, tuple[object, ...]]:
-        """The ``EXISTS`` sub-query finding the record, and its arguments."""
+        """The sub-query finding the record (a constant text), and its arguments."""
         if self.method is None:
-            return (
-                "SELECT 1 FROM registrations WHERE epoch = ? AND device_id = ?",
-                (int(self.key), self.device),
-            )
-        return (
-            "SELECT 1 FROM method_rows WHERE method = ? AND key = ? AND device_id = ?",
-            (self.method, self.key, self.device),
-        )
+            return _REGISTRATION_SQL, (int(self.key), self.device)
+        return _METHOD_ROW_SQL, (self.method, self.key, self.device)
+
+
+_REGISTRATION_SQL = "SELECT 1 FROM registrations WHERE epoch = ? AND device_id = ?"
+_METHOD_ROW_SQL = (
+    "SELECT 1 FROM method_rows WHERE method = ? AND key = ? AND device_id = ?"
+)
+_DUPLICATE_SQL = {
+    sql: f"SELECT EXISTS ({sql}) OR EXISTS (SELECT 1 FROM seen WHERE message_id = ?)"
+    for sql in (_REGISTRATION_SQL, _METHOD_ROW_SQL)
+}
+"""`CoordinatorStore.is_duplicate`'s one statement per kind of natural key."""
 
 
 class SchemaSql(Protocol):
@@ -324,11 +329,7 @@ class CoordinatorStore:
         if key is None:
             return self.is_seen(message_id)
         sql, args = key.query()
-        row = self._exec(
-            f"SELECT EXISTS ({sql}) "
-            "OR EXISTS (SELECT 1 FROM seen WHERE message_id = ?)",
-            (*args, message_id),
-        )
+        row = self._exec(_DUPLICATE_SQL[sql], (*args, message_id))
         return bool(row.fetchone()[0])
 
     def migrate(
