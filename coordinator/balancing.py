@@ -1,16 +1,18 @@
 """The balancing stage's method as the runtime sees it (FLICKER's coordinator half).
 
-The service builds FLICKER (`ursa.coordinator.methods.flicker`); the key
-epoch runs it between enrolment and the first key epoch, the inbox hands it
-downloads and departures, and the restart resumes it, each through this
-protocol, so none of them imports a method.
+The method table builds it (`ursa.coordinator.methods.registry`); the
+service lends it the `MethodContext` at start, the key epoch runs it between
+enrolment and the first key epoch, the inbox hands it downloads and
+departures, the restart resumes it and a broker outage extends its
+deadlines, each through this protocol, so none of them imports a method.
 """
 
 from __future__ import annotations
 
 from collections.abc import Set
-from typing import Protocol
+from typing import Any, Protocol
 
+from ursa.coordinator.method_context import MethodContext
 from ursa.protocol.messages import ChunkRequest
 from ursa.protocol.router import Router
 
@@ -22,6 +24,18 @@ class Balancing(Protocol):
 
     def register(self, router: Router) -> None:
         """Route its device messages to it."""
+        ...
+
+    def attach(self, context: MethodContext) -> None:
+        """Take the runtime's surface (the service started); restore a saved run."""
+        ...
+
+    def extend_deadlines(self, seconds: float) -> None:
+        """A broker outage: move every open deadline ``seconds`` later."""
+        ...
+
+    def summary(self) -> dict[str, Any]:
+        """Its run's figures (status, the demo's report)."""
         ...
 
     @property

@@ -17,9 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from ursa.coordinator.admission import Admission
-from ursa.coordinator.balancing import Balancing
 from ursa.coordinator.broker_link import BrokerLink
-from ursa.coordinator.broker_outage import BrokerOutage
+from ursa.coordinator.broker_outage import BrokerOutage, LivePhase
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.ending import Ending
@@ -29,7 +28,11 @@ from ursa.coordinator.identity_refusals import IdentityRefusals
 from ursa.coordinator.inbox import Inbox
 from ursa.coordinator.key_epoch import KeyEpoch
 from ursa.coordinator.method_context import MethodContext
-from ursa.coordinator.methods.registry import migrate_store, selection_method
+from ursa.coordinator.methods.registry import (
+    balancing_method,
+    migrate_store,
+    selection_method,
+)
 from ursa.coordinator.own_identity import OwnIdentity
 from ursa.coordinator.plugin import RoundPlugin
 from ursa.coordinator.presence import Presence
@@ -73,7 +76,6 @@ class Components:
     """Every part of one coordinator, wired (module docstring; the service's Args).
 
     Args:
-        flicker: FLICKER's coordinator half, if the federation runs it.
         keep_error: Stores a refusal for ``ursa coordinator status``.
     """
 
@@ -85,16 +87,17 @@ class Components:
         clock: Clock,
         plugin: RoundPlugin,
         rng: np.random.Generator,
-        flicker: Balancing | None,
         final_output: FinalOutput | None,
         telemetry: Telemetry,
         keep_error: Keep,
     ) -> None:
         self._federation = config.federation
+        self._clock = clock
         self.telemetry = telemetry
         telemetry.set_methods(m.kind for m in config.methods)
         self.plugin = plugin = _checked_plugin(config, plugin)
-        self.flicker = flicker
+        self.balancing = flicker = balancing_method(config)
+        """The balancing method (FLICKER), if ``[[methods]]`` names one."""
         self.store = store = StoreSlot()
         """The store, handed to every part that persists (`open_store` fills it)."""
         self.outbox = outbox = Outbox("coordinator")
@@ -175,6 +178,8 @@ class Components:
             announcer=lambda: self.rounds.reannounce(),
             identities=devices.identities.get,
             certificates=lambda device: devices.certificates.get(device, b""),
+            clock=clock,
+            raw_sender=outgoing.send_raw,
         )
         """What methods are lent: the runtime's public surface only."""
         self.selection = selection = selection_method(config, self.context)
@@ -209,8 +214,9 @@ class Components:
             Stage.TRAINING: rounds.stage_training,
             Stage.DONE: lambda now: None,
         }
+        live: tuple[LivePhase, ...] = (stages, key_epoch, selection, plugin)
         self.outage = outage = BrokerOutage(
-            presence, (stages, key_epoch, selection, plugin)
+            presence, (*live, flicker) if flicker is not None else live
         )
         self.recovery = Recovery(
             config,

@@ -1,12 +1,13 @@
 """What the coordinator lends its methods: a context object, never the service.
 
 The service builds one `MethodContext` with its parts; a selection method
-is built with it (`ursa.coordinator.methods.registry`), a round plugin gets
-it when the service starts (`attach`). It holds the runtime's public surface
-as plain callables (send, sign, the key epoch's view, who is online, the
-store, the enrolled devices' keys), so a method can neither reach the
-service's state nor depend on how the service is composed. The store opens
-when the service starts, before any round or device message.
+is built with it (`ursa.coordinator.methods.registry`), a round plugin and
+the balancing method get it when the service starts (`attach`). It holds the
+runtime's public surface as plain callables (send, relay, sign, the clock,
+the key epoch's view, who is online, the store, the enrolled devices' keys),
+so a method can neither reach the service's state nor depend on how the
+service is composed. The store opens when the service starts, before any
+round or device message.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class MethodContext:
         announcer: Publishes the open round's announce again.
         identities: An enrolled device's identity keys, or None.
         certificates: An enrolled device's operator certificate (b"": tofu).
+        clock: Seconds, for the method's own deadlines (the service's clock).
+        raw_sender: Queues encoded bytes of a kind for a device (None: the
+            global topic): a device's message relayed as it arrived.
     """
 
     federation: str
@@ -57,6 +61,8 @@ class MethodContext:
     announcer: Callable[[], None]
     identities: Callable[[str], DevicePublicIdentity | None]
     certificates: Callable[[str], bytes]
+    clock: Callable[[], float]
+    raw_sender: Callable[[bytes, str, str | None], None]
 
     @property
     def store(self) -> CoordinatorStore:
@@ -74,6 +80,14 @@ class MethodContext:
     def send(self, message: BaseMessage, device: str | None) -> None:
         """Queue a message (flushed after the current step)."""
         self.sender(message, device)
+
+    def send_raw(self, payload: bytes, kind: str, device: str | None) -> None:
+        """Queue encoded bytes of ``kind`` (a relayed device message)."""
+        self.raw_sender(payload, kind, device)
+
+    def now(self) -> float:
+        """The runtime's clock, in seconds."""
+        return self.clock()
 
     def sign(self, message: SignedT) -> SignedT:
         """``message`` stamped with the run and signed by the coordinator."""

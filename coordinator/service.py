@@ -23,12 +23,12 @@ from collections.abc import Set
 
 import numpy as np
 
+from ursa.coordinator.balancing import Balancing
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.components import Components
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.key_epoch import KeyEpoch
-from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.own_identity import IDENTITY_PUBLIC_FILENAME
 from ursa.coordinator.plugin import NoTraining, RoundPlugin
 from ursa.coordinator.retained_sweep import RETAINED_SWEEP_S
@@ -63,8 +63,6 @@ class CoordinatorService:
         clock: Seconds, for deadlines (tests inject a fake one).
         plugin: The training phase; `NoTraining` completes rounds at once.
         rng: The generator for agent choice and trim/top-up.
-        flicker: FLICKER's coordinator half; by default built from the
-            ``kind = "flicker"`` table (BALANCING runs it first).
         final_output: The model's architecture (for the final model card)
             and an ONNX exporter; without it: weights and a card only.
         telemetry: Where the service reports what it does (`Telemetry`; one
@@ -79,18 +77,11 @@ class CoordinatorService:
         clock: Clock = time.time,
         plugin: RoundPlugin | None = None,
         rng: np.random.Generator | None = None,
-        flicker: FlickerMethod | None = None,
         final_output: FinalOutput | None = None,
         telemetry: Telemetry | None = None,
     ) -> None:
-        spec = config.flicker_method()
-        if flicker is None and spec is not None:
-            flicker = FlickerMethod(spec)
-        if flicker is not None and spec is None:
-            raise ValueError("a FLICKER method, but [[methods]] names no flicker")
         self._config = config
         self._clock = clock
-        self._flicker = flicker
         self._lock = threading.RLock()
         self._stopped = threading.Event()
         self._started = self._resumed = False
@@ -100,7 +91,6 @@ class CoordinatorService:
             clock=clock,
             plugin=plugin or NoTraining(),
             rng=rng if rng is not None else np.random.default_rng(config.seed),
-            flicker=flicker,
             final_output=final_output,
             telemetry=telemetry or Telemetry(),
             keep_error=lambda *error: self.store.record_error(*error),
@@ -144,9 +134,9 @@ class CoordinatorService:
         return self.state.stage is Stage.DONE
 
     @property
-    def flicker(self) -> FlickerMethod | None:
-        """FLICKER's coordinator half, if the federation runs it (for figures)."""
-        return self._flicker
+    def balancing(self) -> Balancing | None:
+        """The balancing method (FLICKER), if the federation runs one (figures)."""
+        return self._parts.balancing
 
     @property
     def telemetry(self) -> Telemetry:
@@ -240,20 +230,8 @@ class CoordinatorService:
         with self._lock:
             parts.recovery.restore(store, now)
         parts.plugin.attach(parts.context)
-        if self._flicker is not None:
-            self._flicker.attach(
-                federation=cfg.federation,
-                run=run,
-                num_classes=cfg.registry.num_classes,
-                state_dir=cfg.state_dir,
-                devices=parts.devices.identities,
-                certificates=parts.devices.certificates,
-                store=store,
-                outbox=parts.outbox,
-                clock=self._clock,
-                sign=parts.outgoing.sign,
-                seed=cfg.seed,
-            )
+        if parts.balancing is not None:
+            parts.balancing.attach(parts.context)
         parts.link.connect(self.handle, self._on_retained, stop or self._stopped)
         if fresh:
             parts.retained.clear_notices()

@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ursa.coordinator.methods.flicker.engine import FlickerCoordinator
-from ursa.coordinator.methods.flicker.outcome import FlickerServiceConfig
+from ursa.coordinator.methods.flicker.method import FlickerMethod
+from ursa.coordinator.methods_config import FlickerSpec
 from ursa.crypto.ckks import CKKS_UNAVAILABLE, require_tenseal
 from ursa.crypto.errors import BackendUnavailableError
 from ursa.edge_sdk.methods.flicker.method import Flicker
-from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 
 MESSAGE = "CKKS unavailable: install ursa-fl[ckks] on Python ≥ 3.11"
 
@@ -42,10 +41,11 @@ def test_flicker_device_fails_when_constructed() -> None:
 
 
 @pytest.mark.usefixtures("no_tenseal")
-def test_flicker_coordinator_fails_when_constructed() -> None:
-    config = FlickerServiceConfig(federation="fed", num_classes=3)
+def test_flicker_coordinator_fails_when_constructed(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailableError, match="CKKS unavailable"):
-        FlickerCoordinator(config, {}, InMemoryTransport(InMemoryBus(), "coordinator"))
+        FlickerMethod(
+            FlickerSpec(), federation="fed", num_classes=3, state_dir=tmp_path
+        )
 
 
 def test_flicker_modules_import_without_tenseal() -> None:
@@ -53,7 +53,7 @@ def test_flicker_modules_import_without_tenseal() -> None:
         "import sys; sys.modules['tenseal'] = None; "
         "import ursa.edge_sdk, ursa.edge_sdk.methods.flicker.participant, "
         "ursa.coordinator, "
-        "ursa.coordinator.methods.flicker.engine"
+        "ursa.coordinator.methods.flicker.session"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

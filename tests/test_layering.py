@@ -135,8 +135,6 @@ METHOD_IMPORTERS: dict[str, str] = {
     "coordinator/__init__.py": "the public API re-exports the built-in methods",
     "edge_sdk/methods_config.py": "a [[methods]] table's settings class per kind",
     "coordinator/methods_config.py": "a [[methods]] table's settings class per kind",
-    # until FLICKER is built through the registry (issue 30, item 2)
-    "coordinator/service.py": "the service builds FlickerMethod itself",
 }
 
 

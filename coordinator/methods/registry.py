@@ -1,7 +1,8 @@
-"""Which class runs each selection method named in ``[[methods]]``.
+"""Which class runs each selection and balancing method named in ``[[methods]]``.
 
 The runtime looks a federation's selection method up here and builds it
-with its context (`SelectionContext`), which the method holds from then on;
+with its context (`SelectionContext`), which the method holds from then on,
+and its balancing method (FLICKER, run once before the first key epoch);
 adding one is a package under ``coordinator/methods/`` and a line below
 (plus its settings class in `ursa.coordinator.methods_config`). A method
 whose stored form changed lists its one-time migration in
@@ -14,21 +15,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from ursa.coordinator.balancing import Balancing
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.methods.dubhe import DubheSelection
 from ursa.coordinator.methods.dubhe import migration as dubhe_migration
 from ursa.coordinator.methods.dubhe import records as dubhe_records
 from ursa.coordinator.methods.dubhe.participation import ParticipationCap
+from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.random import RandomSelection
-from ursa.coordinator.methods_config import DubheSpec
+from ursa.coordinator.methods_config import DubheSpec, FlickerSpec
 from ursa.coordinator.selection_method import SelectionContext, SelectionMethod
 from ursa.coordinator.store import CoordinatorStore
 
 __all__ = [
+    "BALANCING_METHODS",
     "SELECTION_METHODS",
     "STORE_MIGRATIONS",
     "VOLUNTEER_ROWS",
     "ParticipationCap",
+    "balancing_method",
     "migrate_store",
     "selection_method",
 ]
@@ -88,3 +93,26 @@ def migrate_store(store: CoordinatorStore) -> None:
 VOLUNTEER_ROWS = (dubhe_records.NAMESPACE, dubhe_records.VOLUNTEERS)
 """(method, row key prefix) of a round's volunteers, for ``ursa coordinator
 status`` (it reads the file, not a store): ``<prefix><round>``."""
+
+
+def _flicker(config: CoordinatorConfig, spec: FlickerSpec) -> Balancing:
+    return FlickerMethod(
+        spec,
+        federation=config.federation,
+        num_classes=config.registry.num_classes,
+        state_dir=config.state_dir,
+        seed=config.seed,
+    )
+
+
+BALANCING_METHODS: Mapping[
+    str, Callable[[CoordinatorConfig, FlickerSpec], Balancing]
+] = {
+    FlickerMethod.name: _flicker,
+}
+
+
+def balancing_method(config: CoordinatorConfig) -> Balancing | None:
+    """The federation's balancing method, if ``[[methods]]`` names one."""
+    spec = config.flicker_method()
+    return None if spec is None else BALANCING_METHODS[spec.kind](config, spec)

@@ -3,14 +3,17 @@
 In a federation, FLICKER's device half is the `Flicker` method inside an
 `EdgeClient`, which admits and routes its messages. The simulation
 (`ursa.lab.simulate.flicker_fleet`, ``ursa bench flicker``) runs the
-coordinator's stand-alone `FlickerCoordinator` with bare devices instead:
-a `FleetDevice` is the same `FlickerParticipant` behind the least host it
+coordinator's production `FlickerMethod` with bare devices instead: a
+`FleetDevice` is the same `FlickerParticipant` behind the least host it
 needs. It subscribes to the device's topics, admits what arrives (federation;
 ring hops, redundancy asks and results only on the device's own down topic;
 a ring hop from a known peer, everything else from the coordinator), drops
 QoS 1 redeliveries by message id, routes through a `Router` (work waiting for
-the CKKS context is parked there) and publishes replies in order. The peers'
-keys are known beforehand. Anything refused is logged and kept in
+the CKKS context is parked there) and publishes replies in order. Given the
+coordinator's public identity, it checks the coordinator's signature on a
+`RingStart` and takes the ring members' keys from it, as a device does;
+without one, the peers' keys are known beforehand and a signed member list
+is refused. Anything refused is logged and kept in
 `rejections`; nothing received raises.
 """
 
@@ -25,13 +28,18 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.crypto.ckks import CkksPublicContext
-from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
+from ursa.crypto.errors import CryptoError
+from ursa.crypto.identity import (
+    DeviceIdentity,
+    DevicePublicIdentity,
+    verify_signature,
+)
 from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.methods.flicker import algorithm as dev
 from ursa.edge_sdk.methods.flicker.context import DEFAULT_MAX_CONTEXT_BYTES
 from ursa.edge_sdk.methods.flicker.errors import RefusedError
 from ursa.edge_sdk.methods.flicker.participant import FlickerParticipant
-from ursa.protocol.envelope import decode, encode, message_kind
+from ursa.protocol.envelope import decode, encode, message_kind, signing_bytes
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -73,6 +81,8 @@ class FleetDevice:
         peers: Every device's public identity (the coordinator's enrolment).
         counts: This device's class counts.
         transport: Its connection; `attach` subscribes and takes its messages.
+        coordinator: The coordinator's public identity (checks its signed
+            member lists); None: none is accepted.
         resampler, rng, max_steps, max_context_bytes, global_test: as
             `FlickerParticipant`.
     """
@@ -85,6 +95,7 @@ class FleetDevice:
         peers: Mapping[str, DevicePublicIdentity],
         counts: npt.ArrayLike,
         transport: Transport,
+        coordinator: DevicePublicIdentity | None = None,
         resampler: dev.Resampler | None = None,
         rng: np.random.Generator | None = None,
         max_steps: int = dev.DEFAULT_MAX_STEPS,
@@ -95,6 +106,7 @@ class FleetDevice:
         self.rejections: list[tuple[str, str]] = []
         self._federation = federation
         self._transport = transport
+        self._coordinator = coordinator
         self._lock = threading.Lock()
         self._outbox = Outbox(identity.device_id)
         self._seen: OrderedDict[str, None] = OrderedDict()
@@ -107,6 +119,7 @@ class FleetDevice:
             max_steps=max_steps,
             max_context_bytes=max_context_bytes,
             global_test=global_test,
+            signed_members=coordinator is not None,
         )
         self._router = Router(identity.device_id)
         self.participant.register(self._router, owner="flicker")
@@ -146,8 +159,15 @@ class FleetDevice:
         return keys.public_identity()
 
     def verify_coordinator(self, message: BaseMessage) -> None:
-        """Refuse: a stand-alone run knows its peers and signs no ring start."""
-        raise RefusedError("ring members, but no coordinator key to check them")
+        """The coordinator's signature on ``message`` (refused without its key)."""
+        coordinator = self._coordinator
+        if coordinator is None:
+            raise RefusedError("ring members, but no coordinator key to check them")
+        signature: bytes = getattr(message, "signature", b"")
+        try:
+            verify_signature(coordinator, signing_bytes(message), signature)
+        except CryptoError as exc:
+            raise RefusedError(f"not signed by the coordinator: {exc}") from None
 
     # --- what the tests and the bench read --------------------------------------
 

@@ -1,25 +1,34 @@
-"""FLICKER over a real Mosquitto: 6 live devices and one silent, watched from `#`."""
+"""FLICKER's production method over a real Mosquitto: 6 live devices, one silent.
+
+The coordinator's `FlickerMethod` runs on the lab's `FlickerHost` (the
+runtime's store, signing point, router and refusals, no admission), the
+devices are `FleetDevice`s (the production `FlickerParticipant`); an observer
+on `#` checks that no count vector travels in plaintext. The same method
+inside the whole `CoordinatorService` with `EdgeClient`s over Mosquitto is
+``test_flicker_service_mqtt.py``.
+"""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
 
-from ursa.coordinator.methods.flicker.engine import (
-    FlickerCoordinator,
-    FlickerServiceConfig,
-    Phase,
-)
-from ursa.crypto.identity import DeviceIdentity
+from ursa.coordinator.methods.flicker.method import FlickerMethod
+from ursa.coordinator.methods.flicker.outcome import Phase
+from ursa.coordinator.methods_config import FlickerSpec
+from ursa.crypto.ckks import CkksKeyOwner
+from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.edge_sdk.methods.flicker import algorithm as dev
 from ursa.lab.simulate.flicker_device import FleetDevice
+from ursa.lab.simulate.flicker_host import FlickerHost
 from ursa.lab.simulate.flicker_run import run_flicker
 from ursa.lab.simulate.flicker_tables import get_table
 from ursa.protocol.envelope import decode
@@ -50,6 +59,36 @@ class Capture:
             return list(self.items)
 
 
+@pytest.fixture
+def hosts(tmp_path: Path) -> Iterator[Callable[..., FlickerHost]]:
+    """A `FlickerHost` per call (its store in ``tmp_path``), closed after."""
+    made: list[FlickerHost] = []
+
+    def make(
+        spec: FlickerSpec,
+        devices: dict[str, DevicePublicIdentity],
+        transport: Any,
+        rng: np.random.Generator | None = None,
+    ) -> FlickerHost:
+        method = FlickerMethod(
+            spec,
+            federation=FEDERATION,
+            num_classes=4,
+            rng=rng,
+            key_owner=CkksKeyOwner(),
+        )
+        state_dir = tmp_path / f"coordinator-{len(made)}"
+        host = FlickerHost(
+            method, devices, transport, state_dir=state_dir, clock=time.monotonic
+        )
+        made.append(host)
+        return host
+
+    yield make
+    for host in made:
+        host.close()
+
+
 def encodings(counts: tuple[int, ...]) -> list[bytes]:
     """Ways a count vector could travel in plaintext."""
     values = list(counts)
@@ -74,21 +113,18 @@ def encodings(counts: tuple[int, ...]) -> list[bytes]:
 
 @pytest.mark.integration
 def test_flicker_runs_over_mosquitto_without_counts_in_transit(
-    mosquitto_factory: Callable[..., Any], connect_mqtt: Callable[..., Any]
+    mosquitto_factory: Callable[..., Any],
+    connect_mqtt: Callable[..., Any],
+    hosts: Callable[..., FlickerHost],
 ) -> None:
     broker = mosquitto_factory()
     capture = Capture()
     connect_mqtt(broker, "observer", subscriptions=["#"], handler=capture)
     identities = {d: DeviceIdentity.generate(d) for d in ORDER}
     public = {d: i.public() for d, i in identities.items()}
-    config = FlickerServiceConfig(
-        federation=FEDERATION, num_classes=4, hop_deadline_s=5.0, reply_deadline_s=60
-    )
-    coordinator = FlickerCoordinator(
-        config,
-        public,
-        connect_mqtt(broker, "coordinator"),
-        rng=np.random.default_rng(0),
+    spec = FlickerSpec(hop_deadline_s=5.0, reply_deadline_s=60)
+    coordinator = hosts(
+        spec, public, connect_mqtt(broker, "coordinator"), np.random.default_rng(0)
     )
     coordinator.attach()
     participants = {}
@@ -99,6 +135,7 @@ def test_flicker_runs_over_mosquitto_without_counts_in_transit(
             peers=public,
             counts=counts,
             transport=connect_mqtt(broker, device),
+            coordinator=coordinator.identity.public(),
         )
         participant.attach()
         participants[device] = participant
@@ -153,7 +190,9 @@ def test_flicker_runs_over_mosquitto_without_counts_in_transit(
 
 @pytest.mark.integration
 def test_the_global_redundancy_test_runs_over_mosquitto_with_sealed_candidates(
-    mosquitto_factory: Callable[..., Any], connect_mqtt: Callable[..., Any]
+    mosquitto_factory: Callable[..., Any],
+    connect_mqtt: Callable[..., Any],
+    hosts: Callable[..., FlickerHost],
 ) -> None:
     from ursa.edge_sdk.methods.flicker import resampling as rs
     from ursa.lab.simulate.flicker_fleet import build_fleet
@@ -174,17 +213,15 @@ def test_the_global_redundancy_test_runs_over_mosquitto_with_sealed_candidates(
 
     wire, reference = resamplers(), resamplers()
     counts = {d: tuple(int(c) for c in r.view.counts()) for d, r in wire.items()}
-    build_fleet(counts, resamplers=reference).run()  # the in-memory bus
+    with build_fleet(counts, resamplers=reference) as fleet:
+        fleet.run()  # the in-memory bus
 
     broker = mosquitto_factory()
     capture = Capture()
     connect_mqtt(broker, "observer", subscriptions=["#"], handler=capture)
     identities = {d: DeviceIdentity.generate(d) for d in wire}
     public = {d: i.public() for d, i in identities.items()}
-    config = FlickerServiceConfig(federation=FEDERATION, num_classes=4)
-    coordinator = FlickerCoordinator(
-        config, public, connect_mqtt(broker, "coordinator")
-    )
+    coordinator = hosts(FlickerSpec(), public, connect_mqtt(broker, "coordinator"))
     coordinator.attach()
     participants = {}
     for device, resampler in wire.items():
@@ -194,6 +231,7 @@ def test_the_global_redundancy_test_runs_over_mosquitto_with_sealed_candidates(
             peers=public,
             counts=counts[device],
             transport=connect_mqtt(broker, device),
+            coordinator=coordinator.identity.public(),
             resampler=resampler,
         )
         participants[device].attach()

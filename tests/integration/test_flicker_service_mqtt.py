@@ -129,7 +129,7 @@ def test_dubhe_climb_flicker_trains_after_flicker_balanced_the_images(
         service.stop()
         loop.join(5)
 
-    flicker_method = service.flicker
+    flicker_method = service.balancing
     assert flicker_method is not None
     summary = flicker_method.summary()
     assert summary["phase"] == "done", summary

@@ -246,7 +246,10 @@ def test_flicker_on_both_sides_builds_each_half(tmp_path: Path) -> None:
     config = _coordinator(tmp_path, [DUBHE, {"kind": "flicker", "nabla": 0.2}], None)
     transport = InMemoryTransport(InMemoryBus(), "coordinator")
     service = compose.build_coordinator(config, transport=transport)
-    assert service.flicker is not None and service.flicker.spec.nabla == 0.2
+    from ursa.coordinator.methods.flicker.method import FlickerMethod
+
+    assert isinstance(service.balancing, FlickerMethod)
+    assert service.balancing.spec.nabla == 0.2
     assert config.method_names() == ("dubhe", "flicker")
 
     np.save(tmp_path / "l.npy", np.array([0, 1, 1, 2]))

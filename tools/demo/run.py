@@ -42,7 +42,7 @@ from ursa.tools.demo.settings import (
 from ursa.tools.operator_provisioning import OperatorProvisioning
 
 if TYPE_CHECKING:
-    from ursa.coordinator.methods.flicker.method import FlickerMethod
+    from ursa.coordinator.balancing import Balancing
     from ursa.coordinator.service import CoordinatorService
     from ursa.coordinator.training import RoundRecord
     from ursa.tools.data.federation import Federation
@@ -243,7 +243,7 @@ class DemoRun:
         fleet_settings = _fleet(s, url, self.workdir, model_config)
         root = fleet_settings["state_root"]
         fleet_settings["trust"] = {d: operator.device(root / d, d) for d in ids}
-        if service.flicker is not None:
+        if service.balancing is not None:
             from ursa.tools.demo.flicker import flicker_extra
 
             fleet_settings["extra"] = {
@@ -259,8 +259,8 @@ class DemoRun:
                 loop.join(1.0)
                 enrolled = self._note_enrolled(service, enrolled)
                 stage = self._note_stage(service, stage)
-                if not noted_flicker and service.flicker is not None:
-                    noted_flicker = self._note_flicker(service.flicker)
+                if not noted_flicker and service.balancing is not None:
+                    noted_flicker = self._note_flicker(service.balancing)
                 exited = any(p.exitcode is not None for p in procs)
                 if exited and not service.is_done:
                     self.progress.note("a device process exited early; stopping")
@@ -286,11 +286,11 @@ class DemoRun:
 
         devices = sorted((report_of(r) for r in reports), key=lambda d: d["device_id"])
         out: dict[str, Any] = {}
-        if service.flicker is not None:
+        if service.balancing is not None:
             from ursa.tools.demo.flicker import summarise
 
             figures = {r.device_id: r.flicker for r in reports if r.flicker}
-            out["flicker"] = summarise(service.flicker.summary(), figures)
+            out["flicker"] = summarise(service.balancing.summary(), figures)
         if isinstance(plugin, FeddiskPlugin):
             out["feddisk"] = {
                 "made_rounds": plugin.made_rounds,
@@ -372,7 +372,7 @@ class DemoRun:
 
         return MadeHooks(initial, evaluate, on_round, on_switch)
 
-    def _note_flicker(self, flicker: FlickerMethod) -> bool:
+    def _note_flicker(self, flicker: Balancing) -> bool:
         """Say how FLICKER ended, once it has; True once said."""
         if not flicker.is_over:
             return False

@@ -164,6 +164,11 @@ class CorrectionLoop:
         if request is not None and request.step == step:
             request.deadline_at = max(request.deadline_at, deadline_at)
 
+    def postpone(self, seconds: float) -> None:
+        """Move the open request's deadline ``seconds`` later (an outage's time)."""
+        if self.request is not None:
+            self.request.deadline_at += seconds
+
     def on_cosine(self, sender: str, step: int, cosine: float, now: float) -> bool:
         """Record a decrypted cosine; True if a new request was opened."""
         request = self.check_reply("cosine", sender, step)

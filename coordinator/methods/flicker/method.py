@@ -8,42 +8,43 @@ failed: the federation then trains on the data as it is), then opens the
 first key epoch, whose `KeyEpochStart` tells the devices the run is over.
 
 The runtime owns everything that is not the algorithm: admission, dedup
-(the store's seen ids), the outbox, the one MQTT session. `FlickerMethod`
-registers FLICKER's kinds on the service's `Router`, answers the chunk
-requests of the CKKS public context, and keeps the run in the store in the
-transaction of the message that changed it: the correction loop in
-``method_state('flicker', 'run')``, ``Enc(GD)`` under ``'encrypted_counts'``
-(written only when it changes) and the ring's `Relay` record in the
-``phases`` table. The CKKS key lives in ``<state_dir>/ckks.key`` (0600,
-`ursa.coordinator.methods.flicker.keyfile`), so after ``kill -9`` a
-restarted coordinator restores the run and re-sends what it waits on; the
-devices answer with the same message ids and cached replies, so nothing is
-counted twice.
+(the store's seen ids), refusals and their `ErrorReply`, the outbox, the one
+MQTT session; it lends the method a `MethodContext`. `FlickerMethod` is
+built by the method table (`ursa.coordinator.methods.registry`), registers
+FLICKER's kinds on the service's `Router`, answers the chunk requests of the
+CKKS public context, hands each message to the run (`FlickerSession`) and
+keeps the run in the store in the transaction of the message that changed
+it: the correction loop in ``method_state('flicker', 'run')``, ``Enc(GD)``
+under ``'encrypted_counts'`` (written only when it changes) and the ring's
+`Relay` record in the ``phases`` table. The CKKS key lives in
+``<state_dir>/ckks.key`` (0600, `ursa.coordinator.methods.flicker.keyfile`),
+so after ``kill -9`` a restarted coordinator restores the run and re-sends
+what it waits on; the devices answer with the same message ids and cached
+replies, so nothing is counted twice. The run's deadlines are live phases:
+a broker outage extends them (`extend_deadlines`).
 """
 
 from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Sequence, Set
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from ursa.coordinator.method_context import MethodContext
 from ursa.coordinator.methods.flicker import algorithm as fl
-from ursa.coordinator.methods.flicker.engine import FlickerCoordinator
 from ursa.coordinator.methods.flicker.keyfile import load_or_create_key_owner
 from ursa.coordinator.methods.flicker.outcome import (
     FlickerOutcome,
     FlickerServiceConfig,
     Phase,
 )
-from ursa.coordinator.methods.flicker.wire import Sign
+from ursa.coordinator.methods.flicker.session import FlickerSession
 from ursa.coordinator.methods_config import FlickerSpec
-from ursa.coordinator.store import CoordinatorStore
-from ursa.crypto.ckks import require_tenseal
-from ursa.crypto.identity import DevicePublicIdentity
+from ursa.crypto.ckks import CkksKeyOwner, require_tenseal
 from ursa.protocol.messages import (
     BaseMessage,
     ChunkRequest,
@@ -54,8 +55,7 @@ from ursa.protocol.messages import (
     RingHop,
     RingResult,
 )
-from ursa.protocol.outbox import Outbox
-from ursa.protocol.router import Router
+from ursa.protocol.router import RejectedError, Router
 
 __all__ = ["FlickerMethod"]
 
@@ -78,29 +78,54 @@ _KINDS: tuple[type[BaseMessage], ...] = (
 
 
 class FlickerMethod:
-    """FLICKER's coordinator half inside `CoordinatorService`.
+    """FLICKER's coordinator half, the federation's balancing method.
 
     Raises:
         BackendUnavailableError: TenSEAL is not installed (the ``ckks`` extra).
 
     Args:
         spec: The federation's ``kind = "flicker"`` table.
-        rng: Ring order (the service's generator by default).
+        federation: The federation id (messages carry it).
+        num_classes: Classes of the federation's registry.
+        state_dir: Where the CKKS key file lives (``key_owner`` instead: a
+            key of the caller's, e.g. a simulation's counting one).
+        seed: The federation's seed: ring orders come from a generator of
+            their own under it, so running FLICKER leaves the service's draws
+            (agents, trims) as they are without it.
+        rng: Ring orders (instead of ``seed``'s generator).
+        key_owner: The CKKS key pair (instead of the key file).
     """
 
     name: ClassVar[str] = "flicker"
 
-    def __init__(self, spec: FlickerSpec, *, rng: np.random.Generator | None = None):
+    def __init__(
+        self,
+        spec: FlickerSpec,
+        *,
+        federation: str,
+        num_classes: int,
+        state_dir: Path | None = None,
+        seed: int | None = None,
+        rng: np.random.Generator | None = None,
+        key_owner: CkksKeyOwner | None = None,
+    ) -> None:
         require_tenseal()  # at configuration, not when the first device enrols
         self.spec = spec
-        self._rng = rng
-        self._engine: FlickerCoordinator | None = None
-        self._store: CoordinatorStore | None = None
+        self.config = FlickerServiceConfig(
+            federation=federation,
+            num_classes=num_classes,
+            **spec.model_dump(exclude={"kind"}),
+        )
+        self._load_key = _key_source(state_dir, key_owner)
+        self._rng = rng if rng is not None else _ring_rng(seed)
+        self._session: FlickerSession | None = None
+        self._ctx: MethodContext | None = None
         self._saved_counts: bytes | None = None
         self._waiting_logged = False
-        self._clock: Callable[[], float] | None = None
         self._started_at: float | None = None
         self._ended_at: float | None = None
+        self.refused = 0
+        """Messages of the run refused so far (the runtime replied to each)."""
 
     # --- wiring -----------------------------------------------------------------
 
@@ -109,51 +134,20 @@ class FlickerMethod:
         for kind in _KINDS:
             router.register(kind, self._on_message, owner=self.name)
 
-    def attach(
-        self,
-        *,
-        federation: str,
-        run: str = "",
-        num_classes: int,
-        state_dir: Path,
-        devices: Mapping[str, DevicePublicIdentity],
-        store: CoordinatorStore,
-        outbox: Outbox,
-        clock: Callable[[], float],
-        sign: Sign,
-        seed: int | None = None,
-        certificates: Mapping[str, bytes] | None = None,
-    ) -> None:
+    def attach(self, context: MethodContext) -> None:
         """Load (or create) the CKKS key and restore a saved run.
 
-        ``devices`` is the service's live enrolment table, ``certificates``
-        its devices' operator certificates (relayed in `RingStart` with the
-        members' keys, so each member can check them); replies go into the
-        service's ``outbox``, which it flushes. The ring order comes from a
-        generator of its own (from ``seed``), so running FLICKER leaves the
-        service's draws (agents, trims) as they are without it.
+        Replies go through the context (the service's signing point and
+        outbox, which it flushes); the members' keys and certificates come
+        from its enrolment table (relayed in `RingStart`, so each member can
+        check them).
 
         Raises:
             CryptoError: the key file is unreadable or others may read it.
         """
-        config = FlickerServiceConfig(
-            federation=federation,
-            run=run,
-            num_classes=num_classes,
-            **self.spec.model_dump(exclude={"kind"}),
-        )
-        engine = FlickerCoordinator(
-            config,
-            devices,
-            None,
-            clock=clock,
-            rng=self._rng if self._rng is not None else _ring_rng(seed),
-            key_owner=load_or_create_key_owner(state_dir),
-            outbox=outbox,
-            sign=sign,
-            certificates=certificates,
-        )
-        self._engine, self._store, self._clock = engine, store, clock
+        session = FlickerSession(self.config, self._load_key(), context, rng=self._rng)
+        self._session, self._ctx = session, context
+        store = context.store
         record = store.method_state(self.name, RUN_KEY)
         if record is None:
             return
@@ -161,32 +155,37 @@ class FlickerMethod:
             raw_counts = store.method_state(self.name, COUNTS_KEY)
             counts = None if raw_counts is None else base64.b64decode(raw_counts)
             ring = store.phase(RING_PHASE)
-            engine.restore({**record, "ring": ring}, counts)
+            session.restore({**record, "ring": ring}, counts)
             self._saved_counts = counts
         except (KeyError, TypeError, ValueError) as exc:
             logger.error("FLICKER: the saved run is unreadable (%s); a new run", exc)
             return
-        logger.info("FLICKER: resumed a run in phase %s", engine.phase)
+        logger.info("FLICKER: resumed a run in phase %s", session.phase)
 
     def resume(self) -> None:
         """After a restart: re-send what the restored run waits on."""
         self._require().resume()
+
+    @property
+    def session(self) -> FlickerSession:
+        """The run (after `attach`): its phase, outcome, context size."""
+        return self._require()
 
     # --- the stage --------------------------------------------------------------
 
     @property
     def is_over(self) -> bool:
         """Whether the run ended (balanced, saturated, capped, or failed)."""
-        engine = self._engine
-        return engine is not None and engine.phase in (Phase.DONE, Phase.FAILED)
+        session = self._session
+        return session is not None and session.phase in (Phase.DONE, Phase.FAILED)
 
     def step(self, now: float, online: Set[str]) -> bool:
         """Start the run over the online devices, or act on deadlines; True: over.
 
         A ring needs `MIN_RING_DEVICES` online devices; until then it waits.
         """
-        engine = self._require()
-        if engine.phase is Phase.IDLE:
+        session = self._require()
+        if session.phase is Phase.IDLE:
             if len(online) < fl.MIN_RING_DEVICES:
                 if not self._waiting_logged:  # expected: the fleet comes online
                     logger.info(
@@ -196,37 +195,59 @@ class FlickerMethod:
                     )
                     self._waiting_logged = True
                 return False
-            order = fl.choose_ring_order(sorted(online), engine.rng)
-            engine.start(order, round_index=0)
-            self._started_at = now
+            self.start(fl.choose_ring_order(sorted(online), session.rng), now)
         else:
-            engine.tick()
+            session.tick()
         self._save()
         if self.is_over and self._ended_at is None:
             self._ended_at = now
             logger.info("FLICKER over: %s", self.summary())
         return self.is_over
 
+    def start(self, order: Sequence[str], now: float) -> str:
+        """Start the run over ``order`` (a ring of enrolled devices); its id.
+
+        `step` starts it over the online devices; a simulation names the
+        order itself.
+
+        Raises:
+            FlickerError: a run is in progress, or a bad order.
+        """
+        run_id = self._require().start(order, round_index=0)
+        self._started_at = now
+        self._save()
+        return run_id
+
+    def extend_deadlines(self, seconds: float) -> None:
+        """A broker outage: the run's open deadlines move ``seconds`` later."""
+        session = self._session
+        if session is not None:
+            session.extend_deadlines(seconds)
+
     def device_left(self, device: str) -> None:
         """A last will: a ring member that has not added its counts is skipped now."""
-        engine = self._engine
-        if engine is not None and engine.phase is Phase.RING:
-            engine.device_left(device)
+        session = self._session
+        if session is not None and session.phase is Phase.RING:
+            session.device_left(device)
             self._save()
 
     def answers(self, request: ChunkRequest) -> bool:
         """Answer a chunk request for the CKKS context; False: not ours (a model)."""
-        engine = self._require()
-        if not engine.is_context_request(request):
+        session = self._require()
+        if not session.is_context_request(request):
             return False
-        engine.on_message(request.sender, request, admitted=True)
+        try:
+            session.on_message(request)
+        except RejectedError:
+            self.refused += 1
+            raise
         return True
 
     # --- figures ----------------------------------------------------------------
 
     def outcome(self) -> FlickerOutcome | None:
         """The run so far (None before `attach`)."""
-        return None if self._engine is None else self._engine.outcome()
+        return None if self._session is None else self._session.outcome()
 
     def summary(self) -> dict[str, Any]:
         """The run's figures: GI before and after, who resampled, and more.
@@ -235,7 +256,6 @@ class FlickerMethod:
         refusals and this process's wall time of the run.
         """
         outcome = self.outcome()
-        engine = self._engine
         started, ended = self._started_at, self._ended_at
         before = None if outcome is None else outcome.gd_before
         state = None if outcome is None else outcome.state
@@ -258,36 +278,57 @@ class FlickerMethod:
             "nabla": self.spec.nabla,
             "global_counts_before": None if before is None else list(before),
             "global_counts_after": None if state is None else list(state.global_counts),
-            "rejections": 0 if engine is None else len(engine.rejections),
+            "rejections": self.refused,
             "wall_s": 0.0 if started is None else (ended or started) - started,
         }
 
     # --- plumbing -----------------------------------------------------------------
 
     def _on_message(self, message: BaseMessage) -> None:
-        """A router handler: the runtime admitted it (inside its transaction)."""
-        self._require().on_message(message.sender, message, admitted=True)
-        self._save()
+        """A router handler: the runtime admitted it (inside its transaction).
+
+        A refused message may still have changed the run (a bad ring result
+        fails it), so the run is saved either way.
+        """
+        try:
+            self._require().on_message(message)
+        except RejectedError:
+            self.refused += 1
+            raise
+        finally:
+            self._save()
 
     def _save(self) -> None:
-        engine, store = self._require(), self._store
-        if store is None:  # unreachable: set with the engine
+        session, ctx = self._require(), self._ctx
+        if ctx is None:  # unreachable: set with the session
             return
-        record = engine.to_record()
+        store = ctx.store
+        record = session.to_record()
         ring = record.pop("ring")
         store.set_method_state(self.name, RUN_KEY, record)
         if ring is not None:  # the run's id and order, open or closed
             store.save_phase(RING_PHASE, 0, ring)
-        counts = engine.encrypted_counts
+        counts = session.encrypted_counts
         if counts is not None and counts is not self._saved_counts:
             encoded = base64.b64encode(counts).decode("ascii")
             store.set_method_state(self.name, COUNTS_KEY, encoded)
             self._saved_counts = counts
 
-    def _require(self) -> FlickerCoordinator:
-        if self._engine is None:
+    def _require(self) -> FlickerSession:
+        if self._session is None:
             raise RuntimeError("FlickerMethod.attach() was not called")
-        return self._engine
+        return self._session
+
+
+def _key_source(
+    state_dir: Path | None, key_owner: CkksKeyOwner | None
+) -> Callable[[], CkksKeyOwner]:
+    """How `attach` gets the key: the one given, else the state dir's file."""
+    if key_owner is not None:
+        return lambda: key_owner
+    if state_dir is None:
+        raise ValueError("FLICKER needs a state_dir for its key, or a key_owner")
+    return lambda: load_or_create_key_owner(state_dir)
 
 
 def _ring_rng(seed: int | None) -> np.random.Generator:

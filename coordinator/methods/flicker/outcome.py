@@ -1,6 +1,6 @@
-"""Types of the coordinator's FLICKER service: phase, config, outcome, rejections.
+"""Types of the coordinator's FLICKER run: phase, config and outcome.
 
-`ursa.coordinator.methods.flicker.engine` runs the protocol and re-exports these.
+`ursa.coordinator.methods.flicker.session` runs the protocol with them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ursa._compat import StrEnum
 from ursa.coordinator.methods.flicker import algorithm as fl
 from ursa.coordinator.methods.flicker.redundancy import DEFAULT_MAX_PRODUCT_CIPHERTEXTS
-from ursa.protocol.messages import DEFAULT_CHUNK_SIZE, ID_PATTERN, RUN_PATTERN
+from ursa.protocol.messages import DEFAULT_CHUNK_SIZE, ID_PATTERN
 
 __all__ = [
     "DEFAULT_HOP_DEADLINE_S",
@@ -23,8 +23,6 @@ __all__ = [
     "FlickerOutcome",
     "FlickerServiceConfig",
     "Phase",
-    "RefusedError",
-    "Rejection",
 ]
 
 DEFAULT_NABLA_CLIENT = 0.05
@@ -52,8 +50,6 @@ class FlickerServiceConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     federation: str = Field(pattern=ID_PATTERN)
-    run: str = Field(default="", pattern=RUN_PATTERN)
-    """The coordinator's run (`CoordinatorStore.run_id`), stamped on every message."""
     num_classes: int = Field(ge=2, le=4096)
     nabla: float = Field(default=fl.DEFAULT_NABLA, gt=0.0, lt=1.0)
     nabla_client: float = Field(default=DEFAULT_NABLA_CLIENT, gt=0.0, le=1.0)
@@ -65,16 +61,6 @@ class FlickerServiceConfig(BaseModel):
         default=DEFAULT_MAX_PRODUCT_CIPHERTEXTS, ge=1, le=4096
     )
     chunk_size: int = Field(default=DEFAULT_CHUNK_SIZE, ge=1024)
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """One refused message: who sent it, its kind, the error code and why."""
-
-    device: str | None
-    kind: str
-    code: str
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -108,13 +94,3 @@ class FlickerOutcome:
             "failure": self.failure,
             "steps": list(self.log),
         }
-
-
-class RefusedError(Exception):
-    """A message the service refuses: ``code`` (an `ErrorCode` value) and why."""
-
-    def __init__(self, code: str, reason: str) -> None:
-        """Keep the code and reason for the `ErrorReply`."""
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason

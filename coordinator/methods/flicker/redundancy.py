@@ -312,6 +312,11 @@ class RedundancyRelay:
         """Forget an open test (its step is over)."""
         self.test = None
 
+    def postpone(self, seconds: float) -> None:
+        """Give an open test's peers ``seconds`` more (a broker outage's time)."""
+        if self.test is not None:
+            self.test.deadline_at += seconds
+
     def on_offer(
         self,
         offer: RedundancyOffer,

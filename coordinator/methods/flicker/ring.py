@@ -176,6 +176,11 @@ class FlickerRing:
         self._skipped.append(device)
         return True
 
+    def postpone(self, seconds: float) -> None:
+        """Give the holder ``seconds`` more (a broker outage's time)."""
+        if self.relay.is_open:
+            self.relay.deadline_at += seconds
+
     def _check_live(self) -> None:
         if self.relay.status is PhaseStatus.FALLBACK:
             left = self.relay.live_count

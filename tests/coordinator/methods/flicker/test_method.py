@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.methods.flicker.keyfile import CKKS_KEY_FILENAME
+from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods_config import DubheSpec, FlickerSpec
 from ursa.coordinator.rounds import Stage
 from ursa.edge_sdk import methods_config as device_methods
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.methods.flicker.method import Flicker
 from ursa.protocol.envelope import decode
+from ursa.protocol.topics import bridge_state_topic
 
 pytest.importorskip("tenseal")
 
@@ -62,7 +64,7 @@ def test_flicker_runs_after_enrolment_and_devices_register_resampled_labels(
     assert fed.coordinator.is_done
     assert kinds.index("ring_start") < kinds.index("key_epoch_start")
     assert kinds.index("count_update") < kinds.index("key_epoch_start")
-    flicker = fed.coordinator.flicker
+    flicker = fed.coordinator.balancing
     assert flicker is not None
     summary = flicker.summary()
     assert summary["phase"] == "done" and summary["resampled_devices"]
@@ -107,7 +109,7 @@ def test_a_coordinator_killed_mid_resampling_resumes_the_same_run(
     ring_ids = {m.ring_id for _, m in fed.messages("ring_start")}
     assert len(ring_ids) == 1, "the run resumed, it did not start again"
     assert len(fed.messages("enrol_result")) == N
-    flicker = fed.coordinator.flicker
+    flicker = fed.coordinator.balancing
     assert flicker is not None
     summary = flicker.summary()
     assert summary["phase"] == "done" and summary["resampled_devices"]
@@ -117,40 +119,72 @@ def test_a_coordinator_killed_mid_resampling_resumes_the_same_run(
     assert summary["global_counts_after"] == np.sum(finals, axis=0).tolist()
 
 
-def test_a_config_without_flicker_refuses_a_flicker_method(tmp_path: Path) -> None:
-    from ursa.coordinator.config import CoordinatorConfig
-    from ursa.coordinator.methods.flicker.method import FlickerMethod
-    from ursa.coordinator.service import CoordinatorService
-
-    config = CoordinatorConfig(federation="f", state_dir=tmp_path)
-
-    with pytest.raises(ValueError, match="names no flicker"):
-        CoordinatorService(config, flicker=FlickerMethod(FlickerSpec()))
-
-
-def test_a_ring_member_whose_last_will_arrives_is_skipped_without_waiting(
-    federation: Any,
+def test_the_method_table_builds_flicker_only_where_methods_name_it(
+    tmp_path: Path,
 ) -> None:
-    fed = _flicker_federation(federation)
+    from ursa.coordinator.config import CoordinatorConfig
+    from ursa.coordinator.methods.registry import balancing_method
+
+    plain = CoordinatorConfig(federation="f", state_dir=tmp_path)
+    config = CoordinatorConfig(federation="f", state_dir=tmp_path, methods=METHODS)
+
+    assert balancing_method(plain) is None
+    built = balancing_method(config)
+    assert isinstance(built, FlickerMethod)
+    assert built.config.reply_deadline_s == 30.0
+    assert built.config.num_classes == config.registry.num_classes
+
+
+def _lose_the_first_relayed_hop(fed: Any) -> list[str]:
+    """Drop the first hop the coordinator relays; the device it was for."""
     lost: list[str] = []
 
-    def lose_the_first_relayed_hop(
-        sender: Any, receiver: Any, topic: str, data: bytes
-    ) -> bool:
+    def drop(sender: Any, receiver: Any, topic: str, data: bytes) -> bool:
         relayed = sender == "coordinator" and receiver in fed.device_ids
         if relayed and not lost and decode(data).kind == "ring_hop":
             lost.append(receiver)
             return True
         return False
 
-    fed.bus.drop_filter = lose_the_first_relayed_hop
+    fed.bus.drop_filter = drop
+    return lost
+
+
+def test_a_link_outage_gives_the_ring_holder_its_time_back(federation: Any) -> None:
+    fed = _flicker_federation(federation)
+    lost = _lose_the_first_relayed_hop(fed)
+    fed.start()
+    assert lost and fed.coordinator.state.stage is Stage.BALANCING
+    flicker = fed.coordinator.balancing
+    assert isinstance(flicker, FlickerMethod)
+    hop_s, outage_s = flicker.config.hop_deadline_s, 10.0
+
+    link = bridge_state_topic("site-a")
+    fed.raw.publish(link, b"1")
+    fed.raw.publish(link, b"0")
+    fed.clock.advance(outage_s)
+    fed.raw.publish(link, b"1")  # back: every live phase gets the 10 s back
+    fed.tick(hop_s - outage_s + 1)  # past the holder's first deadline
+
+    outcome = flicker.outcome()
+    assert outcome is not None and outcome.skipped == ()
+    fed.tick(outage_s)
+    outcome = flicker.outcome()
+    assert outcome is not None and outcome.skipped == (lost[0],)
+
+
+def test_a_ring_member_whose_last_will_arrives_is_skipped_without_waiting(
+    federation: Any,
+) -> None:
+    fed = _flicker_federation(federation)
+    lost = _lose_the_first_relayed_hop(fed)
     fed.start()
     assert lost and fed.coordinator.state.stage is Stage.BALANCING
 
     fed.transports[lost[0]].kill()  # its last will says offline; no clock moves
 
-    flicker = fed.coordinator.flicker
-    assert flicker is not None
+    flicker = fed.coordinator.balancing
+    assert isinstance(flicker, FlickerMethod)
     outcome = flicker.outcome()
     assert outcome is not None and outcome.skipped == (lost[0],)
     assert lost[0] not in outcome.contributors

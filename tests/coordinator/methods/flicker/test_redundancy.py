@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import pytest
 
-from ursa.coordinator.methods.flicker.engine import FlickerServiceConfig, Phase
+from ursa.coordinator.methods.flicker.outcome import FlickerServiceConfig, Phase
 from ursa.coordinator.methods.flicker.redundancy import RedundancyTest, vector_slots_for
 from ursa.edge_sdk.methods.flicker import resampling as rs
-from ursa.lab.simulate.flicker_fleet import FEDERATION, Fleet, build_fleet
+from ursa.lab.simulate.flicker_fleet import FEDERATION, Fleet
 from ursa.lab.simulate.flicker_run import (
     CountingContext,
     CountingKeyOwner,
@@ -149,10 +149,12 @@ def _finish(fleet: Fleet) -> None:
         fleet.coordinator.tick()
 
 
-def test_the_wire_test_removes_what_the_simulator_removes() -> None:
+def test_the_wire_test_removes_what_the_simulator_removes(
+    fleets: Callable[..., Fleet],
+) -> None:
     sim = _simulated()
     wire = _resamplers()
-    fleet = build_fleet(TABLE, resamplers=wire, seed=SEED)
+    fleet = fleets(TABLE, resamplers=wire, seed=SEED)
 
     outcome = fleet.run()
 
@@ -172,13 +174,15 @@ def test_the_wire_test_removes_what_the_simulator_removes() -> None:
 
 
 @pytest.mark.parametrize("name", ["D1", "D3"])
-def test_on_the_papers_tables_the_wire_test_equals_the_simulator(name: str) -> None:
+def test_on_the_papers_tables_the_wire_test_equals_the_simulator(
+    name: str, fleets: Callable[..., Fleet]
+) -> None:
     setup = _digits_setup(name, SEED)  # Table 1 scaled down to digits 0-3
     data = {d: (x, setup.device_y[d]) for d, x in setup.device_x.items()}
     sim = _simulated(data=data, extractor=setup.extractor)
     wire = _resamplers(data, setup.extractor)
     counts = {d: tuple(int(c) for c in r.view.counts()) for d, r in wire.items()}
-    fleet = build_fleet(counts, resamplers=wire, seed=SEED)
+    fleet = fleets(counts, resamplers=wire, seed=SEED)
 
     outcome = fleet.run()
 
@@ -190,9 +194,11 @@ def test_on_the_papers_tables_the_wire_test_equals_the_simulator(name: str) -> N
     assert fleet.coordinator.rejections == []
 
 
-def test_without_the_global_test_the_local_test_removes_every_candidate() -> None:
+def test_without_the_global_test_the_local_test_removes_every_candidate(
+    fleets: Callable[..., Fleet],
+) -> None:
     wire = _resamplers()
-    fleet = build_fleet(TABLE, resamplers=wire, seed=SEED, global_test=False)
+    fleet = fleets(TABLE, resamplers=wire, seed=SEED, global_test=False)
 
     fleet.run()
 
@@ -200,10 +206,10 @@ def test_without_the_global_test_the_local_test_removes_every_candidate() -> Non
     assert _redundancy_log(fleet) == []
 
 
-def test_a_silent_peer_is_skipped_at_the_deadline() -> None:
+def test_a_silent_peer_is_skipped_at_the_deadline(fleets: Callable[..., Fleet]) -> None:
     sim = _simulated({"dev-1": {"dev-2", "dev-3"}})
     wire = _resamplers()
-    fleet = build_fleet(TABLE, resamplers=wire, seed=SEED)
+    fleet = fleets(TABLE, resamplers=wire, seed=SEED)
     _drop_replies_of(fleet, "dev-4")
 
     fleet.coordinator.start()
@@ -217,8 +223,10 @@ def test_a_silent_peer_is_skipped_at_the_deadline() -> None:
     assert fleet.coordinator.rejections == []
 
 
-def test_malformed_foreign_and_late_replies_are_rejected_and_logged() -> None:
-    fleet = build_fleet(TABLE, resamplers=_resamplers(), seed=SEED)
+def test_malformed_foreign_and_late_replies_are_rejected_and_logged(
+    fleets: Callable[..., Fleet],
+) -> None:
+    fleet = fleets(TABLE, resamplers=_resamplers(), seed=SEED)
     lost = _drop_replies_of(fleet, "dev-4")
     fleet.coordinator.start()
     genuine = [decode(p) for p in lost]
