@@ -5,8 +5,13 @@ we do not have) the data work is modelled by
 `ursa.edge_sdk.methods.flicker.algorithm.CountResampler`: over-sampling is exact
 (``round(1/LI)``), under-sampling removes ``redundant_fraction`` of the
 ``theta`` share that the local test would buffer. `simulate_table` runs
-FLICKER (`ursa.lab.simulate.flicker_run.run_flicker`) and the local baselines of
-§4.2 beside it, and puts the paper's Table 5 / Table 7 next to the result.
+FLICKER with the production objects (the coordinator's `FlickerMethod`, the
+devices' `FlickerParticipant`, over the in-memory bus:
+`ursa.lab.simulate.flicker_fleet`), checks every figure against the
+operation-counting reference run (`ursa.lab.simulate.flicker_run.run_flicker`,
+whose decrypted values are each checked against plaintext; the CKKS operation
+counts and the cosine error are its), runs the local baselines of §4.2 beside
+it, and puts the paper's Table 5 / Table 7 next to the result.
 ``--train`` adds the learning comparison on digits
 (`ursa.lab.simulate.flicker_train.run_train_comparison`).
 """
@@ -20,7 +25,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ursa.coordinator.methods.flicker import algorithm as coord
+from ursa.coordinator.methods.flicker.outcome import Phase
+from ursa.coordinator.methods_config import FlickerSpec
 from ursa.edge_sdk.methods.flicker import algorithm as dev
+from ursa.lab.simulate.flicker_fleet import build_fleet
 from ursa.lab.simulate.flicker_run import (
     CountingContext,
     CountingKeyOwner,
@@ -50,6 +58,7 @@ __all__ = [
     "format_report",
     "format_train",
     "main",
+    "production_run",
     "run_flicker",
     "run_local_baseline",
     "run_train_comparison",
@@ -71,12 +80,15 @@ def simulate_table(
     table = get_table(name)
     counts = {f"dev-{i + 1}": row for i, row in enumerate(table)}
     model = dev.CountResampler(theta=theta, redundant_fraction=redundant_fraction)
-    run = run_flicker(
+    reference = run_flicker(
         counts,
         {d: model for d in counts},
         nabla=nabla,
         nabla_client=nabla_client,
         seed=seed,
+    )
+    run = production_run(
+        counts, model, reference, nabla=nabla, nabla_client=nabla_client, seed=seed
     )
     local_under = dev.CountResampler(theta=theta, redundant_fraction=1.0)
     baselines = {
@@ -107,6 +119,54 @@ def simulate_table(
         "baselines": baselines,
         "paper": {m: PAPER_RESULTS[name.upper()][m].to_dict() for m in METHODS},
     }
+
+
+def production_run(
+    counts: Mapping[str, Sequence[int]],
+    model: dev.Resampler,
+    reference: FlickerRun,
+    *,
+    nabla: float,
+    nabla_client: float,
+    seed: int,
+) -> FlickerRun:
+    """The run of the production objects on the bus, in ``reference``'s ring order.
+
+    Its figures (ring, global counts, GI, stop reason, each device's counts)
+    come from the production run; the CKKS operation counts, the cosine
+    error and the step log from ``reference``, which it must equal.
+
+    Raises:
+        SimulationError: the production run failed or differs from ``reference``.
+    """
+    spec = FlickerSpec(nabla=nabla, nabla_client=nabla_client)
+    resamplers = dict.fromkeys(counts, model)
+    with build_fleet(counts, resamplers=resamplers, spec=spec, seed=seed) as fleet:
+        outcome = fleet.run(reference.ring_order)
+        final = {d: p.state for d, p in fleet.participants.items()}
+    state, gd_before = outcome.state, outcome.gd_before
+    if outcome.phase is not Phase.DONE or state is None or gd_before is None:
+        raise SimulationError(f"the production run failed: {outcome.failure}")
+    same = (
+        gd_before == reference.gd_before
+        and state.global_counts == reference.state.global_counts
+        and state.stop_reason == reference.state.stop_reason
+        and {d: s.counts for d, s in final.items()}
+        == {d: s.counts for d, s in reference.final.items()}
+    )
+    if not same:
+        raise SimulationError("the production run differs from the reference run")
+    return FlickerRun(
+        outcome.ring_order,
+        reference.initial,
+        final,
+        state,
+        gd_before,
+        log=reference.log,
+        device_ops=reference.device_ops,
+        coordinator_ops=reference.coordinator_ops,
+        max_cosine_error=reference.max_cosine_error,
+    )
 
 
 def format_report(result: Mapping[str, Any]) -> str:
