@@ -155,7 +155,7 @@ class FleetDevice:
         return open_sealed(self.identity, peer, context, box)
 
     def peer_identity(self, keys: IdentityKeys) -> DevicePublicIdentity:
-        """The keys as given: a stand-alone run has no operator."""
+        """The keys as given: a simulation has no operator."""
         return keys.public_identity()
 
     def verify_coordinator(self, message: BaseMessage) -> None:

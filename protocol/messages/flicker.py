@@ -41,10 +41,11 @@ class CkksContextAnnounce(BaseMessage):
 class RingStart(BaseMessage):
     """Coordinator to ring members: the ring order (at least 3 devices).
 
-    In a federation's service run it carries the members' enrolled identity
-    keys (each device seals its hop to its successor's) and the coordinator's
-    signature over them, which a device checks against the pinned coordinator
-    identity; a stand-alone run's devices know their peers and get neither.
+    It carries the members' enrolled identity keys (each device seals its hop
+    to its successor's) and the coordinator's signature over them, which a
+    device checks against the pinned coordinator identity (the simulations'
+    devices check it too). Without members a device must know its peers
+    already; a device that requires them refuses such a start.
     """
 
     kind: Literal["ring_start"] = "ring_start"
