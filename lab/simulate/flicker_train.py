@@ -2,17 +2,18 @@
 
 The paper's count tables are scaled down to digits 0-3 (`scale_table`); each
 device holds real images. No correction, local under-sampling, local
-over-sampling (the FLICKER paper, §4.2) and FLICKER (with the data-level resampling of
-`ursa.edge_sdk.methods.flicker.resampling` and the encrypted global redundancy test)
-each
-change the devices' training views; an MLP trains by FedAvg on them, and the
+over-sampling (the FLICKER paper, §4.2) and FLICKER each change the devices'
+training views. FLICKER is the production run: the coordinator's
+`FlickerMethod` and the devices' `FlickerParticipant`s over the in-memory
+bus (`ursa.lab.simulate.flicker_fleet`), resampling images with
+`ursa.edge_sdk.methods.flicker.resampling` and the encrypted global
+redundancy test over the wire; an MLP trains by FedAvg on them, and the
 accuracy, per-class F1 and the normalised accuracy ``A / max(1, Y/X)``
 (the FLICKER paper, eq. 4) are reported over several seeds.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,16 +22,15 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.coordinator.methods.flicker import algorithm as coord
-from ursa.crypto.ckks import pad_length
+from ursa.coordinator.methods.flicker.outcome import Phase
+from ursa.coordinator.methods_config import FlickerSpec
 from ursa.edge_sdk.methods.flicker import algorithm as dev
 from ursa.edge_sdk.methods.flicker import resampling as rs
+from ursa.lab.simulate.flicker_fleet import build_fleet
 from ursa.lab.simulate.flicker_run import (
-    CountingContext,
-    CountingKeyOwner,
     SimulationError,
     baseline_report,
     format_counts,
-    run_flicker,
     run_local_baseline,
 )
 from ursa.lab.simulate.flicker_tables import METHODS, PAPER_RESULTS, get_table
@@ -43,8 +43,6 @@ __all__ = [
 ]
 
 IntArray = npt.NDArray[np.int64]
-
-BLOCK_TOLERANCE = 1e-3  # masked block sums carry the 2^21-sized masks' CKKS error
 
 TRAIN_CLASSES = 4  # the tables have four classes: digits 0-3
 TEST_PER_CLASS = 30
@@ -103,52 +101,6 @@ def _digits_setup(name: str, seed: int) -> _DigitsSetup:
     return _DigitsSetup(scaled, device_x, device_y, x[test], y[test], extractor)
 
 
-def _encrypted_global_test(
-    dominant: str,
-    resamplers: Mapping[str, rs.DataResampler],
-    extractor: rs.FeatureExtractor,
-    owner: CountingKeyOwner,
-    ctx: CountingContext,
-    rng: np.random.Generator,
-    errors: list[float],
-) -> rs.GlobalTest:
-    """The §3.2.2 global test: other devices' cosines on the dominant's ciphertext."""
-
-    def test(label: int, candidates: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
-        others = []
-        for d, r in resamplers.items():
-            if d != dominant:
-                x, y = r.view.materialise()
-                if np.any(y == label):
-                    others.append(rs.unit_rows(extractor(x[y == label])))
-        if not others:
-            return np.zeros(len(candidates), dtype=bool)
-        block = pad_length(candidates.shape[1])
-        copies = min(ctx.slot_count // block, pad_length(max(map(len, others))))
-        flags = []
-        for b in candidates:
-            ct = rs.encrypt_tiled(ctx, b, copies)
-            sims = np.concatenate(
-                [
-                    coord.decrypt_block_similarities(
-                        owner,
-                        rs.masked_block_products(ctx, ct, v, copies, rng),
-                        len(v),
-                        block,
-                    )
-                    for v in others
-                ]
-            )
-            plain = np.concatenate([v @ b for v in others])
-            errors.append(float(np.max(np.abs(sims - plain))))
-            if errors[-1] > BLOCK_TOLERANCE:
-                raise SimulationError(f"global-test cosine error {errors[-1]}")
-            flags.append(rs.is_globally_redundant(sims))
-        return np.asarray(flags, dtype=bool)
-
-    return test
-
-
 def _resample(
     method: str, setup: _DigitsSetup, seed: int, settings: Mapping[str, float]
 ) -> tuple[dict[str, rs.TrainingView], dict[str, Any]]:
@@ -174,26 +126,46 @@ def _resample(
         }
         info = baseline_report(states)
     elif method == "flicker":
-        owner = CountingKeyOwner(Counter())
-        ctx = CountingContext.counting(owner.public_context_bytes(), Counter())
-        errors: list[float] = []
-        for d, r in resamplers.items():
-            r.global_test = _encrypted_global_test(
-                d, resamplers, setup.extractor, owner, ctx, rng, errors
-            )
-        run = run_flicker(
-            counts,
-            resamplers,
-            nabla=settings["nabla"],
-            nabla_client=nabla_client,
-            seed=seed,
-            key_owner=owner,
-            device_context=ctx,
-        )
-        info = run.to_dict()
-        info["max_global_test_error"] = max(errors, default=0.0)
-        del info["steps"]
+        info = _flicker_on_the_bus(counts, resamplers, seed, settings)
     return {d: r.view for d, r in resamplers.items()}, info
+
+
+def _flicker_on_the_bus(
+    counts: Mapping[str, Sequence[int]],
+    resamplers: Mapping[str, rs.DataResampler],
+    seed: int,
+    settings: Mapping[str, float],
+) -> dict[str, Any]:
+    """FLICKER by the production objects over the bus, resampling the images.
+
+    The devices' `DataResampler`s run the global redundancy test over the
+    wire (CKKS-encrypted candidates sealed device to device).
+
+    Raises:
+        SimulationError: the run failed, or the global counts are not the
+            sum of the devices' final counts.
+    """
+    spec = FlickerSpec(nabla=settings["nabla"], nabla_client=settings["nabla_client"])
+    with build_fleet(counts, resamplers=resamplers, spec=spec, seed=seed) as fleet:
+        outcome = fleet.run()
+        final = {d: p.state for d, p in fleet.participants.items()}
+    state = outcome.state
+    if outcome.phase is not Phase.DONE or state is None:
+        raise SimulationError(f"the FLICKER run failed: {outcome.failure}")
+    total = np.sum([s.counts for s in final.values()], axis=0)
+    if state.global_counts != tuple(int(c) for c in total):
+        raise SimulationError("the global counts are not the devices' sum")
+    return {
+        **outcome.to_dict(),
+        "gi_before": None
+        if outcome.gd_before is None
+        else coord.global_imbalance(outcome.gd_before),
+        "gi_after": state.gi,
+        "reached_nabla": state.gi >= state.nabla,
+        "all_saturated": all(s.saturated for s in final.values()),
+        "devices": [{"device": d, **s.to_dict()} for d, s in final.items()],
+        "redundancy_tests": sum("redundancy" in e for e in outcome.log),
+    }
 
 
 def _train_and_score(

@@ -1,4 +1,4 @@
-"""The global redundancy test over the in-memory bus, against the simulator."""
+"""The global redundancy test over the in-memory bus, against an in-process one."""
 
 from __future__ import annotations
 
@@ -6,10 +6,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
+from ursa.coordinator.methods.flicker import algorithm as coord
 from ursa.coordinator.methods.flicker.outcome import FlickerServiceConfig, Phase
 from ursa.coordinator.methods.flicker.redundancy import RedundancyTest, vector_slots_for
+from ursa.crypto.ckks import pad_length
 from ursa.edge_sdk.methods.flicker import resampling as rs
 from ursa.lab.simulate.flicker_fleet import FEDERATION, Fleet
 from ursa.lab.simulate.flicker_run import (
@@ -17,7 +20,7 @@ from ursa.lab.simulate.flicker_run import (
     CountingKeyOwner,
     run_flicker,
 )
-from ursa.lab.simulate.flicker_train import _digits_setup, _encrypted_global_test
+from ursa.lab.simulate.flicker_train import _digits_setup
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.inmemory import InMemoryTransport
 from ursa.protocol.messages import BaseMessage, RedundancyReply
@@ -82,6 +85,56 @@ def _resamplers(
         )
         for i, (d, (x, y)) in enumerate(data.items())
     }
+
+
+def _encrypted_global_test(
+    dominant: str,
+    resamplers: Mapping[str, rs.DataResampler],
+    extractor: rs.FeatureExtractor,
+    owner: CountingKeyOwner,
+    ctx: CountingContext,
+    rng: np.random.Generator,
+    errors: list[float],
+) -> rs.GlobalTest:
+    """The §3.2.2 global test in process, each cosine checked against plaintext.
+
+    The reference the wire test is compared with: other devices' cosines on
+    the dominant's ciphertext, computed by the same algorithm functions.
+    """
+
+    def test(label: int, candidates: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+        others = []
+        for d, r in resamplers.items():
+            if d != dominant:
+                x, y = r.view.materialise()
+                if np.any(y == label):
+                    others.append(rs.unit_rows(extractor(x[y == label])))
+        if not others:
+            return np.zeros(len(candidates), dtype=bool)
+        block = pad_length(candidates.shape[1])
+        copies = min(ctx.slot_count // block, pad_length(max(map(len, others))))
+        flags = []
+        for b in candidates:
+            ct = rs.encrypt_tiled(ctx, b, copies)
+            sims = np.concatenate(
+                [
+                    coord.decrypt_block_similarities(
+                        owner,
+                        rs.masked_block_products(ctx, ct, v, copies, rng),
+                        len(v),
+                        block,
+                    )
+                    for v in others
+                ]
+            )
+            plain = np.concatenate([v @ b for v in others])
+            errors.append(float(np.max(np.abs(sims - plain))))
+            if errors[-1] > 1e-3:  # the masks' CKKS error
+                raise AssertionError(f"global-test cosine error {errors[-1]}")
+            flags.append(rs.is_globally_redundant(sims))
+        return np.asarray(flags, dtype=bool)
+
+    return test
 
 
 def _simulated(
