@@ -7,21 +7,21 @@ coordinator's production `FlickerMethod` with bare devices instead: a
 `FleetDevice` is the same `FlickerParticipant` behind the least host it
 needs. It subscribes to the device's topics, admits what arrives (federation;
 ring hops, redundancy asks and results only on the device's own down topic;
-a ring hop from a known peer, everything else from the coordinator), drops
-QoS 1 redeliveries by message id, routes through a `Router` (work waiting for
-the CKKS context is parked there) and publishes replies in order. Given the
-coordinator's public identity, it checks the coordinator's signature on a
-`RingStart` and takes the ring members' keys from it, as a device does;
-without one, the peers' keys are known beforehand and a signed member list
-is refused. Anything refused is logged and kept in
-`rejections`; nothing received raises.
+a ring hop from a known peer, everything else from the coordinator), routes
+through a `Router` (work waiting for the CKKS context is parked there) and
+publishes replies in order. Like an `EdgeClient` it keeps no seen message
+ids: the participant's handlers are idempotent (cached replies per step).
+Given the coordinator's public identity, it checks the coordinator's
+signature on a `RingStart` and takes the ring members' keys from it, as a
+device does; without one, the peers' keys are known beforehand and a signed
+member list is refused. Anything refused is logged and kept in `rejections`;
+nothing received raises.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 
 import numpy as np
@@ -62,12 +62,9 @@ from ursa.protocol.topics import (
 )
 from ursa.protocol.transport import Transport
 
-__all__ = ["SEEN_IDS", "FleetDevice"]
+__all__ = ["FleetDevice"]
 
 logger = logging.getLogger("ursa.lab.simulate.flicker")
-
-SEEN_IDS = 4096
-"""Message ids remembered to drop redeliveries."""
 
 _OWN_TOPIC_ONLY = (RingHop, RedundancyAsk, RedundancyResult)
 
@@ -109,7 +106,6 @@ class FleetDevice:
         self._coordinator = coordinator
         self._lock = threading.Lock()
         self._outbox = Outbox(identity.device_id)
-        self._seen: OrderedDict[str, None] = OrderedDict()
         self.participant = FlickerParticipant(
             self,
             peers={d: p for d, p in peers.items() if d != identity.device_id},
@@ -226,8 +222,7 @@ class FleetDevice:
         try:
             with self._lock:
                 self._admit(message, relayed)
-                if self._first_time(message.message_id):
-                    self._route(message)
+                self._route(message)  # the participant's handlers are idempotent
         except RejectedError as exc:
             self._note(kind, exc.reason)
         except Exception as exc:  # nothing received may crash the device
@@ -258,15 +253,6 @@ class FleetDevice:
         if not isinstance(exc, RejectedError):
             raise exc
         self._note(message_kind(message), exc.reason)
-
-    def _first_time(self, message_id: str) -> bool:
-        """Whether a message id is new (a QoS 1 redelivery is not)."""
-        if message_id in self._seen:
-            return False
-        self._seen[message_id] = None
-        if len(self._seen) > SEEN_IDS:
-            self._seen.popitem(last=False)
-        return True
 
     def _note(self, kind: str, reason: str) -> None:
         logger.warning("FLICKER %s rejected %s: %s", self.device_id, kind, reason)
