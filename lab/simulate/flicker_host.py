@@ -108,7 +108,7 @@ class FlickerHost:
         method.attach(
             MethodContext(
                 federation=federation,
-                store=store,
+                stores=lambda: store,
                 online=frozenset(devices),
                 epoch=lambda: None,
                 sender=outgoing.send,
