@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.coordinator.methods.dubhe.test_selection import FakeContext
 from ursa.coordinator.methods.dubhe import DubheSelection
 from ursa.coordinator.methods.dubhe.records import DubheRecords, DubheRound, natural_key
 from ursa.coordinator.store import CoordinatorStore, NaturalKey
+from ursa.crypto.paillier_keys import generate_keypair
 from ursa.protocol.messages import EncryptedDistribution, Heartbeat, Volunteer
 
 
@@ -55,9 +57,18 @@ def test_an_answer_is_its_own_de_duplication(tmp_path: Path) -> None:
     store.close()
 
 
-def test_the_selection_names_the_keys_of_its_own_messages_only() -> None:
+def test_the_selection_names_the_keys_of_its_own_messages_only(
+    tmp_path: Path,
+) -> None:
+    store = CoordinatorStore(tmp_path / "c.sqlite3")
+    public_key, _ = generate_keypair(512)
     dubhe = DubheSelection(
-        tries=1, num_classes=2, volunteer_s=1, distributions_s=1, agent_s=1
+        FakeContext(store, public_key),
+        tries=1,
+        num_classes=2,
+        volunteer_s=1,
+        distributions_s=1,
+        agent_s=1,
     )
     volunteer = Volunteer(federation="f", round=4, sender="a", draws=(True,))
     assert dubhe.natural_key(volunteer) == NaturalKey.method_row(
@@ -65,6 +76,7 @@ def test_the_selection_names_the_keys_of_its_own_messages_only() -> None:
     )
     heartbeat = Heartbeat(federation="f", round=4, sender="a", seq=1)
     assert dubhe.natural_key(heartbeat) is None
+    store.close()
 
 
 def test_damaged_draws_are_a_typed_error(tmp_path: Path) -> None:
