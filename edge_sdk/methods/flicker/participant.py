@@ -248,24 +248,18 @@ class FlickerParticipant:
             self._fetching = True
             self._channel.send(request)
 
-    def _wait_for_context(self, work: BaseMessage) -> None:
-        """Raise `NotReadyError` until the context is here; ask once per message."""
-        if self._download.context is not None:
+    def _wait_for_context(self, work: BaseMessage) -> CkksPublicContext:
+        """The context; `NotReadyError` until it is here (asked once per message)."""
+        ckks = self._download.context
+        if ckks is not None:
             self._waiting.clear()
-            return
+            return ckks
         if work.message_id not in self._waiting:  # not a retry by the host
             if len(self._waiting) >= MAX_WAITING:
                 raise RefusedError("too much work waiting for the context")
             self._waiting.add(work.message_id)
             self._request_context()
         raise NotReadyError
-
-    def _ctx(self) -> CkksPublicContext:
-        """The context (handlers wait for it first)."""
-        context = self._download.context
-        if context is None:
-            raise NotReadyError
-        return context
 
     # --- the ring -------------------------------------------------------------
 
@@ -290,7 +284,7 @@ class FlickerParticipant:
 
     def on_ring_start(self, message: RingStart) -> None:
         """Join the ring (or its shorter order, a silent device skipped)."""
-        self._wait_for_context(message)
+        ckks = self._wait_for_context(message)
         if message.members or self._signed_members:
             self._adopt_members(message)
         me = self.device_id
@@ -302,7 +296,7 @@ class FlickerParticipant:
                 message.ring_id, message.round, message.order, message.order
             )
             if message.order[0] == me:
-                self._start_ring(self._ring)
+                self._start_ring(self._ring, ckks)
             return
         if not _is_subsequence(message.order, ring.live):
             raise RefusedError("new ring order is not the old one minus devices")
@@ -312,16 +306,16 @@ class FlickerParticipant:
             if _successor(ring.live, me) != sent.recipient:
                 self._forward(ring, sent.ciphertext, sent.contributors[:-1])
         elif not ring.received and ring.live[0] == me:
-            self._start_ring(ring)
+            self._start_ring(ring, ckks)
 
-    def _start_ring(self, ring: _Ring) -> None:
-        self._forward(ring, dev.encrypt_counts(self._ctx(), self.counts), ())
+    def _start_ring(self, ring: _Ring, ckks: CkksPublicContext) -> None:
+        self._forward(ring, dev.encrypt_counts(ckks, self.counts), ())
 
     def on_ring_hop(self, message: RingHop) -> None:
         """Add this device's counts to its predecessor's sum and pass it on."""
         if message.sender not in self.peers:
             raise RefusedError(f"ring hop from unknown {message.sender}")
-        self._wait_for_context(message)
+        ckks = self._wait_for_context(message)
         ring, me = self._ring, self.device_id
         if ring is None or ring.ring_id != message.ring_id:
             raise RefusedError(f"hop of unknown ring {message.ring_id}")
@@ -342,7 +336,7 @@ class FlickerParticipant:
             running = self._channel.open_from(
                 self.peers[message.sender], context, message.box
             )
-            total = dev.add_counts(self._ctx(), running, self.counts)
+            total = dev.add_counts(ckks, running, self.counts)
         except CryptoError as exc:
             raise RefusedError(f"ring hop: {exc}") from None
         ring.received = True
@@ -405,13 +399,13 @@ class FlickerParticipant:
 
     def on_cosine_request(self, message: CosineRequest) -> None:
         """Answer the masked product of ``Enc(GD/||GD||)`` with this device's counts."""
-        self._wait_for_context(message)
+        ckks = self._wait_for_context(message)
         ring = self._step_ring(message)
         if ring is None:
             return
         try:
             product = dev.similarity_reply(
-                self._ctx(), message.ciphertext, self.counts, self._rng
+                ckks, message.ciphertext, self.counts, self._rng
             )
         except (CryptoError, dev.ResamplingError, ValueError) as exc:
             raise RefusedError(f"cosine request: {exc}") from None
@@ -419,7 +413,7 @@ class FlickerParticipant:
 
     def on_resample_request(self, message: ResampleRequest) -> None:
         """Make one resampling step and send the encrypted change of counts."""
-        self._wait_for_context(message)
+        ckks = self._wait_for_context(message)
         ring = self._step_ring(message)
         if ring is None:
             return
@@ -432,7 +426,7 @@ class FlickerParticipant:
                 max_steps=self._max_steps,
             )
         except GlobalTestPending as pending:  # nothing changed yet: ask the peers
-            if not self.redundancy.start(message, pending, ring.live, self._ctx()):
+            if not self.redundancy.start(message, pending, ring.live, ckks):
                 self.on_resample_request(message)  # no peer: answered at once
             return
         except dev.ResamplingError as exc:  # say "saturated" so the run moves on
@@ -441,17 +435,17 @@ class FlickerParticipant:
             report = dev.StepReport(None, None, (0,) * len(old.counts), 0.0, 0.0, True)
         self.steps.append(report)
         delta = np.asarray(self.state.counts) - np.asarray(old.counts)
-        encrypted = self._ctx().encrypt(delta.astype(np.float64))
+        encrypted = ckks.encrypt(delta.astype(np.float64))
         saturated = report.saturated
         self._answer(ring, message, CountUpdate, delta=encrypted, saturated=saturated)
 
     def on_redundancy_ask(self, message: RedundancyAsk) -> None:
         """Answer another device's global redundancy test."""
-        self._wait_for_context(message)
+        ckks = self._wait_for_context(message)
         ring = self._run_ring(message.run_id)
         if message.origin not in ring.live or message.origin == self.device_id:
             raise RefusedError(f"ask of {message.origin}, not a peer of this run")
-        self.redundancy.on_ask(message, self._ctx())
+        self.redundancy.on_ask(message, ckks)
 
     def on_redundancy_result(self, message: RedundancyResult) -> None:
         """Take a peer's result; when all are in, the waiting step runs again."""
