@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ursa.coordinator.service import CoordinatorService
     from ursa.coordinator.training import RoundRecord
     from ursa.edge_sdk.client import EdgeClient
-    from ursa.edge_sdk.method import DeviceMethod
+    from ursa.edge_sdk.method import MethodFactory
     from ursa.tools.demo.settings import TrainingDemoSettings
 
 __all__ = [
@@ -307,7 +307,7 @@ class _Run:
                 eval_fraction=s.eval_fraction,
             ),
         )
-        own: list[DeviceMethod] = []
+        own: list[MethodFactory] = []
         if s.balance == "flicker":
             from ursa.tools.demo.fleet import DeviceSpec
             from ursa.tools.demo.flicker import device_flicker, flicker_extra

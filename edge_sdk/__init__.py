@@ -32,7 +32,7 @@ from ursa.edge_sdk.callbacks import (
 )
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig, load_device_config
-from ursa.edge_sdk.method import DeviceContext, DeviceMethod, TrainPlan
+from ursa.edge_sdk.method import DeviceContext, DeviceMethod, MethodFactory, TrainPlan
 from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.edge_sdk.methods.climb.method import Climb
 from ursa.edge_sdk.methods.dubhe.method import Dubhe
@@ -82,6 +82,7 @@ __all__ = [
     "FitResult",
     "Flicker",
     "LocalDelta",
+    "MethodFactory",
     "ModelMismatchError",
     "ModelReceived",
     "ModelTrainer",

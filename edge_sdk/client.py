@@ -10,7 +10,7 @@ each step is a part the client owns and hands its collaborators (the shared
 2. `KeyEpoch` adopts a signed `KeyEpochStart`, computes the registry slot
    (Algorithm 1), makes (the agent) or opens the epoch's Paillier key,
    registers and decrypts the overall registry (its `KeyEpochView`).
-3. `DeviceMethods`, each given the `DeviceMethodContext`: Dubhe, CLIMB,
+3. `DeviceMethods`, each built over the `DeviceMethodContext`: Dubhe, CLIMB,
    FedDisk, a balancing method before the first key epoch.
 4. `TrainingRounds`: selected, it downloads the model, trains and uploads
    the (masked) delta.
@@ -50,7 +50,7 @@ from ursa.edge_sdk.inbox import DeviceInbox
 from ursa.edge_sdk.key_epoch import KeyEpoch
 from ursa.edge_sdk.local_dataset import LocalDataset
 from ursa.edge_sdk.membership import HELLO_ON_NEW_RUN_S, RunMembership
-from ursa.edge_sdk.method import DeviceMethod
+from ursa.edge_sdk.method import MethodFactory
 from ursa.edge_sdk.method_context import DeviceMethodContext
 from ursa.edge_sdk.stats import DeviceStats
 from ursa.edge_sdk.trainer import ModelTrainer, Trainer
@@ -90,8 +90,8 @@ class EdgeClient:
         transport: A transport (tests: in-memory); None builds an
             `MqttTransport` from ``config.broker``.
         trainer: Called when selected; default `NoOpTrainer`.
-        methods: Device halves the app builds itself (e.g. a balancing
-            method over its own samples); the others are built from the
+        methods: Factories (``ctx -> method``, `MethodFactory`) of the device
+            halves the app builds itself; the others are built from the
             ``[[methods]]`` table (`ursa.edge_sdk.methods.registry`).
         rng: The device's private randomness for the volunteer coins.
         callbacks: The app's hooks on the device's progress
@@ -105,16 +105,13 @@ class EdgeClient:
         *,
         transport: Transport | None = None,
         trainer: Trainer | None = None,
-        methods: Sequence[DeviceMethod] | None = None,
+        methods: Sequence[MethodFactory] | None = None,
         rng: np.random.Generator | None = None,
         callbacks: DeviceCallbacks | None = None,
     ) -> None:
         self.data = LocalDataset(config.device_id, labels, trainer)
         """The labels and the trainer (`ursa.edge_sdk.local_dataset`)."""
         self._config = config
-        self.evaluation = FleetEvaluator(config.eval_min_parties)
-        """Federated evaluation: the fleet's accuracy as this device learns it."""
-        self._methods = DeviceMethods(config, self.data, methods or (), self.evaluation)
         self._lifecycle = ClientState.NEW
         self._lock = threading.RLock()
         self.stats = DeviceStats()
@@ -134,11 +131,22 @@ class EdgeClient:
             link=self.link,
             data=self.data,
             stats=self.stats,
-            method_names=self._methods.names,
-            registration_key=self._methods.registration_key,
+            method_names=lambda: self._methods.names(),
+            registration_key=lambda epoch: self._methods.registration_key(epoch),
             model_problems=lambda: self.training.model_problems,
-            settle_data=self._methods.settle_data,
+            settle_data=lambda: self._methods.settle_data(),
         )
+        ctx = DeviceMethodContext(
+            link=self.link,
+            view=self.key_epoch.view,
+            data=self.data,
+            training=lambda: self.training,  # built next, over the methods
+            stats=self.stats,
+            rng=rng if rng is not None else np.random.default_rng(),
+        )
+        self._methods = DeviceMethods(config, self.data, ctx, methods or ())
+        self.evaluation = self._methods.of(FleetEvaluator)
+        """Federated evaluation: the fleet's accuracy as this device learns it."""
         self.training = TrainingRounds(
             link=self.link,
             view=self.key_epoch.view,
@@ -173,7 +181,7 @@ class EdgeClient:
             callbacks=callbacks,
         )
         self.router = self._inbox.router
-        self._routes(rng)
+        self._routes()
 
     # --- public view ----------------------------------------------------------
 
@@ -332,19 +340,11 @@ class EdgeClient:
             self._inbox.receive(topic, payload)  # under the lock; errors logged
         self._connection.flush()
 
-    def _routes(self, rng: np.random.Generator | None) -> None:
+    def _routes(self) -> None:
         """Every kind this device handles, by the part that owns it."""
         router = self.router
         router.register(EnrolResult, self.enrolment.on_enrol_result, owner="enrol")
         self.key_epoch.register(router)
         self.training.register(router)
         router.register(FederationEnd, self._end.on_federation_end, owner="end")
-        context = DeviceMethodContext(
-            link=self.link,
-            view=self.key_epoch.view,
-            data=self.data,
-            training=self.training,
-            stats=self.stats,
-            rng=rng if rng is not None else np.random.default_rng(),
-        )
-        self._methods.attach(context, router)
+        self._methods.register(router)

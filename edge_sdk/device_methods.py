@@ -1,8 +1,9 @@
 """`DeviceMethods`: the methods one device runs, and what the runtime asks of all.
 
-Built from the device's ``[[methods]]`` table and its trainer
-(`ursa.edge_sdk.methods.registry.compose_methods`), with the methods the app
-built itself, federated evaluation, and the secure means serving them. The
+Built over the device's `DeviceContext` from its ``[[methods]]`` table and
+its trainer (`ursa.edge_sdk.methods.registry.compose_methods`), with the
+methods the app's factories build, federated evaluation, and the secure
+means serving them. The
 runtime asks them together: the registration key, a transfer that is not a
 model's, the data a balancing method leaves, an error the coordinator sent.
 """
@@ -13,8 +14,9 @@ from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 from ursa.edge_sdk.config import DeviceConfig
+from ursa.edge_sdk.fleet_eval import FleetEvaluator
 from ursa.edge_sdk.local_dataset import LocalDataset
-from ursa.edge_sdk.method import DeviceContext, DeviceMethod
+from ursa.edge_sdk.method import DeviceContext, DeviceMethod, MethodFactory
 from ursa.edge_sdk.methods.registry import compose_methods
 from ursa.edge_sdk.methods_config import selection_kind
 from ursa.edge_sdk.secure_mean import with_secure_means
@@ -39,15 +41,16 @@ class DeviceMethods:
         self,
         config: DeviceConfig,
         data: LocalDataset,
-        given: Sequence[DeviceMethod],
-        evaluation: DeviceMethod,
+        ctx: DeviceContext,
+        given: Sequence[MethodFactory],
     ) -> None:
         self._device_id = config.device_id
         self._selection = selection_kind(config.method_list())
         self._data = data
         specs = config.method_list()
-        composed = compose_methods(data.trainer, specs, data.labels, given)
-        self._methods = with_secure_means([*composed, evaluation])
+        composed = compose_methods(ctx, specs, data.labels, given)
+        evaluation = FleetEvaluator(ctx, config.eval_min_parties)
+        self._methods = with_secure_means(ctx, [*composed, evaluation])
         if config.methods is not None:
             named = {m.kind for m in config.methods}
             if named != set(self.names()):
@@ -79,10 +82,10 @@ class DeviceMethods:
         training = [name for role, name in roles if role is MethodRole.TRAINING]
         return (self._selection, *(training or ["fedavg"])[:1], *balancing)
 
-    def attach(self, ctx: DeviceContext, router: Router) -> None:
-        """Hand every method its context; each registers its kinds."""
+    def register(self, router: Router) -> None:
+        """Every method registers its message kinds on ``router``."""
         for method in self._methods:
-            method.attach(ctx, router)
+            method.register(router)
 
     def start(self) -> None:
         """Every method reloads its persisted progress."""

@@ -38,7 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ursa.edge_sdk.mean_bounds import HonestRange, ImplausibleSumError
-from ursa.edge_sdk.method import DeviceMethod, model_trainer
+from ursa.edge_sdk.method import DeviceContext, DeviceMethod, model_trainer
 from ursa.edge_sdk.secure_mean import FloatVector, MeanCodec, MeanParticipant
 from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import (
@@ -102,6 +102,7 @@ class FleetEvaluator(DeviceMethod, MeanParticipant):
     """The device's part in federated evaluation (a runtime step, not a method).
 
     Args:
+        ctx: The device (epoch, trainer, downloads, outbox).
         min_parties: The fewest reports in a sum this device, as agent,
             discloses to the coordinator.
     """
@@ -109,7 +110,11 @@ class FleetEvaluator(DeviceMethod, MeanParticipant):
     name: ClassVar[str] = "eval"
     purpose: ClassVar[str] = FLEET_EVAL
 
-    def __init__(self, min_parties: int = DEFAULT_MIN_PARTIES) -> None:
+    def __init__(
+        self, ctx: DeviceContext, min_parties: int = DEFAULT_MIN_PARTIES
+    ) -> None:
+        self.ctx = ctx
+        """The device this method runs on."""
         if min_parties < 1:
             raise ValueError(f"min_parties must be >= 1, got {min_parties}")
         self.min_parties = min_parties

@@ -2,10 +2,12 @@
 
 A method's device half (CLIMB's dual steps, FedDisk's MADE phase, ...) is an
 object composed into the client, not a base class of it. The client builds
-one `DeviceMethod` per method it runs; each registers its message kinds on
-the client's typed `Router` in `attach` and reaches the rest of the device
-only through its `DeviceContext`: the identity, the current key epoch's keys,
-the model downloads, the trainer and the outbox. The runtime keeps the loop,
+one `DeviceMethod` per method it runs, handing it its `DeviceContext` in its
+constructor (a `MethodFactory` is ``ctx -> method``): the identity, the
+current key epoch's keys, the model downloads, the trainer and the outbox are
+all a method reaches of the device, and it holds them from the start (there
+is no half-built method without a device). Each registers its message kinds
+on the client's typed `Router` (`register`). The runtime keeps the loop,
 admission, dedup, parking of early messages, transfers and the key epoch;
 a method never opens a connection or keeps its own dedup table.
 
@@ -25,6 +27,7 @@ scaled). `on_model_ready` tells a method a new global version has arrived.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -55,6 +58,7 @@ __all__ = [
     "DeviceMethod",
     "EpochKeys",
     "LocalData",
+    "MethodFactory",
     "PeerChannel",
     "Roster",
     "TrainPlan",
@@ -261,26 +265,16 @@ def model_trainer(ctx: DeviceContext) -> ModelTrainer | None:
 
 
 class DeviceMethod(ABC):
-    """A method's device half, composed into `EdgeClient`."""
+    """A method's device half, composed into `EdgeClient`.
+
+    The contract holds no state: each method keeps the `DeviceContext` it is
+    built with (its first constructor argument) itself.
+    """
 
     name: ClassVar[str]
     """The method's ``[[methods]]`` kind (compared with the signed list)."""
     role: ClassVar[MethodRole | None] = None
     """What it provides (None: a helper that is no ``[[methods]]`` kind)."""
-
-    _ctx: DeviceContext | None = None
-
-    def attach(self, ctx: DeviceContext, router: Router) -> None:
-        """Join a device: keep ``ctx``, register the method's kinds (`register`)."""
-        self._ctx = ctx
-        self.register(router)
-
-    @property
-    def ctx(self) -> DeviceContext:
-        """The device this method is attached to."""
-        if self._ctx is None:
-            raise RuntimeError(f"{type(self).__name__} is not attached to a device")
-        return self._ctx
 
     @abstractmethod
     def register(self, router: Router) -> None:
@@ -336,3 +330,12 @@ class DeviceMethod(ABC):
 
     def on_error_reply(self, message: ErrorReply) -> None:  # noqa: B027
         """The coordinator refused something this device sent (default: ignore)."""
+
+
+MethodFactory = Callable[[DeviceContext], DeviceMethod]
+"""Builds a method over its device's context (``EdgeClient(methods=[...])``).
+
+An app gives factories, not methods, because the context exists only once
+the client does: ``lambda ctx: Flicker(ctx, spec, labels=y, x=x)``, or a
+method class whose constructor takes the context alone (``Dubhe``).
+"""

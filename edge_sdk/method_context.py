@@ -1,11 +1,16 @@
 """`DeviceMethodContext`: the `DeviceContext` a device's methods are given.
 
 Built by `EdgeClient` from its parts' public surface (the link, the key
-epoch's view, the data, the training rounds): a method reaches the device
-only through it, never through the client.
+epoch's view, the data, the training rounds) before the methods, which are
+each handed it at construction: a method reaches the device only through it,
+never through the client. The training rounds are built after the methods
+(they run the methods' hooks), so the context reaches them through a
+callable, asked only when a method uses them (a message, never construction).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -36,7 +41,7 @@ class DeviceMethodContext:
         link: DeviceLink,
         view: CurrentEpoch,
         data: LocalDataset,
-        training: TrainingRounds,
+        training: Callable[[], TrainingRounds],
         stats: DeviceStats,
         rng: np.random.Generator,
     ) -> None:
@@ -67,7 +72,7 @@ class DeviceMethodContext:
     @property
     def training_stats(self) -> TrainingStats:
         """Training counters."""
-        return self._training.stats
+        return self._training().stats
 
     @property
     def trainer(self) -> Trainer:
@@ -77,7 +82,7 @@ class DeviceMethodContext:
     @property
     def model_version(self) -> int | None:
         """The latest global version downloaded."""
-        return self._training.downloads.model_version
+        return self._training().downloads.model_version
 
     @property
     def epoch(self) -> KeyEpochStart | None:
@@ -114,11 +119,11 @@ class DeviceMethodContext:
 
     def model_arrays_at(self, version: int) -> Arrays | None:
         """The global ``version`` if downloaded; else None, and fetch it."""
-        return self._training.downloads.arrays_at(version)
+        return self._training().downloads.arrays_at(version)
 
     def seconds_since_model_notice(self) -> float:
         """Seconds since the current round's `ModelAvailable` arrived."""
-        return self._training.seconds_since_notice()
+        return self._training().seconds_since_notice()
 
     def seal_for(
         self, peer: DevicePublicIdentity, context: bytes, plaintext: bytes
@@ -142,8 +147,8 @@ class DeviceMethodContext:
 
     def retry_training(self) -> None:
         """Re-check the rounds waiting to train."""
-        self._training.maybe_train()
+        self._training().maybe_train()
 
     def forget_downloads(self) -> None:
         """Drop every downloaded version (the trainer switched models)."""
-        self._training.forget_downloads()
+        self._training().forget_downloads()

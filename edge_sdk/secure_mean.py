@@ -56,7 +56,7 @@ from ursa.crypto.paillier import (
     encrypted_vector_from,
 )
 from ursa.edge_sdk.mean_bounds import HonestRange, ImplausibleSumError, check_parties
-from ursa.edge_sdk.method import DeviceMethod
+from ursa.edge_sdk.method import DeviceContext, DeviceMethod
 from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import ErrorReply, MeanReport, MeanRequest, MeanSum
 from ursa.protocol.messages.secure_mean import MEAN_REFUSED
@@ -169,6 +169,7 @@ class SecureMeans(DeviceMethod):
     """The runtime's encrypted mean: owns the three kinds, serves its participants.
 
     Args:
+        ctx: The device (keys, epoch, outbox).
         participants: The methods taking part, at most one per purpose.
 
     Raises:
@@ -177,7 +178,11 @@ class SecureMeans(DeviceMethod):
 
     name: ClassVar[str] = "secure_mean"
 
-    def __init__(self, participants: Sequence[MeanParticipant]) -> None:
+    def __init__(
+        self, ctx: DeviceContext, participants: Sequence[MeanParticipant]
+    ) -> None:
+        self.ctx = ctx
+        """The device this method runs on."""
         self._participants: dict[str, MeanParticipant] = {}
         for participant in participants:
             purpose = participant.purpose
@@ -391,9 +396,11 @@ class SecureMeans(DeviceMethod):
         self._participants[message.purpose].on_refused(report.request)
 
 
-def with_secure_means(methods: Sequence[DeviceMethod]) -> list[DeviceMethod]:
+def with_secure_means(
+    ctx: DeviceContext, methods: Sequence[DeviceMethod]
+) -> list[DeviceMethod]:
     """``methods`` and, if any takes part in a mean, the `SecureMeans` serving them."""
     participants = [m for m in methods if isinstance(m, MeanParticipant)]
     if not participants:
         return list(methods)
-    return [*methods, SecureMeans(participants)]
+    return [*methods, SecureMeans(ctx, participants)]

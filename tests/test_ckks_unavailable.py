@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods_config import FlickerSpec
 from ursa.crypto.ckks import CKKS_UNAVAILABLE, require_tenseal
 from ursa.crypto.errors import BackendUnavailableError
+from ursa.edge_sdk.method import DeviceContext
 from ursa.edge_sdk.methods.flicker.method import Flicker
 
 MESSAGE = "CKKS unavailable: install ursa-fl[ckks] on Python ≥ 3.11"
@@ -37,7 +39,7 @@ def test_require_tenseal_raises_the_install_instruction() -> None:
 @pytest.mark.usefixtures("no_tenseal")
 def test_flicker_device_fails_when_constructed() -> None:
     with pytest.raises(BackendUnavailableError, match="CKKS unavailable"):
-        Flicker(labels=np.array([0, 1, 2]))
+        Flicker(cast(DeviceContext, object()), labels=np.array([0, 1, 2]))
 
 
 @pytest.mark.usefixtures("no_tenseal")

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ursa.edge_sdk.callbacks import DeviceCallbacks
     from ursa.edge_sdk.client import EdgeClient
     from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig
-    from ursa.edge_sdk.method import DeviceMethod
+    from ursa.edge_sdk.method import DeviceContext, MethodFactory
     from ursa.edge_sdk.methods.flicker.method import Flicker
     from ursa.edge_sdk.methods_config import DeviceMethodSpec
     from ursa.edge_sdk.trainer import Trainer
@@ -554,14 +554,16 @@ def device_flicker(
     config: DeviceConfig,
     labels: NDArray[np.int64],
     x: NDArray[np.float32] | None = None,
-) -> Flicker | None:
-    """FLICKER's device half under ``kind = "flicker"`` (None without it).
+) -> MethodFactory | None:
+    """The factory of FLICKER's device half under ``kind = "flicker"`` (None without).
+
+    The features file is read now; the `Flicker` is built with its device.
 
     Raises:
-        ServiceSetupError: an unreadable ``features_file`` or unusable samples.
+        ServiceSetupError: an unreadable ``features_file`` or unusable samples
+            (the latter when the client is built).
     """
-    from ursa.crypto.errors import BackendUnavailableError
-    from ursa.edge_sdk.methods.flicker.method import Flicker, load_features
+    from ursa.edge_sdk.methods.flicker.method import load_features
     from ursa.edge_sdk.methods_config import flicker_spec
 
     spec = flicker_spec(config.method_list())
@@ -571,15 +573,30 @@ def device_flicker(
     if num_classes is None and config.training is not None:
         classes = config.training.model_options.get("num_classes")
         num_classes = int(classes) if isinstance(classes, int) else None
-    try:
-        extractor = None
-        if spec.features_file is not None and x is not None:
+    extractor = None
+    if spec.features_file is not None and x is not None:
+        try:
             extractor = load_features(spec.features_file)
-        return Flicker(
-            spec, labels=labels, x=x, extractor=extractor, num_classes=num_classes
-        )
-    except (OSError, KeyError, ValueError, BackendUnavailableError) as exc:
-        raise ServiceSetupError(f"[[methods]] flicker: {brief(exc)}") from None
+        except (OSError, KeyError, ValueError) as exc:
+            raise ServiceSetupError(f"[[methods]] flicker: {brief(exc)}") from None
+
+    def build(ctx: DeviceContext) -> Flicker:
+        from ursa.crypto.errors import BackendUnavailableError
+        from ursa.edge_sdk.methods.flicker.method import Flicker
+
+        try:
+            return Flicker(
+                ctx,
+                spec,
+                labels=labels,
+                x=x,
+                extractor=extractor,
+                num_classes=num_classes,
+            )
+        except (ValueError, BackendUnavailableError) as exc:
+            raise ServiceSetupError(f"[[methods]] flicker: {brief(exc)}") from None
+
+    return build
 
 
 def build_device(
@@ -589,15 +606,18 @@ def build_device(
     labels: NDArray[np.int64] | None = None,
     transport: Transport | None = None,
     rng: np.random.Generator | None = None,
-    methods: Sequence[DeviceMethod] = (),
+    methods: Sequence[MethodFactory] = (),
     callbacks: DeviceCallbacks | None = None,
 ) -> EdgeClient:
     """The `EdgeClient` of ``config``: a trainer from ``[training]`` if set.
 
     A selection-only device takes its labels from ``labels`` (an app or a
     benchmark that holds them), else ``labels_path`` or ``labels_file``.
-    ``methods`` are method objects the app built itself (e.g. a `Flicker`
-    with its own feature extractor); each replaces the one its table builds.
+    ``methods`` are factories of the methods the app builds itself
+    (`ursa.edge_sdk.method.MethodFactory`, e.g. a `Flicker` with its own
+    feature extractor); each replaces the one its table builds. Without
+    them, a ``kind = "flicker"`` table's `Flicker` is built over the
+    device's samples and ``features_file``.
     ``callbacks`` are the app's hooks (`ursa.edge_sdk.callbacks`).
 
     Raises:
@@ -658,12 +678,15 @@ def build_device(
 
 
 def _with_flicker(
-    own: Sequence[DeviceMethod], build: Callable[[], Flicker | None]
-) -> list[DeviceMethod]:
-    """The app's methods, plus FLICKER from its table unless the app gave one."""
-    methods = list(own)
-    if "flicker" not in {m.name for m in methods}:
-        flicker = build()
-        if flicker is not None:
-            methods.append(flicker)
-    return methods
+    own: Sequence[MethodFactory], build: Callable[[], MethodFactory | None]
+) -> list[MethodFactory]:
+    """The app's methods; without any, FLICKER over the device's data (if in its table).
+
+    A factory's kind is known only once it is built, so an app that gives
+    its own methods gives its `Flicker` too (else the table's is built over
+    the labels alone).
+    """
+    if own:
+        return list(own)
+    flicker = build()
+    return [] if flicker is None else [flicker]

@@ -9,8 +9,10 @@ method's class: a trainer never says which method it runs, the device's
 built for a ``kind = "feddisk"`` table over a `PhasedTrainer`). Adding a
 method adds one entry here.
 
-`compose_methods` builds an `EdgeClient`'s method list from the table: the
-methods an app built itself, and one built half for every other kind.
+`compose_methods` builds an `EdgeClient`'s method list from the table over
+the device's `DeviceContext` (every builder and every app factory is handed
+it): the methods the app's factories build, and one built half for every
+other kind.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel
 
-from ursa.edge_sdk.method import DeviceMethod
+from ursa.edge_sdk.method import DeviceContext, DeviceMethod, MethodFactory
 from ursa.edge_sdk.methods.climb.method import Climb
 from ursa.edge_sdk.methods.dubhe.method import Dubhe
 from ursa.edge_sdk.methods.feddisk.method import FedDisk
@@ -54,8 +56,8 @@ class MethodInputs:
     labels: NDArray[np.int64]
 
 
-Builder = Callable[[Any, MethodInputs], DeviceMethod]
-"""``build(spec, inputs)``: the device half of one ``[[methods]]`` table."""
+Builder = Callable[[Any, DeviceContext, MethodInputs], DeviceMethod]
+"""``build(spec, ctx, inputs)``: the device half of one ``[[methods]]`` table."""
 
 
 @dataclass(frozen=True)
@@ -72,19 +74,23 @@ class DeviceEntry:
         return role
 
 
-def _dubhe(spec: DubheSpec, inputs: MethodInputs) -> DeviceMethod:
-    return Dubhe(spec.draw)
+def _dubhe(spec: DubheSpec, ctx: DeviceContext, inputs: MethodInputs) -> DeviceMethod:
+    return Dubhe(ctx, spec.draw)
 
 
-def _climb(spec: ClimbSpec, inputs: MethodInputs) -> DeviceMethod:
-    return Climb(spec.climb_config())
+def _climb(spec: ClimbSpec, ctx: DeviceContext, inputs: MethodInputs) -> DeviceMethod:
+    return Climb(ctx, spec.climb_config())
 
 
-def _fedprox(spec: FedProxSpec, inputs: MethodInputs) -> DeviceMethod:
-    return FedProx(inputs.trainer)
+def _fedprox(
+    spec: FedProxSpec, ctx: DeviceContext, inputs: MethodInputs
+) -> DeviceMethod:
+    return FedProx(ctx)
 
 
-def _feddisk(spec: FeddiskSpec, inputs: MethodInputs) -> DeviceMethod:
+def _feddisk(
+    spec: FeddiskSpec, ctx: DeviceContext, inputs: MethodInputs
+) -> DeviceMethod:
     trainer = inputs.trainer
     if not isinstance(trainer, ModelTrainer) or not isinstance(trainer, PhasedTrainer):
         raise ValueError(
@@ -96,11 +102,13 @@ def _feddisk(spec: FeddiskSpec, inputs: MethodInputs) -> DeviceMethod:
             "[[methods]] feddisk: the trainer's FeddiskSettings differ from the "
             "table's (build the FeddiskTrainer with settings=spec.settings())"
         )
-    return FedDisk(trainer)
+    return FedDisk(ctx, trainer)
 
 
-def _flicker(spec: FlickerSpec, inputs: MethodInputs) -> DeviceMethod:
-    return Flicker(spec, labels=inputs.labels)
+def _flicker(
+    spec: FlickerSpec, ctx: DeviceContext, inputs: MethodInputs
+) -> DeviceMethod:
+    return Flicker(ctx, spec, labels=inputs.labels)
 
 
 DEVICE_METHODS: Mapping[str, DeviceEntry] = {
@@ -119,29 +127,36 @@ _ORDER = (MethodRole.SELECTION, MethodRole.TRAINING, MethodRole.BALANCING)
 
 
 def compose_methods(
-    trainer: Trainer,
+    ctx: DeviceContext,
     specs: Sequence[DeviceMethodSpec],
     labels: NDArray[np.int64],
-    given: Sequence[DeviceMethod] = (),
+    given: Sequence[MethodFactory] = (),
 ) -> list[DeviceMethod]:
-    """``given``, and a method for every other kind of ``specs``.
+    """The methods ``given`` builds, and one for every other kind of ``specs``.
 
-    Built kinds come first, in the order selection, training, balancing; a
-    given method replaces the built one of its kind.
+    Every method is built over ``ctx`` (its trainer is the one the tables
+    are checked against). Built kinds come first, in the order selection,
+    training, balancing; a given method replaces the built one of its kind.
 
     Raises:
         ValueError: a table the trainer cannot run (FedDisk without phases
             or with other settings than the table's, FedProx without a
             proximal term), or a trainer with FedDisk's phases and no
-            ``kind = "feddisk"`` table.
+            ``kind = "feddisk"`` table; two given methods of one kind.
     """
+    trainer = ctx.trainer
     kinds = {spec.kind for spec in specs}
     if "feddisk" not in kinds and isinstance(trainer, PhasedTrainer):
         raise ValueError(
             f"{type(trainer).__name__} trains FedDisk's phases: name "
             "kind = 'feddisk' in [[methods]]"
         )
-    by_kind = {method.name: method for method in given}
+    by_kind: dict[str, DeviceMethod] = {}
+    for build in given:
+        method = build(ctx)
+        if method.name in by_kind:
+            raise ValueError(f"two given methods of kind {method.name!r}")
+        by_kind[method.name] = method
     inputs = MethodInputs(trainer, labels)
     composed = []
     for role in _ORDER:
@@ -152,5 +167,5 @@ def compose_methods(
             if spec.kind in by_kind:
                 composed.append(by_kind.pop(spec.kind))
             elif entry.build is not None:
-                composed.append(entry.build(spec, inputs))
+                composed.append(entry.build(spec, ctx, inputs))
     return [*composed, *by_kind.values()]

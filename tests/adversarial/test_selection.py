@@ -24,7 +24,7 @@ from ursa.coordinator.methods_config import DubheSpec
 from ursa.crypto.encoding import PackingLayout
 from ursa.crypto.paillier import EncryptedVector, PaillierPublicKey
 from ursa.edge_sdk.client import EdgeClient, device_will
-from ursa.edge_sdk.method import Roster
+from ursa.edge_sdk.method import DeviceContext, MethodFactory, Roster
 from ursa.edge_sdk.methods.dubhe.method import Dubhe
 from ursa.edge_sdk.registration import DISTRIBUTION_CODEC, registry_indices
 from ursa.protocol.codebook import Codebook
@@ -84,8 +84,8 @@ def raw_slots(values: list[int]) -> Malformed:
 class BadDistribution(Dubhe):
     """Row 6: volunteers everywhere and answers a try with a malformed vector."""
 
-    def __init__(self, malformed: Malformed) -> None:
-        super().__init__()
+    def __init__(self, ctx: DeviceContext, malformed: Malformed) -> None:
+        super().__init__(ctx)
         self.malformed = malformed
 
     def _draws(
@@ -200,7 +200,11 @@ def _run(tmp_path: Path, make_cheat: Any, **overrides: Any) -> HostileFederation
     return fed
 
 
-def _with_method(method: Dubhe) -> Any:
+def _bad(malformed: Malformed) -> MethodFactory:
+    return lambda ctx: BadDistribution(ctx, malformed)
+
+
+def _with_method(method: MethodFactory) -> Any:
     def make(config: Any, labels: Any, transport: Any) -> EdgeClient:
         return EdgeClient(
             config,
@@ -264,9 +268,7 @@ def test_a_device_volunteering_in_every_try_is_held_to_the_cap(
     rounds, k, n = 40, 3, 20
     spec = DubheSpec()  # the defaults: 0.5 of any 10 rounds
     limit = int(spec.max_participation * spec.participation_window)
-    fed = _run(
-        tmp_path, _with_method(AlwaysVolunteers()), rounds=rounds, methods=(spec,)
-    )
+    fed = _run(tmp_path, _with_method(AlwaysVolunteers), rounds=rounds, methods=(spec,))
 
     counts = fed.selections()
     assert fed.coordinator.is_done and fed.key_epochs() == 1
@@ -323,7 +325,7 @@ def test_a_skewed_registration_is_left_out_and_starves_nobody(
     assert counts[CHEAT] == 0
     owners = _owners(fed, victims)
     assert len(owners) == 4
-    honest = _run(tmp_path / "honest", _with_method(Dubhe()), rounds=30).selections()
+    honest = _run(tmp_path / "honest", _with_method(Dubhe), rounds=30).selections()
     # the victims are selected about as often as in the same run with no cheater
     # (without the check: never, in any round)
     assert sum(counts[d] for d in owners) >= 0.5 * sum(honest[d] for d in owners)
@@ -369,7 +371,7 @@ def _assert_dropped_without_rekey(fed: HostileFederation, rounds: int) -> None:
 def test_a_malformed_try_distribution_drops_its_sender_and_never_rekeys(
     tmp_path: Path, malformed: Malformed
 ) -> None:
-    fed = _run(tmp_path, _with_method(BadDistribution(malformed)))
+    fed = _run(tmp_path, _with_method(_bad(malformed)))
 
     _assert_dropped_without_rekey(fed, 12)
 
@@ -391,6 +393,6 @@ def test_any_malformed_distribution_costs_only_its_sender(
     assume(use_count or not (min(reals) >= 0 and abs(sum(reals) - 1) < 1e-3))
     malformed = extra_ciphertexts(count) if use_count else raw_slots(slots)
     tmp_path = tmp_path_factory.mktemp("dist")
-    fed = _run(tmp_path, _with_method(BadDistribution(malformed)), rounds=3)
+    fed = _run(tmp_path, _with_method(_bad(malformed)), rounds=3)
 
     _assert_dropped_without_rekey(fed, 3)

@@ -29,6 +29,7 @@ PUBLIC = [
     "FitResult",
     "Flicker",
     "LocalDelta",
+    "MethodFactory",
     "ModelMismatchError",
     "ModelReceived",
     "ModelTrainer",

@@ -21,7 +21,7 @@ from ursa.crypto.identity import DeviceIdentity, verify_signature
 from ursa.crypto.paillier import PaillierPublicKey, encrypt_vector
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.config import DeviceConfig, load_device_config
-from ursa.edge_sdk.method import DeviceMethod, LocalData
+from ursa.edge_sdk.method import DeviceContext, DeviceMethod, LocalData
 from ursa.edge_sdk.methods.climb.method import Climb
 from ursa.edge_sdk.methods.dubhe.method import Dubhe
 from ursa.edge_sdk.trainer import ModelTrainer, NoOpTrainer
@@ -628,7 +628,8 @@ class _Balances(DeviceMethod):
 
     name = "balances"
 
-    def __init__(self, labels: list[int]) -> None:
+    def __init__(self, ctx: DeviceContext, labels: list[int]) -> None:
+        self.ctx = ctx
         self.labels = np.array(labels, dtype=np.int64)
         self.asked = 0
 
@@ -644,13 +645,19 @@ def test_a_method_replaces_the_data_before_the_first_registration(
     harness: Any,
 ) -> None:
     h = harness(4)
-    balances = _Balances([3, 3, 3, 4])
+    made: list[_Balances] = []
+
+    def balances(ctx: DeviceContext) -> _Balances:
+        made.append(_Balances(ctx, [3, 3, 3, 4]))
+        return made[-1]
+
     h.coordinator.start()
     for device_id in h.ids:
         h.client(device_id, methods=[balances] if device_id == "d0" else None).start()
 
     assert h.coordinator.is_done and h.clients["d0"].has_registry
-    assert balances.asked == 1
+    (built,) = made  # built once, over d0's own context
+    assert built.asked == 1 and built.ctx.device_id == "d0"
     assert h.clients["d0"].data.labels.tolist() == [3, 3, 3, 4]
     trainer = h.clients["d0"].data.trainer
     assert isinstance(trainer, NoOpTrainer) and trainer.num_examples == 4

@@ -85,8 +85,8 @@ def _evaluator(
     device: str, agent: str, min_parties: int = 2
 ) -> tuple[FleetEvaluator, _Ctx]:
     ctx = _Ctx(device, _Epoch(agent))
-    evaluator = FleetEvaluator(min_parties)
-    evaluator.attach(cast(DeviceContext, ctx), Router(device))
+    evaluator = FleetEvaluator(cast(DeviceContext, ctx), min_parties)
+    evaluator.register(Router(device))
     return evaluator, ctx
 
 

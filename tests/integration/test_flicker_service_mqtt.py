@@ -7,6 +7,7 @@ FLICKER's correction loop resumes the same run from its store.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -106,8 +107,9 @@ def test_dubhe_climb_flicker_trains_after_flicker_balanced_the_images(
             train=TrainConfig(epochs=2, batch_size=8, lr=0.1),
             seed=i,
         )
-        flicker = Flicker(
-            device_list[2],
+        flicker = functools.partial(
+            Flicker,
+            spec=device_list[2],
             labels=ys,
             x=xs,
             extractor=extractor,

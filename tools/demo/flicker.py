@@ -20,7 +20,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from ursa.edge_sdk.client import EdgeClient
-    from ursa.edge_sdk.methods.flicker.method import Flicker
+    from ursa.edge_sdk.method import MethodFactory
     from ursa.tools.demo.fleet import DeviceSpec
 
 __all__ = ["device_figures", "device_flicker", "flicker_extra", "summarise"]
@@ -43,19 +43,17 @@ def flicker_extra(
     }
 
 
-def device_flicker(extra: Mapping[str, Any], device: DeviceSpec) -> Flicker:
-    """A device's `Flicker` over its images with the shared extractor."""
+def device_flicker(extra: Mapping[str, Any], device: DeviceSpec) -> MethodFactory:
+    """The factory of a device's `Flicker` over its images with the shared extractor."""
     from ursa.edge_sdk.methods.flicker.method import Flicker
     from ursa.edge_sdk.methods.flicker.resampling import CentroidFeatures
     from ursa.edge_sdk.methods_config import FlickerSpec
 
-    num_classes = int(extra["num_classes"])
-    return Flicker(
-        FlickerSpec(num_classes=num_classes),
-        labels=device.y,
-        x=device.x,
-        extractor=CentroidFeatures(extra["centroids"], extra["temperature"]),
-        rng=np.random.default_rng([device.seed, 4]),
+    spec = FlickerSpec(num_classes=int(extra["num_classes"]))
+    extractor = CentroidFeatures(extra["centroids"], extra["temperature"])
+    rng = np.random.default_rng([device.seed, 4])
+    return lambda ctx: Flicker(
+        ctx, spec, labels=device.y, x=device.x, extractor=extractor, rng=rng
     )
 
 
@@ -66,8 +64,6 @@ def device_figures(client: EdgeClient) -> dict[str, Any] | None:
     try:
         participant = client.method(Flicker).participant
     except KeyError:  # the device runs no FLICKER
-        return None
-    if participant is None:
         return None
     state = participant.state
     return {

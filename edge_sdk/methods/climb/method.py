@@ -38,7 +38,7 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ursa.edge_sdk.method import DeviceMethod, TrainPlan, model_trainer
+from ursa.edge_sdk.method import DeviceContext, DeviceMethod, TrainPlan, model_trainer
 from ursa.edge_sdk.methods.climb.dual import (
     ClimbConfig,
     apply_dual_means,
@@ -74,7 +74,9 @@ class Climb(DeviceMethod, MeanParticipant):
     role: ClassVar[MethodRole | None] = MethodRole.TRAINING
     purpose: ClassVar[str] = CLIMB_DUAL
 
-    def __init__(self, config: ClimbConfig) -> None:
+    def __init__(self, ctx: DeviceContext, config: ClimbConfig) -> None:
+        self.ctx = ctx
+        """The device this method runs on."""
         self.config = config
         self.lam = 0.0
         """``lambda_i``, this device's dual variable."""

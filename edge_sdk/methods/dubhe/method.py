@@ -47,7 +47,7 @@ from ursa.crypto.paillier import (
     encrypted_vector_from,
 )
 from ursa.crypto.sealing import open_sealed
-from ursa.edge_sdk.method import DeviceMethod, EpochKeys, Roster
+from ursa.edge_sdk.method import DeviceContext, DeviceMethod, EpochKeys, Roster
 from ursa.edge_sdk.methods.dubhe.draws import (
     participation_probability,
     stratified_volunteer,
@@ -94,7 +94,9 @@ class Dubhe(DeviceMethod):
     name: ClassVar[str] = "dubhe"
     role: ClassVar[MethodRole | None] = MethodRole.SELECTION
 
-    def __init__(self, draw: str = "paper") -> None:
+    def __init__(self, ctx: DeviceContext, draw: str = "paper") -> None:
+        self.ctx = ctx
+        """The device this method runs on."""
         if draw not in ("paper", "stratified"):
             raise ValueError(f"unknown draw {draw!r}: 'paper' or 'stratified'")
         self.draw = draw

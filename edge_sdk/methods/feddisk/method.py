@@ -42,7 +42,7 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ursa.edge_sdk.method import DeviceMethod
+from ursa.edge_sdk.method import DeviceContext, DeviceMethod
 from ursa.edge_sdk.methods.feddisk.made_loss import fleet_loss
 from ursa.edge_sdk.methods.feddisk.made_loss import (
     loss_report_values as made_loss_values,
@@ -106,7 +106,9 @@ class FedDisk(DeviceMethod, MeanParticipant):
     role: ClassVar[MethodRole | None] = MethodRole.TRAINING
     purpose: ClassVar[str] = MADE_LOSS
 
-    def __init__(self, trainer: PhasedTrainer) -> None:
+    def __init__(self, ctx: DeviceContext, trainer: PhasedTrainer) -> None:
+        self.ctx = ctx
+        """The device this method runs on."""
         self.trainer = trainer
         self.summary: dict[str, float] | None = None
         """The sample weights' figures after the switch (min, max, ...)."""

@@ -20,8 +20,8 @@ import dataclasses
 import logging
 from typing import ClassVar
 
-from ursa.edge_sdk.method import DeviceMethod, TrainPlan
-from ursa.edge_sdk.trainer import ModelTrainer, Trainer
+from ursa.edge_sdk.method import DeviceContext, DeviceMethod, TrainPlan
+from ursa.edge_sdk.trainer import ModelTrainer
 from ursa.protocol.fedprox import FEDPROX, MU_SETTING, FedProxMuError, check_mu
 from ursa.protocol.methods import MethodRole
 from ursa.protocol.router import Router
@@ -39,13 +39,14 @@ class FedProx(DeviceMethod):
     """FedProx's device half: the signed ``mu`` into each round's `TrainPlan`.
 
     Raises:
-        ProximalUnsupportedError: ``trainer`` has no proximal term.
+        ProximalUnsupportedError: the device's trainer has no proximal term.
     """
 
     name: ClassVar[str] = FEDPROX
     role: ClassVar[MethodRole | None] = MethodRole.TRAINING
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, ctx: DeviceContext) -> None:
+        trainer = ctx.trainer
         if not isinstance(trainer, ModelTrainer) or not trainer.proximal:
             reason = (
                 f"[[methods]] fedprox needs a trainer that adds the proximal "
@@ -54,6 +55,8 @@ class FedProx(DeviceMethod):
             )
             logger.error("refusing FedProx: %s", reason)
             raise ProximalUnsupportedError(reason)
+        self.ctx = ctx
+        """The device this method runs on."""
 
     def register(self, router: Router) -> None:
         """FedProx has no message kinds of its own."""

@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ursa.crypto.ckks import require_tenseal
-from ursa.edge_sdk.method import DeviceMethod, LocalData
+from ursa.edge_sdk.method import DeviceContext, DeviceMethod, LocalData
 from ursa.edge_sdk.methods.flicker.participant import FlickerParticipant
 from ursa.edge_sdk.methods.flicker.resampling import (
     CentroidFeatures,
@@ -67,6 +67,7 @@ class Flicker(DeviceMethod):
     """FLICKER's device half in an `EdgeClient`.
 
     Args:
+        ctx: The device: FLICKER's ring hops are sealed and sent through it.
         spec: The device's ``kind = "flicker"`` table.
         labels: The device's labels (class indices).
         x: Its samples when it trains (resampled with the labels).
@@ -87,6 +88,7 @@ class Flicker(DeviceMethod):
 
     def __init__(
         self,
+        ctx: DeviceContext,
         spec: FlickerSpec | None = None,
         *,
         labels: NDArray[np.integer[Any]],
@@ -96,6 +98,8 @@ class Flicker(DeviceMethod):
         rng: np.random.Generator | None = None,
     ) -> None:
         require_tenseal()  # at configuration, not when the ring starts
+        self.ctx = ctx
+        """The device this method runs on."""
         self.spec = spec if spec is not None else FlickerSpec()
         self._labels = np.asarray(labels, dtype=np.int64)
         self._x = None if x is None else np.asarray(x)
@@ -114,17 +118,13 @@ class Flicker(DeviceMethod):
                 theta=self.spec.theta,
                 mode=self.spec.orientation,
             )
-        self.participant: FlickerParticipant | None = None
-
-    def register(self, router: Router) -> None:
-        """Build this device's participant and register FLICKER's kinds."""
         counts = (
             self._data.view.counts()
             if self._data is not None
             else np.bincount(self._labels, minlength=self._num_classes)
         )
         self.participant = FlickerParticipant(
-            self.ctx,
+            ctx,
             peers={},
             counts=counts,
             signed_members=True,
@@ -134,20 +134,21 @@ class Flicker(DeviceMethod):
             max_context_bytes=self.spec.max_context_bytes,
             global_test=self.spec.global_test,
         )
+        """FLICKER's protocol over this device's `PeerChannel` (its context)."""
+
+    def register(self, router: Router) -> None:
+        """Register FLICKER's kinds (the participant's handlers)."""
         self.participant.register(router, owner=self.name)
 
     def take_transfer(self, message: TransferManifest | Chunk) -> bool:
         """Take a transfer message of the CKKS context; False: another's (a model)."""
-        participant = self.participant
-        if participant is None or not participant.claims(message):
+        if not self.participant.claims(message):
             return False
-        participant.on_transfer(message)
+        self.participant.on_transfer(message)
         return True
 
     def replace_data(self) -> LocalData | None:
-        """The data to train on after the run (None: never attached to a device)."""
-        if self.participant is None:
-            return None
+        """The data to train on after the run (resampled, or the device's own)."""
         x, labels = self.resampled()
         return LocalData(x, labels)
 
@@ -155,19 +156,16 @@ class Flicker(DeviceMethod):
     def has_resampled(self) -> bool:
         """Whether a resampling step changed this device's counts."""
         participant = self.participant
-        return participant is not None and participant.counts != tuple(
-            participant.state.initial_counts
-        )
+        return participant.counts != tuple(participant.state.initial_counts)
 
     def resampled(self) -> tuple[NDArray[Any] | None, NDArray[np.int64]]:
         """The data to train on after the run: (samples or None, labels)."""
         if self._data is not None and self._x is not None:
             images, labels = self._data.view.materialise()
             return images.reshape(len(images), *self._x.shape[1:]), labels
-        participant = self.participant
-        if participant is None:
+        if not self.has_resampled:  # no run, or one that kept the counts
             return self._x, self._labels
-        picked = resample_indices(self._labels, participant.counts, self._rng)
+        picked = resample_indices(self._labels, self.participant.counts, self._rng)
         return (None if self._x is None else self._x[picked]), self._labels[picked]
 
 

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import typing
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
-from tests.edge_sdk.methods.conftest import FixedLoss
+from tests.edge_sdk.methods.conftest import FakeContext, FixedLoss
 from ursa.edge_sdk import methods_config as specs
+from ursa.edge_sdk.method import DeviceContext
 from ursa.edge_sdk.methods.climb.method import Climb
 from ursa.edge_sdk.methods.dubhe.method import Dubhe
 from ursa.edge_sdk.methods.feddisk.method import FedDisk
 from ursa.edge_sdk.methods.feddisk.settings import FeddiskSettings
 from ursa.edge_sdk.methods.fedprox.method import ProximalUnsupportedError
 from ursa.edge_sdk.methods.registry import DEVICE_METHODS, compose_methods
+from ursa.edge_sdk.trainer import Trainer
 from ursa.protocol.methods import MethodRole
 
 LABELS = np.array([0, 1, 1], dtype=np.int64)
@@ -51,33 +54,55 @@ def test_the_table_has_every_kind_a_device_table_may_name() -> None:
     assert DEVICE_METHODS["flicker"].role is MethodRole.BALANCING
 
 
-def test_climb_takes_its_settings_from_its_table_not_the_trainer() -> None:
+def _ctx(new_context: Callable[[], FakeContext], trainer: Trainer) -> FakeContext:
+    ctx = new_context()
+    ctx.trainer = trainer
+    return ctx
+
+
+def test_climb_takes_its_settings_from_its_table_not_the_trainer(
+    new_context: Callable[[], FakeContext],
+) -> None:
     table = (specs.DubheSpec(), specs.ClimbSpec(eta_d=0.25))
-    dubhe, climb = compose_methods(FixedLoss(0.5), table, LABELS)
+    ctx = _ctx(new_context, FixedLoss(0.5))
+    dubhe, climb = compose_methods(ctx, table, LABELS)
     assert isinstance(dubhe, Dubhe) and isinstance(climb, Climb)
+    assert dubhe.ctx is ctx and climb.ctx is ctx  # built over the device's context
     assert climb.config.eta_d == 0.25
     assert not hasattr(FixedLoss(0.5), "climb")
 
 
-def test_feddisk_is_chosen_by_its_table() -> None:
-    trainer = _Phased()
+def test_feddisk_is_chosen_by_its_table(new_context: Callable[[], FakeContext]) -> None:
+    phased = _ctx(new_context, _Phased())
     table = (specs.DubheSpec(), specs.FeddiskSpec())
-    methods = compose_methods(trainer, table, LABELS)
+    methods = compose_methods(phased, table, LABELS)
     assert [type(m) for m in methods] == [Dubhe, FedDisk]
     with pytest.raises(ValueError, match="name kind = 'feddisk'"):
-        compose_methods(trainer, (specs.DubheSpec(), specs.FedAvgSpec()), LABELS)
+        compose_methods(phased, (specs.DubheSpec(), specs.FedAvgSpec()), LABELS)
     with pytest.raises(ValueError, match="FedDisk's two phases"):
-        compose_methods(FixedLoss(0.5), table, LABELS)
+        compose_methods(_ctx(new_context, FixedLoss(0.5)), table, LABELS)
     other = (specs.DubheSpec(), specs.FeddiskSpec(made_lr=0.5))
     with pytest.raises(ValueError, match="differ from the table's"):
-        compose_methods(trainer, other, LABELS)
+        compose_methods(phased, other, LABELS)
 
 
-def test_a_kind_needing_nothing_builds_nothing_and_a_given_method_wins() -> None:
-    assert compose_methods(FixedLoss(0.5), (specs.RandomSpec(),), LABELS) == []
-    own = Dubhe("stratified")
+def test_a_kind_needing_nothing_builds_nothing_and_a_given_method_wins(
+    new_context: Callable[[], FakeContext],
+) -> None:
+    ctx = _ctx(new_context, FixedLoss(0.5))
+    assert compose_methods(ctx, (specs.RandomSpec(),), LABELS) == []
+    contexts: list[DeviceContext] = []
+
+    def own(given: DeviceContext) -> Dubhe:
+        contexts.append(given)
+        return Dubhe(given, "stratified")
+
     table = (specs.DubheSpec(), specs.FedAvgSpec())
-    assert compose_methods(FixedLoss(0.5), table, LABELS, [own]) == [own]
+    (built,) = compose_methods(ctx, table, LABELS, [own])
+    assert isinstance(built, Dubhe) and built.draw == "stratified"
+    assert contexts == [ctx]
+    with pytest.raises(ValueError, match="two given methods of kind 'dubhe'"):
+        compose_methods(ctx, table, LABELS, [own, Dubhe])
     fedprox = (specs.DubheSpec(), specs.FedProxSpec())
     with pytest.raises(ProximalUnsupportedError):
-        compose_methods(FixedLoss(0.5), fedprox, LABELS)
+        compose_methods(ctx, fedprox, LABELS)

@@ -105,10 +105,10 @@ def total_of(
 
 def attached(new_context: Any, *toys: Toy) -> tuple[Any, Router, SecureMeans]:
     ctx, router = new_context(), Router("d0")
-    means = SecureMeans(toys)
+    means = SecureMeans(ctx, toys)
     for toy in toys:
-        toy.attach(ctx, router)
-    means.attach(ctx, router)
+        toy.register(router)
+    means.register(router)
     return ctx, router, means
 
 
@@ -208,14 +208,18 @@ def test_an_abandoned_request_is_dropped(new_context: Any, keys: Any) -> None:
     assert ctx.sent == []
 
 
-def test_one_participant_per_purpose_and_only_participants_get_the_runtime() -> None:
+def test_one_participant_per_purpose_and_only_participants_get_the_runtime(
+    new_context: Any,
+) -> None:
+    ctx = new_context()
     with pytest.raises(ValueError, match=r"two methods take part in mean 'toy\.a'"):
-        SecureMeans([Toy([1.0]), Toy([2.0])])
+        SecureMeans(ctx, [Toy([1.0]), Toy([2.0])])
     toy = Toy([1.0])
-    composed = with_secure_means([toy])
+    composed = with_secure_means(ctx, [toy])
     assert composed[0] is toy and isinstance(composed[1], SecureMeans)
     assert composed[1].purposes == ("toy.a",)
-    assert with_secure_means([]) == []
+    assert composed[1].ctx is ctx
+    assert with_secure_means(ctx, []) == []
 
 
 class Bounded(Toy):

@@ -40,10 +40,11 @@ VERSION: Arrays = {"w": np.array([0.5, -0.25], np.float32)}
 
 
 def attached(new_context: Any) -> tuple[Climb, Any, Router, SecureMeans]:
-    ctx, router, climb = new_context(), Router("d0"), Climb(CONFIG)
-    means = SecureMeans([climb])
-    climb.attach(ctx, router)
-    means.attach(ctx, router)
+    ctx, router = new_context(), Router("d0")
+    climb = Climb(ctx, CONFIG)
+    means = SecureMeans(ctx, [climb])
+    climb.register(router)
+    means.register(router)
     climb.start()
     return climb, ctx, router, means
 
@@ -111,8 +112,7 @@ def test_the_sum_sets_the_weight_like_the_plaintext_step_and_persists_it(
     assert plan.scaled and plan.delta_scale == climb.weight
     assert ctx.training_stats.dual_steps == 1
 
-    again = Climb(CONFIG)
-    again.attach(new_context(), Router("d0"))
+    again = Climb(new_context(), CONFIG)
     again.start()
     assert (again.lam, again.weight) == (climb.lam, climb.weight)
 

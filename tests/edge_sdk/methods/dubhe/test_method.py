@@ -35,8 +35,8 @@ REGISTRY = np.array([3, 1, 0, 0], dtype=np.int64)
 
 
 def attached(ctx: Any) -> tuple[Dubhe, Router]:
-    router, dubhe = Router("d0"), Dubhe()
-    dubhe.attach(ctx, router)
+    router, dubhe = Router("d0"), Dubhe(ctx)
+    dubhe.register(router)
     return dubhe, router
 
 

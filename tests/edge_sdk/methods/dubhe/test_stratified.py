@@ -70,8 +70,8 @@ def context(new_context: Any, keys: Any, agent: DeviceIdentity | None = None) ->
 
 
 def attached(ctx: Any) -> tuple[Dubhe, Router]:
-    router, dubhe = Router("d0"), Dubhe("stratified")
-    dubhe.attach(ctx, router)
+    router, dubhe = Router("d0"), Dubhe(ctx, "stratified")
+    dubhe.register(router)
     return dubhe, router
 
 

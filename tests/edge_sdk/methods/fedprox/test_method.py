@@ -113,11 +113,13 @@ class Echo(ArrayTrainer):
     "trainer", [ArrayModelTrainer(Echo()), NoOpTrainer(4)], ids=["array", "no-op"]
 )
 def test_a_trainer_without_the_term_refuses_fedprox_when_built(
-    trainer: Any, caplog: pytest.LogCaptureFixture
+    trainer: Any, new_context: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR)
+    ctx = new_context()
+    ctx.trainer = trainer
     with pytest.raises(ProximalUnsupportedError, match="proximal term"):
-        FedProx(trainer)
+        FedProx(ctx)
     assert "refusing FedProx" in caplog.text
 
 
@@ -129,10 +131,11 @@ def _epoch(*settings: MethodSetting) -> KeyEpochStart:
 
 def _attached(new_context: Callable[[], Any], epoch: KeyEpochStart) -> FedProx:
     x, y = _data()
-    method = FedProx(TorchTrainer(x, y, model_config=MODEL, train=TRAIN))
     ctx = new_context()
+    ctx.trainer = TorchTrainer(x, y, model_config=MODEL, train=TRAIN)
     ctx.epoch = epoch
-    method.attach(ctx, Router("d0"))
+    method = FedProx(ctx)
+    method.register(Router("d0"))
     return method
 
 

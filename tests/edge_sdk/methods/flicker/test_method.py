@@ -48,11 +48,12 @@ def test_count_level_resampling_keeps_copies_and_drops_a_class_own_samples() -> 
     assert len(set(picked[labels[picked] == 0])) == 2  # no sample twice
 
 
-def test_without_a_run_the_data_is_unchanged() -> None:
+def test_without_a_run_the_data_is_unchanged(new_context: Any) -> None:
     labels = np.array([0, 1, 1], dtype=np.int64)
     x = np.arange(3, dtype=np.float32)[:, None]
+    flicker = Flicker(new_context(), FlickerSpec(), labels=labels, x=x)
 
-    samples, out = Flicker(FlickerSpec(), labels=labels, x=x).resampled()
+    samples, out = flicker.resampled()
 
     assert samples is x and out is labels
 
@@ -69,14 +70,14 @@ def test_a_features_file_becomes_the_shared_extractor(tmp_path: Path) -> None:
         load_features(path)
 
 
-def test_non_square_samples_cannot_be_resampled_as_images() -> None:
+def test_non_square_samples_cannot_be_resampled_as_images(new_context: Any) -> None:
     from ursa.edge_sdk.methods.flicker.resampling import CentroidFeatures
 
     labels = np.array([0, 1], dtype=np.int64)
     extractor = CentroidFeatures(np.eye(2, 5), 1.0)
 
     with pytest.raises(ValueError, match="not square"):
-        Flicker(labels=labels, x=np.zeros((2, 5)), extractor=extractor)
+        Flicker(new_context(), labels=labels, x=np.zeros((2, 5)), extractor=extractor)
 
 
 # --- the DeviceMethod on a fake device context --------------------------------
@@ -116,8 +117,8 @@ def _ring_start(ctx: Any, order: tuple[str, ...], **change: Any) -> RingStart:
 
 def _attached(new_context: Any) -> tuple[Flicker, Any, Router]:
     ctx, router = new_context(), Router(ME)
-    flicker = Flicker(FlickerSpec(), labels=LABELS, rng=np.random.default_rng(0))
-    flicker.attach(ctx, router)
+    flicker = Flicker(ctx, FlickerSpec(), labels=LABELS, rng=np.random.default_rng(0))
+    flicker.register(router)
     return flicker, ctx, router
 
 
@@ -251,7 +252,12 @@ def test_the_resampled_labels_replace_the_data_before_registration(
     assert delta.tolist() == (np.subtract(participant.counts, (6, 1, 1))).tolist()
 
 
-def test_a_flicker_never_attached_keeps_the_device_data() -> None:
+def test_a_flicker_without_a_run_keeps_the_device_data(new_context: Any) -> None:
     pytest.importorskip("tenseal")
+    flicker = Flicker(new_context(), labels=LABELS)
 
-    assert Flicker(labels=LABELS).replace_data() is None
+    data = flicker.replace_data()
+
+    assert not flicker.has_resampled and flicker.participant.counts == (6, 1, 1)
+    assert data is not None and data.x is None
+    assert data.labels.tolist() == LABELS.tolist()
