@@ -3,9 +3,9 @@
 Built over the device's `DeviceContext` from its ``[[methods]]`` table and
 its trainer (`ursa.edge_sdk.methods.registry.compose_methods`), with the
 methods the app's factories build, federated evaluation, and the secure
-means serving them. The
-runtime asks them together: the registration key, a transfer that is not a
-model's, the data a balancing method leaves, an error the coordinator sent.
+means serving them. The runtime asks them together: the registration key,
+a transfer that is not a model's, the data a balancing method leaves, an
+error the coordinator sent.
 """
 
 from __future__ import annotations
