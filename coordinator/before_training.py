@@ -167,6 +167,13 @@ class BeforeTraining(ABC):
         """
         return False
 
+    def fleet_needs_model(self, round_index: int) -> bool:
+        """Whether every online device reads the round's model in this step.
+
+        Default: no; then only the selected devices get the model pushed.
+        """
+        return False
+
     def refused(self, round_index: int, device: str) -> None:  # noqa: B027 - optional hook
         """``device`` refused the sum of the round's mean (default: nothing)."""
 

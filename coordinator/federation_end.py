@@ -42,6 +42,7 @@ __all__ = [
     "OnnxExporter",
     "end_message",
     "end_metrics",
+    "fits_inline",
     "write_final_model",
 ]
 
@@ -99,6 +100,14 @@ def end_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def fits_inline(payload: bytes) -> bool:
+    """Whether a final model's bytes ride in the `FederationEnd` itself (one chunk).
+
+    Then every device has it with the notice, and no transfer of it is sent.
+    """
+    return 0 < len(payload) <= MAX_CHUNK_SIZE
+
+
 def end_message(
     federation: str, rounds: int, final: FinalModel | None
 ) -> FederationEnd:
@@ -107,7 +116,7 @@ def end_message(
         return FederationEnd(
             federation=federation, round=rounds, sender=COORDINATOR, rounds=rounds
         )
-    inline = 0 < len(final.payload) <= MAX_CHUNK_SIZE
+    inline = fits_inline(final.payload)
     return FederationEnd(
         federation=federation,
         round=rounds,

@@ -1,19 +1,24 @@
 """Model transfers on the coordinator: global versions out in chunks, updates in.
 
-Out: a global model version goes to every device as one chunked transfer
-(`ursa.protocol.chunking`) on the global transfer topic. Its transfer id is
-derived from (federation, model, version) (`ursa.protocol.ids.model_transfer_id`,
-the device's function too) and its purpose names the version
+Out: a global model version goes as one chunked transfer
+(`ursa.protocol.chunking`) to the devices that need it: on their own down
+topics to a round's selected devices, on the global transfer topic when every
+device needs it (a federated evaluation or CLIMB's dual step reads it, the
+final model, FedDisk's judging); each recipient, and the broadcast, once per
+version (`OutgoingModels.deliveries`). Its transfer id is derived from
+(federation, model, version) (`ursa.protocol.ids.model_transfer_id`, the
+device's function too) and its purpose names the version
 (``"<model>.v<version>"``), so a device that sees the chunks before the
-notice, or is told only a version (a `MeanRequest`), knows what
-they are and can re-request what it missed. A re-request is answered on the
-device's own down topic with the manifest first (a device that missed it
-learns the layout), then the chunks asked for. A 200-byte request can ask for
-a whole model, so only the last two versions are answered (the newest, and
-the open round's base, which a slow device may still be fetching), and each
-device at most ``max_requests`` times per version (`RequestBudgetError`):
-what one device can make the coordinator send is bounded by
-``max_requests`` x the model's size per version.
+notice, or is told only a version (a `MeanRequest`), knows what they are and
+can fetch what it lacks. A fetch is a `ChunkRequest`, answered on the
+device's own down topic (never broadcast: no amplification onto others) with
+the manifest first (a device that missed it learns the layout), then the
+chunks asked for. A 200-byte request can ask for a whole model, so only the
+last two versions are answered (the newest, and the open round's base, which
+a slow device may still be fetching), each device at most ``max_requests``
+times per version (`RequestBudgetError`) and once per ``min_interval_s``
+(`RequestTooSoonError`): what one device can make the coordinator send is
+bounded by ``max_requests`` x the model's size per version.
 
 In: a device's update larger than one inline message arrives as a manifest
 (purpose ``model_update``) and chunks on its up topic, named by its
@@ -27,8 +32,10 @@ so no device's upload can crowd out another's.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
+from ursa.protocol.admission_limits import MAX_TRACKED_SENDERS
 from ursa.protocol.chunking import (
     DEFAULT_MAX_REQUESTS,
     Reassembler,
@@ -50,9 +57,12 @@ from ursa.protocol.messages import (
 
 __all__ = [
     "DEFAULT_MAX_CHUNK_REQUESTS",
+    "DEFAULT_MIN_REQUEST_INTERVAL_S",
     "UPDATE_PURPOSE",
+    "Delivery",
     "OutgoingModels",
     "RequestBudgetError",
+    "RequestTooSoonError",
     "SecondUploadError",
     "TransferRejectedError",
     "Uploads",
@@ -65,6 +75,9 @@ DEFAULT_KEEP_TRANSFERS = 2
 """Versions answered: the newest and the one before (the open round's base)."""
 DEFAULT_MAX_CHUNK_REQUESTS = DEFAULT_MAX_REQUESTS
 """Re-requests answered per device and model version."""
+DEFAULT_MIN_REQUEST_INTERVAL_S = 0.5
+"""The least time between two answered requests of one device (a device asks
+every ``retry_s``, 2 s by default)."""
 
 
 class TransferRejectedError(ValueError):
@@ -77,6 +90,10 @@ class SecondUploadError(TransferRejectedError):
 
 class RequestBudgetError(TransferRejectedError):
     """A device asked for a model version more often than ``max_requests``."""
+
+
+class RequestTooSoonError(TransferRejectedError):
+    """A device asked again within ``min_interval_s`` of its last answer."""
 
 
 def model_notice(
@@ -103,18 +120,26 @@ def model_purpose(model: str, version: int) -> str:
     return f"{model}.v{version}"
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Published:
     manifest: TransferManifest
     chunks: list[Chunk]
+    reached: set[str] = field(default_factory=set)
+    """Devices its chunks were pushed to on their down topics."""
+    broadcast: bool = False
+    """Whether its chunks went to every device on the global topic."""
+
+
+Delivery = tuple[BaseMessage, str | None]
+"""A message and its recipient: a device's down topic, or None (global)."""
 
 
 class OutgoingModels:
-    """The chunked transfers of the current global model versions, and who asked.
+    """The chunked transfers of the current global model versions, and who got them.
 
     The last ``keep`` versions are answered (the newest, and the one the open
     round trains from or a FedDisk loss step reads); each device at most
-    ``max_requests`` times per version.
+    ``max_requests`` times per version and once per ``min_interval_s``.
     """
 
     def __init__(
@@ -124,19 +149,115 @@ class OutgoingModels:
         chunk_size: int,
         keep: int = DEFAULT_KEEP_TRANSFERS,
         max_requests: int = DEFAULT_MAX_CHUNK_REQUESTS,
+        min_interval_s: float = DEFAULT_MIN_REQUEST_INTERVAL_S,
     ) -> None:
         if keep < 1:
             raise ValueError("keep must be positive")
+        if min_interval_s < 0:
+            raise ValueError("min_interval_s must not be negative")
         self._federation = federation
         self._chunk_size = chunk_size
         self._keep = keep
         self._budget = RequestBudget(max_requests)
+        self._min_interval_s = min_interval_s
+        self._answered_at: OrderedDict[str, float] = OrderedDict()
+        """Device -> when its last request was answered (bounded)."""
         self._published: OrderedDict[str, _Published] = OrderedDict()
 
     def publish(
         self, model: str, version: int, payload: bytes, round_index: int
     ) -> tuple[TransferManifest, list[Chunk]]:
         """The manifest and chunks of a version (made once, then remembered)."""
+        known = self._known(model, version, payload, round_index)
+        return known.manifest, known.chunks
+
+    def deliveries(
+        self,
+        model: str,
+        version: int,
+        payload: bytes,
+        round_index: int,
+        to: Iterable[str] | None,
+    ) -> list[Delivery]:
+        """What brings a version to ``to`` (None: every device, globally).
+
+        Each device, and the broadcast, gets a version once (`redeliver`
+        forgets that); a device is not sent what a broadcast already sent.
+        """
+        known = self._known(model, version, payload, round_index)
+        parts: list[BaseMessage] = [known.manifest, *known.chunks]
+        if to is None:
+            if known.broadcast:
+                return []
+            known.broadcast = True
+            return [(part, None) for part in parts]
+        if known.broadcast:
+            return []
+        out: list[Delivery] = []
+        for device in dict.fromkeys(to):
+            if device not in known.reached:
+                known.reached.add(device)
+                out.extend((part, device) for part in parts)
+        return out
+
+    def redeliver(self) -> None:
+        """Forget who got which version: the next `deliveries` send again."""
+        for known in self._published.values():
+            known.reached.clear()
+            known.broadcast = False
+
+    def pushed_to(self, transfer_id: str) -> frozenset[str] | None:
+        """Devices a version was pushed to (None: broadcast, or not current)."""
+        known = self._published.get(transfer_id)
+        return None if known is None or known.broadcast else frozenset(known.reached)
+
+    def requests(self, device: str, transfer_id: str) -> int:
+        """Re-requests of a remembered version answered for ``device``."""
+        return self._budget.used(device, transfer_id)
+
+    def answer(
+        self, device: str, request: ChunkRequest, *, now: float
+    ) -> list[BaseMessage]:
+        """The manifest, then the chunks ``device`` asked for (counted).
+
+        ``now`` is any monotonic clock in seconds (the interval's).
+
+        Raises:
+            TransferRejectedError: not a current version, or an unknown index.
+            RequestBudgetError: ``device`` has spent its requests for this
+                version.
+            RequestTooSoonError: ``device`` had a request answered less than
+                ``min_interval_s`` ago.
+        """
+        known = self._published.get(request.transfer_id)
+        if known is None:
+            raise TransferRejectedError(
+                f"transfer {request.transfer_id} is not a current model version"
+            )
+        try:
+            self._budget.check(device, request.transfer_id)
+        except RequestLimitError as exc:
+            raise RequestBudgetError(f"{known.manifest.purpose}: {exc}") from None
+        last = self._answered_at.get(device)
+        if last is not None and 0 <= now - last < self._min_interval_s:
+            raise RequestTooSoonError(
+                f"{known.manifest.purpose}: a request answered {now - last:.2f} s "
+                f"ago (at most one per {self._min_interval_s:g} s and device)"
+            )
+        try:
+            chunks = select_chunks(known.chunks, request)
+        except ChunkError as exc:
+            raise TransferRejectedError(str(exc)) from None
+        self._budget.spend(device, request.transfer_id)
+        self._answered_at[device] = now
+        self._answered_at.move_to_end(device)
+        while len(self._answered_at) > MAX_TRACKED_SENDERS:
+            self._answered_at.popitem(last=False)
+        return [known.manifest, *chunks]
+
+    def _known(
+        self, model: str, version: int, payload: bytes, round_index: int
+    ) -> _Published:
         tid = model_transfer_id(self._federation, model, version)
         known = self._published.get(tid)
         if known is None:
@@ -154,35 +275,7 @@ class OutgoingModels:
             while len(self._published) > self._keep:
                 old, _ = self._published.popitem(last=False)
                 self._budget.forget(old)
-        return known.manifest, known.chunks
-
-    def requests(self, device: str, transfer_id: str) -> int:
-        """Re-requests of a remembered version answered for ``device``."""
-        return self._budget.used(device, transfer_id)
-
-    def answer(self, device: str, request: ChunkRequest) -> list[BaseMessage]:
-        """The manifest, then the chunks ``device`` asked for (counted).
-
-        Raises:
-            TransferRejectedError: not a current version, or an unknown index.
-            RequestBudgetError: ``device`` has spent its requests for this
-                version.
-        """
-        known = self._published.get(request.transfer_id)
-        if known is None:
-            raise TransferRejectedError(
-                f"transfer {request.transfer_id} is not a current model version"
-            )
-        try:
-            self._budget.check(device, request.transfer_id)
-        except RequestLimitError as exc:
-            raise RequestBudgetError(f"{known.manifest.purpose}: {exc}") from None
-        try:
-            chunks = select_chunks(known.chunks, request)
-        except ChunkError as exc:
-            raise TransferRejectedError(str(exc)) from None
-        self._budget.spend(device, request.transfer_id)
-        return [known.manifest, *chunks]
+        return known
 
 
 class Uploads:

@@ -62,6 +62,10 @@ class SecureMeanStep(BeforeTraining):
     def is_due(self, round_index: int) -> bool:
         """Whether round ``round_index`` starts with this mean."""
 
+    def fleet_needs_model(self, round_index: int) -> bool:
+        """When due: every online device reports at the round's model version."""
+        return self.is_due(round_index)
+
     @abstractmethod
     def wire(self, info: RoundInfo) -> MeanWire | None:
         """The round's wire (None: the step cannot run in this round)."""

@@ -2,13 +2,18 @@
 
 Round r, after the signed selection (base version v = the latest checkpoint)::
 
-    1  [v new]  TransferManifest("<model>.v<v>") + Chunks -> all  (global)
+    1  TransferManifest("<model>.v<v>") + Chunks -> each selected device
+       (its down topic; once per device and version), or -> all (global)
+       when every online device reads v first (a step's
+       `BeforeTraining.fleet_needs_model`: a federated evaluation, CLIMB's
+       dual step)
     2  the before-training steps, in order, each until it is done
        (`ursa.coordinator.before_training`; CLIMB's dual step is one:
        `ursa.coordinator.methods.climb`); their kinds go to them
-    3  ModelAvailable(r, v, transfer id) -> all (retained): the selected
-       devices train from v (a device missing chunks asks `ChunkRequest`,
-       answered on its own down topic with the manifest and those chunks)
+    3  ModelAvailable(r, v, transfer id, sha256) -> all (retained): the
+       selected devices train from v (a device missing chunks, or a device
+       that was not sent v and needs it, asks `ChunkRequest`, answered on its
+       own down topic with the manifest and those chunks)
     4  device -> ModelUpdate(base_version=v, num_examples, delta inline, or
        transfer_id after an upload manifest + chunks) -> running weighted sum
        (`ursa.coordinator.aggregation`: FedAvg by num_examples, equal, or
@@ -73,7 +78,7 @@ from ursa.coordinator.before_training import (
     StepContext,
 )
 from ursa.coordinator.clock import Clock
-from ursa.coordinator.federation_end import FinalModel
+from ursa.coordinator.federation_end import FinalModel, fits_inline
 from ursa.coordinator.model_transfer import (
     OutgoingModels,
     TransferRejectedError,
@@ -234,7 +239,6 @@ class TrainingPlugin(RoundPlugin):
             chunk_size=self.config.chunk_size,
             max_requests=self.config.max_chunk_requests,
         )
-        self._published_version: int | None = None
         self._open: OpenRound | None = None
         self.history: list[RoundRecord] = []
 
@@ -335,7 +339,7 @@ class TrainingPlugin(RoundPlugin):
         if base.round == round_index and base.version > 0:
             work.phase = Phase.DONE  # aggregated just before a restart
             return
-        self._publish_model(round_index)
+        self._deliver(round_index, self._audience(round_index, selected))
         self._open_steps(work, now, 0)
 
     def on_message(self, round_index: int, message: BaseMessage, send: Send) -> None:
@@ -449,10 +453,21 @@ class TrainingPlugin(RoundPlugin):
         return self.history[-1].metrics if self.history else {}
 
     def final_model(self, send: Send) -> FinalModel:
-        """The latest version, its chunks sent to all (if not yet), with its figures."""
+        """The latest version, with its figures; its chunks to all unless inline.
+
+        A final model that fits the `FederationEnd` (`fits_inline`) reaches
+        every device in it, so its chunks are only kept for a fetch; a larger
+        one goes to all as a transfer.
+        """
         self._send = send
         last = self.history[-1] if self.history else None
-        self._publish_model(0 if last is None else last.round)
+        last_round = 0 if last is None else last.round
+        if fits_inline(self._payload):
+            self._outgoing.publish(
+                self.config.model, self._latest.version, self._payload, last_round
+            )
+        else:
+            self._deliver(last_round, None)
         version = self._latest.version
         metrics = last.metrics if last is not None and last.version == version else {}
         return FinalModel(
@@ -487,26 +502,33 @@ class TrainingPlugin(RoundPlugin):
     # --- publishing ---------------------------------------------------------------
 
     def publish_latest(self, round_index: int, send: Send) -> None:
-        """Send the latest version's chunks to all now (once per version).
+        """Send the latest version's chunks to all now (once per version, globally).
 
         For a plugin that needs devices to hold the model before a round
         trains from it (FedDisk's loss step); chunk requests for it are
         answered here as usual.
         """
         self._send = send
-        self._publish_model(round_index)
+        self._deliver(round_index, None)
 
-    def _publish_model(self, round_index: int) -> None:
-        version = self._latest.version
-        if self._published_version == version:
-            return
-        manifest, chunks = self._outgoing.publish(
-            self.config.model, version, self._payload, round_index
-        )
-        self._emit(manifest, None)
-        for chunk in chunks:
-            self._emit(chunk, None)
-        self._published_version = version
+    def _audience(
+        self, round_index: int, selected: Sequence[str]
+    ) -> Sequence[str] | None:
+        """Who gets the round's model: its selected devices, or all (None)."""
+        if any(step.fleet_needs_model(round_index) for step in self._steps):
+            return None
+        return selected
+
+    def _deliver(self, round_index: int, to: Sequence[str] | None) -> None:
+        """The latest version's chunks to ``to`` (None: all), once per recipient."""
+        for message, device in self._outgoing.deliveries(
+            self.config.model,
+            self._latest.version,
+            self._payload,
+            round_index,
+            to,
+        ):
+            self._emit(message, device)
 
     def _notice(self, work: OpenRound) -> ModelAvailable:
         # a round trains from the latest version: only its own end makes a newer one
@@ -523,8 +545,8 @@ class TrainingPlugin(RoundPlugin):
     def _republish(self, work: OpenRound) -> None:
         if work.phase is Phase.DONE:
             return
-        self._published_version = None
-        self._publish_model(work.index)
+        self._outgoing.redeliver()
+        self._deliver(work.index, self._audience(work.index, work.selected))
         for step in self._steps[: work.step + 1]:
             step.republish(work.index)
         if work.phase is Phase.TRAIN:
@@ -814,10 +836,20 @@ class TrainingPlugin(RoundPlugin):
     # --- downloads ----------------------------------------------------------------
 
     def _on_chunk_request(self, device: str, request: ChunkRequest, send: Send) -> None:
+        """A device fetches a current version (its chunks go to it alone)."""
         try:
-            replies = self._outgoing.answer(device, request)
+            replies = self._outgoing.answer(device, request, now=self._clock())
         except TransferRejectedError as exc:
             raise RejectedError(ErrorCode.TRANSFER_FAILED, str(exc)) from None
+        pushed = self._outgoing.pushed_to(request.transfer_id)
+        logger.debug(
+            "round %d: %s fetches %d chunk(s) of transfer %s%s",
+            request.round,
+            device,
+            len(replies) - 1,
+            request.transfer_id,
+            "" if pushed is None or device in pushed else " (not sent it)",
+        )
         for reply in replies:
             send(reply, device)
 

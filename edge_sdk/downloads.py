@@ -5,9 +5,14 @@ A global version arrives as a chunked transfer whose purpose is
 version) (`ursa.protocol.ids.model_transfer_id`, the coordinator's). Chunks of a newer
 version of the device's model are reassembled (capped at ``max_model_bytes``)
 and checked by sha256; the training rounds then check the arrays against the
-trainer and the data (``fits``) before the version is kept. A version the
-device needs but lacks chunks of is re-requested (`ChunkRequest`, chunk 0
-when the manifest is unknown) at most every ``retry_s``.
+trainer and the data (``fits``) before the version is kept. The
+coordinator pushes a version only to the devices it knows need it (a
+round's selected devices; every device when all read it), so a version the
+device needs (`want`: it is selected, a mean asks at that version, the
+final model) but was not sent, or lacks chunks of, is fetched
+(`ChunkRequest`, chunk 0 when the manifest is unknown: the answer brings
+it) at most every ``retry_s``; the first ask waits ``retry_s`` too, so a push
+already on its way is not asked for twice.
 """
 
 from __future__ import annotations

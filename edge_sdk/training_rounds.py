@@ -2,10 +2,14 @@
 
 The coordinator's side is ``coordinator/training.py``. On the device:
 
-* **download**: the global versions, by the `ModelDownloads` this part
-  owns (``downloads.py``; transfer ids from `ursa.protocol.ids`); a complete
-  version is checked here against the trainer (array names and shapes) and
-  the data before it is kept, and `poll` asks for missing chunks.
+* **download**: the global versions the device is sent or needs, by the
+  `ModelDownloads` this part owns (``downloads.py``; transfer ids from
+  `ursa.protocol.ids`): the coordinator pushes a round's version to the
+  selected devices only (to all when every device reads it), so a device
+  fetches a version only when it needs one it lacks (selected, a mean at
+  that version, the final model); a complete version is checked here
+  against the trainer (array names and shapes) and the data before it is
+  kept, and `poll` asks for missing chunks.
 * **training**: a device selected in round r (signed `SelectionResult`; a
   selection-only device runs `Trainer.train` at once) trains
   once the retained `ModelAvailable` of round r has arrived, its version is
@@ -257,7 +261,12 @@ class TrainingRounds:
         self.maybe_train()
 
     def on_model_available(self, message: ModelAvailable) -> None:
-        """A round's global model: download it, train once it is here."""
+        """A round's global model: train from it once it is here, if selected.
+
+        Only a device selected in the round fetches a version it was not
+        sent (`maybe_train`); the others keep what they hold until they need
+        a version (an evaluation, the final model).
+        """
         for method in self._methods:
             method.admit_model(message)  # NotReadyError: held back, retried later
         trainer = self._data.model_trainer
@@ -274,8 +283,7 @@ class TrainingRounds:
             for item in sent:
                 self._link.send(item)
             return
-        self.downloads.want(message.model_version, message.transfer_id)
-        self.maybe_train()
+        self.maybe_train()  # a selected device fetches the version if it lacks it
 
     def maybe_train(self) -> None:
         """Train every selected round whose model, masks and methods are ready."""

@@ -8,6 +8,7 @@ from ursa.coordinator.model_transfer import (
     UPDATE_PURPOSE,
     OutgoingModels,
     RequestBudgetError,
+    RequestTooSoonError,
     SecondUploadError,
     TransferRejectedError,
     Uploads,
@@ -29,16 +30,16 @@ def test_a_re_request_gets_the_manifest_then_the_chunks() -> None:
         indices=(2, 0),
     )  # fmt: skip
 
-    replies = outgoing.answer("d1", request)
+    replies = outgoing.answer("d1", request, now=1)
 
     assert replies[0] == manifest
     assert [c.index for c in replies[1:]] == [2, 0]  # type: ignore[attr-defined]
     assert len(chunks) == 3
     outgoing.publish("classifier", 2, b"x", 2)
-    assert outgoing.answer("d1", request)[0] == manifest  # the open round's base
+    assert outgoing.answer("d1", request, now=2)[0] == manifest  # the open round's base
     outgoing.publish("classifier", 3, b"y", 3)
     with pytest.raises(TransferRejectedError, match="not a current model"):
-        outgoing.answer("d1", request)  # version 1 has aged out
+        outgoing.answer("d1", request, now=3)  # version 1 has aged out
 
 
 def test_each_device_has_a_few_requests_per_version() -> None:
@@ -48,14 +49,15 @@ def test_each_device_has_a_few_requests_per_version() -> None:
         federation="f", round=1, sender="d1", transfer_id=manifest.transfer_id,
         indices=(0, 1, 2),
     )  # fmt: skip
-    outgoing.answer("d1", request)
-    outgoing.answer("d1", request)
+    outgoing.answer("d1", request, now=4)
+    outgoing.answer("d1", request, now=5)
 
     with pytest.raises(RequestBudgetError, match="at most 2"):
-        outgoing.answer("d1", request)
-    assert len(outgoing.answer("d2", request)) == 4  # another device's own budget
+        outgoing.answer("d1", request, now=6)
+    # another device's own budget
+    assert len(outgoing.answer("d2", request, now=7)) == 4
     with pytest.raises(TransferRejectedError, match="unknown chunk"):
-        outgoing.answer("d2", request.model_copy(update={"indices": (7,)}))
+        outgoing.answer("d2", request.model_copy(update={"indices": (7,)}), now=8)
     tid = manifest.transfer_id
     assert outgoing.requests("d2", tid) == 1  # a refused request is not counted
     again, _ = outgoing.publish("classifier", 1, b"0123456789", 1)
@@ -64,8 +66,54 @@ def test_each_device_has_a_few_requests_per_version() -> None:
     assert outgoing.requests("d1", latest.transfer_id) == 0  # its own budget
     answered = outgoing.answer("d1", request.model_copy(
         update={"transfer_id": latest.transfer_id, "indices": (0,)}
-    ))  # fmt: skip
+    ), now=9)  # fmt: skip
     assert answered[0] == latest
+
+
+def test_a_device_asking_again_too_soon_is_refused_and_not_counted() -> None:
+    outgoing = OutgoingModels("f", chunk_size=4, min_interval_s=1.0)
+    manifest, _ = outgoing.publish("classifier", 1, b"0123456789", 1)
+    request = ChunkRequest(
+        federation="f", round=1, sender="d1", transfer_id=manifest.transfer_id,
+        indices=(0,),
+    )  # fmt: skip
+    outgoing.answer("d1", request, now=10.0)
+
+    with pytest.raises(RequestTooSoonError, match="one per 1 s"):
+        outgoing.answer("d1", request, now=10.5)
+    assert outgoing.requests("d1", manifest.transfer_id) == 1
+    assert outgoing.answer("d2", request, now=10.5)[0] == manifest  # its own clock
+    assert outgoing.answer("d1", request, now=11.0)[0] == manifest
+
+
+def test_a_version_goes_once_to_each_device_it_is_delivered_to() -> None:
+    outgoing = OutgoingModels("f", chunk_size=4)
+    sent = outgoing.deliveries("classifier", 1, b"0123456789", 1, ["d1", "d2", "d1"])
+
+    assert [(m.kind, to) for m, to in sent] == [
+        (kind, device)
+        for device in ("d1", "d2")
+        for kind in ("transfer_manifest", "chunk", "chunk", "chunk")
+    ]
+    assert outgoing.deliveries("classifier", 1, b"0123456789", 1, ["d1"]) == []
+    later = outgoing.deliveries("classifier", 1, b"0123456789", 1, ["d1", "d3"])
+    assert {to for _, to in later} == {"d3"}
+    tid = sent[0][0].transfer_id  # type: ignore[attr-defined]
+    assert outgoing.pushed_to(tid) == {"d1", "d2", "d3"}
+    outgoing.redeliver()  # a restart: what went out may not have arrived
+    assert {to for _, to in outgoing.deliveries(
+        "classifier", 1, b"0123456789", 1, ["d1"]
+    )} == {"d1"}  # fmt: skip
+
+
+def test_a_broadcast_version_is_not_pushed_to_devices_again() -> None:
+    outgoing = OutgoingModels("f", chunk_size=4)
+    everyone = outgoing.deliveries("classifier", 1, b"0123456789", 1, None)
+
+    assert len(everyone) == 4 and {to for _, to in everyone} == {None}
+    assert outgoing.deliveries("classifier", 1, b"0123456789", 1, None) == []
+    assert outgoing.deliveries("classifier", 1, b"0123456789", 1, ["d1"]) == []
+    assert outgoing.pushed_to(everyone[0][0].transfer_id) is None  # type: ignore[attr-defined]
 
 
 def _upload(

@@ -34,8 +34,9 @@ from ursa.models.spec import check_fits
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
+from ursa.protocol.ids import model_transfer_id
 from ursa.protocol.inmemory import InMemoryTransport
-from ursa.protocol.messages import ModelUpdate
+from ursa.protocol.messages import ChunkRequest, ModelUpdate
 
 FED = "fed"
 
@@ -84,10 +85,12 @@ def start_training(
     climb: ClimbConfig | None = None,
     prepare: Callable[[EdgeClient], None] | None = None,
     evaluate: Any = None,
+    steps: list[BeforeTraining] | None = None,
 ) -> TrainingPlugin:
     """Swap in a coordinator with the training plugin, start it and the devices.
 
-    With ``climb`` the devices run CLIMB and the plugin its dual step.
+    With ``climb`` the devices run CLIMB and the plugin its dual step; the
+    plugin runs ``steps`` after it.
     """
     initial = tmp_path / "initial.ursw"
     initial.write_bytes(arrays_to_bytes(INITIAL))
@@ -97,7 +100,7 @@ def start_training(
         config=config,
         initial_weights=initial,
         clock=fed.clock,
-        before_training=climb_steps(climb),
+        before_training=[*climb_steps(climb), *(steps or [])],
         evaluate=evaluate,
     )
     transport = InMemoryTransport(fed.bus, "coordinator")
@@ -303,11 +306,23 @@ def test_chunked_uploads_and_a_missed_download_are_recovered(
     federation: Any, tmp_path: Path
 ) -> None:
     fed = federation(num_devices=6, k=3, tries=1, rounds=2)
+    lost: set[tuple[str, str, str]] = set()
 
-    def lose_model_chunks(sender: str, receiver: str, topic: str, payload: bytes):
-        return receiver == "d00" and topic.endswith("/global/transfer")
+    def lose_first_model_push(
+        sender: str, receiver: str, topic: str, payload: bytes
+    ) -> bool:
+        if sender != "coordinator" or not topic.endswith("/down/transfer"):
+            return False
+        message = decode(payload)
+        if message.kind not in ("transfer_manifest", "chunk"):
+            return False  # the coordinator's requests for upload chunks
+        key = (receiver, message.kind, message.transfer_id)
+        if key in lost:
+            return False  # the answer to the device's fetch gets through
+        lost.add(key)
+        return True
 
-    fed.bus.drop_filter = lose_model_chunks
+    fed.bus.drop_filter = lose_first_model_push
 
     def small_messages(client: EdgeClient) -> None:
         client.training.uploads.inline_limit = 16
@@ -331,10 +346,11 @@ def test_chunked_uploads_and_a_missed_download_are_recovered(
     expected = fedavg_oracle(fed, 2)
     for name, value in plugin.global_arrays.items():
         np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
-    assert fed.devices["d00"].model_version in (1, 2)
     uploads = [m for _, m in fed.messages("model_update")]
     assert uploads and all(u.transfer_id is not None for u in uploads)
-    assert any("/dev/d00/up/" in t for t, _ in fed.messages("chunk_request"))
+    fetched = {t.split("/")[4] for t, _ in fed.messages("chunk_request") if "/up/" in t}
+    trained = {m.sender for m in uploads}
+    assert lost and trained <= fetched  # each lost its push, fetched, trained
 
 
 def test_a_restarted_plugin_resumes_from_the_latest_checkpoint(
@@ -840,3 +856,141 @@ def test_distributed_dp_rounds_spend_privacy_that_grows_and_is_reported(
     assert "devices" not in plugin.history[0].metrics  # no metrics under DP
     for value in plugin.global_arrays.values():
         assert np.all(np.isfinite(value))
+
+
+def model_receivers(fed: Any) -> dict[int, set[str | None]]:
+    """Per global version: the devices its manifest was pushed to (None: all)."""
+    out: dict[int, set[str | None]] = {}
+    for topic, message in fed.messages("transfer_manifest"):
+        if not message.purpose.startswith("classifier.v"):
+            continue
+        version = int(message.purpose.rsplit(".v", 1)[1])
+        levels = topic.split("/")
+        to = None if levels[3] == "global" else levels[4]
+        if message.sender == "coordinator" and (to is None or "/down/" in topic):
+            out.setdefault(version, set()).add(to)
+    return out
+
+
+def chunk_bytes_received(fed: Any, device: str) -> int:
+    """Model chunk bytes that reached ``device`` (its down topic or the global one)."""
+    return sum(
+        len(m.data)
+        for t, m in fed.messages("chunk")
+        if m.sender == "coordinator"
+        and (t.endswith("/global/transfer") or f"/dev/{device}/down/" in t)
+    )
+
+
+def test_only_a_rounds_selected_devices_receive_its_model(
+    federation: Any, tmp_path: Path
+) -> None:
+    fed = federation(num_devices=6, k=3, tries=1, rounds=3)
+
+    plugin = start_training(fed, tmp_path, TrainingConfig(aggregation=PLAIN))
+
+    assert fed.coordinator.is_done and plugin.version == 3
+    chosen = selections(fed)
+    # round r trains from version r - 1: pushed to its selected devices alone
+    assert model_receivers(fed) == {r - 1: set(chosen[r]) for r in (1, 2, 3)}
+    assert not any(t.endswith("/global/transfer") for t, _ in fed.messages("chunk"))
+    never = set(fed.device_ids) - {d for r in chosen.values() for d in r}
+    for device in never:  # a device never selected received no model chunk...
+        assert chunk_bytes_received(fed, device) == 0
+        assert fed.devices[device].model_version is None
+    assert not any("/up/" in t for t, _ in fed.messages("chunk_request"))
+    (end,) = [m for _, m in fed.messages("federation_end")]
+    assert end.model_version == 3 and end.weights is not None  # ...but the final
+    for client in fed.devices.values():
+        assert client.finished.wait(10)
+
+
+class FleetReads(BeforeTraining):
+    """A step in which every online device reads the model of round 2."""
+
+    name = "probe"
+    signed = False
+
+    def register(self, router: Any) -> None:
+        pass
+
+    def attach(self, ctx: Any) -> None:
+        pass
+
+    def open(self, info: Any, now: float) -> None:
+        return None
+
+    def on_tick(self, round_index: int, now: float) -> None:
+        pass
+
+    def is_done(self, round_index: int) -> bool:
+        return True
+
+    def republish(self, round_index: int) -> None:
+        pass
+
+    def close(self, round_index: int) -> None:
+        pass
+
+    def fleet_needs_model(self, round_index: int) -> bool:
+        return round_index == 2
+
+
+def test_a_round_the_whole_fleet_evaluates_sends_its_model_to_all(
+    federation: Any, tmp_path: Path
+) -> None:
+    fed = federation(num_devices=6, k=3, tries=1, rounds=3)
+
+    plugin = start_training(
+        fed, tmp_path, TrainingConfig(aggregation=PLAIN), steps=[FleetReads()]
+    )
+
+    assert fed.coordinator.is_done and plugin.version == 3
+    chosen = selections(fed)
+    receivers = model_receivers(fed)
+    assert receivers[1] == {None}  # round 2's model went to every device, once
+    assert receivers[0] == set(chosen[1]) and receivers[2] == set(chosen[3])
+    for device in set(fed.device_ids) - set(chosen[2]):
+        assert fed.devices[device].model_version is not None
+
+
+def test_a_device_that_needs_a_version_fetches_it_within_bounds(
+    federation: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = federation(num_devices=6, k=3, tries=1, rounds=1)
+    fed.bus.drop_filter = drop_first_selected_update(fed)  # round 1 stays open
+    caplog.set_level(logging.INFO, logger="ursa.coordinator")
+    start_training(fed, tmp_path, TrainingConfig(aggregation=PLAIN))
+    fed.bus.drop_filter = None
+    chosen = selections(fed)[1]
+    outsider = next(d for d in fed.device_ids if d not in chosen)
+    assert not fed.coordinator.is_done and chunk_bytes_received(fed, outsider) == 0
+
+    def fetch(version: int, indices: tuple[int, ...] = (0,)) -> None:
+        fed.send_as(
+            outsider,
+            ChunkRequest(
+                federation=FED,
+                round=1,
+                sender=outsider,
+                transfer_id=model_transfer_id(FED, "classifier", version),
+                indices=indices,
+            ),
+        )
+
+    before = len(fed.messages("chunk"))
+    fetch(0)
+    answers = fed.messages("chunk")[before:]
+    assert [t for t, _ in answers] == [f"ursa/v1/{FED}/dev/{outsider}/down/transfer"]
+    fetch(0)  # again at once: at most one answer per 0.5 s
+    fed.tick(1.0)
+    fetch(7)  # not a current version
+    fetch(0, (5,))  # no such chunk
+    assert len(fed.messages("chunk")) == before + 1  # nothing more sent, to anyone
+    reasons = [e.reason for e in fed.errors_to(outsider)]
+    assert [e.code for e in fed.errors_to(outsider)] == ["transfer_failed"] * 3
+    assert "at most one per 0.5 s" in reasons[0]
+    assert "not a current model version" in reasons[1]
+    assert "a request answered" in caplog.text
+    fed.raw.publish(f"ursa/v1/{FED}/dev/{outsider}/up/transfer", b"\x93garbage")
+    assert fed.bus.handler_errors == 0 and not fed.coordinator.is_done

@@ -327,9 +327,10 @@ def test_a_stop_verdict_switches_to_the_classifier(
         1,
         "classifier",
     )
-    assert [m.purpose for m in h.of("transfer_manifest")] == [
-        "made.v2",  # for the loss step
-        "classifier.v0",
+    manifests = [(m.purpose, to) for m, to in h.sent if m.kind == "transfer_manifest"]
+    assert manifests == [
+        ("made.v2", None),  # for the loss step: every device judges it
+        *(("classifier.v0", device) for device in SELECTED),  # the selected train
     ]
     notice = h.of("model_available")[-1]
     assert (notice.model, notice.round, notice.model_version) == ("classifier", 3, 0)
@@ -585,6 +586,7 @@ def test_chunk_requests_reach_whoever_published_the_transfer(
 
     def ask(model: str, version: int) -> list[str]:
         h.sent.clear()
+        h.clock.now += 1.0  # a device asks every retry_s (2 s), at most 1 per 0.5 s
         request = ChunkRequest(
             federation=FED,
             round=2,
