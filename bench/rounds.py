@@ -10,8 +10,11 @@ and ``dubhe,climb``. Per combination it reports
   minus the slowest selected device's local training in that round (each
   device's `RoundTrained` events); what selection, masking, transfer and
   aggregation add to the training itself;
-* bytes each device received and sent per round (its MQTT link's counts
-  over the run, over the rounds);
+* bytes each device received and sent per round (its MQTT link's payload
+  counts over the whole run, enrolment, key epoch and the final model
+  included, over the rounds): since protocol 10 a round's model goes only
+  to its selected devices (to all when every device evaluates it), so
+  received bytes follow K/N of the model, not the whole model;
 * the device processes' peak RSS (the largest).
 
 Budget: Dubhe's median non-training time at most `NON_TRAINING_RATIO_BUDGET`
@@ -109,6 +112,7 @@ def run(
     key_bits: int = 2048,
     local_epochs: int = 5,
     seed: int = 0,
+    eval_every: int | None = None,
     combinations: Sequence[str] = COMBINATIONS,
     as_json: bool = False,
     out: TextIO | None = None,
@@ -116,7 +120,9 @@ def run(
 ) -> int:
     """Run the demo's job once per combination; print the figures; 1 on a miss.
 
-    The defaults are the demo's; the small settings are for a smoke test.
+    The defaults are the demo's (``eval_every`` None: its federated
+    evaluation every 5 rounds; 0 turns it off, as Flower's job had none); the
+    small settings are for a smoke test.
     """
     from ursa.tools.demo.settings import TrainingDemoSettings, methods_options
     from ursa.tools.demo.training import run_training_demo
@@ -131,11 +137,14 @@ def run(
         local_epochs=local_epochs,
         seed=seed,
     )
+    if eval_every is not None:
+        base = replace(base, eval_every=eval_every)
     figures: dict[str, Any] = {
         "devices": devices,
         "k": k,
         "rounds": rounds,
         "key_bits": key_bits,
+        "eval_every": base.eval_every,
     }
     completed = True
     with tempfile.TemporaryDirectory(prefix="ursa-bench-rounds-") as tmp:

@@ -186,6 +186,12 @@ def register(sub: Subparsers) -> None:
     rounds.add_argument("--devices", type=int, default=20, help="device processes")
     rounds.add_argument("--k", type=int, default=8, help="participants per round")
     rounds.add_argument("--key-bits", type=int, default=2048, help="Paillier key")
+    rounds.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="federated evaluation every N rounds (default: the demo's 5; 0: off)",
+    )
     rounds.set_defaults(handler=_run_rounds)
     secagg = names.add_parser(
         "secagg",
@@ -391,6 +397,7 @@ def _run_rounds(args: argparse.Namespace) -> int:
             devices=args.devices,
             k=args.k,
             key_bits=args.key_bits,
+            eval_every=args.eval_every,
             as_json=args.json,
         )
     except DemoError as exc:
