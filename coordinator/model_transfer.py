@@ -18,7 +18,10 @@ last two versions are answered (the newest, and the open round's base, which
 a slow device may still be fetching), each device at most ``max_requests``
 times per version (`RequestBudgetError`) and once per ``min_interval_s``
 (`RequestTooSoonError`): what one device can make the coordinator send is
-bounded by ``max_requests`` x the model's size per version.
+bounded by ``max_requests`` x the model's size per version. A version's
+bytes go byte planes + zlib (``planes_zlib``, lossless:
+`ursa.protocol.transfer_encoding`); the signed notice's sha256 is of the
+decoded version.
 
 In: a device's update larger than one inline message arrives as a manifest
 (purpose ``model_update``) and chunks on its up topic, named by its
@@ -54,6 +57,7 @@ from ursa.protocol.messages import (
     ModelAvailable,
     TransferManifest,
 )
+from ursa.protocol.transfer_encoding import PLANES_ZLIB, encode_payload
 
 __all__ = [
     "DEFAULT_MAX_CHUNK_REQUESTS",
@@ -262,13 +266,14 @@ class OutgoingModels:
         known = self._published.get(tid)
         if known is None:
             manifest, chunks = split(
-                payload,
+                encode_payload(payload, PLANES_ZLIB),
                 purpose=model_purpose(model, version),
                 federation=self._federation,
                 round=round_index,
                 sender=COORDINATOR,
                 chunk_size=self._chunk_size,
                 transfer_id=tid,
+                encoding=PLANES_ZLIB,
             )
             known = _Published(manifest, chunks)
             self._published[tid] = known

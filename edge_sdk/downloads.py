@@ -4,7 +4,8 @@ A global version arrives as a chunked transfer whose purpose is
 ``"<model>.v<version>"`` and whose id is derived from (federation, model,
 version) (`ursa.protocol.ids.model_transfer_id`, the coordinator's). Chunks of a newer
 version of the device's model are reassembled (capped at ``max_model_bytes``)
-and checked by sha256; the training rounds then check the arrays against the
+and checked by sha256, then decoded (``planes_zlib``: inflated to at most
+``max_model_bytes``); the training rounds then check the arrays against the
 trainer and the data (``fits``) before the version is kept. The
 coordinator pushes a version only to the devices it knows need it (a
 round's selected devices; every device when all read it), so a version the
@@ -32,6 +33,7 @@ from ursa.protocol.chunking import Reassembler
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.ids import model_transfer_id
 from ursa.protocol.messages import Chunk, ChunkRequest, TransferManifest
+from ursa.protocol.transfer_encoding import decode_payload
 
 __all__ = [
     "DEFAULT_MAX_MODEL_BYTES",
@@ -200,7 +202,12 @@ class ModelDownloads:
         try:
             if not self._parts.is_complete(transfer_id):
                 return
-            payload = self._parts.complete(transfer_id)
+            encoding = self._parts.manifest(transfer_id).encoding
+            payload = decode_payload(
+                self._parts.complete(transfer_id),
+                encoding,
+                max_size=self.max_model_bytes,
+            )
             # a later version has the architecture of the one this device holds
             arrays = arrays_from_bytes(payload, self._arrays)
         except (ProtocolError, WeightsError, ValueError) as exc:

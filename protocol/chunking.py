@@ -30,6 +30,7 @@ from ursa.protocol.messages import (
     ChunkRequest,
     TransferManifest,
 )
+from ursa.protocol.messages.transfer import TransferEncoding
 
 DEFAULT_MAX_TRANSFER_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_TOTAL_BYTES = 256 * 1024 * 1024
@@ -50,8 +51,12 @@ def split(
     sender: str,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     transfer_id: str | None = None,
+    encoding: TransferEncoding = "identity",
 ) -> tuple[TransferManifest, list[Chunk]]:
     """Split a payload into a manifest and its chunks (an empty payload has none).
+
+    ``payload`` is the bytes on the wire, already in ``encoding`` (which the
+    manifest names; `ursa.protocol.transfer_encoding`).
 
     Raises:
         ChunkError: `chunk_size` outside [1, MAX_CHUNK_SIZE] or too many chunks.
@@ -75,6 +80,7 @@ def split(
         chunk_size=chunk_size,
         chunk_count=count,
         sha256=hashlib.sha256(payload).hexdigest(),
+        encoding=encoding,
     )
     chunks = [
         Chunk(
@@ -324,4 +330,5 @@ def _layout(manifest: TransferManifest) -> tuple[object, ...]:
         manifest.chunk_size,
         manifest.chunk_count,
         manifest.sha256,
+        manifest.encoding,
     )

@@ -22,9 +22,16 @@ from ursa.protocol.messages.base import (
     unique_entries,
 )
 
+TransferEncoding = Literal["identity", "planes_zlib"]
+"""How the chunks' bytes encode the payload (`ursa.protocol.transfer_encoding`)."""
+
 
 class TransferManifest(BaseMessage):
-    """Announces a payload sent as chunks: size, chunk layout and sha256."""
+    """Announces a payload sent as chunks: size, chunk layout and sha256.
+
+    ``total_size`` and ``sha256`` are of the bytes on the wire; ``encoding``
+    says how they decode to the payload (a global model: ``planes_zlib``).
+    """
 
     kind: Literal["transfer_manifest"] = "transfer_manifest"
     topic: ClassVar[str] = TRANSFER
@@ -34,6 +41,7 @@ class TransferManifest(BaseMessage):
     chunk_size: Annotated[int, Field(ge=1, le=MAX_CHUNK_SIZE)]
     chunk_count: Annotated[int, Field(ge=0, le=MAX_CHUNK_COUNT)]
     sha256: Sha256Hex
+    encoding: TransferEncoding = "identity"
 
     @_model_validator(mode="after")
     def _layout(self) -> Self:

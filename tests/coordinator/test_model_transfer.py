@@ -16,6 +16,7 @@ from ursa.coordinator.model_transfer import (
 )
 from ursa.protocol.chunking import split
 from ursa.protocol.messages import Chunk, ChunkRequest, TransferManifest
+from ursa.protocol.transfer_encoding import decode_payload
 
 
 def test_a_version_is_named_in_its_purpose() -> None:
@@ -34,7 +35,9 @@ def test_a_re_request_gets_the_manifest_then_the_chunks() -> None:
 
     assert replies[0] == manifest
     assert [c.index for c in replies[1:]] == [2, 0]  # type: ignore[attr-defined]
-    assert len(chunks) == 3
+    assert len(chunks) >= 3 and manifest.encoding == "planes_zlib"
+    wire = b"".join(c.data for c in chunks)
+    assert decode_payload(wire, "planes_zlib", max_size=10) == b"0123456789"
     outgoing.publish("classifier", 2, b"x", 2)
     assert outgoing.answer("d1", request, now=2)[0] == manifest  # the open round's base
     outgoing.publish("classifier", 3, b"y", 3)
@@ -88,12 +91,13 @@ def test_a_device_asking_again_too_soon_is_refused_and_not_counted() -> None:
 
 def test_a_version_goes_once_to_each_device_it_is_delivered_to() -> None:
     outgoing = OutgoingModels("f", chunk_size=4)
+    _, chunks = outgoing.publish("classifier", 1, b"0123456789", 1)
     sent = outgoing.deliveries("classifier", 1, b"0123456789", 1, ["d1", "d2", "d1"])
 
     assert [(m.kind, to) for m, to in sent] == [
         (kind, device)
         for device in ("d1", "d2")
-        for kind in ("transfer_manifest", "chunk", "chunk", "chunk")
+        for kind in ("transfer_manifest", *["chunk"] * len(chunks))
     ]
     assert outgoing.deliveries("classifier", 1, b"0123456789", 1, ["d1"]) == []
     later = outgoing.deliveries("classifier", 1, b"0123456789", 1, ["d1", "d3"])
@@ -109,8 +113,9 @@ def test_a_version_goes_once_to_each_device_it_is_delivered_to() -> None:
 def test_a_broadcast_version_is_not_pushed_to_devices_again() -> None:
     outgoing = OutgoingModels("f", chunk_size=4)
     everyone = outgoing.deliveries("classifier", 1, b"0123456789", 1, None)
+    _, chunks = outgoing.publish("classifier", 1, b"0123456789", 1)
 
-    assert len(everyone) == 4 and {to for _, to in everyone} == {None}
+    assert len(everyone) == 1 + len(chunks) and {to for _, to in everyone} == {None}
     assert outgoing.deliveries("classifier", 1, b"0123456789", 1, None) == []
     assert outgoing.deliveries("classifier", 1, b"0123456789", 1, ["d1"]) == []
     assert outgoing.pushed_to(everyone[0][0].transfer_id) is None  # type: ignore[attr-defined]
