@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.aggregation import Weighting
-from ursa.coordinator.before_training import StepBuilder
+from ursa.coordinator.before_training import BeforeTraining, StepBuilder, StepContext
 from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import ClimbSpec, DubheSpec, FedAvgSpec
 from ursa.coordinator.models import ModelStore
@@ -85,7 +85,7 @@ def start_training(
     climb: ClimbConfig | None = None,
     prepare: Callable[[EdgeClient], None] | None = None,
     evaluate: Any = None,
-    steps: list[BeforeTraining] | None = None,
+    steps: list[StepBuilder] | None = None,
 ) -> TrainingPlugin:
     """Swap in a coordinator with the training plugin, start it and the devices.
 
@@ -914,8 +914,8 @@ class FleetReads(BeforeTraining):
     def register(self, router: Any) -> None:
         pass
 
-    def attach(self, ctx: Any) -> None:
-        pass
+    def __init__(self, ctx: StepContext) -> None:
+        self.ctx = ctx
 
     def open(self, info: Any, now: float) -> None:
         return None
@@ -942,7 +942,7 @@ def test_a_round_the_whole_fleet_evaluates_sends_its_model_to_all(
     fed = federation(num_devices=6, k=3, tries=1, rounds=3)
 
     plugin = start_training(
-        fed, tmp_path, TrainingConfig(aggregation=PLAIN), steps=[FleetReads()]
+        fed, tmp_path, TrainingConfig(aggregation=PLAIN), steps=[FleetReads.later()]
     )
 
     assert fed.coordinator.is_done and plugin.version == 3
