@@ -89,13 +89,13 @@ from ursa.protocol.messages import (
 )
 from ursa.protocol.topics import name_for, parse_topic, qos_for, status_topic, up_topic
 
-__all__ = ["Outgoing", "SimulatedFleet"]
+__all__ = ["SimulatedFleet", "SimulatedPublish"]
 
 _M = TypeVar("_M", bound=BaseMessage)
 
 
 @dataclass(frozen=True)
-class Outgoing:
+class SimulatedPublish:
     """One message a simulated device publishes."""
 
     topic: str
@@ -172,7 +172,7 @@ class SimulatedFleet:
         self.run = ""
         self._epoch: _Epoch | None = None
         self._announce: RoundAnnounce | None = None
-        self._volunteers: list[Outgoing] = []
+        self._volunteers: list[SimulatedPublish] = []
         self.enrolled = 0
         self.key_epochs = 0
         self.volunteers_sent: dict[int, int] = {}
@@ -210,7 +210,7 @@ class SimulatedFleet:
 
     # --- what devices send on their own --------------------------------------------
 
-    def enrolment_messages(self) -> Iterator[Outgoing]:
+    def enrolment_messages(self) -> Iterator[SimulatedPublish]:
         """Every device's Hello, then its retained online status (made as sent)."""
         for i, device in enumerate(self.ids):
             x25519, ed25519 = self._public[i]
@@ -230,15 +230,15 @@ class SimulatedFleet:
                 state="online",
             )
             first = self._outgoing(hello)
-            yield Outgoing(first.topic, first.payload, first.qos, burst=True)
-            yield Outgoing(
+            yield SimulatedPublish(first.topic, first.payload, first.qos, burst=True)
+            yield SimulatedPublish(
                 status_topic(self.federation, device), encode(status), 1, True
             )
 
-    def _outgoing(self, message: BaseMessage) -> Outgoing:
+    def _outgoing(self, message: BaseMessage) -> SimulatedPublish:
         name = name_for(message_kind(message))
         topic = up_topic(self.federation, message.sender, name)
-        return Outgoing(topic, encode(message), qos_for(name), False)
+        return SimulatedPublish(topic, encode(message), qos_for(name), False)
 
     def _signed(self, identity: DeviceIdentity, message: _M) -> _M:
         signature = identity.sign(signing_bytes(message))
@@ -246,7 +246,9 @@ class SimulatedFleet:
 
     # --- reactions ------------------------------------------------------------------
 
-    def react(self, topic: str, payload: bytes) -> tuple[str, Iterator[Outgoing]]:
+    def react(
+        self, topic: str, payload: bytes
+    ) -> tuple[str, Iterator[SimulatedPublish]]:
         """What the devices do on a message from the coordinator: (kind, messages).
 
         The messages are produced lazily, so a page of sealed keys or a
@@ -320,7 +322,7 @@ class SimulatedFleet:
 
     def _on_seal_request(
         self, device: str | None, message: SealRequest
-    ) -> Iterator[Outgoing]:
+    ) -> Iterator[SimulatedPublish]:
         """The agent's key (once per epoch), then the page's boxes in `SealedKeys`.
 
         The device the page is addressed to seals it (the epoch's agent unless
@@ -386,7 +388,9 @@ class SimulatedFleet:
             epoch.has_box[holder] = 1
             yield from self._register(epoch, holder)
 
-    def _on_agent_public_key(self, message: AgentPublicKey) -> Iterator[Outgoing]:
+    def _on_agent_public_key(
+        self, message: AgentPublicKey
+    ) -> Iterator[SimulatedPublish]:
         epoch = self._epoch
         if epoch is None or message.epoch != epoch.notice.epoch:
             return
@@ -395,7 +399,9 @@ class SimulatedFleet:
             if epoch.has_box[i] and not epoch.registered[i]:
                 yield from self._register(epoch, i)
 
-    def _on_sealed_secret_key(self, message: SealedSecretKey) -> Iterator[Outgoing]:
+    def _on_sealed_secret_key(
+        self, message: SealedSecretKey
+    ) -> Iterator[SimulatedPublish]:
         epoch = self._epoch
         if epoch is None or message.epoch != epoch.notice.epoch:
             return
@@ -405,7 +411,7 @@ class SimulatedFleet:
         epoch.has_box[index] = 1
         yield from self._register(epoch, index)
 
-    def _register(self, epoch: _Epoch, index: int) -> Iterator[Outgoing]:
+    def _register(self, epoch: _Epoch, index: int) -> Iterator[SimulatedPublish]:
         """Send device ``index``'s registration once it holds the key (once)."""
         if not (epoch.public_key_seen or index == epoch.agent):
             return
@@ -444,7 +450,7 @@ class SimulatedFleet:
         epoch.registry = registry
         self.registry_parties = message.num_parties
 
-    def _on_round_announce(self, message: RoundAnnounce) -> Iterator[Outgoing]:
+    def _on_round_announce(self, message: RoundAnnounce) -> Iterator[SimulatedPublish]:
         epoch = self._epoch
         if epoch is None or epoch.registry is None:
             return
@@ -459,7 +465,7 @@ class SimulatedFleet:
         self.volunteers_sent[message.round] = len(self._volunteers)
         yield from self._volunteers
 
-    def _draw(self, epoch: _Epoch, announce: RoundAnnounce) -> list[Outgoing]:
+    def _draw(self, epoch: _Epoch, announce: RoundAnnounce) -> list[SimulatedPublish]:
         """The registered devices' H coins each; who volunteers, as Volunteers."""
         registry = epoch.registry
         assert registry is not None
@@ -494,7 +500,7 @@ class SimulatedFleet:
 
     def _on_try_assignment(
         self, device: str, message: TryAssignment
-    ) -> Iterator[Outgoing]:
+    ) -> Iterator[SimulatedPublish]:
         epoch, announce = self._epoch, self._announce
         index = self._index.get(device)
         if epoch is None or epoch.secret_key is None or index is None:
@@ -523,7 +529,7 @@ class SimulatedFleet:
             )
         )
 
-    def _on_registry_check(self, message: RegistryCheck) -> Iterator[Outgoing]:
+    def _on_registry_check(self, message: RegistryCheck) -> Iterator[SimulatedPublish]:
         """The agent's verdict: every registration here is an honest pool entry.
 
         The simulated registrations are the pool's one-hot ones, so the agent
@@ -547,7 +553,7 @@ class SimulatedFleet:
         )
         yield self._outgoing(self._signed(agent, verdict))
 
-    def _on_try_sums(self, message: TrySums) -> Iterator[Outgoing]:
+    def _on_try_sums(self, message: TrySums) -> Iterator[SimulatedPublish]:
         epoch, announce = self._epoch, self._announce
         if epoch is None or epoch.secret_key is None or announce is None:
             return

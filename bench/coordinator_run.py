@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ursa.bench.coordinator_fleet import Outgoing, SimulatedFleet
+from ursa.bench.coordinator_fleet import SimulatedFleet, SimulatedPublish
 from ursa.coordinator.config import (
     CoordinatorConfig,
     DeadlinesConfig,
@@ -246,7 +246,7 @@ class _Run:
         self.link.subscribe(f"ursa/v1/{FEDERATION}/global/#")
         self.link.subscribe(f"ursa/v1/{FEDERATION}/dev/+/down/#")
         self.link.connect()
-        self.pending: list[Iterator[Outgoing]] = [iter(hello)]
+        self.pending: list[Iterator[SimulatedPublish]] = [iter(hello)]
         self.completed = 0
         self.admission_drops = 0
 
@@ -278,14 +278,14 @@ class _Run:
             self.service.stop()
             self.link.close()
 
-    def _publish(self, item: Outgoing) -> None:
+    def _publish(self, item: SimulatedPublish) -> None:
         self.meter.phases[self.meter.phase].inbound += 1
         self.link.publish(item.topic, item.payload, qos=item.qos, retain=item.retain)
 
     def _done(self) -> bool:
         return self.fleet.finished or self.completed >= self.settings.rounds
 
-    def _next(self) -> Outgoing | None:
+    def _next(self) -> SimulatedPublish | None:
         while self.pending:
             item = next(self.pending[-1], None)
             if item is not None:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ursa.coordinator.config import CoordinatorConfig
     from ursa.coordinator.methods_config import MethodSpec
     from ursa.coordinator.service import CoordinatorService
-    from ursa.coordinator.training import RoundRecord
+    from ursa.coordinator.training import TrainingRoundReport
     from ursa.edge_sdk.client import EdgeClient
     from ursa.edge_sdk.method import MethodFactory
     from ursa.tools.demo.settings import TrainingDemoSettings
@@ -216,7 +216,7 @@ class _Run:
             "hidden_sizes": list(s.hidden_sizes),
         }
         self.rounds: list[dict[str, Any]] = []
-        self.watch: Callable[[RoundRecord, Any], None] | None = None
+        self.watch: Callable[[TrainingRoundReport, Any], None] | None = None
         """Called with each reported round's record and its new global model."""
         self._latest: Any = None
         self.traffic = 0.0
@@ -345,7 +345,7 @@ class _Run:
         self._latest = arrays
         return self._score(arrays)
 
-    def _on_round(self, record: RoundRecord) -> None:
+    def _on_round(self, record: TrainingRoundReport) -> None:
         if len(self.rounds) >= self.s.rounds:
             return  # FedDisk: a round after the last one, not reported
         chosen = [self.index[d] for d in record.selected if d in self.index]
@@ -461,7 +461,7 @@ def run_federation(
     combination: Combination,
     seed: int,
     on_round: Any = None,
-    watch: Callable[[RoundRecord, Any], None] | None = None,
+    watch: Callable[[TrainingRoundReport, Any], None] | None = None,
 ) -> dict[str, Any]:
     """Run one combination with one seed; its figures and per-round curves.
 

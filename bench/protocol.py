@@ -121,7 +121,7 @@ def _scratch() -> str | None:
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
-class BenchError(RuntimeError):
+class FleetSetupError(RuntimeError):
     """The fleet could not be set up (a worker died before it was ready)."""
 
 
@@ -453,7 +453,7 @@ def run(
                 workers.append((process, parent))
             for process, conn in workers:
                 if not conn.poll(timeout_s) or conn.recv()[0] != "ready":
-                    raise BenchError(f"worker {process.name} did not start")
+                    raise FleetSetupError(f"worker {process.name} did not start")
             go = time.perf_counter()
             for _, conn in workers:
                 conn.send("go")

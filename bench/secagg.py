@@ -91,7 +91,7 @@ __all__ = [
     "GROWTH_SLACK",
     "TARGET_BYTES_RATIO",
     "TARGET_CPU_OVERHEAD_S",
-    "BenchError",
+    "SecaggBenchError",
     "evaluate_targets",
     "measure_setting",
     "parse_ints",
@@ -125,7 +125,7 @@ COORDINATOR_PHASES = ("keys", "shares", "sum", "unmask")
 _M = TypeVar("_M", bound=BaseMessage)
 
 
-class BenchError(RuntimeError):
+class SecaggBenchError(RuntimeError):
     """The round could not run as asked (bad settings, or a wrong result)."""
 
 
@@ -147,7 +147,7 @@ def parse_ints(text: str, *, least: int, what: str) -> list[int]:
 def _require(condition: bool, message: str) -> None:
     """Fail the benchmark loudly when a measured path gives a wrong result."""
     if not condition:
-        raise BenchError(message)
+        raise SecaggBenchError(message)
 
 
 @dataclass
@@ -383,10 +383,10 @@ def measure_setting(
             (tests: a sparse graph at a small K).
 
     Raises:
-        BenchError: bad settings, an abandoned round or a wrong sum.
+        SecaggBenchError: bad settings, an abandoned round or a wrong sum.
     """
     if k < 2 or params <= BIAS_VALUES or not 0.0 <= dropout < 1.0:
-        raise BenchError(
+        raise SecaggBenchError(
             f"need K >= 2, params > {BIAS_VALUES} and 0 <= dropout < 1 "
             f"(K={k}, params={params}, dropout={dropout})"
         )
@@ -481,7 +481,7 @@ def measure_setting(
     _require(len(bundles) == k, f"{len(bundles)} share bundles for {k} devices")
     for bundle, recipient in bundles:
         if not isinstance(bundle, SecAggShareBundle) or recipient is None:
-            raise BenchError("a share bundle that is not one device's")
+            raise SecaggBenchError("a share bundle that is not one device's")
         got_bundle = secure.carry(recipient, bundle)
         with device_cpu[recipient].on("receive"):
             participants[recipient].receive_shares(
@@ -654,10 +654,10 @@ def fastest(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     still add up. ``repeats`` and ``wall_s`` (summed) say what it took.
 
     Raises:
-        BenchError: no runs, or runs that did not do the same work.
+        SecaggBenchError: no runs, or runs that did not do the same work.
     """
     if not runs:
-        raise BenchError("no runs to take figures from")
+        raise SecaggBenchError("no runs to take figures from")
     first = runs[0]
     for other in runs[1:]:
         for key in ("bytes_per_device", "plain_bytes_per_device", "survivors"):

@@ -126,7 +126,7 @@ class UpdateOutcome(StrEnum):
 
 
 @dataclass(frozen=True)
-class ModelUpdate:
+class DeviceDelta:
     """One device's reply for a round.
 
     Attributes:
@@ -193,7 +193,7 @@ def update_weight(weighting: Weighting | str, num_examples: int) -> float:
 
 
 def apply_update(
-    state: AggregationState, update: ModelUpdate
+    state: AggregationState, update: DeviceDelta
 ) -> tuple[AggregationState, UpdateOutcome]:
     """Add one device's delta to the running sum; a repeat from a device is ignored.
 
@@ -331,7 +331,7 @@ def finalize_aggregation(
 
 def aggregate(
     global_arrays: Mapping[str, FloatArray],
-    updates: Iterable[ModelUpdate],
+    updates: Iterable[DeviceDelta],
     weighting: Weighting | str,
     *,
     server_lr: float = 1.0,

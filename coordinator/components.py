@@ -41,7 +41,7 @@ from ursa.coordinator.refusal_log import Keep, RefusalLog
 from ursa.coordinator.rejections import Rejections
 from ursa.coordinator.retained_sweep import RetainedSweep
 from ursa.coordinator.round_cycle import RoundCycle
-from ursa.coordinator.rounds import Stage
+from ursa.coordinator.round_state import Stage
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageFunctions, StageMachine
 from ursa.coordinator.store import CoordinatorStore

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ursa.coordinator.models import check_model
+from ursa.coordinator.model_store import check_model
 from ursa.models.weights import WEIGHTS_FILENAME, Arrays
 from ursa.protocol.messages import (
     COORDINATOR,

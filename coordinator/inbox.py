@@ -33,7 +33,7 @@ from ursa.coordinator.presence import Presence
 from ursa.coordinator.refusal_log import RefusalLog
 from ursa.coordinator.rejections import Rejections
 from ursa.coordinator.round_cycle import RoundCycle
-from ursa.coordinator.rounds import Stage
+from ursa.coordinator.round_state import Stage
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageMachine

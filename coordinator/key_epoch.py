@@ -76,7 +76,7 @@ from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.ready_devices import ReadyDevices
 from ursa.coordinator.registry_verdicts import RegistryVerdicts
-from ursa.coordinator.rounds import RoundState, Stage, advance
+from ursa.coordinator.round_state import RoundState, Stage, advance
 from ursa.coordinator.seal_pages import SealPaging
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageMachine

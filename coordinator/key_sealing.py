@@ -23,7 +23,7 @@ from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.enrolled_devices import EnrolledDevices
 from ursa.coordinator.enrolment import device_keys_of
 from ursa.coordinator.epoch_work import SEAL_PAGES_KEY, EpochWork
-from ursa.coordinator.rounds import Stage
+from ursa.coordinator.round_state import Stage
 from ursa.coordinator.seal_pages import BoxVerdict
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageMachine

@@ -25,7 +25,7 @@ from ursa.coordinator.key_epoch import KeyEpoch
 from ursa.coordinator.plugin import RoundPlugin
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.round_cycle import RoundCycle
-from ursa.coordinator.rounds import RoundState, Stage
+from ursa.coordinator.round_state import RoundState, Stage
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import STATE_KEY, StageMachine

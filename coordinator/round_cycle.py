@@ -31,7 +31,7 @@ from ursa.coordinator.ending import Ending
 from ursa.coordinator.epoch_work import EpochSets, EpochWork
 from ursa.coordinator.plugin import EpochView, RoundPlugin
 from ursa.coordinator.presence import churn
-from ursa.coordinator.rounds import Stage, advance
+from ursa.coordinator.round_state import Stage, advance
 from ursa.coordinator.selection import SelectionError
 from ursa.coordinator.selection_method import (
     Selection,

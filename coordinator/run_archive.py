@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ursa.coordinator.rounds import RoundState, Stage
+from ursa.coordinator.round_state import RoundState, Stage
 from ursa.coordinator.stage_machine import STATE_KEY
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.crypto.identity import DevicePublicIdentity

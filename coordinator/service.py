@@ -32,7 +32,7 @@ from ursa.coordinator.key_epoch import KeyEpoch
 from ursa.coordinator.own_identity import IDENTITY_PUBLIC_FILENAME
 from ursa.coordinator.plugin import NoTraining, RoundPlugin
 from ursa.coordinator.retained_sweep import RETAINED_SWEEP_S
-from ursa.coordinator.rounds import RoundState, Stage
+from ursa.coordinator.round_state import RoundState, Stage
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.site_links import SiteLink
 from ursa.coordinator.stage_machine import STATE_KEY

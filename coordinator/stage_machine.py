@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 
-from ursa.coordinator.rounds import RoundState, Stage, advance
+from ursa.coordinator.round_state import RoundState, Stage, advance
 from ursa.coordinator.store_slot import StoreSlot
 from ursa.coordinator.telemetry import Telemetry
 

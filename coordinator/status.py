@@ -48,7 +48,7 @@ __all__ = [
     "DeviceStatus",
     "FederationStatus",
     "ModelStatus",
-    "RoundSummary",
+    "RoundStatus",
     "StatusError",
     "read_status",
 ]
@@ -69,7 +69,7 @@ class DeviceStatus:
 
 
 @dataclass(frozen=True)
-class RoundSummary:
+class RoundStatus:
     """What the store keeps of one round."""
 
     round: int
@@ -108,7 +108,7 @@ class FederationStatus:
     """Devices that failed two or more selected rounds in a row: how many."""
     sitting_out: dict[str, str]
     """Devices sitting the current key epoch out: why (`DeviceHealth`)."""
-    last_round: RoundSummary | None
+    last_round: RoundStatus | None
     trained: dict[str, dict[str, Any]]
     """Each model's last training round's figures (updates, accuracy, device
     metrics; `ursa.coordinator.training.round_figures`), by model."""
@@ -230,7 +230,7 @@ def _trained(meta: dict[str, str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _last_round(db: sqlite3.Connection, tables: set[str]) -> RoundSummary | None:
+def _last_round(db: sqlite3.Connection, tables: set[str]) -> RoundStatus | None:
     row = db.execute(
         "SELECT round, epoch, selected, completed FROM rounds "
         "ORDER BY round DESC LIMIT 1"
@@ -245,7 +245,7 @@ def _last_round(db: sqlite3.Connection, tables: set[str]) -> RoundSummary | None
                 (method, f"{prefix}{row[0]}"),
             ).fetchone()[0]
         )
-    return RoundSummary(
+    return RoundStatus(
         round=int(row[0]),
         epoch=int(row[1]),
         volunteers=volunteers,

@@ -12,7 +12,7 @@ device (``phase_replies``) and replaces the record's few changing fields
 (``phase_progress``), so a reply costs O(1) writes, not a record of every
 answered id (`save_phase_reply`); `phase` merges them back. Model
 checkpoints are artefacts, not state: they stay files
-(`ursa.coordinator.models`).
+(`ursa.coordinator.model_store`).
 
 One file, ``<state_dir>/coordinator.sqlite3`` (WAL, ``synchronous=NORMAL``:
 a committed transaction survives a process kill; a power cut may lose the

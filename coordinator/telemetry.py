@@ -2,7 +2,7 @@
 
 The service tells a `Telemetry` about the events it already logs (a message
 in, a message out, a refusal, a stage change, a round complete) and the
-training plugin hands it each round's `RoundRecord`; nothing else in the
+training plugin hands it each round's `TrainingRoundReport`; nothing else in the
 coordinator knows it exists. It keeps counters and a bounded history in
 memory, thread-safe, with no I/O and no third-party import, so the
 coordinator runs (and logs its per-round line, `round_completed`) without the
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ursa.protocol.untrusted_text import escape
 
 if TYPE_CHECKING:
-    from ursa.coordinator.training import RoundRecord
+    from ursa.coordinator.training import TrainingRoundReport
 
 __all__ = [
     "ROUND_DURATION_BUCKETS_S",
@@ -294,7 +294,7 @@ class Telemetry:
                 self._traffic_at_open.pop(old, None)
         logger.info("%s", _round_line(summary))
 
-    def training_round(self, record: RoundRecord) -> None:
+    def training_round(self, record: TrainingRoundReport) -> None:
         """The training plugin's record of a round (metrics, updates, version)."""
         summary = _from_record(record)
         contributed = set(record.contributed)
@@ -440,7 +440,7 @@ def _numbers(values: Any) -> tuple[float | None, ...]:
     return tuple(_number(v) for v in values)
 
 
-def _from_record(record: RoundRecord) -> RoundSummary:
+def _from_record(record: TrainingRoundReport) -> RoundSummary:
     metrics = record.metrics
     fed = metrics.get("federated_eval")
     fed = fed if isinstance(fed, Mapping) else {}

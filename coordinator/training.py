@@ -23,7 +23,7 @@ Round r, after the signed selection (base version v = the latest checkpoint)::
        clip_norm and weight to max_examples, combined by aggregation_rule;
        secure: the unmasked sum checked against its survivors' bounds,
        `ursa.coordinator.secure_aggregation.sum_bounds`), checkpointed atomically
-       (`ursa.coordinator.models`), the optional evaluation callback runs,
+       (`ursa.coordinator.model_store`), the optional evaluation callback runs,
        the round is complete. No update at all: the model stays at v.
 
 Refused with a logged reason and an `ErrorReply`: an update from a device
@@ -36,18 +36,18 @@ device whose training failed says so (``training_failed``) and is not waited
 for either, so the round closes once every selected device updated or failed
 (what did arrive is aggregated as usual; none: the model stays). Neither is
 a device whose update was refused as unusable. A sum out of bounds, or a new
-model holding NaN or inf (`ursa.coordinator.models.UnsafeModelError`), keeps
+model holding NaN or inf (`ursa.coordinator.model_store.UnsafeModelError`), keeps
 the version: one ERROR line names the round and its participants, and the
 round's record says why (``refused``).
 Upload chunks still missing are re-requested every ``retry_s``.
 
-Restarts: the running sum (a model artefact file, `ursa.coordinator.models`)
+Restarts: the running sum (a model artefact file, `ursa.coordinator.model_store`)
 is checkpointed after every accepted update, and each step keeps its phase
 record in the coordinator's store (written in the transaction of the
 message); `on_selected` for the same round (a restarted service) resumes
 them and re-publishes what the round waits on. The coordinator
 needs no torch: it starts from an initial weights file (see
-`ursa.coordinator.models`) and evaluates only through the optional
+`ursa.coordinator.model_store`) and evaluates only through the optional
 ``evaluate`` callback (the demo's uses torch, lazily).
 """
 
@@ -79,13 +79,13 @@ from ursa.coordinator.before_training import (
 )
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.federation_end import FinalModel, fits_inline
+from ursa.coordinator.model_store import ModelStore, UnsafeModelError, signed_spec
 from ursa.coordinator.model_transfer import (
     OutgoingModels,
     TransferRejectedError,
     Uploads,
     model_notice,
 )
-from ursa.coordinator.models import ModelStore, UnsafeModelError, signed_spec
 from ursa.coordinator.plugin import CoordinatorView, RoundOutcome, RoundPlugin, Send
 from ursa.coordinator.secure_aggregation.session import (
     SecureAggregation,
@@ -95,7 +95,7 @@ from ursa.coordinator.store import LAST_ROUND_PREFIX
 from ursa.coordinator.training_round import (
     WRONG_VERSION,
     OpenRound,
-    Phase,
+    RoundPhase,
     TrainingConfig,
     summarise_device_metrics,
 )
@@ -124,10 +124,10 @@ from ursa.protocol.secure_aggregation import (
 __all__ = [
     "WRONG_VERSION",
     "Evaluator",
-    "Phase",
-    "RoundRecord",
+    "RoundPhase",
     "TrainingConfig",
     "TrainingPlugin",
+    "TrainingRoundReport",
 ]
 
 logger = logging.getLogger("ursa.coordinator.training")
@@ -137,7 +137,7 @@ Evaluator = Callable[[int, int, Arrays], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
-class RoundRecord:
+class TrainingRoundReport:
     """What one training round did (for reports; no device data in it)."""
 
     round: int
@@ -190,7 +190,7 @@ class TrainingPlugin(RoundPlugin):
         config: TrainingConfig | None = None,
         initial_weights: Path | None = None,
         evaluate: Evaluator | None = None,
-        on_round: Callable[[RoundRecord], None] | None = None,
+        on_round: Callable[[TrainingRoundReport], None] | None = None,
         clock: Clock = time.time,
         before_training: Sequence[StepBuilder] = (),
         method: str = "fedavg",
@@ -240,7 +240,7 @@ class TrainingPlugin(RoundPlugin):
             max_requests=self.config.max_chunk_requests,
         )
         self._open: OpenRound | None = None
-        self.history: list[RoundRecord] = []
+        self.history: list[TrainingRoundReport] = []
 
     # --- public view ----------------------------------------------------------
 
@@ -310,7 +310,7 @@ class TrainingPlugin(RoundPlugin):
         if current is not None and current.index == round_index:
             self._republish(current)
             return
-        if current is not None and current.phase is not Phase.DONE:
+        if current is not None and current.phase is not RoundPhase.DONE:
             self._finish(current, "the next round opened")
         now = self._clock()
         base = self._latest
@@ -329,7 +329,7 @@ class TrainingPlugin(RoundPlugin):
             base.version,
             self._arrays,
             selected,
-            Phase.BEFORE,
+            RoundPhase.BEFORE,
             now + self.config.update_timeout_s,
             aggregation,
             uploads,
@@ -337,7 +337,7 @@ class TrainingPlugin(RoundPlugin):
         )
         self._open = work
         if base.round == round_index and base.version > 0:
-            work.phase = Phase.DONE  # aggregated just before a restart
+            work.phase = RoundPhase.DONE  # aggregated just before a restart
             return
         self._deliver(round_index, self._audience(round_index, selected))
         self._open_steps(work, now, 0)
@@ -388,16 +388,16 @@ class TrainingPlugin(RoundPlugin):
         work = self._open
         if work is None or work.index != round_index:
             return
-        if work.phase is Phase.BEFORE:
+        if work.phase is RoundPhase.BEFORE:
             self._steps[work.step].on_tick(round_index, now)
             self._after_step_event(work, now)
             return
-        if work.phase is Phase.UNMASK:
+        if work.phase is RoundPhase.UNMASK:
             assert self._secure is not None
             self._secure.on_tick(round_index, now)
             self._maybe_finish(work)
             return
-        if work.phase is not Phase.TRAIN:
+        if work.phase is not RoundPhase.TRAIN:
             return
         if now >= work.deadline_at:
             self._updates_closed(work, "the update deadline passed")
@@ -411,11 +411,11 @@ class TrainingPlugin(RoundPlugin):
     def extend_deadlines(self, seconds: float) -> None:
         """The open round's step and update deadline wait ``seconds`` longer."""
         work = self._open
-        if work is None or work.phase is Phase.DONE or seconds <= 0:
+        if work is None or work.phase is RoundPhase.DONE or seconds <= 0:
             return
-        if work.phase is Phase.BEFORE:
+        if work.phase is RoundPhase.BEFORE:
             self._steps[work.step].extend_deadlines(seconds)
-        elif work.phase is Phase.UNMASK and self._secure is not None:
+        elif work.phase is RoundPhase.UNMASK and self._secure is not None:
             self._secure.extend_deadlines(seconds)
         work.deadline_at += seconds
 
@@ -497,7 +497,7 @@ class TrainingPlugin(RoundPlugin):
         work = self._open
         if work is None or work.index < round_index:
             return False
-        return work.index > round_index or work.phase is Phase.DONE
+        return work.index > round_index or work.phase is RoundPhase.DONE
 
     # --- publishing ---------------------------------------------------------------
 
@@ -543,13 +543,13 @@ class TrainingPlugin(RoundPlugin):
         )
 
     def _republish(self, work: OpenRound) -> None:
-        if work.phase is Phase.DONE:
+        if work.phase is RoundPhase.DONE:
             return
         self._outgoing.redeliver()
         self._deliver(work.index, self._audience(work.index, work.selected))
         for step in self._steps[: work.step + 1]:
             step.republish(work.index)
-        if work.phase is Phase.TRAIN:
+        if work.phase is RoundPhase.TRAIN:
             self._emit(self._notice(work), None)
 
     def _emit(self, message: BaseMessage, device: str | None) -> None:
@@ -560,13 +560,13 @@ class TrainingPlugin(RoundPlugin):
         secure = self._secure
         why = None if secure is None else secure.abandoned(work.index)
         if why is not None:
-            work.phase = Phase.TRAIN
+            work.phase = RoundPhase.TRAIN
             self._finish(work, f"secure aggregation abandoned: {why}")
             return
         if secure is not None and secure.unmasking(work.index):
-            work.phase = Phase.UNMASK  # resumed after a restart
+            work.phase = RoundPhase.UNMASK  # resumed after a restart
             return
-        work.phase = Phase.TRAIN
+        work.phase = RoundPhase.TRAIN
         work.deadline_at = now + self.config.update_timeout_s
         self._emit(self._notice(work), None)
         self._maybe_finish(work)
@@ -588,7 +588,9 @@ class TrainingPlugin(RoundPlugin):
 
     def _after_step_event(self, work: OpenRound, now: float) -> None:
         """Once the running step is done, open the next one (or train)."""
-        if work.phase is Phase.BEFORE and self._steps[work.step].is_done(work.index):
+        if work.phase is RoundPhase.BEFORE and self._steps[work.step].is_done(
+            work.index
+        ):
             self._open_steps(work, now, work.step + 1)
 
     def _online(self) -> Set[str]:
@@ -637,12 +639,12 @@ class TrainingPlugin(RoundPlugin):
             )
 
     def _maybe_finish(self, work: OpenRound) -> None:
-        if work.phase is Phase.UNMASK:
+        if work.phase is RoundPhase.UNMASK:
             assert self._secure is not None
             if not self._secure.unmasking(work.index):
                 self._finish(work, "the survivors' shares unmasked the sum")
             return
-        if work.phase is not Phase.TRAIN:
+        if work.phase is not RoundPhase.TRAIN:
             return
         online = None if self._view is None else self._online()
         secure = self._secure
@@ -672,7 +674,7 @@ class TrainingPlugin(RoundPlugin):
             return
         secure.begin_unmask(work.index, self._clock())
         if secure.unmasking(work.index):
-            work.phase = Phase.UNMASK
+            work.phase = RoundPhase.UNMASK
             logger.info(
                 "round %d: %s; unmasking the sum of %d devices",
                 work.index,
@@ -769,7 +771,7 @@ class TrainingPlugin(RoundPlugin):
                 metrics.update(self._evaluate(work.index, version, self._arrays))
             except Exception:
                 logger.exception("round %d: evaluation failed", work.index)
-        record = RoundRecord(
+        record = TrainingRoundReport(
             work.index,
             work.base_version,
             version,
@@ -892,7 +894,7 @@ def fleet_metrics(sums: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def round_figures(record: RoundRecord) -> dict[str, Any]:
+def round_figures(record: TrainingRoundReport) -> dict[str, Any]:
     """A round's figures as an operator reads them (JSON-able, no device data).
 
     Updates counted, dropped and failed, the version made, wall time, the

@@ -19,18 +19,18 @@ from ursa._compat import StrEnum
 from ursa.coordinator.aggregation import (
     AggregationError,
     AggregationState,
-    ModelUpdate,
+    DeviceDelta,
     UpdateOutcome,
     Weighting,
     apply_update,
 )
 from ursa.coordinator.before_training import StepPhase
+from ursa.coordinator.model_store import DEFAULT_KEEP_VERSIONS
 from ursa.coordinator.model_transfer import (
     DEFAULT_MAX_CHUNK_REQUESTS,
     TransferRejectedError,
     Uploads,
 )
-from ursa.coordinator.models import DEFAULT_KEEP_VERSIONS
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.models.weights import Arrays, WeightsError, arrays_from_bytes
 from ursa.protocol.messages import (
@@ -44,7 +44,7 @@ from ursa.protocol.messages import (
 from ursa.protocol.messages import ModelUpdate as UpdateMessage
 from ursa.protocol.router import RejectedError
 
-__all__ = ["WRONG_VERSION", "OpenRound", "Phase", "TrainingConfig"]
+__all__ = ["WRONG_VERSION", "OpenRound", "RoundPhase", "TrainingConfig"]
 
 logger = logging.getLogger("ursa.coordinator.training")
 
@@ -85,7 +85,7 @@ class TrainingConfig(BaseModel):
         return weighting
 
 
-class Phase(StrEnum):
+class RoundPhase(StrEnum):
     """Where an open round is."""
 
     BEFORE = "before_training"
@@ -105,7 +105,7 @@ class OpenRound:
     base_version: int
     base_arrays: Arrays
     selected: tuple[str, ...]
-    phase: Phase
+    phase: RoundPhase
     deadline_at: float
     aggregation: AggregationState
     uploads: Uploads
@@ -127,7 +127,7 @@ class OpenRound:
 
     def check_participant(self, device: str) -> None:
         """Refuse a device that may not send updates (or upload) now."""
-        if self.phase is Phase.DONE:
+        if self.phase is RoundPhase.DONE:
             raise RejectedError(
                 ErrorCode.LATE, f"round {self.index} is already aggregated"
             )
@@ -135,7 +135,7 @@ class OpenRound:
             raise RejectedError(
                 ErrorCode.UNAUTHORISED, f"not selected in round {self.index}"
             )
-        if self.phase is not Phase.TRAIN:
+        if self.phase is not RoundPhase.TRAIN:
             raise RejectedError(
                 ErrorCode.LATE, f"round {self.index} is still in a before-training step"
             )
@@ -212,7 +212,7 @@ class OpenRound:
         """Add a delta to the running sum; False for a device's repeat."""
         try:
             delta = arrays_from_bytes(payload, self.base_arrays)
-            update = ModelUpdate(device, delta, message.num_examples)
+            update = DeviceDelta(device, delta, message.num_examples)
             self.aggregation, outcome = apply_update(self.aggregation, update)
         except (WeightsError, AggregationError) as exc:
             self.refused.add(device)
@@ -275,7 +275,7 @@ class OpenRound:
 
     def close(self) -> None:
         """Mark the round done and drop what is still in flight."""
-        self.phase = Phase.DONE
+        self.phase = RoundPhase.DONE
         self.pending.clear()
         for tid in self.uploads.transfer_ids():
             self.uploads.forget(tid)

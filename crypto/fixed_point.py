@@ -1,12 +1,12 @@
 """Fixed-point encoding of float vectors into the uint32 ring of secure aggregation.
 
 Pairwise masks only cancel in a ring, so every contribution is an integer mod
-``2**RING_BITS``. A `FixedPoint` codec maps a float ``v`` in ``[-bound, bound]``
+``2**RING_BITS``. A `RingFixedPoint` codec maps a float ``v`` in ``[-bound, bound]``
 to ``round(v * 2**scale_bits) mod 2**32`` and a ring sum back to a float.
 
 Invariants:
 
-* **No wrap for honest sums.** `FixedPoint.for_sum` picks the largest scale
+* **No wrap for honest sums.** `RingFixedPoint.for_sum` picks the largest scale
   (at most `MAX_SCALE_BITS`) with ``parties * ceil(bound * 2**s) +
   ceil(headroom * 2**s) < 2**31``: the signed sum of ``parties`` clipped,
   rounded values plus ``headroom`` (e.g. distributed noise) stays inside
@@ -36,8 +36,8 @@ __all__ = [
     "MAX_SCALE_BITS",
     "RING",
     "RING_BITS",
-    "FixedPoint",
     "LayoutError",
+    "RingFixedPoint",
     "Segment",
     "VectorLayout",
 ]
@@ -55,7 +55,7 @@ class LayoutError(CryptoError, ValueError):
 
 
 @dataclass(frozen=True)
-class FixedPoint:
+class RingFixedPoint:
     """One fixed-point codec: ``scale_bits`` fractional bits, values in ±``bound``."""
 
     scale_bits: int
@@ -73,7 +73,9 @@ class FixedPoint:
             )
 
     @classmethod
-    def for_sum(cls, bound: float, parties: int, headroom: float = 0.0) -> FixedPoint:
+    def for_sum(
+        cls, bound: float, parties: int, headroom: float = 0.0
+    ) -> RingFixedPoint:
         """The finest codec whose sum over ``parties`` values never wraps.
 
         Args:
@@ -153,7 +155,7 @@ class VectorLayout:
     segments: Sequence[Segment]
     parties: int
     headroom: float = 0.0
-    codecs: tuple[FixedPoint, ...] = field(init=False, repr=False)
+    codecs: tuple[RingFixedPoint, ...] = field(init=False, repr=False)
     _offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -164,7 +166,7 @@ class VectorLayout:
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate segment names in {names}")
         codecs = tuple(
-            FixedPoint.for_sum(segment.bound, self.parties, self.headroom)
+            RingFixedPoint.for_sum(segment.bound, self.parties, self.headroom)
             for segment in segments
         )
         offsets = [0]
@@ -179,7 +181,7 @@ class VectorLayout:
         """Total number of uint32 coordinates."""
         return self._offsets[-1]
 
-    def codec(self, name: str) -> FixedPoint:
+    def codec(self, name: str) -> RingFixedPoint:
         """The codec of segment ``name`` (e.g. to size distributed noise)."""
         for segment, codec in zip(self.segments, self.codecs, strict=True):
             if segment.name == name:

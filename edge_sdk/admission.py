@@ -25,7 +25,7 @@ from ursa.protocol.messages import (
     EnrolResult,
     ErrorCode,
     ErrorReply,
-    Relay,
+    RelayedFrom,
     Status,
 )
 from ursa.protocol.topics import parse_topic
@@ -91,7 +91,7 @@ class DeviceAdmission:
         if isinstance(message, Status):
             return None
         relay = type(message).relay
-        relayed = relay is Relay.AGENT or (own and relay is Relay.PEER)
+        relayed = relay is RelayedFrom.AGENT or (own and relay is RelayedFrom.PEER)
         if message.sender != COORDINATOR and not relayed:
             logger.warning(
                 "%s: dropped %s claiming sender %s",

@@ -7,7 +7,7 @@ each step is a part the client owns and hands its collaborators (the shared
 1. `DeviceConnection` connects (retained ``online`` status, last will
    ``offline``); `Enrolment` says `Hello`, pins the coordinator from the
    signed `EnrolResult` and joins its run (`RunMembership`).
-2. `KeyEpoch` adopts a signed `KeyEpochStart`, computes the registry slot
+2. `DeviceKeyEpochs` adopts a signed `KeyEpochStart`, computes the registry slot
    (Algorithm 1), makes (the agent) or opens the epoch's Paillier key,
    registers and decrypts the overall registry (its `KeyEpochView`).
 3. `DeviceMethods`, each built over the `DeviceMethodContext`: Dubhe, CLIMB,
@@ -47,7 +47,7 @@ from ursa.edge_sdk.epoch_view import CurrentEpoch
 from ursa.edge_sdk.federation_end import FINAL_DIRNAME, EndOfFederation
 from ursa.edge_sdk.fleet_eval import FleetEvaluator
 from ursa.edge_sdk.inbox import DeviceInbox
-from ursa.edge_sdk.key_epoch import KeyEpoch
+from ursa.edge_sdk.key_epoch import DeviceKeyEpochs
 from ursa.edge_sdk.local_dataset import LocalDataset
 from ursa.edge_sdk.membership import HELLO_ON_NEW_RUN_S, RunMembership
 from ursa.edge_sdk.method import MethodFactory
@@ -127,7 +127,7 @@ class EdgeClient:
             link=self.link, membership=self._membership, forget_run=self._new_run
         )
         self.enrolled = self.enrolment.enrolled
-        self.key_epoch = KeyEpoch(
+        self.key_epoch = DeviceKeyEpochs(
             link=self.link,
             data=self.data,
             stats=self.stats,

@@ -16,7 +16,7 @@ from ursa.crypto.errors import UntrustedIdentityError
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity, verify_signature
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.membership import RunMembership
-from ursa.edge_sdk.state import DeviceStateDir
+from ursa.edge_sdk.state_dir import DeviceStateDir
 from ursa.protocol.envelope import encode, message_digest, message_kind, signing_bytes
 from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import BaseMessage, ErrorCode, ErrorReply, IdentityKeys

@@ -1,4 +1,4 @@
-"""`KeyEpoch`: the device's part in a Paillier key epoch, and its registration.
+"""`DeviceKeyEpochs`: the device's part in a Paillier key epoch, and its registration.
 
 Every method that sums under encryption (Dubhe, CLIMB, FedDisk) uses the
 epoch's keys through `DeviceContext.keys`; none owns them. The steps follow
@@ -53,7 +53,7 @@ from ursa.edge_sdk.epoch_view import CurrentEpoch, KeyEpochView
 from ursa.edge_sdk.local_dataset import LocalDataset
 from ursa.edge_sdk.model_fit import spec_problems
 from ursa.edge_sdk.registration import is_one_hot, registry_indices, registry_vector
-from ursa.edge_sdk.state import StoredEpoch
+from ursa.edge_sdk.state_dir import StoredEpoch
 from ursa.edge_sdk.stats import DeviceStats
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.envelope import decode, encode
@@ -75,7 +75,7 @@ from ursa.protocol.messages import (
 )
 from ursa.protocol.router import NotReadyError, Router
 
-__all__ = ["KeyEpoch", "seal_context"]
+__all__ = ["DeviceKeyEpochs", "seal_context"]
 
 logger = logging.getLogger("ursa.edge_sdk")
 
@@ -85,7 +85,7 @@ def seal_context(federation: str, epoch: int) -> bytes:
     return f"ursa-epoch-key|{federation}|{epoch}".encode()
 
 
-class KeyEpoch:
+class DeviceKeyEpochs:
     """The key epochs this device takes part in (see the module docstring).
 
     Args:

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from ursa.edge_sdk.state import DeviceStateDir, StoredRun
+from ursa.edge_sdk.state_dir import DeviceStateDir, StoredRun
 from ursa.protocol.messages import BaseMessage
 
 __all__ = ["EARLY_PER_RUN", "EARLY_RUNS", "HELLO_ON_NEW_RUN_S", "RunMembership"]

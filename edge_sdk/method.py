@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.obfuscators import ObfuscatorPool
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
-from ursa.edge_sdk.state import DeviceStateDir
+from ursa.edge_sdk.state_dir import DeviceStateDir
 from ursa.edge_sdk.stats import DeviceStats, TrainingStats
 from ursa.edge_sdk.trainer import ModelTrainer, Trainer
 from ursa.models.weights import Arrays

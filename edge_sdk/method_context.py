@@ -21,7 +21,7 @@ from ursa.edge_sdk.device_link import DeviceLink
 from ursa.edge_sdk.epoch_view import CurrentEpoch
 from ursa.edge_sdk.local_dataset import LocalDataset
 from ursa.edge_sdk.method import EpochKeys, Roster
-from ursa.edge_sdk.state import DeviceStateDir
+from ursa.edge_sdk.state_dir import DeviceStateDir
 from ursa.edge_sdk.stats import DeviceStats, TrainingStats
 from ursa.edge_sdk.trainer import Trainer
 from ursa.edge_sdk.training_rounds import TrainingRounds

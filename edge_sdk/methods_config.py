@@ -13,7 +13,7 @@ Tables told apart by ``kind``, each with the method's device settings::
     kind = "fedprox"            # or: mu comes signed from the coordinator
 
     [[methods]]
-    kind = "flicker"            # `FlickerSpec` fields
+    kind = "flicker"            # `FlickerDeviceSpec` fields
     features_file = "centroids.npz"
 
 The list must name the same methods as the federation's (signed into each
@@ -36,14 +36,14 @@ from ursa.edge_sdk.methods.feddisk.settings import FeddiskSettings
 from ursa.protocol.methods import MethodRole, MethodsError, check_method_list
 
 __all__ = [
-    "ClimbSpec",
+    "ClimbDeviceSpec",
     "DeviceMethodSpec",
-    "DubheSpec",
-    "FedAvgSpec",
-    "FedProxSpec",
-    "FeddiskSpec",
-    "FlickerSpec",
-    "RandomSpec",
+    "DubheDeviceSpec",
+    "FedAvgDeviceSpec",
+    "FedProxDeviceSpec",
+    "FeddiskDeviceSpec",
+    "FlickerDeviceSpec",
+    "RandomDeviceSpec",
     "TrainingSpec",
     "check_device_methods",
     "default_methods",
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 
-class DubheSpec(BaseModel):
+class DubheDeviceSpec(BaseModel):
     """Dubhe: register the encrypted class counts, volunteer, report.
 
     ``draw`` must equal the coordinator's: ``"paper"`` (independent coins)
@@ -68,7 +68,7 @@ class DubheSpec(BaseModel):
     """Must equal the coordinator's: ``paper`` or ``stratified``."""
 
 
-class RandomSpec(BaseModel):
+class RandomDeviceSpec(BaseModel):
     """Random selection: nothing to do but train when the coordinator picks us."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -76,7 +76,7 @@ class RandomSpec(BaseModel):
     kind: Literal["random"] = "random"
 
 
-class FedAvgSpec(BaseModel):
+class FedAvgDeviceSpec(BaseModel):
     """Plain local training; the coordinator averages."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -84,7 +84,7 @@ class FedAvgSpec(BaseModel):
     kind: Literal["fedavg"] = "fedavg"
 
 
-class FedProxSpec(BaseModel):
+class FedProxDeviceSpec(BaseModel):
     """FedProx: local training with the proximal term; ``mu`` is the coordinator's.
 
     The device takes ``mu`` from the key epoch's signed settings
@@ -96,7 +96,7 @@ class FedProxSpec(BaseModel):
     kind: Literal["fedprox"] = "fedprox"
 
 
-class ClimbSpec(ClimbConfig):
+class ClimbDeviceSpec(ClimbConfig):
     """CLIMB: the dual step's settings (`ClimbConfig`)."""
 
     role: ClassVar[MethodRole] = MethodRole.TRAINING
@@ -107,7 +107,7 @@ class ClimbSpec(ClimbConfig):
         return ClimbConfig.model_validate(self.model_dump(exclude={"kind"}))
 
 
-class FeddiskSpec(FeddiskSettings):
+class FeddiskDeviceSpec(FeddiskSettings):
     """FedDisk: the MADE and weighting settings (`FeddiskSettings`)."""
 
     role: ClassVar[MethodRole] = MethodRole.TRAINING
@@ -118,7 +118,7 @@ class FeddiskSpec(FeddiskSettings):
         return FeddiskSettings.model_validate(self.model_dump(exclude={"kind"}))
 
 
-class FlickerSpec(BaseModel):
+class FlickerDeviceSpec(BaseModel):
     """FLICKER: take part in the ring and resample when the coordinator asks.
 
     Defaults equal `ursa.edge_sdk.methods.flicker`'s. A training device
@@ -150,24 +150,26 @@ class FlickerSpec(BaseModel):
 
 
 DeviceMethodSpec = Annotated[
-    DubheSpec
-    | RandomSpec
-    | FedAvgSpec
-    | FedProxSpec
-    | ClimbSpec
-    | FeddiskSpec
-    | FlickerSpec,
+    DubheDeviceSpec
+    | RandomDeviceSpec
+    | FedAvgDeviceSpec
+    | FedProxDeviceSpec
+    | ClimbDeviceSpec
+    | FeddiskDeviceSpec
+    | FlickerDeviceSpec,
     Field(discriminator="kind"),
 ]
 """One device ``[[methods]]`` table."""
 
-TrainingSpec = FedAvgSpec | FedProxSpec | ClimbSpec | FeddiskSpec
+TrainingSpec = (
+    FedAvgDeviceSpec | FedProxDeviceSpec | ClimbDeviceSpec | FeddiskDeviceSpec
+)
 """The training methods' tables."""
 
 
 def default_methods(*, trains: bool) -> tuple[DeviceMethodSpec, ...]:
     """Dubhe, plus FedAvg for a device that trains."""
-    return (DubheSpec(), FedAvgSpec()) if trains else (DubheSpec(),)
+    return (DubheDeviceSpec(), FedAvgDeviceSpec()) if trains else (DubheDeviceSpec(),)
 
 
 def check_device_methods(methods: Sequence[DeviceMethodSpec], *, trains: bool) -> None:
@@ -192,9 +194,9 @@ def check_device_methods(methods: Sequence[DeviceMethodSpec], *, trains: bool) -
         )
 
 
-def flicker_spec(methods: Sequence[DeviceMethodSpec]) -> FlickerSpec | None:
+def flicker_spec(methods: Sequence[DeviceMethodSpec]) -> FlickerDeviceSpec | None:
     """FLICKER's table, if the device runs it."""
-    return next((m for m in methods if isinstance(m, FlickerSpec)), None)
+    return next((m for m in methods if isinstance(m, FlickerDeviceSpec)), None)
 
 
 def training_spec(methods: Sequence[DeviceMethodSpec]) -> TrainingSpec | None:

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from ursa.coordinator.plugin import RoundPlugin
     from ursa.coordinator.service import CoordinatorService
     from ursa.coordinator.telemetry import Telemetry
-    from ursa.coordinator.training import Evaluator, RoundRecord
+    from ursa.coordinator.training import Evaluator, TrainingRoundReport
     from ursa.edge_sdk.callbacks import DeviceCallbacks
     from ursa.edge_sdk.client import EdgeClient
     from ursa.edge_sdk.config import DeviceConfig, DeviceTrainingConfig
@@ -89,7 +89,7 @@ class RoundHooks:
     """Callbacks on one model's rounds (the demo's evaluation and progress)."""
 
     evaluate: Evaluator | None = None
-    on_round: Callable[[RoundRecord], None] | None = None
+    on_round: Callable[[TrainingRoundReport], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -119,10 +119,10 @@ def training_plugin(
         return None
     from ursa.coordinator.before_training import StepBuilder
     from ursa.coordinator.fleet_eval import FleetEvaluation
-    from ursa.coordinator.methods.climb.step import ClimbDualStep
+    from ursa.coordinator.methods.climb.dual_step import ClimbDualStep
     from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
     from ursa.coordinator.methods_config import ClimbSpec, FeddiskSpec
-    from ursa.coordinator.models import ModelStoreError
+    from ursa.coordinator.model_store import ModelStoreError
     from ursa.coordinator.training import TrainingPlugin
 
     hooks = _observed(hooks or TrainingHooks(), telemetry)
@@ -189,7 +189,7 @@ def coordinator_initial_weights(config: CoordinatorConfig, model: str) -> Path |
         ServiceSetupError: an unknown architecture, missing torch, or weights
             that do not fit it (the tensor is named).
     """
-    from ursa.coordinator.models import ModelStore, ModelStoreError, write_atomic
+    from ursa.coordinator.model_store import ModelStore, ModelStoreError, write_atomic
     from ursa.models.reference import reference_arrays
     from ursa.models.spec import ModelSpecError, check_fits
     from ursa.models.weights import WeightsError, arrays_from_bytes, arrays_to_bytes
@@ -281,7 +281,7 @@ def _observed(hooks: TrainingHooks, telemetry: Telemetry | None) -> TrainingHook
     def tell(own: RoundHooks) -> RoundHooks:
         callback = own.on_round
 
-        def on_round(record: RoundRecord) -> None:
+        def on_round(record: TrainingRoundReport) -> None:
             telemetry.training_round(record)
             if callback is not None:
                 callback(record)
@@ -498,7 +498,7 @@ def torch_trainer(
     Raises:
         ServiceSetupError: torch is missing or a setting is invalid.
     """
-    from ursa.edge_sdk.methods_config import FeddiskSpec, training_spec
+    from ursa.edge_sdk.methods_config import FeddiskDeviceSpec, training_spec
 
     try:
         from ursa.edge_sdk.module_trainer import ModuleTrainer
@@ -543,7 +543,7 @@ def torch_trainer(
             )
     except (ModelConfigError, ValueError) as exc:
         raise ServiceSetupError(f"[training]: {brief(exc)}") from None
-    if not isinstance(method, FeddiskSpec):
+    if not isinstance(method, FeddiskDeviceSpec):
         return trainer
     from ursa.edge_sdk.methods.feddisk.trainer import FeddiskTrainer
 

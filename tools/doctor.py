@@ -51,11 +51,11 @@ from ursa.protocol.mqtt_config import MqttConfig, TlsContext
 __all__ = [
     "EXTRAS",
     "BrokerFacts",
+    "CheckStatus",
     "Finding",
     "HostFacts",
     "ModuleFacts",
     "Needs",
-    "Status",
     "blocking_reason",
     "gather_host_facts",
     "probe_broker",
@@ -94,7 +94,7 @@ _CUDA_DEVICE_FILES = (
 _TIMESYNC_FLAG = "/run/systemd/timesync/synchronized"
 
 
-class Status(StrEnum):
+class CheckStatus(StrEnum):
     """How a check came out; only FAIL makes `ursa doctor` exit non-zero."""
 
     OK = "ok"
@@ -108,7 +108,7 @@ class Finding:
     """One check's outcome: a status and a one-line summary."""
 
     check: str
-    status: Status
+    status: CheckStatus
     summary: str
 
 
@@ -194,10 +194,14 @@ def check_python(host: HostFacts) -> Finding:
     version = ".".join(map(str, host.python))
     label = f"{version} ({host.implementation})"
     if host.python[:2] < MIN_PYTHON:
-        return Finding("python", Status.FAIL, f"{label}: ursa needs Python >= 3.10")
+        return Finding(
+            "python", CheckStatus.FAIL, f"{label}: ursa needs Python >= 3.10"
+        )
     if host.python[:2] > MAX_TESTED_PYTHON:
-        return Finding("python", Status.WARN, f"{label}: newer than 3.13, untested")
-    return Finding("python", Status.OK, label)
+        return Finding(
+            "python", CheckStatus.WARN, f"{label}: newer than 3.13, untested"
+        )
+    return Finding("python", CheckStatus.OK, label)
 
 
 def check_machine(host: HostFacts) -> Finding:
@@ -206,16 +210,16 @@ def check_machine(host: HostFacts) -> Finding:
     if host.machine not in CHECKED_MACHINES:
         return Finding(
             "machine",
-            Status.WARN,
+            CheckStatus.WARN,
             f"{label}: not a checked platform (64-bit Linux on x86_64 or aarch64)",
         )
-    return Finding("machine", Status.OK, label)
+    return Finding("machine", CheckStatus.OK, label)
 
 
 def check_memory(host: HostFacts, needs: Needs) -> Finding:
     """Warn when available memory is low for the device's job."""
     if host.mem_available_bytes is None:
-        return Finding("memory", Status.INFO, "available memory unknown")
+        return Finding("memory", CheckStatus.INFO, "available memory unknown")
     trains = needs.trains or host.modules.get("torch", ModuleFacts("torch")).is_usable
     floor = LOW_MEMORY_TRAINING_BYTES if trains else LOW_MEMORY_BYTES
     total = "" if host.mem_total_bytes is None else f" of {_mib(host.mem_total_bytes)}"
@@ -223,9 +227,9 @@ def check_memory(host: HostFacts, needs: Needs) -> Finding:
     if host.mem_available_bytes < floor:
         job = "a training device" if trains else "a device"
         return Finding(
-            "memory", Status.WARN, f"{summary}: below {_mib(floor)} for {job}"
+            "memory", CheckStatus.WARN, f"{summary}: below {_mib(floor)} for {job}"
         )
-    return Finding("memory", Status.OK, summary)
+    return Finding("memory", CheckStatus.OK, summary)
 
 
 def check_extra(host: HostFacts, needs: Needs, extra: str) -> Finding:
@@ -236,7 +240,7 @@ def check_extra(host: HostFacts, needs: Needs, extra: str) -> Finding:
     if extra == "ckks" and host.python[:2] < (3, 11):
         from ursa.crypto.ckks import CKKS_UNAVAILABLE
 
-        status = Status.FAIL if needed else Status.INFO
+        status = CheckStatus.FAIL if needed else CheckStatus.INFO
         reason = f"{CKKS_UNAVAILABLE} (TenSEAL has no cp310 wheel)"
         return Finding(check, status, reason)
     modules = [host.modules.get(name, ModuleFacts(name)) for name in EXTRAS[extra]]
@@ -245,16 +249,18 @@ def check_extra(host: HostFacts, needs: Needs, extra: str) -> Finding:
     if broken:
         errors = "; ".join(f"{m.name} {m.version}: {m.import_error}" for m in broken)
         return Finding(
-            check, Status.FAIL if needed else Status.WARN, f"import fails: {errors}"
+            check,
+            CheckStatus.FAIL if needed else CheckStatus.WARN,
+            f"import fails: {errors}",
         )
     if missing:
         what = "the config needs it" if needed else "not installed"
         return Finding(
             check,
-            Status.FAIL if needed else Status.INFO,
+            CheckStatus.FAIL if needed else CheckStatus.INFO,
             f"{what}: {', '.join(missing)} missing ({install})",
         )
-    return Finding(check, Status.OK, ", ".join(_describe(m) for m in modules))
+    return Finding(check, CheckStatus.OK, ", ".join(_describe(m) for m in modules))
 
 
 def check_torch_build(host: HostFacts) -> Finding | None:
@@ -268,17 +274,21 @@ def check_torch_build(host: HostFacts) -> Finding | None:
         or any(tag in (torch.version or "") for tag in ("+cu", ".nv"))
     )
     if not cuda_build:
-        return Finding("torch build", Status.OK, f"torch {torch.version}: CPU build")
+        return Finding(
+            "torch build", CheckStatus.OK, f"torch {torch.version}: CPU build"
+        )
     cuda = f"CUDA {torch.cuda}" if torch.cuda else "CUDA"
     if host.has_cuda_device:
         return Finding(
-            "torch build", Status.OK, f"torch {torch.version}: {cuda} build, GPU found"
+            "torch build",
+            CheckStatus.OK,
+            f"torch {torch.version}: {cuda} build, GPU found",
         )
     extra = len(torch.cuda_requirements)
     libraries = f" and {extra} nvidia/cuda packages" if extra else ""
     return Finding(
         "torch build",
-        Status.WARN,
+        CheckStatus.WARN,
         f"torch {torch.version} is a {cuda} build{libraries} on a machine without "
         "CUDA: reinstall the CPU build (see docs/install.md)",
     )
@@ -288,7 +298,9 @@ def check_broker(broker: BrokerFacts | None) -> Finding:
     """The broker must be reachable, over TLS when configured, and speak MQTT."""
     if broker is None:
         return Finding(
-            "broker", Status.INFO, "not checked (give --config device.toml or --host)"
+            "broker",
+            CheckStatus.INFO,
+            "not checked (give --config device.toml or --host)",
         )
     where = broker.address
     for stage, error in (
@@ -300,29 +312,31 @@ def check_broker(broker: BrokerFacts | None) -> Finding:
             hint = ""
             if stage == "MQTT failed" and not broker.tls and "CONNACK" in error:
                 hint = " (a TLS listener? use mqtts:// or --tls)"
-            return Finding("broker", Status.FAIL, f"{where} {stage}: {error}{hint}")
+            return Finding(
+                "broker", CheckStatus.FAIL, f"{where} {stage}: {error}{hint}"
+            )
     tls = f", {broker.tls_version} verified" if broker.tls else ""
     took = "" if broker.connect_s is None else f" in {broker.connect_s * 1000:.0f} ms"
     if broker.login is not None:
         if not broker.connack_accepted:
             return Finding(
                 "broker",
-                Status.FAIL,
+                CheckStatus.FAIL,
                 f"{where} refused login as {broker.login}: {broker.connack}",
             )
         return Finding(
-            "broker", Status.OK, f"{where}: logged in as {broker.login}{took}{tls}"
+            "broker", CheckStatus.OK, f"{where}: logged in as {broker.login}{took}{tls}"
         )
     if broker.connack_accepted:
         return Finding(
             "broker",
-            Status.WARN,
+            CheckStatus.WARN,
             f"{where} reachable{tls}, but it accepts anonymous clients "
             "(ursa's Mosquitto config sets allow_anonymous false)",
         )
     return Finding(
         "broker",
-        Status.OK,
+        CheckStatus.OK,
         f"{where} reachable{took}{tls}; answered an anonymous probe with "
         f"{broker.connack!r} (--login checks the credentials)",
     )
@@ -334,7 +348,7 @@ def check_clock(host: HostFacts) -> Finding:
     if host.now < NOT_BEFORE:
         return Finding(
             "clock",
-            Status.WARN,
+            CheckStatus.WARN,
             f"reads {host.now:%Y-%m-%d %H:%M} UTC, before this ursa release: set the "
             "time (TLS certificates look not yet valid); " + skew,
         )
@@ -343,7 +357,7 @@ def check_clock(host: HostFacts) -> Finding:
         False: "not NTP-synchronized by systemd-timesyncd",
         None: "NTP state unknown",
     }[host.ntp_synchronized]
-    return Finding("clock", Status.INFO, f"{sync}; {skew}")
+    return Finding("clock", CheckStatus.INFO, f"{sync}; {skew}")
 
 
 def run_checks(
@@ -362,7 +376,7 @@ def run_checks(
 def blocking_reason(findings: Sequence[Finding]) -> str | None:
     """The first failure as one line (``check: summary``), or None."""
     for finding in findings:
-        if finding.status is Status.FAIL:
+        if finding.status is CheckStatus.FAIL:
             return f"{finding.check}: {finding.summary}"
     return None
 

@@ -42,7 +42,7 @@ from ursa.coordinator.before_training import (
     StepPhase,
 )
 from ursa.coordinator.gather import Gather, save_gather
-from ursa.coordinator.models import write_atomic
+from ursa.coordinator.model_store import write_atomic
 from ursa.coordinator.phase import PhaseStatus
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.secure_aggregation.folds import (

@@ -33,14 +33,14 @@ from ursa.edge_sdk.methods.feddisk.phased_trainer import PhasedTrainer
 from ursa.edge_sdk.methods.fedprox.method import FedProx
 from ursa.edge_sdk.methods.flicker.method import Flicker
 from ursa.edge_sdk.methods_config import (
-    ClimbSpec,
+    ClimbDeviceSpec,
     DeviceMethodSpec,
-    DubheSpec,
-    FedAvgSpec,
-    FeddiskSpec,
-    FedProxSpec,
-    FlickerSpec,
-    RandomSpec,
+    DubheDeviceSpec,
+    FedAvgDeviceSpec,
+    FeddiskDeviceSpec,
+    FedProxDeviceSpec,
+    FlickerDeviceSpec,
+    RandomDeviceSpec,
 )
 from ursa.edge_sdk.trainer import ModelTrainer, Trainer
 from ursa.protocol.methods import MethodRole
@@ -74,22 +74,26 @@ class DeviceEntry:
         return role
 
 
-def _dubhe(spec: DubheSpec, ctx: DeviceContext, inputs: MethodInputs) -> DeviceMethod:
+def _dubhe(
+    spec: DubheDeviceSpec, ctx: DeviceContext, inputs: MethodInputs
+) -> DeviceMethod:
     return Dubhe(ctx, spec.draw)
 
 
-def _climb(spec: ClimbSpec, ctx: DeviceContext, inputs: MethodInputs) -> DeviceMethod:
+def _climb(
+    spec: ClimbDeviceSpec, ctx: DeviceContext, inputs: MethodInputs
+) -> DeviceMethod:
     return Climb(ctx, spec.climb_config())
 
 
 def _fedprox(
-    spec: FedProxSpec, ctx: DeviceContext, inputs: MethodInputs
+    spec: FedProxDeviceSpec, ctx: DeviceContext, inputs: MethodInputs
 ) -> DeviceMethod:
     return FedProx(ctx)
 
 
 def _feddisk(
-    spec: FeddiskSpec, ctx: DeviceContext, inputs: MethodInputs
+    spec: FeddiskDeviceSpec, ctx: DeviceContext, inputs: MethodInputs
 ) -> DeviceMethod:
     trainer = inputs.trainer
     if not isinstance(trainer, ModelTrainer) or not isinstance(trainer, PhasedTrainer):
@@ -106,19 +110,19 @@ def _feddisk(
 
 
 def _flicker(
-    spec: FlickerSpec, ctx: DeviceContext, inputs: MethodInputs
+    spec: FlickerDeviceSpec, ctx: DeviceContext, inputs: MethodInputs
 ) -> DeviceMethod:
     return Flicker(ctx, spec, labels=inputs.labels)
 
 
 DEVICE_METHODS: Mapping[str, DeviceEntry] = {
-    "dubhe": DeviceEntry(DubheSpec, _dubhe),
-    "random": DeviceEntry(RandomSpec, None),
-    "fedavg": DeviceEntry(FedAvgSpec, None),
-    "fedprox": DeviceEntry(FedProxSpec, _fedprox),
-    "climb": DeviceEntry(ClimbSpec, _climb),
-    "feddisk": DeviceEntry(FeddiskSpec, _feddisk),
-    "flicker": DeviceEntry(FlickerSpec, _flicker),
+    "dubhe": DeviceEntry(DubheDeviceSpec, _dubhe),
+    "random": DeviceEntry(RandomDeviceSpec, None),
+    "fedavg": DeviceEntry(FedAvgDeviceSpec, None),
+    "fedprox": DeviceEntry(FedProxDeviceSpec, _fedprox),
+    "climb": DeviceEntry(ClimbDeviceSpec, _climb),
+    "feddisk": DeviceEntry(FeddiskDeviceSpec, _feddisk),
+    "flicker": DeviceEntry(FlickerDeviceSpec, _flicker),
 }
 """Every kind a device's ``[[methods]]`` may name."""
 

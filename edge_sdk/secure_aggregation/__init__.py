@@ -3,9 +3,9 @@
 from ursa.edge_sdk.secure_aggregation.participant import (
     KeyAdvert,
     MaskingParticipant,
+    ParticipantStage,
     PeerAdvert,
     SecAggError,
-    Stage,
     UnmaskShare,
     advert_transcript,
 )
@@ -13,9 +13,9 @@ from ursa.edge_sdk.secure_aggregation.participant import (
 __all__ = [
     "KeyAdvert",
     "MaskingParticipant",
+    "ParticipantStage",
     "PeerAdvert",
     "SecAggError",
-    "Stage",
     "UnmaskShare",
     "advert_transcript",
 ]

@@ -99,9 +99,9 @@ __all__ = [
     "SHARE_BOX_BYTES",
     "KeyAdvert",
     "MaskingParticipant",
+    "ParticipantStage",
     "PeerAdvert",
     "SecAggError",
-    "Stage",
     "UnmaskShare",
     "advert_transcript",
 ]
@@ -123,7 +123,7 @@ class SecAggError(CryptoError):
     """The participant refuses: a bad advert or box, a wrong stage, an unsafe reveal."""
 
 
-class Stage(StrEnum):
+class ParticipantStage(StrEnum):
     """Where a participant is in its round."""
 
     KEYS = "keys"
@@ -250,7 +250,7 @@ class MaskingParticipant:
         self._b = _draw(random_bytes)
         self._c_public = self._c.public_key().public_bytes_raw()
         self._s_public = self._s.public_key().public_bytes_raw()
-        self._stage = Stage.KEYS
+        self._stage = ParticipantStage.KEYS
         self._participants: frozenset[str] = frozenset()
         self._neighbours: tuple[str, ...] = ()
         self._graph: dict[str, tuple[str, ...]] = {}
@@ -268,13 +268,13 @@ class MaskingParticipant:
         return self._identity.device_id
 
     @property
-    def stage(self) -> Stage:
+    def stage(self) -> ParticipantStage:
         """The last step completed."""
         return self._stage
 
     def advertise(self) -> KeyAdvert:
         """The signed public round keys (the same advert on every call)."""
-        if self._stage not in (Stage.KEYS, Stage.ADVERTISED):
+        if self._stage not in (ParticipantStage.KEYS, ParticipantStage.ADVERTISED):
             raise SecAggError(f"cannot advertise at stage {self._stage}")
         signature = self._identity.sign(
             advert_transcript(
@@ -286,7 +286,7 @@ class MaskingParticipant:
                 self._s_public,
             )
         )
-        self._stage = Stage.ADVERTISED
+        self._stage = ParticipantStage.ADVERTISED
         return KeyAdvert(self._c_public, self._s_public, signature)
 
     def share(
@@ -307,7 +307,7 @@ class MaskingParticipant:
             SecAggError: wrong stage, fewer participants than the threshold, a
                 missing, duplicate or badly signed neighbour advert.
         """
-        self._require(Stage.ADVERTISED, "share")
+        self._require(ParticipantStage.ADVERTISED, "share")
         ids = self._checked_participants(participants)
         try:
             threshold_n = share_threshold(self._threshold, len(ids), self._degree)
@@ -340,7 +340,7 @@ class MaskingParticipant:
         self._neighbours = mine
         self._peers = peers
         self._share_threshold = threshold_n
-        self._stage = Stage.SHARED
+        self._stage = ParticipantStage.SHARED
         return boxes
 
     def receive_shares(self, boxes: Sequence[tuple[str, bytes]]) -> None:
@@ -354,7 +354,7 @@ class MaskingParticipant:
                 one, a tampered or misaddressed box, or too few neighbours left
                 to ever rebuild this device's secrets.
         """
-        self._require(Stage.SHARED, "receive shares")
+        self._require(ParticipantStage.SHARED, "receive shares")
         received: dict[str, tuple[int, bytes, bytes]] = {}
         for sender, box in boxes:
             if sender not in self._peers:
@@ -368,7 +368,7 @@ class MaskingParticipant:
                 "needed for this device's secrets to be recoverable"
             )
         self._received = received
-        self._stage = Stage.RECEIVED
+        self._stage = ParticipantStage.RECEIVED
 
     def mask(self, vector: NDArray[np.uint32]) -> NDArray[np.uint32]:
         """Mask the encoded contribution; once per round.
@@ -382,7 +382,7 @@ class MaskingParticipant:
             ValueError: not a 1-D uint32 array.
             SecAggError: wrong stage, or a second, different vector.
         """
-        if self._stage not in (Stage.RECEIVED, Stage.MASKED):
+        if self._stage not in (ParticipantStage.RECEIVED, ParticipantStage.MASKED):
             raise SecAggError(f"cannot mask at stage {self._stage}")
         if (
             not isinstance(vector, np.ndarray)
@@ -393,7 +393,7 @@ class MaskingParticipant:
         digest = hashlib.sha256(
             struct.pack(">Q", vector.size) + np.ascontiguousarray(vector).tobytes()
         ).digest()
-        if self._stage is Stage.MASKED and digest != self._masked_digest:
+        if self._stage is ParticipantStage.MASKED and digest != self._masked_digest:
             raise SecAggError("this round's mask was already used for another vector")
         masks = [Mask(self._b, SELF_MASK_LABEL)]
         for peer in sorted(self._received):
@@ -408,7 +408,7 @@ class MaskingParticipant:
         masked = np.array(vector, dtype=np.uint32, copy=True)
         apply_masks(masked, masks)
         self._masked_digest = digest
-        self._stage = Stage.MASKED
+        self._stage = ParticipantStage.MASKED
         return masked
 
     def unmask(
@@ -429,7 +429,7 @@ class MaskingParticipant:
                 they disagree with the neighbours that shared with this
                 device; or a reveal contradicts an earlier one.
         """
-        self._require(Stage.MASKED, "unmask")
+        self._require(ParticipantStage.MASKED, "unmask")
         alive, gone = set(survivors), set(dropped)
         if alive & gone:
             raise SecAggError(f"survivors and dropped overlap: {sorted(alive & gone)}")
@@ -470,7 +470,7 @@ class MaskingParticipant:
             reveals.append(UnmaskShare(owner, kinds[owner], Share(index, data)))
         return reveals
 
-    def _require(self, stage: Stage, action: str) -> None:
+    def _require(self, stage: ParticipantStage, action: str) -> None:
         if self._stage is not stage:
             raise SecAggError(f"cannot {action} at stage {self._stage}")
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from ursa.coordinator.models import ModelStore
+from ursa.coordinator.model_store import ModelStore
 from ursa.coordinator.store import DB_FILENAME
 from ursa.crypto.paillier_keys import MIN_SECURE_KEY_BITS
 from ursa.protocol.mqtt import MqttTransport

@@ -9,7 +9,7 @@ agent generates and seals to the devices):
   parses them with ``num_parties=1`` pinned and the codebook length checked,
   and sums the ciphertexts. The sum travels back as bytes (parsed with
   ``num_parties=N`` pinned); a device decrypts it and checks that it sums to
-  the number of registrants (`RegistryCheckError` otherwise). Every device
+  the number of registrants (`RegistrySumError` otherwise). Every device
   decrypts the same sum, so the simulator decrypts it once and counts it once
   ("per device").
 * **Tries.** Each tentative member of a round encrypts its fixed-point
@@ -48,14 +48,14 @@ from ursa.crypto.paillier import (
     generate_keypair,
     sum_encrypted,
 )
-from ursa.lab.simulate.selection import SelectionConfig, simulate_selection
+from ursa.lab.simulate.selection import SelectionSimConfig, simulate_selection
 from ursa.lab.simulate.selection_sums import DISTRIBUTION_SCALE, SumBackend
 
 ENCRYPTED_MAX_CLIENTS = 2000
 """Largest N an encrypted simulation accepts without ``force``."""
 
 
-class RegistryCheckError(ValueError):
+class RegistrySumError(ValueError):
     """A decrypted overall registry does not sum to the number of registrants."""
 
 
@@ -136,7 +136,7 @@ class EncryptedSums:
 
         Raises:
             ValueError: a slot index outside ``[0, length)``.
-            RegistryCheckError: the decrypted registry does not sum to N.
+            RegistrySumError: the decrypted registry does not sum to N.
         """
         slots = np.asarray(indices, dtype=np.int64)
         n = int(slots.size)
@@ -168,7 +168,7 @@ class EncryptedSums:
         )
         stats.decrypt_s += time.perf_counter() - decrypt
         if sum(registry) != n:
-            raise RegistryCheckError(
+            raise RegistrySumError(
                 f"decrypted registry sums to {sum(registry)}, not {n} registrants"
             )
         stats.registry_sums += 1
@@ -258,7 +258,7 @@ def check_encrypted_size(num_clients: int, *, force: bool = False) -> None:
 
 
 def simulate_encrypted(
-    config: SelectionConfig,
+    config: SelectionSimConfig,
     key_bits: int = DEFAULT_KEY_BITS,
     *,
     force: bool = False,

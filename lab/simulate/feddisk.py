@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.coordinator.aggregation import (
-    ModelUpdate,
+    DeviceDelta,
     Weighting,
     apply_update,
     finalize_aggregation,
@@ -53,7 +53,7 @@ from ursa.tools.data.federation import Federation
 
 
 @dataclass(frozen=True)
-class FeddiskSettings:
+class MadePhaseSettings:
     """Phase-1 hyper-parameters (MADE as in the paper: one hidden layer, Adam)."""
 
     made_hidden: int = 64
@@ -87,7 +87,7 @@ class FeddiskPhase:
 
 def feddisk_phase_one(
     fed: Federation,
-    settings: FeddiskSettings,
+    settings: MadePhaseSettings,
     select: Callable[[int], npt.NDArray[np.int64]],
     rng: np.random.Generator,
 ) -> FeddiskPhase:
@@ -162,7 +162,7 @@ def _global_made(
     made_train: list[npt.NDArray[np.float32]],
     made_val: list[npt.NDArray[np.float32]],
     config: TrainConfig,
-    settings: FeddiskSettings,
+    settings: MadePhaseSettings,
     select: Callable[[int], npt.NDArray[np.int64]],
     rng: np.random.Generator,
 ) -> tuple[Arrays, MadeStopper, list[float]]:
@@ -178,7 +178,7 @@ def _global_made(
             cfg = config.model_copy(update={"seed": int(rng.integers(2**31))})
             res = train_made_local(made_config, arrays, made_train[i], config=cfg)
             state, _ = apply_update(
-                state, ModelUpdate(f"dev{i}", res.delta, res.num_examples)
+                state, DeviceDelta(f"dev{i}", res.delta, res.num_examples)
             )
         arrays = finalize_aggregation(state, arrays)
         loss = weighted_mean_loss(

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ursa.coordinator.methods.flicker import algorithm as coord
-from ursa.coordinator.methods.flicker.outcome import Phase
+from ursa.coordinator.methods.flicker.outcome import FlickerPhase
 from ursa.coordinator.methods_config import FlickerSpec
 from ursa.edge_sdk.methods.flicker import algorithm as dev
 from ursa.lab.simulate.flicker_fleet import build_fleet
@@ -145,7 +145,7 @@ def production_run(
         outcome = fleet.run(reference.ring_order)
         final = {d: p.state for d, p in fleet.participants.items()}
     state, gd_before = outcome.state, outcome.gd_before
-    if outcome.phase is not Phase.DONE or state is None or gd_before is None:
+    if outcome.phase is not FlickerPhase.DONE or state is None or gd_before is None:
         raise SimulationError(f"the production run failed: {outcome.failure}")
     same = (
         gd_before == reference.gd_before

@@ -29,7 +29,7 @@ from types import TracebackType
 import numpy as np
 
 from ursa.coordinator.methods.flicker.method import FlickerMethod
-from ursa.coordinator.methods.flicker.outcome import FlickerOutcome, Phase
+from ursa.coordinator.methods.flicker.outcome import FlickerOutcome, FlickerPhase
 from ursa.coordinator.methods_config import FlickerSpec
 from ursa.crypto.ckks import CkksKeyOwner
 from ursa.crypto.identity import DeviceIdentity
@@ -96,7 +96,7 @@ class Fleet:
             self.coordinator.config.reply_deadline_s,
         )
         for _ in range(MAX_TICKS):
-            if self.coordinator.phase in (Phase.DONE, Phase.FAILED):
+            if self.coordinator.phase in (FlickerPhase.DONE, FlickerPhase.FAILED):
                 break
             self.clock.advance(step)
             self.coordinator.tick()

@@ -26,8 +26,8 @@ from ursa.coordinator.methods.flicker import algorithm as fl
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.flicker.outcome import (
     FlickerOutcome,
+    FlickerPhase,
     FlickerServiceConfig,
-    Phase,
 )
 from ursa.coordinator.refusal_log import RefusalLog
 from ursa.coordinator.rejections import Rejections
@@ -129,7 +129,7 @@ class FlickerHost:
         return self.method.config
 
     @property
-    def phase(self) -> Phase:
+    def phase(self) -> FlickerPhase:
         """The run's phase."""
         return self.method.session.phase
 

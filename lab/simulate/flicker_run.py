@@ -202,8 +202,8 @@ def run_flicker(
     gd = _checked_gd(owner, enc_gd, states)
     fl = coord.start(list(states), gd, nabla=nabla)
     run = FlickerRun(order, dict(states), states, fl, tuple(int(c) for c in gd))
-    while fl.stage is not coord.Stage.DONE:
-        if fl.stage is coord.Stage.LOCALISE:
+    while fl.stage is not coord.CorrectionStage.DONE:
+        if fl.stage is coord.CorrectionStage.LOCALISE:
             enc_unit = coord.encrypt_normalised_global(coord_ctx, fl.global_counts)
             sims = {}
             for c in coord.localisation_candidates(fl):

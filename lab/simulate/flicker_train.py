@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.coordinator.methods.flicker import algorithm as coord
-from ursa.coordinator.methods.flicker.outcome import Phase
+from ursa.coordinator.methods.flicker.outcome import FlickerPhase
 from ursa.coordinator.methods_config import FlickerSpec
 from ursa.edge_sdk.methods.flicker import algorithm as dev
 from ursa.edge_sdk.methods.flicker import resampling as rs
@@ -150,7 +150,7 @@ def _flicker_on_the_bus(
         outcome = fleet.run()
         final = {d: p.state for d, p in fleet.participants.items()}
     state = outcome.state
-    if outcome.phase is not Phase.DONE or state is None:
+    if outcome.phase is not FlickerPhase.DONE or state is None:
         raise SimulationError(f"the FLICKER run failed: {outcome.failure}")
     total = np.sum([s.counts for s in final.values()], axis=0)
     if state.global_counts != tuple(int(c) for c in total):

@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.coordinator.aggregation import (
-    ModelUpdate,
+    DeviceDelta,
     Weighting,
     apply_update,
     finalize_aggregation,
@@ -52,7 +52,7 @@ from ursa.edge_sdk.methods.climb.dual import (
     plain_dual_means,
 )
 from ursa.edge_sdk.training import TrainConfig, train_local
-from ursa.lab.simulate.feddisk import FeddiskSettings, feddisk_phase_one
+from ursa.lab.simulate.feddisk import MadePhaseSettings, feddisk_phase_one
 from ursa.lab.simulate.fleet_mlp import (
     FleetResult,
     cross_entropy,
@@ -87,7 +87,7 @@ class RunSettings:
     key_bits: int = 2048
     selection: str = "random"
     dubhe_tries: int = 20
-    feddisk: FeddiskSettings = field(default_factory=FeddiskSettings)
+    feddisk: MadePhaseSettings = field(default_factory=MadePhaseSettings)
     trainer: str = "vectorised"
 
 
@@ -177,7 +177,7 @@ def run_method(
         )
         state = init_aggregation(arrays, weighting)
         for i, res in zip(chosen, results, strict=True):
-            update = ModelUpdate(f"dev{int(i):05d}", res.delta, res.num_examples)
+            update = DeviceDelta(f"dev{int(i):05d}", res.delta, res.num_examples)
             state, _ = apply_update(state, update)
         arrays = finalize_aggregation(state, arrays)
         acc, classes = evaluate_arrays(arrays, fed.test_x, fed.test_y, fed.num_classes)

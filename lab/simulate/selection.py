@@ -1,6 +1,6 @@
 """In-process, seeded selection simulator: random, greedy and Dubhe side by side.
 
-One run generates a population (`SelectionConfig.partition`, Dubhe's by
+One run generates a population (`SelectionSimConfig.partition`, Dubhe's by
 default), registers every device (Algorithm 1), sums the registries, finds
 sigma by the paper's parameter search unless given, then plays ``rounds``
 rounds of H tries and reports the mean and spread of ``||p_o - p_u||_1`` per
@@ -80,7 +80,7 @@ __all__ = [
     "PAPER_TABLE_2",
     "PLAINTEXT",
     "RegistrySum",
-    "SelectionConfig",
+    "SelectionSimConfig",
     "SumBackend",
     "TrySums",
     "evaluate",
@@ -97,7 +97,7 @@ PAPER_REDUCTION = 0.644
 
 
 @dataclass(frozen=True)
-class SelectionConfig:
+class SelectionSimConfig:
     """One simulation. ``sigma=None`` runs the parameter search (Dubhe §5.3.2).
 
     ``draws`` lists the volunteer draws to run: "paper" (reported as "dubhe")
@@ -153,7 +153,7 @@ def _stats(values: NDArray[np.float64]) -> dict[str, float]:
 
 def evaluate(
     p: NDArray[np.float64],
-    config: SelectionConfig,
+    config: SelectionSimConfig,
     *,
     greedy_rounds: int | None = None,
     backend: SumBackend = PLAINTEXT,
@@ -229,7 +229,7 @@ def evaluate(
     return out
 
 
-def make_population(config: SelectionConfig) -> Population:
+def make_population(config: SelectionSimConfig) -> Population:
     """The config's population (``config.partition``, seeded by ``config.seed``)."""
     return selection_population(
         config.partition,
@@ -244,7 +244,7 @@ def make_population(config: SelectionConfig) -> Population:
 
 
 def simulate_selection(
-    config: SelectionConfig,
+    config: SelectionSimConfig,
     backend: SumBackend = PLAINTEXT,
     *,
     keep_selections: bool = False,

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ursa.lab.simulate.selection import SelectionConfig, evaluate, make_population
+from ursa.lab.simulate.selection import SelectionSimConfig, evaluate, make_population
 from ursa.lab.simulate.selection_sums import PLAINTEXT, SumBackend
 from ursa.tools.data.metrics import distance_to_uniform, distributions
 
@@ -18,7 +18,7 @@ _GREEDY_SWEEP_BUDGET = 20_000_000
 
 
 def participation_sweep(
-    config: SelectionConfig,
+    config: SelectionSimConfig,
     rates: Sequence[float] = DEFAULT_SWEEP_RATES,
     *,
     rounds: int = 100,

@@ -104,7 +104,7 @@ def run_train_comparison(config: TrainSimConfig) -> dict[str, Any]:
 def _run_comparison(config: TrainSimConfig) -> dict[str, Any]:
     from ursa.edge_sdk.methods.climb.dual import ClimbConfig
     from ursa.edge_sdk.training import TrainConfig
-    from ursa.lab.simulate.feddisk import FeddiskSettings
+    from ursa.lab.simulate.feddisk import MadePhaseSettings
     from ursa.lab.simulate.methods import RunSettings, run_method
     from ursa.lab.simulate.report import (
         PAPER_CLIMB_MNIST,
@@ -156,7 +156,7 @@ def _run_comparison(config: TrainSimConfig) -> dict[str, Any]:
                 key_bits=config.key_bits,
                 selection=selection,
                 dubhe_tries=config.dubhe_tries,
-                feddisk=FeddiskSettings(
+                feddisk=MadePhaseSettings(
                     made_hidden=config.made_hidden,
                     max_made_rounds=config.made_max_rounds,
                 ),

@@ -217,7 +217,7 @@ def _new_message_id() -> str:
     return uuid.uuid4().hex
 
 
-class Relay(StrEnum):
+class RelayedFrom(StrEnum):
     """Who may send a kind to a device besides the coordinator (`BaseMessage.relay`).
 
     The device's admission reads it off the class, so a method cannot widen
@@ -255,7 +255,7 @@ class BaseMessage(_Frozen):
     """The last topic level this kind travels on."""
     retained: ClassVar[bool] = False
     """Published retained when global, so a device that (re)connects catches up."""
-    relay: ClassVar[Relay] = Relay.NONE
+    relay: ClassVar[RelayedFrom] = RelayedFrom.NONE
     """Who besides the coordinator may send this kind to a device."""
 
 

@@ -23,7 +23,7 @@ from ursa.protocol.messages.base import (
     DeviceList,
     Id,
     Positive,
-    Relay,
+    RelayedFrom,
     unique_entries,
 )
 from ursa.protocol.messages.session import DeviceKeys
@@ -59,7 +59,7 @@ class RingHop(BaseMessage):
     """Device to next device via the coordinator: running Enc(counts), sealed."""
 
     kind: Literal["ring_hop"] = "ring_hop"
-    relay: ClassVar[Relay] = Relay.PEER
+    relay: ClassVar[RelayedFrom] = RelayedFrom.PEER
     ring_id: Id
     hop_index: Count
     recipient: DeviceId

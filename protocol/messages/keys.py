@@ -21,7 +21,7 @@ from ursa.protocol.messages.base import (
     Fraction,
     Name,
     Positive,
-    Relay,
+    RelayedFrom,
     _Frozen,
     unique_entries,
 )
@@ -275,7 +275,7 @@ class AgentPublicKey(BaseMessage):
     kind: Literal["agent_public_key"] = "agent_public_key"
     topic: ClassVar[str] = PUBLIC_KEY
     retained: ClassVar[bool] = True
-    relay: ClassVar[Relay] = Relay.AGENT
+    relay: ClassVar[RelayedFrom] = RelayedFrom.AGENT
     epoch: Count
     public_key: Annotated[bytes, Field(min_length=1, max_length=4096)]
 
@@ -284,7 +284,7 @@ class SealedSecretKey(BaseMessage):
     """Agent to one device (relayed, unopenable by the coordinator)."""
 
     kind: Literal["sealed_secret_key"] = "sealed_secret_key"
-    relay: ClassVar[Relay] = Relay.AGENT
+    relay: ClassVar[RelayedFrom] = RelayedFrom.AGENT
     epoch: Count
     recipient: DeviceId
     box: Annotated[bytes, Field(min_length=1, max_length=MAX_BOX_BYTES)]

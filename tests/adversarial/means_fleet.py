@@ -58,11 +58,15 @@ __all__ = [
 
 ATTACKER = "d05"
 Spec = ClimbSpec | FedAvgSpec | FeddiskSpec
-DeviceSpec = device_specs.ClimbSpec | device_specs.FedAvgSpec | device_specs.FeddiskSpec
+DeviceSpec = (
+    device_specs.ClimbDeviceSpec
+    | device_specs.FedAvgDeviceSpec
+    | device_specs.FeddiskDeviceSpec
+)
 DEVICE_TRAINING: dict[str, type[DeviceSpec]] = {
-    "climb": device_specs.ClimbSpec,
-    "fedavg": device_specs.FedAvgSpec,
-    "feddisk": device_specs.FeddiskSpec,
+    "climb": device_specs.ClimbDeviceSpec,
+    "fedavg": device_specs.FedAvgDeviceSpec,
+    "feddisk": device_specs.FeddiskDeviceSpec,
 }
 """The federation's training method."""
 PLAIN = AggregationConfig(mode="plain")
@@ -193,7 +197,7 @@ def start_fleet(
     """
     fed.config = fed.config.model_copy(update={"methods": (DubheSpec(), training)})
     own = device_training or DEVICE_TRAINING[training.kind]()
-    device_methods = (device_specs.DubheSpec(), own)
+    device_methods = (device_specs.DubheDeviceSpec(), own)
     fed.coordinator = CoordinatorService(
         fed.config,
         transport=InMemoryTransport(fed.bus, "coordinator"),

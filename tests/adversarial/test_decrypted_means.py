@@ -58,7 +58,7 @@ from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.edge_sdk.methods.climb.method import Climb
 from ursa.edge_sdk.methods.feddisk.made_loss import MadeLossCodec
 from ursa.edge_sdk.methods.feddisk.method import FedDisk
-from ursa.edge_sdk.methods_config import ClimbSpec as DeviceClimbSpec
+from ursa.edge_sdk.methods_config import ClimbDeviceSpec as DeviceClimbSpec
 from ursa.models.weights import arrays_to_bytes
 from ursa.protocol.messages import (
     CLIMB_DUAL,

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from tests.coordinator.conftest import Federation, device_labels
 from tests.refusing_device import RefusingDevice
 from ursa.coordinator.config import KeyEpochConfig
-from ursa.coordinator.rounds import Stage
+from ursa.coordinator.round_state import Stage
 from ursa.crypto.identity import DeviceIdentity
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.protocol.envelope import decode

@@ -379,7 +379,10 @@ def flicker_fleet(fleets: Callable[..., Federation], trusted: bool) -> Federatio
         rounds=1,
         methods=(DubheSpec(), FlickerSpec(reply_deadline_s=30.0)),
     )
-    fed.device_methods = (device_methods.DubheSpec(), device_methods.FlickerSpec())
+    fed.device_methods = (
+        device_methods.DubheDeviceSpec(),
+        device_methods.FlickerDeviceSpec(),
+    )
     return fed
 
 

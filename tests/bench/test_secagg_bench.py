@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ursa.bench.secagg import BenchError, fastest, measure_setting, run
+from ursa.bench.secagg import SecaggBenchError, fastest, measure_setting, run
 from ursa.tools.cli.app import main
 
 SETTING_KEYS = {
@@ -107,7 +107,7 @@ def test_table_output_and_targets_at_the_target_setting() -> None:
 
 
 def test_too_many_dropouts_refused() -> None:
-    with pytest.raises(BenchError, match="threshold"):
+    with pytest.raises(SecaggBenchError, match="threshold"):
         measure_setting(4, PARAMS, dropout=0.6, seed=0)
 
 
@@ -124,7 +124,7 @@ def test_fastest_takes_each_cpu_figure_least_and_keeps_breakdowns_whole() -> Non
         sum(best["device_cpu_breakdown_s"].values())
     )
     assert best["bytes_per_device"] == runs[0]["bytes_per_device"]
-    with pytest.raises(BenchError, match="disagree"):
+    with pytest.raises(SecaggBenchError, match="disagree"):
         fastest([runs[0], {**runs[1], "bytes_per_device": 1.0}])
-    with pytest.raises(BenchError):
+    with pytest.raises(SecaggBenchError):
         fastest([])

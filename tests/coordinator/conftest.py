@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.config import CoordinatorConfig, DeadlinesConfig, EnrolmentConfig
-from ursa.coordinator.rounds import Stage
+from ursa.coordinator.round_state import Stage
 from ursa.coordinator.service import CoordinatorService
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.config import DeviceConfig

@@ -11,8 +11,8 @@ from ursa.coordinator.aggregation import (
     AggregationError,
     AggregationPolicy,
     AggregationRule,
+    DeviceDelta,
     EmptyRoundError,
-    ModelUpdate,
     UpdateMismatchError,
     UpdateOutcome,
     Weighting,
@@ -42,8 +42,8 @@ def _delta(value: float) -> dict[str, np.ndarray]:
 def test_fedavg_is_the_sample_weighted_mean_of_deltas() -> None:
     g = _global()
     updates = [
-        ModelUpdate("a", _delta(1.0), 10),
-        ModelUpdate("b", _delta(4.0), 30),
+        DeviceDelta("a", _delta(1.0), 10),
+        DeviceDelta("b", _delta(4.0), 30),
     ]
 
     new = aggregate(g, updates, Weighting.FEDAVG)
@@ -56,7 +56,7 @@ def test_fedavg_is_the_sample_weighted_mean_of_deltas() -> None:
 
 def test_equal_and_climb_weights_ignore_num_examples() -> None:
     g = _global()
-    updates = [ModelUpdate("a", _delta(1.0), 10), ModelUpdate("b", _delta(4.0), 30)]
+    updates = [DeviceDelta("a", _delta(1.0), 10), DeviceDelta("b", _delta(4.0), 30)]
 
     equal = aggregate(g, updates, "equal")
     climb = aggregate(g, updates, Weighting.CLIMB)
@@ -70,7 +70,7 @@ def test_climb_averages_already_scaled_deltas_over_participants() -> None:
     # devices scaled their deltas by w_i = 1 + lambda_i - mean(lambda)
     w = np.array([1.5, 0.5, 1.0])
     raw = [1.0, 2.0, -3.0]
-    updates = [ModelUpdate(f"d{i}", _delta(float(w[i] * raw[i])), 7) for i in range(3)]
+    updates = [DeviceDelta(f"d{i}", _delta(float(w[i] * raw[i])), 7) for i in range(3)]
 
     new = aggregate(g, updates, Weighting.CLIMB, server_lr=2.0)
 
@@ -81,8 +81,8 @@ def test_climb_averages_already_scaled_deltas_over_participants() -> None:
 def test_duplicate_device_update_is_ignored_first_wins() -> None:
     g = _global()
     state = init_aggregation(g, Weighting.FEDAVG)
-    state, first = apply_update(state, ModelUpdate("a", _delta(1.0), 5))
-    again, second = apply_update(state, ModelUpdate("a", _delta(100.0), 5))
+    state, first = apply_update(state, DeviceDelta("a", _delta(1.0), 5))
+    again, second = apply_update(state, DeviceDelta("a", _delta(100.0), 5))
 
     assert (first, second) == (UpdateOutcome.ACCEPTED, UpdateOutcome.DUPLICATE)
     assert again is state
@@ -92,8 +92,8 @@ def test_duplicate_device_update_is_ignored_first_wins() -> None:
 def test_state_is_immutable_and_a_running_sum() -> None:
     g = _global()
     start = init_aggregation(g, Weighting.FEDAVG)
-    one, _ = apply_update(start, ModelUpdate("a", _delta(1.0), 2))
-    two, _ = apply_update(one, ModelUpdate("b", _delta(3.0), 2))
+    one, _ = apply_update(start, DeviceDelta("a", _delta(1.0), 2))
+    two, _ = apply_update(one, DeviceDelta("b", _delta(3.0), 2))
 
     assert start.num_updates == 0 and start.total_weight == 0.0
     assert not np.any(start.weighted_sum["w"])
@@ -115,19 +115,19 @@ def test_state_is_immutable_and_a_running_sum() -> None:
 def test_mismatched_or_non_finite_update_raises(delta: dict[str, np.ndarray]) -> None:
     state = init_aggregation(_global(), Weighting.FEDAVG)
     with pytest.raises(UpdateMismatchError):
-        apply_update(state, ModelUpdate("a", delta, 1))
+        apply_update(state, DeviceDelta("a", delta, 1))
 
 
 def test_bad_weights_and_settings_raise() -> None:
     g = _global()
     state = init_aggregation(g, Weighting.FEDAVG)
     with pytest.raises(AggregationError, match="num_examples"):
-        apply_update(state, ModelUpdate("a", _delta(1.0), 0))
+        apply_update(state, DeviceDelta("a", _delta(1.0), 0))
     with pytest.raises(AggregationError, match="unknown weighting"):
         init_aggregation(g, "median")
     with pytest.raises(EmptyRoundError):
         finalize_aggregation(state, g)
-    state, _ = apply_update(state, ModelUpdate("a", _delta(1.0), 1))
+    state, _ = apply_update(state, DeviceDelta("a", _delta(1.0), 1))
     with pytest.raises(AggregationError, match="server_lr"):
         finalize_aggregation(state, g, server_lr=0.0)
     with pytest.raises(UpdateMismatchError):
@@ -136,7 +136,7 @@ def test_bad_weights_and_settings_raise() -> None:
 
 def test_equal_weights_accept_zero_examples() -> None:
     g = _global()
-    new = aggregate(g, [ModelUpdate("a", _delta(2.0), 0)], Weighting.EQUAL)
+    new = aggregate(g, [DeviceDelta("a", _delta(2.0), 0)], Weighting.EQUAL)
     np.testing.assert_allclose(new["w"], g["w"] + 2.0)
 
 
@@ -146,8 +146,8 @@ def test_integer_counters_keep_the_coordinators_value() -> None:
         "n": np.array(4, np.int64),
     }
     updates = [
-        ModelUpdate("a", {"w": np.ones(2, np.float32), "n": np.array(10)}, 1),
-        ModelUpdate("b", {"w": np.full(2, 3.0, np.float32), "n": np.array(30)}, 1),
+        DeviceDelta("a", {"w": np.ones(2, np.float32), "n": np.array(10)}, 1),
+        DeviceDelta("b", {"w": np.full(2, 3.0, np.float32), "n": np.array(30)}, 1),
     ]
 
     new = aggregate(base, updates, Weighting.EQUAL)
@@ -166,8 +166,8 @@ def _step(new: dict[str, np.ndarray], g: dict[str, np.ndarray]) -> np.ndarray:
 def test_the_coordinator_clips_each_delta_and_caps_each_weight() -> None:
     g = _global()
     policy = AggregationPolicy(clip_norm=1.0, max_examples=20)
-    huge = ModelUpdate("x", _delta(1e30), 2**62)
-    honest = ModelUpdate("a", _delta(0.01), 20)
+    huge = DeviceDelta("x", _delta(1e30), 2**62)
+    honest = DeviceDelta("a", _delta(0.01), 20)
     new = aggregate(g, [huge, honest], Weighting.FEDAVG, policy=policy)
     step = _step(new, g)
     # the attacker: norm 1 at weight 20 of 40; the honest delta: its own norm
@@ -192,26 +192,26 @@ def test_trim_count_drops_ceil_of_the_fraction_and_keeps_one() -> None:
 def test_robust_rules_ignore_an_outlier(rule: AggregationRule, expected: float) -> None:
     g = _global()
     policy = AggregationPolicy(rule, clip_norm=1e9, trim_fraction=0.2)  # 1 per side
-    updates = [ModelUpdate(f"d{i}", _delta(v), 1) for i, v in enumerate([1, 2, 3])]
-    updates.append(ModelUpdate("x", _delta(1e6), 2**40))
-    updates.append(ModelUpdate("y", _delta(2.0), 1))
+    updates = [DeviceDelta(f"d{i}", _delta(v), 1) for i, v in enumerate([1, 2, 3])]
+    updates.append(DeviceDelta("x", _delta(1e6), 2**40))
+    updates.append(DeviceDelta("y", _delta(2.0), 1))
     new = aggregate(g, updates, Weighting.FEDAVG, policy=policy)
     np.testing.assert_allclose(new["w"], g["w"] + expected, rtol=1e-6)
 
 
 def test_a_robust_round_keeps_its_rows_through_a_restart(tmp_path: Path) -> None:
-    from ursa.coordinator.models import ModelStore
+    from ursa.coordinator.model_store import ModelStore
 
     g = _global()
     policy = AggregationPolicy(AggregationRule.MEDIAN, clip_norm=50.0, max_examples=9)
     state = init_aggregation(g, Weighting.FEDAVG, policy)
     for i, v in enumerate([1.0, 3.0]):
-        state, _ = apply_update(state, ModelUpdate(f"d{i}", _delta(v), 100))
+        state, _ = apply_update(state, DeviceDelta(f"d{i}", _delta(v), 100))
     store = ModelStore(tmp_path, "m")
     store.save_partial(4, 0, state)
     loaded = store.load_partial(4, 0)
     assert loaded is not None and loaded.policy == policy
-    state, _ = apply_update(loaded, ModelUpdate("d2", _delta(2.0), 1))
+    state, _ = apply_update(loaded, DeviceDelta("d2", _delta(2.0), 1))
     np.testing.assert_allclose(finalize_aggregation(state, g)["b"], g["b"] + [2, 4])
 
 
@@ -243,10 +243,10 @@ def test_one_attacker_moves_a_plain_round_within_its_bound(
     policy = AggregationPolicy(rule, clip_norm=clip, max_examples=cap)
     sizes = [10 + 7 * i for i in range(len(honest))]
     updates = [
-        ModelUpdate(f"d{i}", {"w": np.array(h, np.float32)}, n)
+        DeviceDelta(f"d{i}", {"w": np.array(h, np.float32)}, n)
         for i, (h, n) in enumerate(zip(honest, sizes, strict=True))
     ]
-    hostile = ModelUpdate("x", {"w": np.array(attacker, np.float32)}, weight)
+    hostile = DeviceDelta("x", {"w": np.array(attacker, np.float32)}, weight)
     both = aggregate(g, [*updates, hostile], Weighting.FEDAVG, policy=policy)["w"]
     alone = aggregate(g, updates, Weighting.FEDAVG, policy=policy)["w"]
     assert np.all(np.isfinite(both))

@@ -16,7 +16,7 @@ from ursa.coordinator.federation_end import (
     end_metrics,
     write_final_model,
 )
-from ursa.coordinator.models import UnsafeModelError
+from ursa.coordinator.model_store import UnsafeModelError
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.envelope import decode, encode
 from ursa.protocol.messages import MAX_CHUNK_SIZE, FederationEnd

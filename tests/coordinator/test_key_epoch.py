@@ -6,7 +6,7 @@ from collections import Counter
 from typing import Any
 
 from ursa.coordinator.config import DeadlinesConfig
-from ursa.coordinator.rounds import Stage
+from ursa.coordinator.round_state import Stage
 from ursa.crypto.encoding import PackingLayout
 from ursa.crypto.paillier import (
     decrypt_vector,

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from ursa.coordinator.config import CoordinatorConfig, DeadlinesConfig, EnrolmentConfig
-from ursa.coordinator.rounds import RoundState, Stage
+from ursa.coordinator.round_state import RoundState, Stage
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.stage_machine import STATE_KEY
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.registry_check import RegistryCheckError, RegistryChecking
-from ursa.coordinator.rounds import Stage
+from ursa.coordinator.round_state import Stage
 from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import RANK_PAGE_BUDGET, BaseMessage, RegistryVerdict

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ursa.coordinator.rounds import RoundState, Stage
+from ursa.coordinator.round_state import RoundState, Stage
 from ursa.coordinator.run_archive import (
     RUNS_DIRNAME,
     NewRunError,

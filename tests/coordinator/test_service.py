@@ -11,7 +11,7 @@ import pytest
 from ursa.coordinator.config import BrokerConfig, EnrolmentConfig
 from ursa.coordinator.methods.dubhe import DubheSelection, DubheStep
 from ursa.coordinator.methods.dubhe.records import DubheRecords
-from ursa.coordinator.rounds import Stage
+from ursa.coordinator.round_state import Stage
 from ursa.coordinator.service import MAX_HELD
 from ursa.coordinator.store import DB_FILENAME
 from ursa.crypto.identity import (
@@ -19,7 +19,7 @@ from ursa.crypto.identity import (
     DevicePublicIdentity,
     verify_signature,
 )
-from ursa.edge_sdk.state import DeviceStateDir
+from ursa.edge_sdk.state_dir import DeviceStateDir
 from ursa.protocol.envelope import decode, encode, signing_bytes
 from ursa.protocol.messages import (
     AgentAnswer,

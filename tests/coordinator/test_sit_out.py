@@ -16,7 +16,7 @@ from tests.refusing_device import RefusingDevice
 from ursa.coordinator.methods_config import RandomSpec
 from ursa.coordinator.status import read_status
 from ursa.edge_sdk.client import EdgeClient, device_will
-from ursa.edge_sdk.methods_config import RandomSpec as DeviceRandomSpec
+from ursa.edge_sdk.methods_config import RandomDeviceSpec as DeviceRandomSpec
 from ursa.protocol.envelope import decode
 from ursa.protocol.inmemory import InMemoryTransport
 

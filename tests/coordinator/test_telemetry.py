@@ -10,7 +10,7 @@ from ursa.coordinator.telemetry import (
     RecentErrors,
     Telemetry,
 )
-from ursa.coordinator.training import RoundRecord
+from ursa.coordinator.training import TrainingRoundReport
 
 
 class Ticker:
@@ -21,8 +21,8 @@ class Ticker:
         return self.now
 
 
-def _record(round_index: int, **metrics: object) -> RoundRecord:
-    return RoundRecord(
+def _record(round_index: int, **metrics: object) -> TrainingRoundReport:
+    return TrainingRoundReport(
         round=round_index,
         base_version=round_index - 1,
         version=round_index,

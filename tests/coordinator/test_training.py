@@ -15,7 +15,7 @@ from ursa.coordinator.aggregation import Weighting
 from ursa.coordinator.before_training import BeforeTraining, StepBuilder, StepContext
 from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import ClimbSpec, DubheSpec, FedAvgSpec
-from ursa.coordinator.models import ModelStore
+from ursa.coordinator.model_store import ModelStore
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.status import read_status
@@ -140,9 +140,9 @@ def start_training(
 def device_methods(climb: ClimbConfig | None) -> tuple[Any, ...]:
     """The devices' ``[[methods]]``: Dubhe, and CLIMB with ``climb``'s settings."""
     if climb is None:
-        return (device_specs.DubheSpec(), device_specs.FedAvgSpec())
-    settings = device_specs.ClimbSpec.model_validate(climb.model_dump())
-    return (device_specs.DubheSpec(), settings)
+        return (device_specs.DubheDeviceSpec(), device_specs.FedAvgDeviceSpec())
+    settings = device_specs.ClimbDeviceSpec.model_validate(climb.model_dump())
+    return (device_specs.DubheDeviceSpec(), settings)
 
 
 def climb_steps(climb: ClimbConfig | None) -> list[StepBuilder]:

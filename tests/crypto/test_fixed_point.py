@@ -11,8 +11,8 @@ from ursa.crypto.fixed_point import (
     MAX_SCALE_BITS,
     RING,
     RING_BITS,
-    FixedPoint,
     LayoutError,
+    RingFixedPoint,
     Segment,
     VectorLayout,
 )
@@ -24,26 +24,26 @@ def test_ring_constants() -> None:
 
 
 def test_for_sum_picks_the_largest_scale_that_cannot_wrap() -> None:
-    codec = FixedPoint.for_sum(bound=1.0, parties=100)
+    codec = RingFixedPoint.for_sum(bound=1.0, parties=100)
     s = codec.scale_bits
     assert 100 * (2**s) < 2**31 <= 100 * 2 ** (s + 1)
-    assert FixedPoint.for_sum(bound=1e-6, parties=2).scale_bits == MAX_SCALE_BITS
+    assert RingFixedPoint.for_sum(bound=1e-6, parties=2).scale_bits == MAX_SCALE_BITS
 
 
 def test_for_sum_counts_headroom() -> None:
-    without = FixedPoint.for_sum(bound=1.0, parties=100)
-    with_room = FixedPoint.for_sum(bound=1.0, parties=100, headroom=200.0)
+    without = RingFixedPoint.for_sum(bound=1.0, parties=100)
+    with_room = RingFixedPoint.for_sum(bound=1.0, parties=100, headroom=200.0)
     assert with_room.scale_bits < without.scale_bits
 
 
 def test_for_sum_refuses_when_even_integers_overflow() -> None:
     with pytest.raises(ValueError, match="overflow"):
-        FixedPoint.for_sum(bound=2.0**31, parties=2)
+        RingFixedPoint.for_sum(bound=2.0**31, parties=2)
 
 
 def test_encode_clips_and_decode_recovers_within_one_unit() -> None:
     rng = np.random.default_rng(1)
-    codec = FixedPoint.for_sum(bound=2.0, parties=10)
+    codec = RingFixedPoint.for_sum(bound=2.0, parties=10)
     values = np.array([-5.0, -2.0, -0.3, 0.0, 0.7, 2.0, 9.0])
     decoded = codec.decode(codec.encode(values, rng))
     np.testing.assert_allclose(
@@ -53,7 +53,7 @@ def test_encode_clips_and_decode_recovers_within_one_unit() -> None:
 
 def test_stochastic_rounding_is_unbiased() -> None:
     rng = np.random.default_rng(2)
-    codec = FixedPoint(scale_bits=0, bound=10.0)
+    codec = RingFixedPoint(scale_bits=0, bound=10.0)
     encoded = codec.encode(np.full(200_000, 0.25), rng)
     assert set(np.unique(codec.decode(encoded))) == {0.0, 1.0}
     assert abs(codec.decode(encoded).mean() - 0.25) < 0.01
@@ -61,7 +61,7 @@ def test_stochastic_rounding_is_unbiased() -> None:
 
 def test_encode_refuses_nan() -> None:
     with pytest.raises(ValueError, match="NaN"):
-        FixedPoint(4, 1.0).encode(np.array([np.nan]), np.random.default_rng(0))
+        RingFixedPoint(4, 1.0).encode(np.array([np.nan]), np.random.default_rng(0))
 
 
 @settings(max_examples=20, deadline=None)
@@ -71,7 +71,7 @@ def test_encode_refuses_nan() -> None:
 )
 def test_worst_case_sum_never_wraps(parties: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    codec = FixedPoint.for_sum(bound=3.0, parties=parties)
+    codec = RingFixedPoint.for_sum(bound=3.0, parties=parties)
     sign = rng.choice([-1.0, 1.0])
     total = np.zeros(4, dtype=np.uint32)
     for _ in range(parties):
@@ -142,4 +142,4 @@ def test_layout_refuses_duplicate_names() -> None:
 
 def test_codec_refuses_a_bound_that_does_not_fit_one_value() -> None:
     with pytest.raises(ValueError, match="does not fit"):
-        FixedPoint(scale_bits=24, bound=1000.0)
+        RingFixedPoint(scale_bits=24, bound=1000.0)

@@ -556,7 +556,7 @@ def test_labels_must_be_class_indices(tmp_path: Path) -> None:
 def test_an_undecodable_stored_epoch_is_ignored_at_start(
     harness: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from ursa.edge_sdk.state import DeviceStateDir, StoredEpoch
+    from ursa.edge_sdk.state_dir import DeviceStateDir, StoredEpoch
 
     h = harness(4, rounds=1)
     h.coordinator.start()

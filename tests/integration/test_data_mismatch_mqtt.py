@@ -19,8 +19,8 @@ from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.status import read_status
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.edge_sdk.client import EdgeClient
-from ursa.edge_sdk.methods_config import FedAvgSpec as DeviceFedAvgSpec
-from ursa.edge_sdk.methods_config import RandomSpec as DeviceRandomSpec
+from ursa.edge_sdk.methods_config import FedAvgDeviceSpec as DeviceFedAvgSpec
+from ursa.edge_sdk.methods_config import RandomDeviceSpec as DeviceRandomSpec
 from ursa.models.weights import arrays_to_bytes
 
 from .conftest import device_labels, polling

@@ -34,8 +34,8 @@ SETTINGS = FeddiskSettings(
     classifier_epochs=5,
 )
 DEVICE_METHODS = (
-    device_specs.DubheSpec(),
-    device_specs.FeddiskSpec.model_validate(SETTINGS.model_dump()),
+    device_specs.DubheDeviceSpec(),
+    device_specs.FeddiskDeviceSpec.model_validate(SETTINGS.model_dump()),
 )
 """The devices' ``[[methods]]``: FedDisk is chosen by its table."""
 

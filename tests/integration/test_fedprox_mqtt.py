@@ -15,8 +15,8 @@ from ursa.coordinator.methods_config import DubheSpec, FedProxSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingPlugin
 from ursa.crypto.identity import verify_signature
-from ursa.edge_sdk.methods_config import DubheSpec as DeviceDubheSpec
-from ursa.edge_sdk.methods_config import FedProxSpec as DeviceFedProxSpec
+from ursa.edge_sdk.methods_config import DubheDeviceSpec as DeviceDubheSpec
+from ursa.edge_sdk.methods_config import FedProxDeviceSpec as DeviceFedProxSpec
 from ursa.edge_sdk.training import TrainConfig
 from ursa.protocol.envelope import signing_bytes
 from ursa.tools import compose

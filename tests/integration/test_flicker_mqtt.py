@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.methods.flicker.method import FlickerMethod
-from ursa.coordinator.methods.flicker.outcome import Phase
+from ursa.coordinator.methods.flicker.outcome import FlickerPhase
 from ursa.coordinator.methods_config import FlickerSpec
 from ursa.crypto.ckks import CkksKeyOwner
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
@@ -142,14 +142,14 @@ def test_flicker_runs_over_mosquitto_without_counts_in_transit(
 
     coordinator.start(ORDER)
     deadline = time.monotonic() + TIMEOUT_S
-    while coordinator.phase not in (Phase.DONE, Phase.FAILED):
+    while coordinator.phase not in (FlickerPhase.DONE, FlickerPhase.FAILED):
         assert time.monotonic() < deadline, f"stuck in {coordinator.phase}"
         coordinator.tick()
         time.sleep(0.05)
     outcome = coordinator.outcome()
 
     # the whole protocol ran, around the silent device
-    assert outcome.phase is Phase.DONE, outcome.failure
+    assert outcome.phase is FlickerPhase.DONE, outcome.failure
     assert outcome.skipped == (SILENT,)
     assert outcome.contributors == tuple(d for d in ORDER if d != SILENT)
     assert outcome.gd_before == tuple(int(c) for c in np.sum(list(LIVE.values()), 0))
@@ -238,13 +238,13 @@ def test_the_global_redundancy_test_runs_over_mosquitto_with_sealed_candidates(
 
     coordinator.start()
     deadline = time.monotonic() + TIMEOUT_S
-    while coordinator.phase not in (Phase.DONE, Phase.FAILED):
+    while coordinator.phase not in (FlickerPhase.DONE, FlickerPhase.FAILED):
         assert time.monotonic() < deadline, f"stuck in {coordinator.phase}"
         coordinator.tick()
         time.sleep(0.05)
     outcome = coordinator.outcome()
 
-    assert outcome.phase is Phase.DONE, outcome.failure
+    assert outcome.phase is FlickerPhase.DONE, outcome.failure
     tests = [e for e in outcome.log if "redundancy" in e]
     assert tests and all(len(e["peers"]) == 3 and not e["silent"] for e in tests)
     for device, resampler in wire.items():  # the same removals as in memory

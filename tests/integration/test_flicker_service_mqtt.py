@@ -94,9 +94,9 @@ def test_dubhe_climb_flicker_trains_after_flicker_balanced_the_images(
     loop.start()
     clients = []
     device_list = (
-        device_methods.DubheSpec(),
-        device_methods.ClimbSpec(),
-        device_methods.FlickerSpec(num_classes=10),
+        device_methods.DubheDeviceSpec(),
+        device_methods.ClimbDeviceSpec(),
+        device_methods.FlickerDeviceSpec(num_classes=10),
     )
     for i, device_id in enumerate(fed.device_ids(n)):
         xs, ys = x[np.array(parts[i])], y[np.array(parts[i])]
@@ -188,7 +188,7 @@ def test_coordinator_killed_in_flickers_loop_resumes_the_same_run(
             os.kill(process.pid, signal.SIGKILL)
 
     fed.capture.on_message = kill_at_a_resample_request
-    methods = (device_methods.DubheSpec(), device_methods.FlickerSpec())
+    methods = (device_methods.DubheDeviceSpec(), device_methods.FlickerDeviceSpec())
     try:
         for i, device_id in enumerate(fed.device_ids(n)):
             fed.start_device(device_id, _skewed(i), seed=i, method_specs=methods)

@@ -20,7 +20,7 @@ import pytest
 
 from ursa.coordinator.run_archive import RUNS_DIRNAME
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
-from ursa.edge_sdk.state import DeviceStateDir
+from ursa.edge_sdk.state_dir import DeviceStateDir
 
 from .conftest import polling, serve_coordinator
 

@@ -30,7 +30,7 @@ from ursa.coordinator.config import TrainingSection
 from ursa.coordinator.methods_config import DubheSpec, FedAvgSpec
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.telemetry import Telemetry
-from ursa.coordinator.training import RoundRecord
+from ursa.coordinator.training import TrainingRoundReport
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.training import TrainConfig, evaluate
 from ursa.models.registry import initial_arrays
@@ -119,7 +119,7 @@ def test_metrics_status_and_dashboard_follow_a_live_federation(
             "per_class_accuracy": list(result.per_class_accuracy),
         }
 
-    def on_round(record: RoundRecord) -> None:  # what the demo's harness does
+    def on_round(record: TrainingRoundReport) -> None:  # what the demo's harness does
         chosen = [int(d[len("dev") :]) for d in record.selected]
         l1 = float(distance_to_uniform(dists[chosen].mean(axis=0)))
         telemetry.annotate_round(record.round, l1_to_uniform=l1)

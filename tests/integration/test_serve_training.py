@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ursa.coordinator.models import ModelStore
+from ursa.coordinator.model_store import ModelStore
 from ursa.edge_sdk.config import load_device_config
 from ursa.tools import compose
 from ursa.tools.data.loaders import load_digits

@@ -18,7 +18,11 @@ import pytest
 
 from ursa.coordinator.methods_config import DubheSpec, FedAvgSpec
 from ursa.coordinator.service import CoordinatorService
-from ursa.coordinator.training import RoundRecord, TrainingConfig, TrainingPlugin
+from ursa.coordinator.training import (
+    TrainingConfig,
+    TrainingPlugin,
+    TrainingRoundReport,
+)
 from ursa.edge_sdk import DeviceCallbacks, DeviceError, EdgeClient, Finished, Selected
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer
 from ursa.models.weights import Arrays, arrays_to_bytes
@@ -82,7 +86,7 @@ def test_a_failing_trainer_closes_the_round_before_its_deadline(
     config = config.model_copy(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 600})}
     )
-    records: list[RoundRecord] = []
+    records: list[TrainingRoundReport] = []
     plugin = TrainingPlugin(
         federation="fails",
         state_dir=config.state_dir,

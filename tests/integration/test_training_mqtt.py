@@ -114,7 +114,10 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
                 y[parts[i]],
                 seed=i,
                 trainer=trainer,
-                method_specs=(device_specs.DubheSpec(), device_specs.ClimbSpec()),
+                method_specs=(
+                    device_specs.DubheDeviceSpec(),
+                    device_specs.ClimbDeviceSpec(),
+                ),
             )
         )
     stop = threading.Event()

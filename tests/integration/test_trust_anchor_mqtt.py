@@ -141,7 +141,7 @@ def test_every_ring_member_refuses_a_swapped_member_over_mosquitto(
     transport.publish = departing  # type: ignore[method-assign]
     threading.Thread(target=service.run, name="coordinator", daemon=True).start()
     try:
-        specs = (device_methods.DubheSpec(), device_methods.FlickerSpec())
+        specs = (device_methods.DubheDeviceSpec(), device_methods.FlickerDeviceSpec())
         clients = [
             fed.start_device(d, device_labels(i), seed=i, method_specs=specs)
             for i, d in enumerate(ids)

@@ -250,11 +250,11 @@ def _run_selection(args: argparse.Namespace) -> int:
 
 
 def _run_protocol(args: argparse.Namespace) -> int:
-    from ursa.bench.protocol import BenchError, run
+    from ursa.bench.protocol import FleetSetupError, run
 
     try:
         return _protocol(args, run)
-    except BenchError as exc:
+    except FleetSetupError as exc:
         print(f"ursa bench protocol: {exc}", file=sys.stderr)
         return 2
 
@@ -423,7 +423,7 @@ def _secagg_params(text: str) -> list[int]:
 
 
 def _run_secagg(args: argparse.Namespace) -> int:
-    from ursa.bench.secagg import BenchError, run
+    from ursa.bench.secagg import SecaggBenchError, run
 
     if not 0.0 <= args.dropout < 1.0:
         print("ursa bench secagg: --dropout must be in [0, 1)", file=sys.stderr)
@@ -441,6 +441,6 @@ def _run_secagg(args: argparse.Namespace) -> int:
             as_json=args.json,
             repeats=args.repeats,
         )
-    except BenchError as exc:
+    except SecaggBenchError as exc:
         print(f"ursa bench secagg: {exc}", file=sys.stderr)
         return 2

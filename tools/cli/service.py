@@ -358,7 +358,7 @@ def _run_and_infer(client: EdgeClient, stop: threading.Event) -> int:
 
 def _device_repin(args: argparse.Namespace) -> int:
     """Drop the old coordinator's pin and run state; keep the device's identity."""
-    from ursa.edge_sdk.state import DeviceStateDir
+    from ursa.edge_sdk.state_dir import DeviceStateDir
 
     config = fleet.device_config(args.config)
     state = DeviceStateDir(config.state_dir)

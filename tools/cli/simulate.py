@@ -129,13 +129,13 @@ def _register_selection(names: Subparsers) -> None:
 def _run_selection(args: argparse.Namespace) -> int:
     from ursa.crypto.errors import CryptoError
     from ursa.lab.simulate.encrypted_sums import EncryptedSums, simulate_encrypted
-    from ursa.lab.simulate.selection import SelectionConfig, simulate_selection
+    from ursa.lab.simulate.selection import SelectionSimConfig, simulate_selection
     from ursa.lab.simulate.selection_plot import participation_sweep, plot_selection
     from ursa.lab.simulate.selection_sums import PLAINTEXT
 
     draws = ("paper", "stratified") if args.draw == "both" else (args.draw,)
     try:
-        config = SelectionConfig(
+        config = SelectionSimConfig(
             num_classes=args.classes,
             num_clients=args.clients,
             k=args.k,

@@ -28,7 +28,7 @@ from ursa.tools.demo.settings import (
 
 if TYPE_CHECKING:
     from ursa.coordinator.config import CoordinatorConfig
-    from ursa.coordinator.training import Evaluator, RoundRecord
+    from ursa.coordinator.training import Evaluator, TrainingRoundReport
 
 __all__ = [
     "MadeHooks",
@@ -144,7 +144,7 @@ def _training_method(
 
 def training_hooks(
     evaluate: Evaluator,
-    on_round: Callable[[RoundRecord], None],
+    on_round: Callable[[TrainingRoundReport], None],
     made: MadeHooks | None = None,
 ) -> TrainingHooks:
     """The harness's callbacks for `ursa.tools.compose.training_plugin`."""
@@ -163,5 +163,5 @@ class MadeHooks:
 
     initial: Path
     evaluate: Evaluator
-    on_round: Callable[[RoundRecord], None]
+    on_round: Callable[[TrainingRoundReport], None]
     on_switch: Callable[[int, int], None]

@@ -47,9 +47,9 @@ def device_flicker(extra: Mapping[str, Any], device: DeviceSpec) -> MethodFactor
     """The factory of a device's `Flicker` over its images with the shared extractor."""
     from ursa.edge_sdk.methods.flicker.method import Flicker
     from ursa.edge_sdk.methods.flicker.resampling import CentroidFeatures
-    from ursa.edge_sdk.methods_config import FlickerSpec
+    from ursa.edge_sdk.methods_config import FlickerDeviceSpec
 
-    spec = FlickerSpec(num_classes=int(extra["num_classes"]))
+    spec = FlickerDeviceSpec(num_classes=int(extra["num_classes"]))
     extractor = CentroidFeatures(extra["centroids"], extra["temperature"])
     rng = np.random.default_rng([device.seed, 4])
     return lambda ctx: Flicker(

@@ -44,7 +44,7 @@ from ursa.tools.operator_provisioning import OperatorProvisioning
 if TYPE_CHECKING:
     from ursa.coordinator.balancing import Balancing
     from ursa.coordinator.service import CoordinatorService
-    from ursa.coordinator.training import RoundRecord
+    from ursa.coordinator.training import TrainingRoundReport
     from ursa.tools.data.federation import Federation
     from ursa.tools.observe.server import ObserveServer
 
@@ -162,7 +162,7 @@ class DemoRun:
                 "per_class_accuracy": list(result.per_class_accuracy),
             }
 
-        def on_round(record: RoundRecord) -> None:
+        def on_round(record: TrainingRoundReport) -> None:
             chosen = [index[d] for d in record.selected]
             l1 = float(distance_to_uniform(dists[chosen].mean(axis=0)))
             self.telemetry.annotate_round(record.round, l1_to_uniform=l1)
@@ -346,7 +346,7 @@ class DemoRun:
 
             return {"test_nll": made_nll(made_config, arrays, fed.test_x)}
 
-        def on_round(record: RoundRecord) -> None:
+        def on_round(record: TrainingRoundReport) -> None:
             nll = float(record.metrics.get("test_nll", float("nan")))
             with self.lock:
                 self.made_rounds.append(
@@ -470,7 +470,7 @@ def _gi(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def _round_entry(record: RoundRecord, l1: float) -> dict[str, Any]:
+def _round_entry(record: TrainingRoundReport, l1: float) -> dict[str, Any]:
     metrics = dict(record.metrics)
     per_class = [float(a) for a in metrics.get("per_class_accuracy", [])]
     finite = [(a, c) for c, a in enumerate(per_class) if np.isfinite(a)]

@@ -36,7 +36,7 @@ from ursa.coordinator.service import CoordinatorService
 from ursa.crypto.paillier_keys import MIN_SECURE_KEY_BITS
 from ursa.edge_sdk.client import EdgeClient
 from ursa.edge_sdk.config import BrokerConfig, DeviceConfig
-from ursa.edge_sdk.methods_config import DubheSpec as DeviceDubheSpec
+from ursa.edge_sdk.methods_config import DubheDeviceSpec as DeviceDubheSpec
 from ursa.protocol.envelope import decode
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import SelectionResult

@@ -3,7 +3,7 @@
 `dual_wire` is the generic `MeanWire` for CLIMB's purpose: every registered
 device reports ``Enc([f_i, lambda_i])`` (one party's packed Paillier
 vector) in a `MeanReport`, and the coordinator answers the encrypted sum and
-``num_parties`` in a `MeanSum`; `ursa.coordinator.methods.climb.step` runs it
+``num_parties`` in a `MeanSum`; `ursa.coordinator.methods.climb.dual_step` runs it
 before the rounds that need one. The coordinator holds only the epoch's
 Paillier public key and never sees a loss or a dual variable. Devices decrypt
 the means and update their own lambda and weight (`ursa.edge_sdk.methods.climb`).

@@ -21,13 +21,13 @@ from ursa.coordinator.aggregation import UpdateOutcome
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather, save_gather
-from ursa.coordinator.methods.feddisk.state import FeddiskState, Role
-from ursa.coordinator.methods.feddisk.steps import (
+from ursa.coordinator.methods.feddisk.made_loss import (
     check_verdict,
     loss_step_key,
     made_loss_wire,
     verdict_key,
 )
+from ursa.coordinator.methods.feddisk.state import FeddiskRoundKind, FeddiskState
 from ursa.coordinator.methods_config import FeddiskSpec
 from ursa.coordinator.phase import PhaseRecordError, PhaseStatus
 from ursa.coordinator.plugin import CoordinatorView, RoundPlugin, Send
@@ -125,7 +125,7 @@ class FeddiskJudging(RoundPlugin):
             return
         head = MeanHead(self._federation, round_index, epoch.epoch, version)
         self._head, self._agent = head, epoch.agent
-        self._state.enter(round_index, Role.LOSS)
+        self._state.enter(round_index, FeddiskRoundKind.LOSS)
         self._publish_made(round_index, send)
         now = self._clock()
         model = self.config.made_model

@@ -46,7 +46,7 @@ from typing import Any, Literal
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.federation_end import FinalModel
 from ursa.coordinator.methods.feddisk.judging import FeddiskJudging
-from ursa.coordinator.methods.feddisk.state import FeddiskState, Role
+from ursa.coordinator.methods.feddisk.state import FeddiskRoundKind, FeddiskState
 from ursa.coordinator.methods_config import FeddiskSpec
 from ursa.coordinator.plugin import CoordinatorView, RoundOutcome, Send
 from ursa.coordinator.training import TrainingPlugin
@@ -173,7 +173,7 @@ class FeddiskPlugin(FeddiskJudging):
                 self._announce_switch(round_index, send)
             self._classifier.on_selected(round_index, selected, send)
             return
-        if state.round == round_index and state.role is Role.MADE:
+        if state.round == round_index and state.role is FeddiskRoundKind.MADE:
             self._made.on_selected(round_index, selected, send)  # a restart
             return
         version = self._made.version
@@ -245,7 +245,7 @@ class FeddiskPlugin(FeddiskJudging):
         current = self._state.round
         if current != round_index:
             return current is not None and current > round_index
-        if self._state.role is Role.LOSS:
+        if self._state.role is FeddiskRoundKind.LOSS:
             return False
         return self._made.is_complete(round_index)
 
@@ -266,7 +266,7 @@ class FeddiskPlugin(FeddiskJudging):
             self._switch(round_index, "stop" if not capped else "round cap", send)
             return
         state.made_rounds += 1  # a round already training never comes here
-        state.enter(round_index, Role.MADE)
+        state.enter(round_index, FeddiskRoundKind.MADE)
         self._made.on_selected(round_index, self._selected, send)
 
     def _switch(self, round_index: int, why: str, send: Send) -> None:
@@ -274,7 +274,7 @@ class FeddiskPlugin(FeddiskJudging):
         if state.best_version is None:
             state.best_version = self._made.version
         state.switch_round = round_index
-        state.enter(round_index, Role.CLASSIFIER)
+        state.enter(round_index, FeddiskRoundKind.CLASSIFIER)
         logger.info(
             "round %d: FedDisk switches to %s (%s after %d MADE rounds; best %s "
             "version %d)",

@@ -16,7 +16,7 @@ from typing import Any
 from ursa._compat import StrEnum
 from ursa.coordinator.store import CoordinatorStore
 
-__all__ = ["FeddiskState", "FeddiskStateError", "Role"]
+__all__ = ["FeddiskRoundKind", "FeddiskState", "FeddiskStateError"]
 
 METHOD = "feddisk"
 _KEY = "progress"
@@ -27,7 +27,7 @@ class FeddiskStateError(ValueError):
     """Saved progress that cannot be read (the operator must fix or remove it)."""
 
 
-class Role(StrEnum):
+class FeddiskRoundKind(StrEnum):
     """What the current round does."""
 
     MADE = "made"
@@ -51,7 +51,7 @@ class FeddiskState:
     switch_round: int | None = None
     judged_version: int | None = None
     round: int | None = None
-    role: Role | None = None
+    role: FeddiskRoundKind | None = None
     store: CoordinatorStore | None = field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -74,7 +74,7 @@ class FeddiskState:
                 _optional_int(data["switch_round"]),
                 _optional_int(data["judged_version"]),
                 _optional_int(data["round"]),
-                None if role is None else Role(role),
+                None if role is None else FeddiskRoundKind(role),
                 store,
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -98,7 +98,7 @@ class FeddiskState:
         if self.store is not None:
             self.store.set_method_state(METHOD, _KEY, self.to_record())
 
-    def enter(self, round_index: int, role: Role) -> None:
+    def enter(self, round_index: int, role: FeddiskRoundKind) -> None:
         """Round ``round_index`` now does ``role``; save."""
         self.round, self.role = round_index, role
         self.save()

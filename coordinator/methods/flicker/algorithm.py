@@ -5,7 +5,7 @@ the CKKS secret key; by design (docs/threat_model.md) it learns the global class
 ``GD``, each device's cosine similarity with ``GD`` and the dominant device's
 count changes, never a device's own counts.
 
-One run, as a state machine (`FlickerState`, stages `Stage`):
+One run, as a state machine (`FlickerState`, stages `CorrectionStage`):
 
 1. The devices sum their counts around a ring whose order the coordinator
    picks (`choose_ring_order`; `ring_successor` skips silent devices); the
@@ -45,9 +45,9 @@ __all__ = [
     "DEFAULT_MAX_UPDATES",
     "DEFAULT_NABLA",
     "MIN_RING_DEVICES",
+    "CorrectionStage",
     "FlickerError",
     "FlickerState",
-    "Stage",
     "StopReason",
     "choose_ring_order",
     "decrypt_block_similarities",
@@ -80,7 +80,7 @@ class FlickerError(ValueError):
     """Bad input to a FLICKER step, or a step called in the wrong stage."""
 
 
-class Stage(StrEnum):
+class CorrectionStage(StrEnum):
     """Where a FLICKER run stands."""
 
     LOCALISE = "localise"
@@ -255,7 +255,7 @@ class FlickerState:
     global_counts: tuple[int, ...]
     gi: float
     nabla: float
-    stage: Stage
+    stage: CorrectionStage
     dominant: str | None = None
     saturated: frozenset[str] = frozenset()
     updates: int = 0
@@ -292,7 +292,7 @@ class FlickerState:
             global_counts=tuple(int(c) for c in data["global_counts"]),
             gi=float(data["gi"]),
             nabla=float(data["nabla"]),
-            stage=Stage(data["stage"]),
+            stage=CorrectionStage(data["stage"]),
             dominant=None if data["dominant"] is None else str(data["dominant"]),
             saturated=frozenset(str(d) for d in data["saturated"]),
             updates=int(data["updates"]),
@@ -302,7 +302,7 @@ class FlickerState:
         )
 
 
-def _check_stage(state: FlickerState, expected: Stage) -> None:
+def _check_stage(state: FlickerState, expected: CorrectionStage) -> None:
     if state.stage != expected:
         raise FlickerError(f"FLICKER is in stage {state.stage}, not {expected}")
 
@@ -333,7 +333,7 @@ def start(
         global_counts=tuple(int(c) for c in counts),
         gi=gi,
         nabla=nabla,
-        stage=Stage.DONE if balanced else Stage.LOCALISE,
+        stage=CorrectionStage.DONE if balanced else CorrectionStage.LOCALISE,
         max_updates=max_updates,
         stop_reason=StopReason.BALANCED if balanced else None,
         localisations=0 if balanced else 1,
@@ -342,7 +342,7 @@ def start(
 
 def localisation_candidates(state: FlickerState) -> tuple[str, ...]:
     """Return the devices asked for a cosine similarity (the non-saturated ones)."""
-    _check_stage(state, Stage.LOCALISE)
+    _check_stage(state, CorrectionStage.LOCALISE)
     return tuple(d for d in state.devices if d not in state.saturated)
 
 
@@ -353,16 +353,19 @@ def on_similarities(
 
     Devices missing from ``similarities`` (silent) are not chosen this time.
     """
-    _check_stage(state, Stage.LOCALISE)
+    _check_stage(state, CorrectionStage.LOCALISE)
     unknown = set(similarities) - set(state.devices)
     if unknown:
         raise FlickerError(f"similarities from unknown devices {sorted(unknown)}")
     dominant = pick_dominant(similarities, state.saturated)
     if dominant is None:
         return replace(
-            state, stage=Stage.DONE, dominant=None, stop_reason=StopReason.ALL_SATURATED
+            state,
+            stage=CorrectionStage.DONE,
+            dominant=None,
+            stop_reason=StopReason.ALL_SATURATED,
         )
-    return replace(state, stage=Stage.RESAMPLE, dominant=dominant)
+    return replace(state, stage=CorrectionStage.RESAMPLE, dominant=dominant)
 
 
 def on_update(
@@ -377,7 +380,7 @@ def on_update(
     dominant device until it saturates, then localise again without it; stop
     when every device is saturated.
     """
-    _check_stage(state, Stage.RESAMPLE)
+    _check_stage(state, CorrectionStage.RESAMPLE)
     dominant = state.dominant
     if dominant is None:  # unreachable through these functions
         raise FlickerError("no dominant device in stage RESAMPLE")
@@ -396,18 +399,25 @@ def on_update(
     if saturated:
         state = replace(state, saturated=state.saturated | {dominant})
     if state.gi >= state.nabla:
-        return replace(state, stage=Stage.DONE, stop_reason=StopReason.BALANCED)
+        return replace(
+            state, stage=CorrectionStage.DONE, stop_reason=StopReason.BALANCED
+        )
     if state.updates >= state.max_updates:
-        return replace(state, stage=Stage.DONE, stop_reason=StopReason.MAX_UPDATES)
+        return replace(
+            state, stage=CorrectionStage.DONE, stop_reason=StopReason.MAX_UPDATES
+        )
     if not saturated:
         return state
     if state.saturated >= set(state.devices):
         return replace(
-            state, stage=Stage.DONE, dominant=None, stop_reason=StopReason.ALL_SATURATED
+            state,
+            stage=CorrectionStage.DONE,
+            dominant=None,
+            stop_reason=StopReason.ALL_SATURATED,
         )
     return replace(
         state,
-        stage=Stage.LOCALISE,
+        stage=CorrectionStage.LOCALISE,
         dominant=None,
         localisations=state.localisations + 1,
     )

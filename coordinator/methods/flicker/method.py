@@ -39,8 +39,8 @@ from ursa.coordinator.methods.flicker import algorithm as fl
 from ursa.coordinator.methods.flicker.keyfile import load_or_create_key_owner
 from ursa.coordinator.methods.flicker.outcome import (
     FlickerOutcome,
+    FlickerPhase,
     FlickerServiceConfig,
-    Phase,
 )
 from ursa.coordinator.methods.flicker.session import FlickerSession
 from ursa.coordinator.methods_config import FlickerSpec
@@ -177,7 +177,10 @@ class FlickerMethod:
     def is_over(self) -> bool:
         """Whether the run ended (balanced, saturated, capped, or failed)."""
         session = self._session
-        return session is not None and session.phase in (Phase.DONE, Phase.FAILED)
+        return session is not None and session.phase in (
+            FlickerPhase.DONE,
+            FlickerPhase.FAILED,
+        )
 
     def step(self, now: float, online: Set[str]) -> bool:
         """Start the run over the online devices, or act on deadlines; True: over.
@@ -185,7 +188,7 @@ class FlickerMethod:
         A ring needs `MIN_RING_DEVICES` online devices; until then it waits.
         """
         session = self._require()
-        if session.phase is Phase.IDLE:
+        if session.phase is FlickerPhase.IDLE:
             if len(online) < fl.MIN_RING_DEVICES:
                 if not self._waiting_logged:  # expected: the fleet comes online
                     logger.info(
@@ -227,7 +230,7 @@ class FlickerMethod:
     def device_left(self, device: str) -> None:
         """A last will: a ring member that has not added its counts is skipped now."""
         session = self._session
-        if session is not None and session.phase is Phase.RING:
+        if session is not None and session.phase is FlickerPhase.RING:
             session.device_left(device)
             self._save()
 

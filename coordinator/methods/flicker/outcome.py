@@ -21,8 +21,8 @@ __all__ = [
     "DEFAULT_REDUNDANCY_DEADLINE_S",
     "DEFAULT_REPLY_DEADLINE_S",
     "FlickerOutcome",
+    "FlickerPhase",
     "FlickerServiceConfig",
-    "Phase",
 ]
 
 DEFAULT_NABLA_CLIENT = 0.05
@@ -33,7 +33,7 @@ DEFAULT_REDUNDANCY_DEADLINE_S = 30.0
 """Time peers get to answer a global redundancy test (then skipped)."""
 
 
-class Phase(StrEnum):
+class FlickerPhase(StrEnum):
     """Where the coordinator's FLICKER run stands."""
 
     IDLE = "idle"
@@ -71,7 +71,7 @@ class FlickerOutcome:
     the first run).
     """
 
-    phase: Phase
+    phase: FlickerPhase
     ring_order: tuple[str, ...]
     contributors: tuple[str, ...]
     skipped: tuple[str, ...]

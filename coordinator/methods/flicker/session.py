@@ -58,11 +58,11 @@ from ursa.coordinator.enrolment import device_keys_of
 from ursa.coordinator.method_context import MethodContext
 from ursa.coordinator.methods.flicker import algorithm as fl
 from ursa.coordinator.methods.flicker.context_transfer import ContextTransfer
-from ursa.coordinator.methods.flicker.loop import CorrectionLoop, LoopError
+from ursa.coordinator.methods.flicker.correction_loop import CorrectionLoop, LoopError
 from ursa.coordinator.methods.flicker.outcome import (
     FlickerOutcome,
+    FlickerPhase,
     FlickerServiceConfig,
-    Phase,
 )
 from ursa.coordinator.methods.flicker.redundancy import (
     Outgoing,
@@ -131,7 +131,7 @@ class FlickerSession:
         self._transfer = ContextTransfer(
             key_owner.public_context_bytes(), config.federation, config.chunk_size
         )
-        self._phase = Phase.IDLE
+        self._phase = FlickerPhase.IDLE
         self._round = 0
         self._ring: FlickerRing | None = None
         self._step = 0
@@ -150,7 +150,7 @@ class FlickerSession:
     # --- public surface -----------------------------------------------------
 
     @property
-    def phase(self) -> Phase:
+    def phase(self) -> FlickerPhase:
         """The current phase."""
         return self._phase
 
@@ -194,7 +194,11 @@ class FlickerSession:
         Raises:
             FlickerError: a run is in progress, or a bad order.
         """
-        if self._phase not in (Phase.IDLE, Phase.DONE, Phase.FAILED):
+        if self._phase not in (
+            FlickerPhase.IDLE,
+            FlickerPhase.DONE,
+            FlickerPhase.FAILED,
+        ):
             raise fl.FlickerError(f"a FLICKER run is in phase {self._phase}")
         ring_order = tuple(order)
         unknown = [d for d in ring_order if self._ctx.device_identity(d) is None]
@@ -206,7 +210,7 @@ class FlickerSession:
         ring = FlickerRing.start(
             uuid.uuid4().hex, ring_order, self._ctx.now(), self.config.hop_deadline_s
         )
-        self._ring, self._step, self._phase = ring, 0, Phase.RING
+        self._ring, self._step, self._phase = ring, 0, FlickerPhase.RING
         self._round = round_index
         self._loop = self._enc_gd = self._gd_before = self._failure = None
         self._send_ring_start(ring)
@@ -241,7 +245,7 @@ class FlickerSession:
             KeyError, TypeError, ValueError: a damaged record.
         """
         now = self._ctx.now()
-        self._phase = Phase(record["phase"])
+        self._phase = FlickerPhase(record["phase"])
         self._round = int(record["round"])
         self._step = int(record["step"])
         self._failure = record["failure"]
@@ -256,10 +260,13 @@ class FlickerSession:
     def resume(self) -> None:
         """Re-send what the restored phase waits on (devices answer idempotently)."""
         ring, loop = self._ring, self._loop
-        if self._phase is Phase.RING and ring is not None:
+        if self._phase is FlickerPhase.RING and ring is not None:
             ring.relay.restarted(self._ctx.now(), lambda holder, contributors: None)
             self._send_ring_start(ring)
-        elif self._phase in (Phase.LOCALISE, Phase.RESAMPLE) and loop is not None:
+        elif (
+            self._phase in (FlickerPhase.LOCALISE, FlickerPhase.RESAMPLE)
+            and loop is not None
+        ):
             self._send_requests(loop)
 
     # --- what the runtime hands over ------------------------------------------
@@ -292,7 +299,7 @@ class FlickerSession:
     def device_left(self, device: str) -> None:
         """A device went offline: skip it in the ring now, not at its deadline."""
         ring = self._ring
-        if self._phase is not Phase.RING or ring is None:
+        if self._phase is not FlickerPhase.RING or ring is None:
             return
         try:
             skipped = ring.device_left(device, self._ctx.now())
@@ -307,7 +314,7 @@ class FlickerSession:
         """Act on passed deadlines (call every few hundred milliseconds)."""
         now = self._ctx.now()
         loop = self._loop
-        if self._phase is Phase.RING and self._ring is not None:
+        if self._phase is FlickerPhase.RING and self._ring is not None:
             self._skip_holder(self._ring, now)
         elif loop is not None and not loop.is_over:
             run_id = self._ring.ring_id if self._ring else ""
@@ -319,7 +326,7 @@ class FlickerSession:
 
     def extend_deadlines(self, seconds: float) -> None:
         """Move every open deadline ``seconds`` later (a broker outage's time)."""
-        if self._phase is Phase.RING and self._ring is not None:
+        if self._phase is FlickerPhase.RING and self._ring is not None:
             self._ring.postpone(seconds)
         elif self._loop is not None and not self._loop.is_over:
             self._loop.postpone(seconds)
@@ -354,7 +361,7 @@ class FlickerSession:
     # --- step 2: the ring ----------------------------------------------------
 
     def _current_ring(self) -> FlickerRing:
-        if self._phase is not Phase.RING or self._ring is None:
+        if self._phase is not FlickerPhase.RING or self._ring is None:
             raise RejectedError(ErrorCode.LATE, "no ring is running")
         return self._ring
 
@@ -439,11 +446,11 @@ class FlickerSession:
         request, self._step, ring = loop.request, loop.step, self._ring
         self._redundancy.reset()
         if request is None or ring is None:  # ring: unreachable, set with the loop
-            self._phase, state = Phase.DONE, loop.state
+            self._phase, state = FlickerPhase.DONE, loop.state
             logger.info("FLICKER done: %s, GI %.4f", state.stop_reason, state.gi)
             return
         if request.kind == "cosine":
-            self._phase = Phase.LOCALISE
+            self._phase = FlickerPhase.LOCALISE
             unit = fl.encrypt_normalised_global(self._context, loop.state.global_counts)
             cosine = self._message(
                 CosineRequest, run_id=ring.ring_id, step=request.step, ciphertext=unit
@@ -451,7 +458,7 @@ class FlickerSession:
             for device in sorted(request.targets):
                 self._ctx.send(cosine, device)
             return
-        self._phase = Phase.RESAMPLE
+        self._phase = FlickerPhase.RESAMPLE
         (dominant,) = request.targets
         resample = self._message(
             ResampleRequest,
@@ -558,4 +565,4 @@ class FlickerSession:
 
     def _fail(self, reason: str) -> None:
         logger.error("FLICKER failed: %s", reason)
-        self._phase, self._failure = Phase.FAILED, reason
+        self._phase, self._failure = FlickerPhase.FAILED, reason

@@ -4,7 +4,7 @@ After each MADE round every device reports ``Enc([nll_i * n_i, n_i])``: the
 global MADE's negative log-likelihood summed over its validation split and
 the split's size, one packed fixed-point vector under the key epoch's public
 key. The coordinator only multiplies reports together
-(`ursa.coordinator.methods.feddisk.steps`); a device decrypts the sum to the fleet's
+(`ursa.coordinator.methods.feddisk.made_loss`); a device decrypts the sum to the fleet's
 sample-weighted mean NLL, ``sum nll_i n_i / sum n_i``, the loss FedDisk's
 stop rule watches (`ursa.edge_sdk.methods.feddisk.made_stopper`). No device's loss or
 split size leaves it unencrypted.

@@ -2,7 +2,7 @@
 
 `ursa.edge_sdk.methods.feddisk.trainer.FeddiskTrainer` runs them; the device's
 ``[[methods]]`` table ``kind = "feddisk"`` holds them
-(`ursa.edge_sdk.methods_config.FeddiskSpec`).
+(`ursa.edge_sdk.methods_config.FeddiskDeviceSpec`).
 """
 
 from __future__ import annotations

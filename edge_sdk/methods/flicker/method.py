@@ -40,7 +40,7 @@ from ursa.edge_sdk.methods.flicker.resampling import (
     FeatureExtractor,
     TrainingView,
 )
-from ursa.edge_sdk.methods_config import FlickerSpec
+from ursa.edge_sdk.methods_config import FlickerDeviceSpec
 from ursa.protocol.messages import Chunk, TransferManifest
 from ursa.protocol.methods import MethodRole
 from ursa.protocol.router import Router
@@ -89,7 +89,7 @@ class Flicker(DeviceMethod):
     def __init__(
         self,
         ctx: DeviceContext,
-        spec: FlickerSpec | None = None,
+        spec: FlickerDeviceSpec | None = None,
         *,
         labels: NDArray[np.integer[Any]],
         x: NDArray[np.floating[Any]] | None = None,
@@ -100,7 +100,7 @@ class Flicker(DeviceMethod):
         require_tenseal()  # at configuration, not when the ring starts
         self.ctx = ctx
         """The device this method runs on."""
-        self.spec = spec if spec is not None else FlickerSpec()
+        self.spec = spec if spec is not None else FlickerDeviceSpec()
         self._labels = np.asarray(labels, dtype=np.int64)
         self._x = None if x is None else np.asarray(x)
         if self._x is not None and len(self._x) != len(self._labels):

@@ -13,7 +13,7 @@ from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey, generate_keypair
 from ursa.crypto.sealing import open_sealed, seal
 from ursa.edge_sdk.method import EpochKeys, Roster
-from ursa.edge_sdk.state import DeviceStateDir
+from ursa.edge_sdk.state_dir import DeviceStateDir
 from ursa.edge_sdk.stats import DeviceStats, TrainingStats
 from ursa.edge_sdk.trainer import LocalDelta, ModelTrainer, Trainer
 from ursa.models.weights import Arrays

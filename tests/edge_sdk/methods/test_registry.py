@@ -63,7 +63,7 @@ def _ctx(new_context: Callable[[], FakeContext], trainer: Trainer) -> FakeContex
 def test_climb_takes_its_settings_from_its_table_not_the_trainer(
     new_context: Callable[[], FakeContext],
 ) -> None:
-    table = (specs.DubheSpec(), specs.ClimbSpec(eta_d=0.25))
+    table = (specs.DubheDeviceSpec(), specs.ClimbDeviceSpec(eta_d=0.25))
     ctx = _ctx(new_context, FixedLoss(0.5))
     dubhe, climb = compose_methods(ctx, table, LABELS)
     assert isinstance(dubhe, Dubhe) and isinstance(climb, Climb)
@@ -74,14 +74,16 @@ def test_climb_takes_its_settings_from_its_table_not_the_trainer(
 
 def test_feddisk_is_chosen_by_its_table(new_context: Callable[[], FakeContext]) -> None:
     phased = _ctx(new_context, _Phased())
-    table = (specs.DubheSpec(), specs.FeddiskSpec())
+    table = (specs.DubheDeviceSpec(), specs.FeddiskDeviceSpec())
     methods = compose_methods(phased, table, LABELS)
     assert [type(m) for m in methods] == [Dubhe, FedDisk]
     with pytest.raises(ValueError, match="name kind = 'feddisk'"):
-        compose_methods(phased, (specs.DubheSpec(), specs.FedAvgSpec()), LABELS)
+        compose_methods(
+            phased, (specs.DubheDeviceSpec(), specs.FedAvgDeviceSpec()), LABELS
+        )
     with pytest.raises(ValueError, match="FedDisk's two phases"):
         compose_methods(_ctx(new_context, FixedLoss(0.5)), table, LABELS)
-    other = (specs.DubheSpec(), specs.FeddiskSpec(made_lr=0.5))
+    other = (specs.DubheDeviceSpec(), specs.FeddiskDeviceSpec(made_lr=0.5))
     with pytest.raises(ValueError, match="differ from the table's"):
         compose_methods(phased, other, LABELS)
 
@@ -90,19 +92,19 @@ def test_a_kind_needing_nothing_builds_nothing_and_a_given_method_wins(
     new_context: Callable[[], FakeContext],
 ) -> None:
     ctx = _ctx(new_context, FixedLoss(0.5))
-    assert compose_methods(ctx, (specs.RandomSpec(),), LABELS) == []
+    assert compose_methods(ctx, (specs.RandomDeviceSpec(),), LABELS) == []
     contexts: list[DeviceContext] = []
 
     def own(given: DeviceContext) -> Dubhe:
         contexts.append(given)
         return Dubhe(given, "stratified")
 
-    table = (specs.DubheSpec(), specs.FedAvgSpec())
+    table = (specs.DubheDeviceSpec(), specs.FedAvgDeviceSpec())
     (built,) = compose_methods(ctx, table, LABELS, [own])
     assert isinstance(built, Dubhe) and built.draw == "stratified"
     assert contexts == [ctx]
     with pytest.raises(ValueError, match="two given methods of kind 'dubhe'"):
         compose_methods(ctx, table, LABELS, [own, Dubhe])
-    fedprox = (specs.DubheSpec(), specs.FedProxSpec())
+    fedprox = (specs.DubheDeviceSpec(), specs.FedProxDeviceSpec())
     with pytest.raises(ProximalUnsupportedError):
         compose_methods(ctx, fedprox, LABELS)

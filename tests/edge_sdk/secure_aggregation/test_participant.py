@@ -13,9 +13,9 @@ from ursa.crypto.identity import DeviceIdentity
 from ursa.edge_sdk.secure_aggregation import (
     KeyAdvert,
     MaskingParticipant,
+    ParticipantStage,
     PeerAdvert,
     SecAggError,
-    Stage,
     advert_transcript,
 )
 from ursa.edge_sdk.secure_aggregation.participant import SHARE_BOX_BYTES
@@ -69,7 +69,7 @@ def test_a_forged_advert_signature_is_refused() -> None:
     roster[1] = dataclasses.replace(roster[1], signature=bytes(bad))
     with pytest.raises(SecAggError, match="does not verify"):
         secagg.devices["dev-00"].share(roster, secagg.participants)
-    assert secagg.devices["dev-00"].stage is Stage.ADVERTISED
+    assert secagg.devices["dev-00"].stage is ParticipantStage.ADVERTISED
 
 
 def test_keys_swapped_under_a_valid_signature_are_refused() -> None:
@@ -114,9 +114,9 @@ def test_a_tampered_or_misaddressed_box_is_refused() -> None:
         device.receive_shares([misaddressed])
     with pytest.raises(SecAggError, match="two share boxes"):
         device.receive_shares([inbox[0], inbox[0]])
-    assert device.stage is Stage.SHARED  # nothing kept from the failed calls
+    assert device.stage is ParticipantStage.SHARED  # nothing kept from the failed calls
     device.receive_shares(inbox)
-    assert device.stage is Stage.RECEIVED
+    assert device.stage is ParticipantStage.RECEIVED
 
 
 def test_a_box_from_a_non_neighbour_is_refused() -> None:
@@ -236,7 +236,7 @@ def test_exported_members_are_pinned() -> None:
         "MaskingParticipant",
         "PeerAdvert",
         "SecAggError",
-        "Stage",
+        "ParticipantStage",
         "UnmaskShare",
         "advert_transcript",
     }

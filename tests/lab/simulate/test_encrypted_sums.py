@@ -11,17 +11,17 @@ from ursa.lab.simulate import encrypted_sums
 from ursa.lab.simulate.encrypted_sums import (
     ENCRYPTED_MAX_CLIENTS,
     EncryptedSums,
-    RegistryCheckError,
+    RegistrySumError,
     check_encrypted_size,
     simulate_encrypted,
 )
-from ursa.lab.simulate.selection import SelectionConfig, simulate_selection
+from ursa.lab.simulate.selection import SelectionSimConfig, simulate_selection
 from ursa.lab.simulate.selection_sums import plain_registry_sum, plain_try_sums
 from ursa.tools.cli.app import main
 
 Keys = tuple[PaillierPublicKey, PaillierSecretKey]
 
-SMALL = SelectionConfig(
+SMALL = SelectionSimConfig(
     num_classes=5,
     num_clients=90,
     k=6,
@@ -129,7 +129,7 @@ def test_a_device_registering_twice_is_caught(
         return real(pk, layout, values, **kw)
 
     monkeypatch.setattr(encrypted_sums, "encrypt_vector", cheat)
-    with pytest.raises(RegistryCheckError, match="sums to 6, not 5"):
+    with pytest.raises(RegistrySumError, match="sums to 6, not 5"):
         EncryptedSums(keypair=keys).registry_sum(np.array([4, 0, 5, 2, 2]), 8)
 
 

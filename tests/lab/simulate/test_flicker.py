@@ -23,8 +23,8 @@ def _plaintext_run(
     states = {d: dev.init_device(r) for d, r in zip(ids, table, strict=True)}
     model = dev.CountResampler(redundant_fraction=fraction)
     fl = coord.start(ids, np.sum(table, axis=0), nabla=nabla)
-    while fl.stage is not coord.Stage.DONE:
-        if fl.stage is coord.Stage.LOCALISE:
+    while fl.stage is not coord.CorrectionStage.DONE:
+        if fl.stage is coord.CorrectionStage.LOCALISE:
             gd = np.asarray(fl.global_counts, float)
             fl = coord.on_similarities(
                 fl,

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import pytest
 
-from ursa.coordinator.methods.flicker.outcome import Phase
+from ursa.coordinator.methods.flicker.outcome import FlickerPhase
 from ursa.crypto.identity import DeviceIdentity
 from ursa.lab.simulate.flicker_fleet import FEDERATION, Fleet, build_fleet
 from ursa.lab.simulate.flicker_tables import get_table
@@ -68,7 +68,7 @@ def test_undecodable_and_foreign_messages_are_refused_with_a_signed_reply() -> N
         assert codes == [("dev-1", "malformed"), ("dev-1", "unauthorised")]
         assert [e.code for e in errors] == ["malformed", "unauthorised"]
         assert all(e.signature for e in errors)
-        assert fleet.coordinator.phase is Phase.IDLE
+        assert fleet.coordinator.phase is FlickerPhase.IDLE
         assert fleet.bus.handler_errors == 0
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ursa.edge_sdk.training import TrainConfig, evaluate_loss
-from ursa.lab.simulate.feddisk import FeddiskSettings
+from ursa.lab.simulate.feddisk import MadePhaseSettings
 from ursa.lab.simulate.methods import RunSettings, device_losses, run_method
 from ursa.models.registry import initial_arrays
 from ursa.tools.data.federation import PartitionSpec, build_federation
@@ -74,7 +74,7 @@ def test_feddisk_counts_its_made_rounds() -> None:
     fed = build_federation(load_digits(), spec, np.random.default_rng(0))
     settings = RunSettings(
         rounds=2, participants=6, train=TRAIN, hidden_sizes=(16,),
-        feddisk=FeddiskSettings(
+        feddisk=MadePhaseSettings(
             made_hidden=16, max_made_rounds=3, local_made_max_epochs=10,
             classifier_epochs=3, classifier_hidden=8,
         ),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ursa.lab.simulate.selection import (
-    SelectionConfig,
+    SelectionSimConfig,
     SumBackend,
     simulate_selection,
 )
@@ -22,7 +22,7 @@ from ursa.tools.cli.app import main
 from ursa.tools.data.metrics import distributions
 from ursa.tools.data.partition import PartitionError
 
-SMALL = SelectionConfig(
+SMALL = SelectionSimConfig(
     num_classes=5,
     num_clients=120,
     k=8,
@@ -116,7 +116,7 @@ def test_a_backend_of_the_wrong_shape_is_refused() -> None:
 
 
 def test_kept_selections_are_k_distinct_devices_per_round() -> None:
-    config = SelectionConfig(
+    config = SelectionSimConfig(
         num_classes=4,
         num_clients=60,
         k=5,
@@ -161,11 +161,11 @@ def test_pairs_partition_refuses_what_it_cannot_make() -> None:
     with pytest.raises(PartitionError, match="unknown partition"):
         selection_population("magic", 100, 10, 10.0, 1.0, rng)
     with pytest.raises(ValueError, match="partition"):
-        SelectionConfig(partition="magic")
+        SelectionSimConfig(partition="magic")
 
 
 def test_pairs_lets_greedy_balance_exactly() -> None:
-    config = SelectionConfig(
+    config = SelectionSimConfig(
         num_clients=1000, k=20, tries=(1,), rounds=5, sigma=(0.7, 0.1)
     )
     pairs = simulate_selection(replace(config, partition="pairs"))
@@ -175,7 +175,7 @@ def test_pairs_lets_greedy_balance_exactly() -> None:
 
 
 def test_fixed_sigma_skips_the_search() -> None:
-    config = SelectionConfig(
+    config = SelectionSimConfig(
         num_classes=4,
         num_clients=60,
         k=5,
@@ -189,11 +189,11 @@ def test_fixed_sigma_skips_the_search() -> None:
 
 def test_config_validation() -> None:
     with pytest.raises(ValueError, match="draws"):
-        SelectionConfig(draws=("magic",))
+        SelectionSimConfig(draws=("magic",))
     with pytest.raises(ValueError, match="K"):
-        SelectionConfig(k=0)
+        SelectionSimConfig(k=0)
     with pytest.raises(ValueError, match="tries"):
-        SelectionConfig(tries=())
+        SelectionSimConfig(tries=())
 
 
 def test_sweep_and_plot(report: dict[str, Any], tmp_path: Path) -> None:

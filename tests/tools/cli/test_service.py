@@ -93,7 +93,7 @@ def test_device_repin_forgets_the_coordinator_and_its_run_but_keeps_the_identity
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from ursa.crypto.identity import DeviceIdentity
-    from ursa.edge_sdk.state import DeviceStateDir
+    from ursa.edge_sdk.state_dir import DeviceStateDir
 
     state_dir = tmp_path / "d1"
     identity = DeviceIdentity.load_or_create(state_dir, "d1")

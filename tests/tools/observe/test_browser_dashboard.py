@@ -22,7 +22,7 @@ from tests.tools.observe.statuses import fixed_status
 from ursa.coordinator.device_health import DeviceHealth
 from ursa.coordinator.live_status import ServiceStatus
 from ursa.coordinator.telemetry import Telemetry
-from ursa.coordinator.training import RoundRecord
+from ursa.coordinator.training import TrainingRoundReport
 from ursa.tools.observe.server import Listen, ObserveServer
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ def _finished() -> ServiceStatus:
     for index, l1 in enumerate(L1, start=1):
         telemetry.stage_changed("selecting", index)
         telemetry.annotate_round(index, l1_to_uniform=l1)
-        record = RoundRecord(
+        record = TrainingRoundReport(
             round=index,
             base_version=index - 1,
             version=index,

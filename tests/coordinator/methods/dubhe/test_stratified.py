@@ -17,7 +17,7 @@ from ursa.edge_sdk.methods.dubhe import method as device_dubhe
 from ursa.edge_sdk.methods.dubhe.draws import stratified_volunteers
 from ursa.edge_sdk.methods.dubhe.method import Dubhe
 from ursa.edge_sdk.methods.dubhe.ranks import new_one_time_key, shared_seed
-from ursa.edge_sdk.methods_config import DubheSpec as DeviceDubheSpec
+from ursa.edge_sdk.methods_config import DubheDeviceSpec as DeviceDubheSpec
 from ursa.protocol.envelope import decode, signing_bytes
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import ErrorCode

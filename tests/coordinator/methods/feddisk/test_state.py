@@ -6,7 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from ursa.coordinator.methods.feddisk.state import FeddiskState, FeddiskStateError, Role
+from ursa.coordinator.methods.feddisk.state import (
+    FeddiskRoundKind,
+    FeddiskState,
+    FeddiskStateError,
+)
 from ursa.coordinator.store import CoordinatorStore
 
 
@@ -18,12 +22,12 @@ def test_state_round_trips_through_the_store(tmp_path: Path) -> None:
     state.made_rounds = 3
     state.judged_version = 2
     state.best_version = 2
-    state.enter(5, Role.LOSS)
+    state.enter(5, FeddiskRoundKind.LOSS)
     loaded = FeddiskState.load(store)
 
     assert loaded == state
     state.switch_round = 6
-    state.enter(6, Role.CLASSIFIER)
+    state.enter(6, FeddiskRoundKind.CLASSIFIER)
     store.close()
     reopened = CoordinatorStore(tmp_path / "db.sqlite3")
     assert FeddiskState.load(reopened) == state
@@ -43,5 +47,5 @@ def test_corrupt_progress_is_an_error(tmp_path: Path) -> None:
 
 def test_a_state_without_a_store_lives_in_memory() -> None:
     state = FeddiskState()
-    state.enter(1, Role.MADE)
-    assert (state.round, state.role) == (1, Role.MADE)
+    state.enter(1, FeddiskRoundKind.MADE)
+    assert (state.round, state.role) == (1, FeddiskRoundKind.MADE)

@@ -19,8 +19,8 @@ from ursa.coordinator.training import TrainingPlugin
 from ursa.crypto.identity import verify_signature
 from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.methods.fedprox import FedProx
-from ursa.edge_sdk.methods_config import DubheSpec as DeviceDubheSpec
-from ursa.edge_sdk.methods_config import FedProxSpec as DeviceFedProxSpec
+from ursa.edge_sdk.methods_config import DubheDeviceSpec as DeviceDubheSpec
+from ursa.edge_sdk.methods_config import FedProxDeviceSpec as DeviceFedProxSpec
 from ursa.edge_sdk.training import TrainConfig
 from ursa.protocol.envelope import signing_bytes
 from ursa.protocol.inmemory import InMemoryTransport

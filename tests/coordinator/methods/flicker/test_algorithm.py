@@ -6,7 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ursa.coordinator.methods.flicker import algorithm as coord
-from ursa.coordinator.methods.flicker.algorithm import FlickerError, Stage, StopReason
+from ursa.coordinator.methods.flicker.algorithm import (
+    CorrectionStage,
+    FlickerError,
+    StopReason,
+)
 from ursa.edge_sdk.methods.flicker import algorithm as dev
 
 pytest.importorskip("tenseal")
@@ -81,20 +85,24 @@ def test_pick_dominant_takes_largest_non_saturated_cosine() -> None:
 
 def test_balanced_fleet_is_done_at_once() -> None:
     state = coord.start(["a", "b", "c"], [50, 60, 70])
-    assert state.stage is Stage.DONE
+    assert state.stage is CorrectionStage.DONE
     assert state.stop_reason is StopReason.BALANCED
 
 
 def test_dominant_stays_until_saturated_then_relocalises_without_it() -> None:
     state = coord.start(["a", "b", "c"], [10, 500, 1000])
-    assert state.stage is Stage.LOCALISE
+    assert state.stage is CorrectionStage.LOCALISE
     assert coord.localisation_candidates(state) == ("a", "b", "c")
     state = coord.on_similarities(state, {"a": 0.8, "b": 0.99, "c": 0.9})
-    assert (state.stage, state.dominant) == (Stage.RESAMPLE, "b")
+    assert (state.stage, state.dominant) == (CorrectionStage.RESAMPLE, "b")
     state = coord.on_update(state, [20, 500, 950], saturated=False)
-    assert (state.stage, state.dominant, state.updates) == (Stage.RESAMPLE, "b", 1)
+    assert (state.stage, state.dominant, state.updates) == (
+        CorrectionStage.RESAMPLE,
+        "b",
+        1,
+    )
     state = coord.on_update(state, [30, 500, 900], saturated=True)
-    assert state.stage is Stage.LOCALISE
+    assert state.stage is CorrectionStage.LOCALISE
     assert state.saturated == {"b"}
     assert coord.localisation_candidates(state) == ("a", "c")
     assert state.localisations == 2
@@ -115,7 +123,7 @@ def test_run_ends_when_every_device_is_saturated() -> None:
             state, {d: 0.5 for d in coord.localisation_candidates(state)}
         )
         state = coord.on_update(state, None, saturated=True)
-    assert state.stage is Stage.DONE
+    assert state.stage is CorrectionStage.DONE
     assert state.stop_reason is StopReason.ALL_SATURATED
     assert state.updates == 0
 
@@ -162,9 +170,9 @@ def _plain_loop(
     resampler = dev.CountResampler(redundant_fraction=fraction)
     state = coord.start(ids, np.sum(table, axis=0), nabla=nabla)
     for _ in range(100_000):
-        if state.stage is Stage.DONE:
+        if state.stage is CorrectionStage.DONE:
             return state
-        if state.stage is Stage.LOCALISE:
+        if state.stage is CorrectionStage.LOCALISE:
             gd = np.asarray(state.global_counts, float)
             sims = {
                 d: float(np.asarray(devices[d].counts) @ gd)

@@ -17,7 +17,7 @@ import pytest
 from ursa.coordinator.methods.flicker.keyfile import CKKS_KEY_FILENAME
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods_config import DubheSpec, FlickerSpec
-from ursa.coordinator.rounds import Stage
+from ursa.coordinator.round_state import Stage
 from ursa.edge_sdk import methods_config as device_methods
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.methods.flicker.method import Flicker
@@ -35,7 +35,7 @@ def _flicker_federation(federation: Any) -> Any:
     plain = fed.device_config
 
     def device_config(device_id: str) -> DeviceConfig:
-        methods = (device_methods.DubheSpec(), device_methods.FlickerSpec())
+        methods = (device_methods.DubheDeviceSpec(), device_methods.FlickerDeviceSpec())
         return plain(device_id).model_copy(update={"methods": methods})
 
     fed.device_config = device_config

@@ -10,7 +10,7 @@ import numpy.typing as npt
 import pytest
 
 from ursa.coordinator.methods.flicker import algorithm as coord
-from ursa.coordinator.methods.flicker.outcome import FlickerServiceConfig, Phase
+from ursa.coordinator.methods.flicker.outcome import FlickerPhase, FlickerServiceConfig
 from ursa.coordinator.methods.flicker.redundancy import RedundancyTest, vector_slots_for
 from ursa.crypto.ckks import pad_length
 from ursa.edge_sdk.methods.flicker import resampling as rs
@@ -196,7 +196,7 @@ def _inject(fleet: Fleet, device: str, message: BaseMessage | bytes) -> None:
 def _finish(fleet: Fleet) -> None:
     """Advance the fake clock past deadlines until the run ends (as `Fleet.run`)."""
     for _ in range(100):
-        if fleet.coordinator.phase in (Phase.DONE, Phase.FAILED):
+        if fleet.coordinator.phase in (FlickerPhase.DONE, FlickerPhase.FAILED):
             return
         fleet.clock.advance(fleet.coordinator.config.reply_deadline_s)
         fleet.coordinator.tick()
@@ -211,7 +211,7 @@ def test_the_wire_test_removes_what_the_simulator_removes(
 
     outcome = fleet.run()
 
-    assert outcome.phase is Phase.DONE and outcome.state is not None
+    assert outcome.phase is FlickerPhase.DONE and outcome.state is not None
     _assert_same_views(wire, sim)
     removed = fleet.participants["dev-1"].state.removed
     assert 0 < removed < CANDIDATES  # some candidates removed, some kept
@@ -239,7 +239,7 @@ def test_on_the_papers_tables_the_wire_test_equals_the_simulator(
 
     outcome = fleet.run()
 
-    assert outcome.phase is Phase.DONE
+    assert outcome.phase is FlickerPhase.DONE
     _assert_same_views(wire, sim)
     assert sum(p.state.removed for p in fleet.participants.values()) > 0
     assert all(e["silent"] == [] for e in _redundancy_log(fleet))
@@ -266,10 +266,10 @@ def test_a_silent_peer_is_skipped_at_the_deadline(fleets: Callable[..., Fleet]) 
     _drop_replies_of(fleet, "dev-4")
 
     fleet.coordinator.start()
-    assert fleet.coordinator.phase is Phase.RESAMPLE  # waiting for dev-4
+    assert fleet.coordinator.phase is FlickerPhase.RESAMPLE  # waiting for dev-4
     _finish(fleet)
 
-    assert fleet.coordinator.phase is Phase.DONE
+    assert fleet.coordinator.phase is FlickerPhase.DONE
     (entry,) = _redundancy_log(fleet)
     assert entry["peers"] == ["dev-2", "dev-3"] and entry["silent"] == ["dev-4"]
     _assert_same_views(wire, sim)  # decided on dev-2's and dev-3's vectors only
@@ -310,7 +310,7 @@ def test_malformed_foreign_and_late_replies_are_rejected_and_logged(
         ("dev-1", "unauthorised"),
         ("dev-4", "late"),
     ]
-    assert fleet.coordinator.phase is Phase.DONE
+    assert fleet.coordinator.phase is FlickerPhase.DONE
     (entry,) = _redundancy_log(fleet)
     assert entry["silent"] == ["dev-4"]
     assert fleet.bus.handler_errors == 0

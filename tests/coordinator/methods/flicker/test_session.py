@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from ursa.coordinator.methods.flicker.outcome import FlickerServiceConfig, Phase
+from ursa.coordinator.methods.flicker.outcome import FlickerPhase, FlickerServiceConfig
 from ursa.edge_sdk.methods.flicker import algorithm as dev
 from ursa.lab.simulate.flicker_fleet import FEDERATION, Fleet
 from ursa.lab.simulate.flicker_run import run_flicker
@@ -77,7 +77,7 @@ def test_full_run_gives_the_same_result_as_run_flicker(
     outcome = fleet.run()
     reference = run_flicker(counts, {d: dev.CountResampler() for d in counts})
 
-    assert outcome.phase is Phase.DONE and outcome.state is not None
+    assert outcome.phase is FlickerPhase.DONE and outcome.state is not None
     assert outcome.gd_before == reference.gd_before
     assert outcome.state.global_counts == reference.state.global_counts
     assert outcome.state.stop_reason == reference.state.stop_reason
@@ -103,7 +103,7 @@ def test_a_silent_ring_member_is_skipped(
     fleet = fleets(D1, silent=["dev-9"])
     outcome = fleet.run(order)
 
-    assert outcome.phase is Phase.DONE
+    assert outcome.phase is FlickerPhase.DONE
     assert outcome.skipped == ("dev-9",)
     assert outcome.contributors == tuple(d for d in order if d != "dev-9")
     assert outcome.gd_before == tuple(int(c) for c in np.sum(list(D1.values()), 0))
@@ -126,7 +126,7 @@ def test_a_predecessor_silent_when_asked_to_reseal_is_skipped_too(
     fleet.bus.drop_filter = drop
     outcome = fleet.run(order)
 
-    assert outcome.phase is Phase.DONE
+    assert outcome.phase is FlickerPhase.DONE
     assert outcome.skipped == ("dev-9", "dev-3")
     assert outcome.contributors == ("dev-1", "dev-2", "dev-4", "dev-5", "dev-6")
     rows = [SIX[d] for d in outcome.contributors]
@@ -138,7 +138,7 @@ def test_the_ring_fails_rather_than_sum_fewer_than_three_devices(
 ) -> None:
     fleet = fleets(D1, silent=["dev-8", "dev-9"])
     outcome = fleet.run(["dev-1", "dev-8", "dev-2", "dev-9"])
-    assert outcome.phase is Phase.FAILED
+    assert outcome.phase is FlickerPhase.FAILED
     assert outcome.gd_before is None
     assert "live devices" in (outcome.failure or "")
 
@@ -149,7 +149,7 @@ def test_a_candidate_silent_in_localisation_is_not_chosen(
     fleet = fleets(D1)
     fleet.bus.drop_filter = _kind_filter("cosine_reply", "dev-3")
     outcome = fleet.run()
-    assert outcome.phase is Phase.DONE
+    assert outcome.phase is FlickerPhase.DONE
     first = next(e for e in outcome.log if "localise" in e)
     assert "dev-3" not in first["localise"] and first["dominant"] != "dev-3"
 
@@ -162,7 +162,7 @@ def test_a_silent_dominant_device_is_treated_as_saturated(
     outcome = fleet.run()
     assert outcome.state is not None and "dev-3" in outcome.state.saturated
     assert {"device": "dev-3", "silent": True}.items() <= outcome.log[1].items()
-    assert outcome.phase is Phase.DONE
+    assert outcome.phase is FlickerPhase.DONE
 
 
 def test_a_reply_after_the_run_is_refused_with_a_signed_error_reply(
@@ -205,7 +205,7 @@ def test_second_forged_and_stale_replies_in_an_open_step_are_rejected(
     seen = _spy(fleet)
     fleet.bus.drop_filter = _kind_filter("cosine_reply", "dev-4")  # keeps step open
     fleet.coordinator.start()
-    assert fleet.coordinator.phase is Phase.LOCALISE
+    assert fleet.coordinator.phase is FlickerPhase.LOCALISE
     reply = next(
         m
         for m in (decode(p) for _, p in seen)
@@ -246,7 +246,7 @@ def test_second_forged_and_stale_replies_in_an_open_step_are_rejected(
     codes = [r.code for r in rejected]
     assert codes == ["malformed", "late", "late", "bad_ciphertext", "late"]
     assert "reply of run other" in rejected[2].reason
-    assert fleet.coordinator.phase is Phase.LOCALISE
+    assert fleet.coordinator.phase is FlickerPhase.LOCALISE
     fleet.clock.advance(1e6)
     fleet.coordinator.tick()  # closes the step with dev-1..3 and goes on
     first = fleet.coordinator.outcome().log[0]
@@ -268,7 +268,7 @@ def test_hops_from_a_device_that_does_not_hold_the_sum_are_rejected(
         fleet, "dev-3", hop.model_copy(update={"sender": "dev-3", "message_id": "x"})
     )
     assert [r.code for r in fleet.coordinator.rejections] == ["late", "late"]
-    assert fleet.coordinator.phase is Phase.RING
+    assert fleet.coordinator.phase is FlickerPhase.RING
 
 
 def test_a_device_missing_context_chunks_asks_for_them(
@@ -286,7 +286,7 @@ def test_a_device_missing_context_chunks_asks_for_them(
     fleet.bus.drop_filter = drop
     outcome = fleet.run()
     assert requests == ["chunk_request"]
-    assert outcome.phase is Phase.DONE
+    assert outcome.phase is FlickerPhase.DONE
     assert fleet.participants["dev-2"].context_bytes == (
         fleet.coordinator.public_context_bytes
     )
@@ -316,7 +316,7 @@ def test_requests_name_the_run_and_count_steps_replies_echo_them(
     fleet = fleets(D1)
     seen = _spy(fleet)
     run_id = fleet.coordinator.start()
-    while fleet.coordinator.phase not in (Phase.DONE, Phase.FAILED):
+    while fleet.coordinator.phase not in (FlickerPhase.DONE, FlickerPhase.FAILED):
         fleet.clock.advance(1e3)
         fleet.coordinator.tick()
     outcome = fleet.coordinator.outcome()
@@ -325,7 +325,7 @@ def test_requests_name_the_run_and_count_steps_replies_echo_them(
     def steps(kind: type) -> set[int]:
         return {m.step for m in messages if isinstance(m, kind)}
 
-    assert outcome.phase is Phase.DONE and outcome.run_id == run_id
+    assert outcome.phase is FlickerPhase.DONE and outcome.run_id == run_id
     assert outcome.to_dict()["run_id"] == run_id
     stepped = [m for m in messages if hasattr(m, "step")]
     assert {m.run_id for m in stepped} == {run_id}
@@ -383,7 +383,7 @@ def test_an_outage_gives_the_ring_and_the_open_step_their_time_back(
     fleet.clock.advance(1000.0)
     fleet.coordinator.tick()
     assert fleet.coordinator.outcome().skipped == ("dev-9",)
-    assert fleet.coordinator.phase is Phase.LOCALISE  # dev-1 re-sealed to dev-2
+    assert fleet.coordinator.phase is FlickerPhase.LOCALISE  # dev-1 re-sealed to dev-2
     fleet.coordinator.method.extend_deadlines(1000.0)
     fleet.clock.advance(config.reply_deadline_s + 1)
     fleet.coordinator.tick()

@@ -11,10 +11,10 @@ import pytest
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.methods_config import FedAvgSpec, RandomSpec
 from ursa.coordinator.plugin import RoundPlugin, Send
-from ursa.coordinator.rounds import Stage
+from ursa.coordinator.round_state import Stage
 from ursa.coordinator.service import CoordinatorService
 from ursa.crypto.identity import verify_signature
-from ursa.edge_sdk.methods_config import RandomSpec as DeviceRandomSpec
+from ursa.edge_sdk.methods_config import RandomDeviceSpec as DeviceRandomSpec
 from ursa.protocol.envelope import signing_bytes
 from ursa.protocol.inmemory import InMemoryTransport
 from ursa.protocol.messages import BaseMessage

@@ -23,7 +23,7 @@ from ursa.edge_sdk.methods.climb.dual import (
 )
 from ursa.edge_sdk.methods.climb.method import DUAL_WAIT_S, Climb
 from ursa.edge_sdk.secure_mean import SecureMeans
-from ursa.edge_sdk.state import DeviceStateDir
+from ursa.edge_sdk.state_dir import DeviceStateDir
 from ursa.models.weights import Arrays
 from ursa.protocol.messages import (
     CLIMB_DUAL,

@@ -17,8 +17,8 @@ from ursa.edge_sdk.methods.feddisk.made_loss import decrypt_fleet_loss
 from ursa.edge_sdk.methods.feddisk.method import FedDisk
 from ursa.edge_sdk.methods.feddisk.state import FEDDISK_MADE_FILE, FEDDISK_WEIGHTS_FILE
 from ursa.edge_sdk.methods.feddisk.trainer import FeddiskSettings, FeddiskTrainer
-from ursa.edge_sdk.methods_config import DubheSpec, FeddiskSpec
-from ursa.edge_sdk.state import DeviceStateDir
+from ursa.edge_sdk.methods_config import DubheDeviceSpec, FeddiskDeviceSpec
+from ursa.edge_sdk.state_dir import DeviceStateDir
 from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.models.registry import initial_arrays
 from ursa.models.weights import Arrays, arrays_to_bytes
@@ -115,7 +115,10 @@ class Fleet:
             state_dir=self.tmp / device_id,
             obfuscator_pool_size=0,
             insecure_test_keys=True,
-            methods=(DubheSpec(), FeddiskSpec.model_validate(SETTINGS.model_dump())),
+            methods=(
+                DubheDeviceSpec(),
+                FeddiskDeviceSpec.model_validate(SETTINGS.model_dump()),
+            ),
         )
         client = EdgeClient(
             config,

@@ -22,7 +22,7 @@ from ursa.edge_sdk.methods.feddisk.state import (
     write_made,
     write_weights,
 )
-from ursa.edge_sdk.state import METHODS_FILE, DeviceStateDir
+from ursa.edge_sdk.state_dir import METHODS_FILE, DeviceStateDir
 
 FRESH = MadeStopper(patience=2, max_rounds=1000)
 

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from ursa.edge_sdk.methods.feddisk.trainer import FeddiskSettings, FeddiskTrainer
 from ursa.edge_sdk.torch_trainer import TorchTrainer, round_seed
 from ursa.edge_sdk.training import TrainConfig, made_nll, train_made_local
-from ursa.lab.simulate.feddisk import FeddiskSettings as SimulatorSettings
+from ursa.lab.simulate.feddisk import MadePhaseSettings as SimulatorSettings
 from ursa.models.registry import initial_arrays
 from ursa.models.weights import spec_of
 

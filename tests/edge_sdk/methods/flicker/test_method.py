@@ -17,7 +17,7 @@ from ursa.edge_sdk.methods.flicker.method import (
     resample_indices,
 )
 from ursa.edge_sdk.methods.flicker.participant import ring_seal_context
-from ursa.edge_sdk.methods_config import FlickerSpec
+from ursa.edge_sdk.methods_config import FlickerDeviceSpec
 from ursa.protocol.chunking import split
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -51,7 +51,7 @@ def test_count_level_resampling_keeps_copies_and_drops_a_class_own_samples() -> 
 def test_without_a_run_the_data_is_unchanged(new_context: Any) -> None:
     labels = np.array([0, 1, 1], dtype=np.int64)
     x = np.arange(3, dtype=np.float32)[:, None]
-    flicker = Flicker(new_context(), FlickerSpec(), labels=labels, x=x)
+    flicker = Flicker(new_context(), FlickerDeviceSpec(), labels=labels, x=x)
 
     samples, out = flicker.resampled()
 
@@ -117,7 +117,9 @@ def _ring_start(ctx: Any, order: tuple[str, ...], **change: Any) -> RingStart:
 
 def _attached(new_context: Any) -> tuple[Flicker, Any, Router]:
     ctx, router = new_context(), Router(ME)
-    flicker = Flicker(ctx, FlickerSpec(), labels=LABELS, rng=np.random.default_rng(0))
+    flicker = Flicker(
+        ctx, FlickerDeviceSpec(), labels=LABELS, rng=np.random.default_rng(0)
+    )
     flicker.register(router)
     return flicker, ctx, router
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ursa.coordinator.rounds import (
+from ursa.coordinator.round_state import (
     TRANSITIONS,
     RoundState,
     Stage,

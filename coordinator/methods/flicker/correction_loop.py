@@ -128,12 +128,12 @@ class CorrectionLoop:
 
     def _open(self, now: float) -> None:
         state = self.state
-        if state.stage is fl.Stage.DONE:
+        if state.stage is fl.CorrectionStage.DONE:
             self.request = None
             return
         self.step += 1
         deadline = now + self.reply_deadline_s
-        if state.stage is fl.Stage.LOCALISE:
+        if state.stage is fl.CorrectionStage.LOCALISE:
             targets = frozenset(fl.localisation_candidates(state))
             self.request = Request("cosine", self.step, targets, deadline)
             return

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from ursa.coordinator.aggregation import (
-    ModelUpdate,
+    DeviceDelta,
     Weighting,
     apply_update,
     init_aggregation,
 )
-from ursa.coordinator.models import (
+from ursa.coordinator.model_store import (
     ModelStore,
     ModelStoreError,
     ModelVersion,
@@ -94,7 +94,7 @@ def test_initial_weights_are_imported_once(tmp_path: Path) -> None:
 def test_an_open_round_survives_a_restart(tmp_path: Path) -> None:
     store = ModelStore(tmp_path, "classifier")
     state = init_aggregation(ARRAYS, Weighting.FEDAVG)
-    state, _ = apply_update(state, ModelUpdate("d1", _shifted(0.5), 3))
+    state, _ = apply_update(state, DeviceDelta("d1", _shifted(0.5), 3))
 
     store.save_partial(7, 2, state)
     restored = ModelStore(tmp_path, "classifier").load_partial(7, 2)

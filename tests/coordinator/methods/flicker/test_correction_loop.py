@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ursa.coordinator.methods.flicker import algorithm as fl
-from ursa.coordinator.methods.flicker.loop import CorrectionLoop
+from ursa.coordinator.methods.flicker.correction_loop import CorrectionLoop
 
 
 def test_an_open_request_survives_a_record_round_trip_with_a_fresh_deadline() -> None:

@@ -10,7 +10,7 @@ import pytest
 from ursa.coordinator.aggregation import UpdateOutcome
 from ursa.coordinator.encrypted_sum import EncryptedSum
 from ursa.coordinator.gather import Gather
-from ursa.coordinator.methods.feddisk.steps import check_verdict, made_loss_wire
+from ursa.coordinator.methods.feddisk.made_loss import check_verdict, made_loss_wire
 from ursa.coordinator.phase import PhaseStatus
 from ursa.coordinator.plugin import EpochView
 from ursa.coordinator.secure_mean import MeanHead, secure_mean
