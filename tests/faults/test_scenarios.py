@@ -95,7 +95,7 @@ def test_coordinator_reset_with_its_identity_key_starts_a_run_devices_join(
 
     outcome = run_to_end(run, since=since)
 
-    assert re.search(r"run \S+ \(new\)", run.log()[since:])
+    assert re.search(r"run \S+,.*\(a new run\)", run.log()[since:])
     for device in run.device_ids:  # each joined by itself, identity kept
         assert "the coordinator started a new run" in run.log(device), device
         assert "refusing the coordinator" not in run.log(device), device
