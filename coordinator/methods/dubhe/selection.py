@@ -176,6 +176,11 @@ class _Round:
     """The agent's verified choice, handed over at the next step."""
     retries: int = 0
     """Volunteering windows that closed short of K (each next one is longer)."""
+    short_at: int | None = None
+    """Answers held when the window last closed short of K: under explicit
+    replies the next window closes early only once a new answer came, so a
+    fleet of fewer than K online devices that have all answered waits the
+    backoff out instead of re-announcing at every tick."""
     k: int = 0
     dropped: set[str] = field(default_factory=set)
     """Out of this round's tries: a malformed distribution, or a suspect of
@@ -387,7 +392,7 @@ class DubheSelection(SelectionMethod):
     ) -> Selection | None:
         eligible = request.eligible  # kept per event: its size costs O(1)
         if work.explicit:  # every eligible device answers: wait for them all
-            done = work.all_answered(eligible)
+            done = work.all_answered(eligible) and work.short_at != len(work.volunteers)
         else:  # silence means no: K volunteers per try are all it can know
             done = len(work.yes) == self._tries and min(work.yes) >= request.k
         if not (done or request.now >= work.deadline_at):
@@ -409,6 +414,7 @@ class DubheSelection(SelectionMethod):
                 window,
             )
             work.deadline_at = request.now + window
+            work.short_at = len(work.volunteers)
             self._ctx.reannounce()
             return None
         logger.info(

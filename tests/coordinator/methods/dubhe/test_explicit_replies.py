@@ -9,6 +9,7 @@ refused, typed, and count for nothing.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,26 @@ def test_a_device_gone_offline_is_not_waited_for(
     ctx.online -= {"d3", "d4"}
 
     selection = dubhe.select(explicit(ctx, 1.0))
+
+    assert selection is not None and set(selection.selected) == {"d0", "d1"}
+
+
+def test_fewer_than_k_devices_all_answered_wait_the_backoff_not_every_tick(
+    store: CoordinatorStore, public_key: PaillierPublicKey, caplog: Any
+) -> None:
+    ctx = FakeContext(store, public_key)
+    ctx.online = {"d0"}  # K = 2: one device online, and it answered
+    dubhe, router = open_method(ctx)
+    say(router, "d0", (True,))
+    with caplog.at_level(logging.WARNING):
+        for tick in range(5):
+            assert dubhe.select(explicit(ctx, 1.0 + tick / 10)) is None
+    shorts = [r for r in caplog.records if "re-announcing" in r.getMessage()]
+    assert len(shorts) == 1 and ctx.announces == 1  # not one per tick
+    ctx.online.add("d1")
+    say(router, "d1", (True,))  # a new answer: the window may close at once
+
+    selection = dubhe.select(explicit(ctx, 2.0))
 
     assert selection is not None and set(selection.selected) == {"d0", "d1"}
 
