@@ -47,7 +47,9 @@ def public_classes(root: Path) -> dict[str, list[str]]:
 
 
 def shared_names(root: Path) -> dict[str, list[str]]:
-    return {name: where for name, where in public_classes(root).items() if len(where) > 1}
+    return {
+        name: where for name, where in public_classes(root).items() if len(where) > 1
+    }
 
 
 def test_no_two_public_classes_share_a_name() -> None:
@@ -59,7 +61,9 @@ def test_no_two_public_classes_share_a_name() -> None:
 def test_the_walk_sees_the_package() -> None:
     classes = public_classes(ROOT)
     assert len(classes) > 300
-    assert any(where.startswith("coordinator/") for where in classes["CoordinatorService"])
+    assert any(
+        where.startswith("coordinator/") for where in classes["CoordinatorService"]
+    )
     assert any(where.startswith("edge_sdk/") for where in classes["EdgeClient"])
 
 
