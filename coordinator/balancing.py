@@ -1,10 +1,11 @@
 """The balancing stage's method as the runtime sees it (FLICKER's coordinator half).
 
-The method table builds it (`ursa.coordinator.methods.registry`); the
-service lends it the `MethodContext` at start, the key epoch runs it between
-enrolment and the first key epoch, the inbox hands it downloads and
-departures, the restart resumes it and a broker outage extends its
-deadlines, each through this protocol, so none of them imports a method.
+The method table builds it with the runtime's `MethodContext`
+(`ursa.coordinator.methods.registry`), as it builds the selection method;
+the key epoch runs it between enrolment and the first key epoch, the inbox
+hands it downloads and departures, the restart restores and resumes it and
+a broker outage extends its deadlines, each through this protocol, so none
+of them imports a method.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Set
 from typing import Any, Protocol
 
-from ursa.coordinator.method_context import MethodContext
 from ursa.protocol.messages import ChunkRequest
 from ursa.protocol.router import Router
 
@@ -26,8 +26,8 @@ class Balancing(Protocol):
         """Route its device messages to it."""
         ...
 
-    def attach(self, context: MethodContext) -> None:
-        """Take the runtime's surface (the service started); restore a saved run."""
+    def restore(self) -> None:
+        """Read its saved run back (the service started: the store is open)."""
         ...
 
     def extend_deadlines(self, seconds: float) -> None:

@@ -4,9 +4,12 @@
 the parts it needs (as objects or bound methods, never the service), so no
 part reaches into another's state. `CoordinatorService` owns one and runs
 its lifecycle (start, tick, stop). The order of construction is the order
-of dependence; the two late references (presence and enrolment changes go to
-the key epoch, a keyed epoch opens a round) are bound methods looked up at
-call time.
+of dependence; the late references (presence and enrolment changes go to
+the key epoch, a keyed epoch opens a round, the methods' context reads the
+key epoch and re-announces the round) are bound methods looked up at call
+time. The methods' context is made before the key epoch, so the balancing
+method (which the key epoch runs) is built with it, as the selection
+method is.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from ursa.coordinator.methods.registry import (
 from ursa.coordinator.own_identity import OwnIdentity
 from ursa.coordinator.plugin import RoundPlugin
 from ursa.coordinator.presence import Presence
+from ursa.coordinator.ready_devices import ReadyDevices
 from ursa.coordinator.recovery import Recovery
 from ursa.coordinator.refusal_log import Keep, RefusalLog
 from ursa.coordinator.rejections import Rejections
@@ -96,8 +100,6 @@ class Components:
         self.telemetry = telemetry
         telemetry.set_methods(m.kind for m in config.methods)
         self.plugin = plugin = _checked_plugin(config, plugin)
-        self.balancing = flicker = balancing_method(config)
-        """The balancing method (FLICKER), if ``[[methods]]`` names one."""
         self.store = store = StoreSlot()
         """The store, handed to every part that persists (`open_store` fills it)."""
         self.outbox = outbox = Outbox("coordinator")
@@ -153,26 +155,17 @@ class Components:
             send=outgoing.send,
             sign=outgoing.sign,
         )
-        self.key_epoch = key_epoch = KeyEpoch(
-            config,
-            stages=stages,
+        ready = ReadyDevices(
             devices=devices,
             presence=presence,
-            outgoing=outgoing,
-            identity_refusals=identity_refusals,
-            plugin=plugin,
-            flicker=flicker,
-            rng=rng,
-            clock=clock,
-            open_round=lambda now: self.rounds.start_round(now),
-            forget_round=lambda: self.rounds.forget(),
+            epoch=lambda: stages.state.epoch,
             store=store,
         )
-        self.context = MethodContext(
+        self.context = context = MethodContext(
             federation=self._federation,
             stores=lambda: store.store,
-            online=key_epoch.online,
-            epoch=key_epoch.view,
+            online=ready.view,
+            epoch=lambda: self.key_epoch.view(),
             sender=outgoing.send,
             signer=outgoing.sign,
             announcer=lambda: self.rounds.reannounce(),
@@ -182,7 +175,25 @@ class Components:
             raw_sender=outgoing.send_raw,
         )
         """What methods are lent: the runtime's public surface only."""
-        self.selection = selection = selection_method(config, self.context)
+        self.balancing = flicker = balancing_method(config, context)
+        """The balancing method (FLICKER), if ``[[methods]]`` names one."""
+        self.key_epoch = key_epoch = KeyEpoch(
+            config,
+            stages=stages,
+            devices=devices,
+            presence=presence,
+            outgoing=outgoing,
+            identity_refusals=identity_refusals,
+            plugin=plugin,
+            flicker=flicker,
+            ready=ready,
+            rng=rng,
+            clock=clock,
+            open_round=lambda now: self.rounds.start_round(now),
+            forget_round=lambda: self.rounds.forget(),
+            store=store,
+        )
+        self.selection = selection = selection_method(config, context)
         self.health = TrainingHealth(sit_out_after=config.sit_out_after_failures)
         """The selected devices' streaks of failed training rounds (status)."""
         self.rounds = rounds = RoundCycle(

@@ -127,15 +127,13 @@ from typing_extensions import Self
 
 from ursa.coordinator.methods_config import (
     DEFAULT_METHODS,
-    DubheSpec,
-    FedAvgSpec,
+    BalancingSpec,
     FeddiskSpec,
-    FlickerSpec,
     MethodSpec,
     SelectionSpec,
     TrainingSpec,
+    balancing_spec,
     check_methods,
-    flicker_spec,
     method_names,
     method_settings,
     selection_spec,
@@ -459,28 +457,35 @@ class TrainingSection(BaseModel):
         for key in self.model_extra or {}:
             if key in _MOVED_TO_METHODS:
                 raise ValueError(f"[training] {key} moved to {_MOVED_TO_METHODS[key]}")
-        self.training_config(FedAvgSpec())  # a bad TrainingConfig field fails the load
+        self.training_config()  # a bad TrainingConfig field fails the load
         return self
 
-    def training_config(self, method: TrainingSpec) -> TrainingConfig:
-        """The classifier's `TrainingConfig` under ``method``."""
+    def training_config(self, weighting: str = "fedavg") -> TrainingConfig:
+        """The classifier's `TrainingConfig`, its updates weighted by ``weighting``.
+
+        The method table's builder says how (FedAvg's ``weights = "equal"``;
+        CLIMB's dual step sets its own; FedDisk's classifier is FedAvg).
+        """
         from ursa.coordinator.training_round import TrainingConfig
 
         fields: dict[str, Any] = dict(self.model_extra or {})
-        if isinstance(method, FedAvgSpec) and method.weights == "equal":
-            fields["weighting"] = "equal"
-        else:  # CLIMB's dual step sets its own; FedDisk's classifier is FedAvg
-            fields["weighting"] = "fedavg"
+        fields["weighting"] = weighting
         return TrainingConfig.model_validate(fields)
 
     def made_training_config(self, method: FeddiskSpec) -> TrainingConfig:
         """The MADE rounds' `TrainingConfig`: the classifier's, FedAvg, MADE's name."""
-        classifier = self.training_config(method)
-        if method.made_model == classifier.model:
-            raise ValueError(
-                f"the MADE and the classifier are both named {method.made_model!r}"
-            )
+        classifier = self.training_config()
+        _check_models(method, classifier.model)
         return classifier.model_copy(update={"model": method.made_model})
+
+
+def _check_models(method: TrainingSpec, classifier: str) -> None:
+    """Refuse a classifier named like a model its training method adds (a MADE)."""
+    if classifier in method.extra_models():
+        raise ValueError(
+            f"the classifier and a model {method.kind} adds are both named "
+            f"{classifier!r}"
+        )
 
 
 class CoordinatorConfig(_Frozen):
@@ -603,8 +608,8 @@ class CoordinatorConfig(_Frozen):
                 "kind = 'fedavg', 'fedprox', 'climb' or 'feddisk'"
             )
         method = self.training_method()
-        if isinstance(method, FeddiskSpec):
-            self.training_section().made_training_config(method)
+        if method is not None:
+            _check_models(method, self.training_section().training_config().model)
         return self
 
     def identity_key_path(self) -> Path:
@@ -643,16 +648,15 @@ class CoordinatorConfig(_Frozen):
 
     def stratified_draw(self) -> bool:
         """Whether Dubhe runs the stratified draw (ranks, private selections)."""
-        method = self.selection_method()
-        return isinstance(method, DubheSpec) and method.draw == "stratified"
+        return self.selection_method().registers_rank_key()
 
     def training_method(self) -> TrainingSpec | None:
         """The training method; None for a selection-only federation."""
         return training_spec(self.methods)
 
-    def flicker_method(self) -> FlickerSpec | None:
-        """FLICKER's settings when the federation balances its data first."""
-        return flicker_spec(self.methods)
+    def balancing_method(self) -> BalancingSpec | None:
+        """The balancing method's settings (FLICKER's) when the federation runs one."""
+        return balancing_spec(self.methods)
 
     def training_section(self) -> TrainingSection:
         """``[training]``, or its defaults when only the method is given."""

@@ -116,6 +116,9 @@ class KeyEpoch:
         identity_refusals: Which refusals of our identity count.
         plugin: The training plugin (its aggregation mode is signed).
         flicker: FLICKER's coordinator half, if the federation runs it.
+        ready: The online enrolled devices not refusing us (built before the
+            key epoch: the methods' context, which FLICKER is built with,
+            reads its view).
         rng: Chooses the agent.
         clock: Seconds (the sealing's and the check's nudges).
         open_round: Opens the first round of a keyed epoch.
@@ -135,6 +138,7 @@ class KeyEpoch:
         identity_refusals: IdentityRefusals,
         plugin: RoundPlugin,
         flicker: Balancing | None,
+        ready: ReadyDevices,
         rng: np.random.Generator,
         clock: Clock,
         open_round: Callable[[float], None],
@@ -153,12 +157,7 @@ class KeyEpoch:
         self._clock = clock
         self._open_round = open_round
         self._forget_round = forget_round
-        self._ready = ReadyDevices(
-            devices=devices,
-            presence=presence,
-            epoch=lambda: stages.state.epoch,
-            store=store,
-        )
+        self._ready = ready
         self._store = store
         self._work: EpochWork | None = None
         self._sealing = KeySealing(

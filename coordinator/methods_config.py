@@ -48,6 +48,7 @@ from ursa.protocol.party_bound import DEFAULT_MAX_PARTIES
 __all__ = [
     "DEFAULT_METHODS",
     "DRAWS",
+    "BalancingSpec",
     "ClimbSpec",
     "Draw",
     "DubheSpec",
@@ -61,8 +62,8 @@ __all__ = [
     "RandomSpec",
     "SelectionSpec",
     "TrainingSpec",
+    "balancing_spec",
     "check_methods",
-    "flicker_spec",
     "method_names",
     "method_settings",
     "selection_spec",
@@ -76,6 +77,14 @@ class _Spec(BaseModel):
 
     def signed_settings(self) -> tuple[MethodSetting, ...]:
         """Settings devices take from the coordinator (default: none)."""
+        return ()
+
+    def registers_rank_key(self) -> bool:
+        """A selection method whose devices register a rank key (default: no)."""
+        return False
+
+    def extra_models(self) -> tuple[str, ...]:
+        """Wire names of the models a training method adds to the classifier."""
         return ()
 
 
@@ -108,6 +117,10 @@ class DubheSpec(_Spec):
     (docs/bounded_influence.md, "Selection")."""
     participation_window: int = Field(default=10, ge=1, le=10_000)
     """The cap's sliding window, in rounds."""
+
+    def registers_rank_key(self) -> bool:
+        """The stratified draw: each registration carries a one-time rank key."""
+        return self.draw == "stratified"
 
 
 class RandomSpec(_Spec):
@@ -157,6 +170,10 @@ class FeddiskSpec(_Spec):
     max_parties: int = Field(default=DEFAULT_MAX_PARTIES, ge=1)
     """Most loss reports in one sum (the devices' codec bound too)."""
 
+    def extra_models(self) -> tuple[str, ...]:
+        """The global MADE, trained beside the classifier."""
+        return (self.made_model,)
+
 
 class FlickerSpec(_Spec):
     """FLICKER: CKKS global class counts; the most skewed device resamples.
@@ -200,6 +217,9 @@ SelectionSpec = DubheSpec | RandomSpec
 TrainingSpec = FedAvgSpec | ClimbSpec | FeddiskSpec | FedProxSpec
 """The training methods' specs."""
 
+BalancingSpec = FlickerSpec
+"""The balancing methods' specs."""
+
 DEFAULT_METHODS: tuple[MethodSpec, ...] = (DubheSpec(),)
 """Selection only, as before ``[[methods]]`` existed."""
 
@@ -219,9 +239,9 @@ def method_settings(methods: Sequence[MethodSpec]) -> tuple[MethodSetting, ...]:
     return tuple(s for m in methods for s in m.signed_settings())
 
 
-def flicker_spec(methods: Sequence[MethodSpec]) -> FlickerSpec | None:
-    """FLICKER's table, if the federation runs it."""
-    return next((m for m in methods if isinstance(m, FlickerSpec)), None)
+def balancing_spec(methods: Sequence[MethodSpec]) -> BalancingSpec | None:
+    """The balancing method's table (FLICKER's), if the federation runs one."""
+    return next((m for m in methods if isinstance(m, BalancingSpec)), None)
 
 
 def training_spec(methods: Sequence[MethodSpec]) -> TrainingSpec | None:

@@ -3,10 +3,11 @@
 After ``kill -9`` the store holds the `RoundState`, the key epoch (agent,
 recipients, relayed public key, the sealing's completed pages, running
 registry sum, published registry sum) and the round (announce, selection;
-the selection method's progress). `Recovery.restore` has each component
-reload its part and gives the current stage a fresh deadline (the devices
-may have waited); `Recovery.resume` re-publishes what that stage waits on
-and lets the selection method resume its own steps (`SelectionMethod.resume`).
+the selection method's progress; the balancing method's run).
+`Recovery.restore` has each component reload its part and gives the current
+stage a fresh deadline (the devices may have waited); `Recovery.resume`
+re-publishes what that stage waits on and lets the selection method resume
+its own steps (`SelectionMethod.resume`).
 Every device answer carries a deterministic message id and every handler
 records per device, so an answer given twice is recognised, never counted
 twice.
@@ -89,6 +90,8 @@ class Recovery:
         raw = store.get_meta(STATE_KEY)
         state = None if raw is None else RoundState.from_json(json.loads(raw))
         self._key_epoch.restore(state)
+        if self._flicker is not None:
+            self._flicker.restore()
         if state is None:
             return
         self._rounds.restore(state.round)

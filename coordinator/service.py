@@ -230,8 +230,6 @@ class CoordinatorService:
         with self._lock:
             parts.recovery.restore(store, now)
         parts.plugin.attach(parts.context)
-        if parts.balancing is not None:
-            parts.balancing.attach(parts.context)
         parts.link.connect(self.handle, self._on_retained, stop or self._stopped)
         if fresh:
             parts.retained.clear_notices()

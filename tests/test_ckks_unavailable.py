@@ -14,6 +14,7 @@ from typing import cast
 import numpy as np
 import pytest
 
+from ursa.coordinator.method_context import MethodContext
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods_config import FlickerSpec
 from ursa.crypto.ckks import CKKS_UNAVAILABLE, require_tenseal
@@ -46,7 +47,10 @@ def test_flicker_device_fails_when_constructed() -> None:
 def test_flicker_coordinator_fails_when_constructed(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailableError, match="CKKS unavailable"):
         FlickerMethod(
-            FlickerSpec(), federation="fed", num_classes=3, state_dir=tmp_path
+            FlickerSpec(),
+            cast(MethodContext, object()),  # never read: TenSEAL is checked first
+            num_classes=3,
+            state_dir=tmp_path,
         )
 
 

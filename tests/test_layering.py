@@ -218,3 +218,51 @@ def test_dubhe_is_reached_from_anywhere_outside_methods_only_through_the_registr
                 if (side, method) == ("coordinator", "dubhe"):
                     violations.append(f"{rel}:{line} imports coordinator/methods/dubhe")
     assert not violations, "\n".join(violations)
+
+
+ROLE_UNIONS = {"SelectionSpec", "TrainingSpec", "BalancingSpec"}
+"""Narrowing a table to its role (the settings module's lookups) names no method."""
+
+
+def _spec_checks(source: str) -> list[tuple[str, int]]:
+    """``(spec class, line)`` of every ``isinstance(x, <X>Spec)`` in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "isinstance"
+            and len(node.args) == 2
+        ):
+            continue
+        kinds = node.args[1]
+        for kind in kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]:
+            name = kind.attr if isinstance(kind, ast.Attribute) else None
+            name = kind.id if isinstance(kind, ast.Name) else name
+            if name and name.endswith("Spec") and name not in ROLE_UNIONS:
+                found.append((name, node.lineno))
+    return found
+
+
+def test_only_the_method_tables_ask_which_method_a_spec_is() -> None:
+    """Composition looks a kind up in the table (`coordinator/methods/registry.py`);
+    no module of ``coordinator/`` outside ``methods/``, nor of ``tools/``,
+    branches on a method's settings class."""
+    violations = []
+    for package in ("coordinator", "tools"):
+        for path in _modules(package):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith("coordinator/methods/"):
+                continue
+            for name, line in _spec_checks(path.read_text()):
+                violations.append(f"{rel}:{line} isinstance(..., {name})")
+    assert not violations, "\n".join(violations)
+
+
+def test_the_spec_check_finds_a_method_named_by_its_settings_class() -> None:
+    source = (
+        "if isinstance(method, FeddiskSpec): pass\n"
+        "ok = isinstance(spec, (TrainingSpec, specs.ClimbDeviceSpec))\n"
+        "fine = isinstance(spec, SelectionSpec) or isinstance(spec, int)\n"
+    )
+    assert _spec_checks(source) == [("FeddiskSpec", 1), ("ClimbDeviceSpec", 2)]

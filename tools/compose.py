@@ -5,20 +5,21 @@ the integration tests all build through here, so a ``[[methods]]`` list means
 the same thing everywhere:
 
 * coordinator: the training method (``fedavg``, ``fedprox``, ``climb`` or
-  ``feddisk``) becomes its `RoundPlugin`: a `TrainingPlugin` (FedProx:
-  FedAvg's, its ``mu`` signed into each key epoch; CLIMB: with its
-  `ClimbDualStep` before each round trains; FedDisk: a `FeddiskPlugin` over a
-  MADE and a classifier `TrainingPlugin`); no training method, no plugin
-  (rounds end at the selection);
-* device: a ``[training]`` section becomes a `TorchTrainer`, wrapped in a
-  `FeddiskTrainer` under ``kind = "feddisk"``; the device's methods (CLIMB's
-  dual steps with its table's settings, ...) come from its ``[[methods]]``
-  list through `ursa.edge_sdk.methods.registry`; torch is imported only
-  then, so a selection-only device and the coordinator run without it.
-  Under ``kind = "flicker"`` the device's `Flicker` resamples its labels
-  and, when it trains, its samples (images, with the shared
-  ``features_file`` extractor);
-* FLICKER's coordinator half is built by the service from its config.
+  ``feddisk``) becomes its `RoundPlugin`, built by its entry in the
+  coordinator's method table (`ursa.coordinator.methods.registry`) from
+  the hooks, initial weights and runtime steps given here; no training
+  method, no plugin (rounds end at the selection). The selection and
+  balancing methods (FLICKER's coordinator half) are built by the runtime
+  through the same table, with its context;
+* device: a ``[training]`` section becomes a `TorchTrainer`, which the
+  device's method table wraps as its training method needs (FedDisk's
+  `FeddiskTrainer`); the device's methods (CLIMB's dual steps with its
+  table's settings, ...) come from its ``[[methods]]`` list through
+  `ursa.edge_sdk.methods.registry`; torch is imported only then, so a
+  selection-only device and the coordinator run without it. Under
+  ``kind = "flicker"`` the device's `Flicker` resamples its labels and, when
+  it trains, its samples (images, with the shared ``features_file``
+  extractor).
 
 Setup problems (missing weights, data or torch, a bad setting) raise
 `ServiceSetupError` with one line the commands print.
@@ -29,13 +30,14 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from ursa.coordinator.training_hooks import RoundHooks, TrainingHooks
 from ursa.tools.error_text import brief
 
 if TYPE_CHECKING:
@@ -84,24 +86,6 @@ class ServiceSetupError(ValueError):
     """A coordinator or device that cannot be built from its config (one line)."""
 
 
-@dataclass(frozen=True)
-class RoundHooks:
-    """Callbacks on one model's rounds (the demo's evaluation and progress)."""
-
-    evaluate: Evaluator | None = None
-    on_round: Callable[[TrainingRoundReport], None] | None = None
-
-
-@dataclass(frozen=True)
-class TrainingHooks:
-    """Callbacks for the training plugin: the classifier's, FedDisk's MADE's."""
-
-    classifier: RoundHooks = RoundHooks()
-    made: RoundHooks = RoundHooks()
-    on_switch: Callable[[int, int], None] | None = None
-    """FedDisk: (round, best MADE version) after the switch."""
-
-
 def training_plugin(
     config: CoordinatorConfig,
     hooks: TrainingHooks | None = None,
@@ -109,70 +93,33 @@ def training_plugin(
 ) -> RoundPlugin | None:
     """The plugin of the config's training method (None without one).
 
+    The method table builds it (`ursa.coordinator.methods.registry`); this
+    gives it the hooks, the initial weights (checked against the
+    architecture), the holdout evaluator and the runtime's steps.
     ``telemetry`` (the service's) also gets every round's record.
 
     Raises:
         ServiceSetupError: no checkpoint yet and no usable initial weights.
     """
-    method = config.training_method()
-    if method is None:
-        return None
-    from ursa.coordinator.before_training import StepBuilder
-    from ursa.coordinator.fleet_eval import FleetEvaluation
-    from ursa.coordinator.methods.climb.dual_step import ClimbDualStep
-    from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
-    from ursa.coordinator.methods_config import ClimbSpec, FeddiskSpec
-    from ursa.coordinator.model_store import ModelStoreError
-    from ursa.coordinator.training import TrainingPlugin
-
-    hooks = _observed(hooks or TrainingHooks(), telemetry)
-    section = config.training_section()
-    steps: list[StepBuilder] = (
-        [ClimbDualStep.later(method)] if isinstance(method, ClimbSpec) else []
+    from ursa.coordinator.methods.registry import (
+        TrainingInputs,
+        before_training_steps,
+        training_method,
     )
-    evaluate = hooks.classifier.evaluate or holdout_evaluator(config)
-    if config.evaluation.every:
-        steps.append(
-            FleetEvaluation.later(
-                config.evaluation,
-                num_classes=config.registry.num_classes,
-                max_parties=config.registry.max_parties,
-            )
-        )
+    from ursa.coordinator.model_store import ModelStoreError
+
+    if config.training_method() is None:
+        return None
+    hooks = _observed(hooks or TrainingHooks(), telemetry)
+    classifier = hooks.classifier
+    evaluate = classifier.evaluate or holdout_evaluator(config)
+    inputs = TrainingInputs(
+        hooks=replace(hooks, classifier=replace(classifier, evaluate=evaluate)),
+        initial_weights=lambda model: coordinator_initial_weights(config, model),
+        steps=before_training_steps(config),
+    )
     try:
-        training = section.training_config(method).model_copy(
-            update={"aggregation": config.aggregation}
-        )
-        initial = coordinator_initial_weights(config, training.model)
-        classifier = TrainingPlugin(
-            federation=config.federation,
-            state_dir=config.state_dir,
-            config=training,
-            initial_weights=initial,
-            evaluate=evaluate,
-            on_round=hooks.classifier.on_round,
-            before_training=steps,
-            method=method.kind,
-        )
-        if not isinstance(method, FeddiskSpec):
-            return classifier
-        made = TrainingPlugin(
-            federation=config.federation,
-            state_dir=config.state_dir,
-            config=section.made_training_config(method).model_copy(
-                update={"aggregation": config.aggregation}
-            ),
-            initial_weights=method.made_initial_weights,
-            evaluate=hooks.made.evaluate,
-            on_round=hooks.made.on_round,
-        )
-        return FeddiskPlugin(
-            federation=config.federation,
-            made=made,
-            classifier=classifier,
-            config=method,
-            on_switch=hooks.on_switch,
-        )
+        return training_method(config, inputs)
     except (ModelStoreError, OSError, ValueError) as exc:
         raise ServiceSetupError(f"[training]: {brief(exc)}") from None
 
@@ -301,7 +248,7 @@ def build_coordinator(
     """The coordinator service of ``config`` (training if its methods say so)."""
     from ursa.coordinator.service import CoordinatorService
     from ursa.coordinator.telemetry import Telemetry
-    from ursa.crypto.errors import BackendUnavailableError
+    from ursa.crypto.errors import BackendUnavailableError, CryptoError
 
     config = registry_of_the_model(config)
     telemetry = Telemetry()
@@ -326,6 +273,8 @@ def build_coordinator(
         )
     except BackendUnavailableError as exc:
         raise ServiceSetupError(f"[[methods]] flicker: {exc}") from None
+    except CryptoError as exc:  # a key file others may read, or corrupt
+        raise ServiceSetupError(str(exc)) from None
 
 
 def model_classes(config: CoordinatorConfig) -> int | None:
@@ -498,7 +447,7 @@ def torch_trainer(
     Raises:
         ServiceSetupError: torch is missing or a setting is invalid.
     """
-    from ursa.edge_sdk.methods_config import FeddiskDeviceSpec, training_spec
+    from ursa.edge_sdk.methods.registry import method_trainer
 
     try:
         from ursa.edge_sdk.module_trainer import ModuleTrainer
@@ -508,7 +457,6 @@ def torch_trainer(
         from ursa.models.spec import is_import_path
     except ImportError:
         raise ServiceSetupError(f"[training] {TRAIN_EXTRA_HINT}") from None
-    method = training_spec(methods)
     seed = device_seed(device_id) if training.seed is None else training.seed
     eval_x, eval_y = evaluation if evaluation is not None else (None, None)
     trainer: TorchTrainer | ModuleTrainer
@@ -543,11 +491,7 @@ def torch_trainer(
             )
     except (ModelConfigError, ValueError) as exc:
         raise ServiceSetupError(f"[training]: {brief(exc)}") from None
-    if not isinstance(method, FeddiskDeviceSpec):
-        return trainer
-    from ursa.edge_sdk.methods.feddisk.trainer import FeddiskTrainer
-
-    return FeddiskTrainer(trainer, settings=method.settings(), seed=seed)
+    return method_trainer(methods, trainer, seed)
 
 
 def device_flicker(

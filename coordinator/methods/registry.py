@@ -1,11 +1,30 @@
-"""Which class runs each selection and balancing method named in ``[[methods]]``.
+"""The coordinator's methods: one table, by ``[[methods]]`` kind.
 
-The runtime looks a federation's selection method up here and builds it
-with its context (`SelectionContext`), which the method holds from then on,
-and its balancing method (FLICKER, run once before the first key epoch);
-adding one is a package under ``coordinator/methods/`` and a line below
-(plus its settings class in `ursa.coordinator.methods_config`). A method
-whose stored form changed lists its one-time migration in
+`COORDINATOR_METHODS` maps every kind a coordinator's ``[[methods]]`` may
+name, and the runtime's one method-shaped section (``[evaluation]``), to its
+entry: its settings class (the table's model in
+`ursa.coordinator.methods_config`, which carries the role), its role and
+the builder of what the runtime runs for it. It mirrors the device's table
+(`ursa.edge_sdk.methods.registry`) and is the only place outside
+``methods/`` that names a method: the runtime and `ursa.tools.compose` look
+kinds up here and never ask which spec they hold. Adding a method is a
+package under ``coordinator/methods/`` (its settings class beside the others)
+and one entry below.
+
+What an entry builds depends on its role, so each role has its entry class
+(its builder's inputs are what the runtime has when it builds that part):
+
+* selection (`SelectionEntry`): a `SelectionMethod`, built with its
+  `SelectionContext` when the runtime's context exists;
+* balancing (`BalancingEntry`): a `Balancing` method (FLICKER), built with
+  the `MethodContext` likewise;
+* training (`TrainingEntry`): the `RoundPlugin` of the federation's rounds
+  (its before-training steps with it), from `TrainingInputs` (the hooks and
+  initial weights composition gives);
+* evaluation (`StepEntry`): federated evaluation's before-training step,
+  when its section asks for one; not a signed method.
+
+A method whose stored form changed lists its one-time migration in
 `STORE_MIGRATIONS`; the runtime runs them all when it opens the store,
 whatever the federation's method (an old state dir loses the tables an
 earlier version made for every method).
@@ -14,39 +33,132 @@ earlier version made for every method).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
 
+from pydantic import BaseModel
+
+from ursa._compat import StrEnum
 from ursa.coordinator.balancing import Balancing
-from ursa.coordinator.config import CoordinatorConfig
+from ursa.coordinator.before_training import StepBuilder
+from ursa.coordinator.config import CoordinatorConfig, EvaluationConfig
+from ursa.coordinator.fleet_eval import FleetEvaluation
+from ursa.coordinator.method_context import MethodContext
+from ursa.coordinator.methods.climb.dual_step import ClimbDualStep
 from ursa.coordinator.methods.dubhe import DubheSelection
 from ursa.coordinator.methods.dubhe import migration as dubhe_migration
 from ursa.coordinator.methods.dubhe import records as dubhe_records
 from ursa.coordinator.methods.dubhe.participation import ParticipationCap
+from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.random import RandomSelection
-from ursa.coordinator.methods_config import DubheSpec, FlickerSpec
+from ursa.coordinator.methods_config import (
+    ClimbSpec,
+    DubheSpec,
+    FedAvgSpec,
+    FeddiskSpec,
+    FedProxSpec,
+    FlickerSpec,
+    RandomSpec,
+    TrainingSpec,
+)
+from ursa.coordinator.plugin import RoundPlugin
 from ursa.coordinator.selection_method import SelectionContext, SelectionMethod
 from ursa.coordinator.store import CoordinatorStore
+from ursa.coordinator.training import TrainingPlugin
+from ursa.coordinator.training_hooks import TrainingHooks
 
 __all__ = [
-    "BALANCING_METHODS",
-    "SELECTION_METHODS",
+    "COORDINATOR_METHODS",
     "STORE_MIGRATIONS",
     "VOLUNTEER_ROWS",
+    "BalancingEntry",
+    "EntryRole",
+    "MethodEntry",
     "ParticipationCap",
+    "SelectionEntry",
+    "StepEntry",
+    "TrainingEntry",
+    "TrainingInputs",
     "balancing_method",
+    "before_training_steps",
     "migrate_store",
     "selection_method",
+    "training_method",
 ]
 
 
-def _dubhe(config: CoordinatorConfig, ctx: SelectionContext) -> SelectionMethod:
+class EntryRole(StrEnum):
+    """What an entry gives a federation: a method's role, or a runtime step.
+
+    The first three are `ursa.protocol.methods.MethodRole`'s (the settings
+    class says which); evaluation is a step every device runs, not in the
+    signed method list.
+    """
+
+    SELECTION = "selection"
+    TRAINING = "training"
+    BALANCING = "balancing"
+    EVALUATION = "evaluation"
+
+
+@dataclass(frozen=True)
+class TrainingInputs:
+    """What composition gives a training builder besides the method's table."""
+
+    hooks: TrainingHooks
+    initial_weights: Callable[[str], Path | None]
+    """A model's version 0 (by wire name), checked against the architecture."""
+    steps: tuple[StepBuilder, ...] = ()
+    """The runtime's own steps before training (federated evaluation)."""
+
+
+@dataclass(frozen=True)
+class SelectionEntry:
+    """A selection kind: its settings class and its method's builder."""
+
+    settings: type[BaseModel]
+    build: Callable[[Any, CoordinatorConfig, SelectionContext], SelectionMethod]
+    role: ClassVar[EntryRole] = EntryRole.SELECTION
+
+
+@dataclass(frozen=True)
+class BalancingEntry:
+    """A balancing kind: its settings class and its method's builder."""
+
+    settings: type[BaseModel]
+    build: Callable[[Any, CoordinatorConfig, MethodContext], Balancing]
+    role: ClassVar[EntryRole] = EntryRole.BALANCING
+
+
+@dataclass(frozen=True)
+class TrainingEntry:
+    """A training kind: its settings class and its round plugin's builder."""
+
+    settings: type[BaseModel]
+    build: Callable[[Any, CoordinatorConfig, TrainingInputs], RoundPlugin]
+    role: ClassVar[EntryRole] = EntryRole.TRAINING
+
+
+@dataclass(frozen=True)
+class StepEntry:
+    """A runtime step configured by a section: its settings and its builder."""
+
+    settings: type[BaseModel]
+    build: Callable[[CoordinatorConfig], StepBuilder | None]
+    """The step, or None when the section asks for none."""
+    role: ClassVar[EntryRole] = EntryRole.EVALUATION
+
+
+MethodEntry = SelectionEntry | BalancingEntry | TrainingEntry | StepEntry
+EntryT = TypeVar("EntryT", SelectionEntry, BalancingEntry, TrainingEntry, StepEntry)
+
+
+def _dubhe(
+    spec: DubheSpec, config: CoordinatorConfig, ctx: SelectionContext
+) -> SelectionMethod:
     d = config.deadlines
-    spec = config.selection_method()
-    cap = (
-        ParticipationCap(spec.max_participation, spec.participation_window)
-        if isinstance(spec, DubheSpec)
-        else None
-    )
     return DubheSelection(
         ctx,
         tries=config.tries,
@@ -54,28 +166,175 @@ def _dubhe(config: CoordinatorConfig, ctx: SelectionContext) -> SelectionMethod:
         volunteer_s=d.volunteer_s,
         distributions_s=d.distributions_s,
         agent_s=d.agent_s,
-        draw="stratified" if config.stratified_draw() else "paper",
-        cap=cap,
+        draw=spec.draw,
+        cap=ParticipationCap(spec.max_participation, spec.participation_window),
     )
 
 
-def _random(config: CoordinatorConfig, ctx: SelectionContext) -> SelectionMethod:
+def _random(
+    spec: RandomSpec, config: CoordinatorConfig, ctx: SelectionContext
+) -> SelectionMethod:
     return RandomSelection(window_s=config.deadlines.volunteer_s)
 
 
-Builder = Callable[[CoordinatorConfig, SelectionContext], SelectionMethod]
+def _flicker(
+    spec: FlickerSpec, config: CoordinatorConfig, ctx: MethodContext
+) -> Balancing:
+    return FlickerMethod(
+        spec,
+        ctx,
+        num_classes=config.registry.num_classes,
+        state_dir=config.state_dir,
+        seed=config.seed,
+    )
 
-SELECTION_METHODS: Mapping[str, Builder] = {
-    DubheSelection.name: _dubhe,
-    RandomSelection.name: _random,
+
+def _classifier(
+    spec: TrainingSpec,
+    config: CoordinatorConfig,
+    inputs: TrainingInputs,
+    *,
+    weighting: str = "fedavg",
+    steps: tuple[StepBuilder, ...] = (),
+) -> TrainingPlugin:
+    """The classifier's plugin under ``spec``: FedAvg unless ``weighting`` says."""
+    training = (
+        config.training_section()
+        .training_config(weighting)
+        .model_copy(update={"aggregation": config.aggregation})
+    )
+    hooks = inputs.hooks.classifier
+    return TrainingPlugin(
+        federation=config.federation,
+        state_dir=config.state_dir,
+        config=training,
+        initial_weights=inputs.initial_weights(training.model),
+        evaluate=hooks.evaluate,
+        on_round=hooks.on_round,
+        before_training=[*steps, *inputs.steps],
+        method=spec.kind,
+    )
+
+
+def _fedavg(
+    spec: FedAvgSpec, config: CoordinatorConfig, inputs: TrainingInputs
+) -> RoundPlugin:
+    weighting = "equal" if spec.weights == "equal" else "fedavg"
+    return _classifier(spec, config, inputs, weighting=weighting)
+
+
+def _fedprox(
+    spec: FedProxSpec, config: CoordinatorConfig, inputs: TrainingInputs
+) -> RoundPlugin:
+    """FedAvg's rounds: ``mu`` reaches the devices signed in each key epoch."""
+    return _classifier(spec, config, inputs)
+
+
+def _climb(
+    spec: ClimbSpec, config: CoordinatorConfig, inputs: TrainingInputs
+) -> RoundPlugin:
+    """FedAvg's rounds with CLIMB's dual step before each (it sets the weights)."""
+    return _classifier(spec, config, inputs, steps=(ClimbDualStep.later(spec),))
+
+
+def _feddisk(
+    spec: FeddiskSpec, config: CoordinatorConfig, inputs: TrainingInputs
+) -> RoundPlugin:
+    """A federated MADE first, then the classifier's density-ratio rounds."""
+    made_hooks = inputs.hooks.made
+    made = TrainingPlugin(
+        federation=config.federation,
+        state_dir=config.state_dir,
+        config=config.training_section()
+        .made_training_config(spec)
+        .model_copy(update={"aggregation": config.aggregation}),
+        initial_weights=spec.made_initial_weights,
+        evaluate=made_hooks.evaluate,
+        on_round=made_hooks.on_round,
+    )
+    return FeddiskPlugin(
+        federation=config.federation,
+        made=made,
+        classifier=_classifier(spec, config, inputs),
+        config=spec,
+        on_switch=inputs.hooks.on_switch,
+    )
+
+
+def _fleet_evaluation(config: CoordinatorConfig) -> StepBuilder | None:
+    if not config.evaluation.every:
+        return None
+    return FleetEvaluation.later(
+        config.evaluation,
+        num_classes=config.registry.num_classes,
+        max_parties=config.registry.max_parties,
+    )
+
+
+COORDINATOR_METHODS: Mapping[str, MethodEntry] = {
+    "dubhe": SelectionEntry(DubheSpec, _dubhe),
+    "random": SelectionEntry(RandomSpec, _random),
+    "fedavg": TrainingEntry(FedAvgSpec, _fedavg),
+    "fedprox": TrainingEntry(FedProxSpec, _fedprox),
+    "climb": TrainingEntry(ClimbSpec, _climb),
+    "feddisk": TrainingEntry(FeddiskSpec, _feddisk),
+    "flicker": BalancingEntry(FlickerSpec, _flicker),
+    "evaluation": StepEntry(EvaluationConfig, _fleet_evaluation),
 }
+"""Every kind a coordinator's ``[[methods]]`` may name, and ``[evaluation]``."""
+
+
+def _entry(kind: str, shape: type[EntryT]) -> EntryT:
+    entry = COORDINATOR_METHODS[kind]
+    if not isinstance(entry, shape):
+        raise TypeError(f"{kind!r} is a {entry.role} entry, not a {shape.role} one")
+    return entry
 
 
 def selection_method(
     config: CoordinatorConfig, ctx: SelectionContext
 ) -> SelectionMethod:
-    """The federation's selection method, built from its config and context."""
-    return SELECTION_METHODS[config.selection_method().kind](config, ctx)
+    """The federation's selection method, built from its table and context."""
+    spec = config.selection_method()
+    return _entry(spec.kind, SelectionEntry).build(spec, config, ctx)
+
+
+def balancing_method(config: CoordinatorConfig, ctx: MethodContext) -> Balancing | None:
+    """The federation's balancing method with its context, if ``[[methods]]`` names one.
+
+    Raises:
+        BackendUnavailableError: FLICKER without TenSEAL.
+        CryptoError: its key file is unreadable or others may read it.
+    """
+    spec = config.balancing_method()
+    if spec is None:
+        return None
+    return _entry(spec.kind, BalancingEntry).build(spec, config, ctx)
+
+
+def before_training_steps(config: CoordinatorConfig) -> tuple[StepBuilder, ...]:
+    """The runtime's own steps before training its sections ask for (evaluation)."""
+    built = (
+        entry.build(config)
+        for entry in COORDINATOR_METHODS.values()
+        if isinstance(entry, StepEntry)
+    )
+    return tuple(step for step in built if step is not None)
+
+
+def training_method(
+    config: CoordinatorConfig, inputs: TrainingInputs
+) -> RoundPlugin | None:
+    """The round plugin of the federation's training method (None without one).
+
+    Raises:
+        ModelStoreError, OSError, ValueError: a checkpoint, weights or
+            setting the plugin cannot start from.
+    """
+    spec = config.training_method()
+    if spec is None:
+        return None
+    return _entry(spec.kind, TrainingEntry).build(spec, config, inputs)
 
 
 STORE_MIGRATIONS: tuple[Callable[[CoordinatorStore], bool], ...] = (
@@ -93,26 +352,3 @@ def migrate_store(store: CoordinatorStore) -> None:
 VOLUNTEER_ROWS = (dubhe_records.NAMESPACE, dubhe_records.VOLUNTEERS)
 """(method, row key prefix) of a round's volunteers, for ``ursa coordinator
 status`` (it reads the file, not a store): ``<prefix><round>``."""
-
-
-def _flicker(config: CoordinatorConfig, spec: FlickerSpec) -> Balancing:
-    return FlickerMethod(
-        spec,
-        federation=config.federation,
-        num_classes=config.registry.num_classes,
-        state_dir=config.state_dir,
-        seed=config.seed,
-    )
-
-
-BALANCING_METHODS: Mapping[
-    str, Callable[[CoordinatorConfig, FlickerSpec], Balancing]
-] = {
-    FlickerMethod.name: _flicker,
-}
-
-
-def balancing_method(config: CoordinatorConfig) -> Balancing | None:
-    """The federation's balancing method, if ``[[methods]]`` names one."""
-    spec = config.flicker_method()
-    return None if spec is None else BALANCING_METHODS[spec.kind](config, spec)

@@ -9,6 +9,11 @@ method's class: a trainer never says which method it runs, the device's
 built for a ``kind = "feddisk"`` table over a `PhasedTrainer`). Adding a
 method adds one entry here.
 
+A training method that trains through a trainer of its own (FedDisk's two
+phases around the classifier's) says so in its entry (``trainer``);
+`method_trainer` wraps the device's trainer by it, so composition never asks
+which method it builds for.
+
 `compose_methods` builds an `EdgeClient`'s method list from the table over
 the device's `DeviceContext` (every builder and every app factory is handed
 it): the methods the app's factories build, and one built half for every
@@ -41,11 +46,18 @@ from ursa.edge_sdk.methods_config import (
     FedProxDeviceSpec,
     FlickerDeviceSpec,
     RandomDeviceSpec,
+    training_spec,
 )
 from ursa.edge_sdk.trainer import ModelTrainer, Trainer
 from ursa.protocol.methods import MethodRole
 
-__all__ = ["DEVICE_METHODS", "DeviceEntry", "MethodInputs", "compose_methods"]
+__all__ = [
+    "DEVICE_METHODS",
+    "DeviceEntry",
+    "MethodInputs",
+    "compose_methods",
+    "method_trainer",
+]
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,9 @@ class MethodInputs:
 Builder = Callable[[Any, DeviceContext, MethodInputs], DeviceMethod]
 """``build(spec, ctx, inputs)``: the device half of one ``[[methods]]`` table."""
 
+TrainerBuilder = Callable[[Any, ModelTrainer, int], Trainer]
+"""``trainer(spec, classifier, seed)``: the trainer a training method runs."""
+
 
 @dataclass(frozen=True)
 class DeviceEntry:
@@ -66,6 +81,8 @@ class DeviceEntry:
 
     settings: type[BaseModel]
     build: Builder | None
+    trainer: TrainerBuilder | None = None
+    """A training method's own trainer around the classifier's (None: that one)."""
 
     @property
     def role(self) -> MethodRole:
@@ -109,6 +126,21 @@ def _feddisk(
     return FedDisk(ctx, trainer)
 
 
+def _feddisk_trainer(
+    spec: FeddiskDeviceSpec, classifier: ModelTrainer, seed: int
+) -> Trainer:
+    from ursa.edge_sdk.methods.feddisk.trainer import FeddiskTrainer
+    from ursa.edge_sdk.module_trainer import ModuleTrainer
+    from ursa.edge_sdk.torch_trainer import TorchTrainer
+
+    if not isinstance(classifier, (TorchTrainer, ModuleTrainer)):
+        raise ValueError(
+            f"FedDisk trains a TorchTrainer's or a ModuleTrainer's model, not "
+            f"{type(classifier).__name__}'s"
+        )
+    return FeddiskTrainer(classifier, settings=spec.settings(), seed=seed)
+
+
 def _flicker(
     spec: FlickerDeviceSpec, ctx: DeviceContext, inputs: MethodInputs
 ) -> DeviceMethod:
@@ -121,10 +153,25 @@ DEVICE_METHODS: Mapping[str, DeviceEntry] = {
     "fedavg": DeviceEntry(FedAvgDeviceSpec, None),
     "fedprox": DeviceEntry(FedProxDeviceSpec, _fedprox),
     "climb": DeviceEntry(ClimbDeviceSpec, _climb),
-    "feddisk": DeviceEntry(FeddiskDeviceSpec, _feddisk),
+    "feddisk": DeviceEntry(FeddiskDeviceSpec, _feddisk, _feddisk_trainer),
     "flicker": DeviceEntry(FlickerDeviceSpec, _flicker),
 }
 """Every kind a device's ``[[methods]]`` may name."""
+
+
+def method_trainer(
+    specs: Sequence[DeviceMethodSpec], classifier: ModelTrainer, seed: int
+) -> Trainer:
+    """The trainer the device's training method runs over ``classifier``.
+
+    ``seed`` is the device's training seed (a method's own draws follow it).
+    """
+    spec = training_spec(specs)
+    if spec is None:
+        return classifier
+    build = DEVICE_METHODS[spec.kind].trainer
+    return classifier if build is None else build(spec, classifier, seed)
+
 
 _ORDER = (MethodRole.SELECTION, MethodRole.TRAINING, MethodRole.BALANCING)
 """The order hooks run in (a `TrainPlan` is adjusted in this order)."""

@@ -28,6 +28,7 @@ from types import TracebackType
 
 import numpy as np
 
+from ursa.coordinator.method_context import MethodContext
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.flicker.outcome import FlickerOutcome, FlickerPhase
 from ursa.coordinator.methods_config import FlickerSpec
@@ -124,20 +125,29 @@ def build_fleet(
     public = {d: i.public() for d, i in identities.items()}
     num_classes = len(next(iter(counts.values())))
     rng = np.random.default_rng(seed)
-    method = FlickerMethod(
-        spec or FlickerSpec(),
-        federation=FEDERATION,
-        num_classes=num_classes,
-        rng=rng,
-        key_owner=key_owner or CkksKeyOwner(),
-    )
+    owner = key_owner or CkksKeyOwner()
+
+    def build(ctx: MethodContext) -> FlickerMethod:
+        return FlickerMethod(
+            spec or FlickerSpec(),
+            ctx,
+            num_classes=num_classes,
+            rng=rng,
+            key_owner=owner,
+        )
+
     bus, clock = InMemoryBus(synchronous=True), FakeClock()
     state_dir = Path(tempfile.mkdtemp(prefix="ursa-flicker-"))
     coordinator_transport = InMemoryTransport(bus, COORDINATOR)
     coordinator = FlickerHost(
-        method, public, coordinator_transport, state_dir=state_dir, clock=clock
+        FEDERATION,
+        build,
+        public,
+        coordinator_transport,
+        state_dir=state_dir,
+        clock=clock,
     )
-    config = method.config
+    config = coordinator.config
     coordinator_transport.connect()
     coordinator.attach()
     participants, transports = {}, {}

@@ -2,7 +2,7 @@
 
 A simulation runs the production `FlickerMethod` (and so its
 `FlickerSession`), as Flower's simulation runs the production apps: the host
-lends it a `MethodContext` made of the runtime's own parts (a
+builds it with a `MethodContext` made of the runtime's own parts (a
 `CoordinatorStore` in the given directory, the `SigningPoint` with a
 coordinator identity of its own, an `Outbox`, the `Router` FLICKER registers
 its kinds on) and answers refusals through the runtime's `Rejections` (a
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +63,10 @@ class FlickerHost:
     """Hosts one `FlickerMethod` on a transport (module docstring).
 
     Args:
-        method: The coordinator's FLICKER method (built with a key owner or a
-            state dir, as the method table builds it).
+        federation: The federation id.
+        build: Builds the coordinator's FLICKER method with the host's
+            context (with a key owner or a state dir, as the method table
+            builds it).
         devices: The enrolled devices' public identities.
         transport: Where messages go; `attach` makes it deliver to `handle`.
         state_dir: Where the store lives (the caller removes it).
@@ -74,7 +76,8 @@ class FlickerHost:
 
     def __init__(
         self,
-        method: FlickerMethod,
+        federation: str,
+        build: Callable[[MethodContext], FlickerMethod],
         devices: Mapping[str, DevicePublicIdentity],
         transport: Transport,
         *,
@@ -82,8 +85,6 @@ class FlickerHost:
         clock: Clock,
         identity: DeviceIdentity | None = None,
     ) -> None:
-        federation = method.config.federation
-        self.method = method
         self.devices = devices
         self.rejections: list[Refusal] = []
         self.identity = identity or DeviceIdentity.generate(COORDINATOR)
@@ -103,9 +104,7 @@ class FlickerHost:
             clock=clock,
             round_index=lambda: 0,
         )
-        self._router = Router(COORDINATOR)
-        method.register(self._router)
-        method.attach(
+        self.method = method = build(
             MethodContext(
                 federation=federation,
                 stores=lambda: store,
@@ -120,6 +119,9 @@ class FlickerHost:
                 raw_sender=outgoing.send_raw,
             )
         )
+        method.restore()  # a run its state dir holds, if any
+        self._router = Router(COORDINATOR)
+        method.register(self._router)
 
     # --- what the simulation reads ------------------------------------------
 
@@ -145,10 +147,7 @@ class FlickerHost:
 
     def outcome(self) -> FlickerOutcome:
         """The run so far."""
-        outcome = self.method.outcome()
-        if outcome is None:  # unreachable: attached in the constructor
-            raise RuntimeError("the method is not attached")
-        return outcome
+        return self.method.outcome()
 
     # --- driving it ---------------------------------------------------------
 

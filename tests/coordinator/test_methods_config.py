@@ -106,7 +106,7 @@ def test_climb_spec_fields_reach_its_dual_step(tmp_path: Path) -> None:
     assert isinstance(step, ClimbDualStep) and built.kind is ClimbDualStep
     assert (step.spec.dual_period, step.spec.max_parties) == (3, 50)
     assert step.weighting == "climb"  # the step's, not the training config's
-    training = config.training_section().training_config(method)
+    training = config.training_section().training_config()
     assert training.weighting == "fedavg"
 
 
@@ -123,6 +123,6 @@ def test_flicker_is_an_optional_balancing_method_signed_with_the_rest(
     config = load_coordinator_config(path, {})
 
     assert config.method_names() == ("dubhe", "climb", "flicker")
-    assert config.flicker_method() == FlickerSpec(nabla=0.2, hop_deadline_s=5.0)
+    assert config.balancing_method() == FlickerSpec(nabla=0.2, hop_deadline_s=5.0)
     assert isinstance(config.training_method(), ClimbSpec)
-    assert _config(tmp_path, [{"kind": "dubhe"}]).flicker_method() is None
+    assert _config(tmp_path, [{"kind": "dubhe"}]).balancing_method() is None

@@ -21,6 +21,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from ursa.coordinator.method_context import MethodContext
 from ursa.coordinator.methods.flicker.method import FlickerMethod
 from ursa.coordinator.methods.flicker.outcome import FlickerPhase
 from ursa.coordinator.methods_config import FlickerSpec
@@ -70,16 +71,19 @@ def hosts(tmp_path: Path) -> Iterator[Callable[..., FlickerHost]]:
         transport: Any,
         rng: np.random.Generator | None = None,
     ) -> FlickerHost:
-        method = FlickerMethod(
-            spec,
-            federation=FEDERATION,
-            num_classes=4,
-            rng=rng,
-            key_owner=CkksKeyOwner(),
-        )
+        owner = CkksKeyOwner()
+
+        def build(ctx: MethodContext) -> FlickerMethod:
+            return FlickerMethod(spec, ctx, num_classes=4, rng=rng, key_owner=owner)
+
         state_dir = tmp_path / f"coordinator-{len(made)}"
         host = FlickerHost(
-            method, devices, transport, state_dir=state_dir, clock=time.monotonic
+            FEDERATION,
+            build,
+            devices,
+            transport,
+            state_dir=state_dir,
+            clock=time.monotonic,
         )
         made.append(host)
         return host

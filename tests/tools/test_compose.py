@@ -251,6 +251,10 @@ def test_flicker_on_both_sides_builds_each_half(tmp_path: Path) -> None:
     assert isinstance(service.balancing, FlickerMethod)
     assert service.balancing.spec.nabla == 0.2
     assert config.method_names() == ("dubhe", "flicker")
+    key = config.state_dir / "ckks.key"  # made with the method, before any start
+    key.chmod(0o644)
+    with pytest.raises(compose.ServiceSetupError, match="CKKS key"):
+        compose.build_coordinator(config, transport=transport)
 
     np.save(tmp_path / "l.npy", np.array([0, 1, 1, 2]))
     flicker = [DUBHE, {"kind": "flicker"}]

@@ -35,3 +35,7 @@ class FedProxSpec(BaseModel):
     def signed_settings(self) -> tuple[MethodSetting, ...]:
         """``mu``, for the key epoch's signed ``method_settings``."""
         return (MethodSetting(method=FEDPROX, name=MU_SETTING, value=self.mu),)
+
+    def extra_models(self) -> tuple[str, ...]:
+        """None: FedProx trains the classifier alone."""
+        return ()

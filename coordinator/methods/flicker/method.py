@@ -9,8 +9,8 @@ first key epoch, whose `KeyEpochStart` tells the devices the run is over.
 
 The runtime owns everything that is not the algorithm: admission, dedup
 (the store's seen ids), refusals and their `ErrorReply`, the outbox, the one
-MQTT session; it lends the method a `MethodContext`. `FlickerMethod` is
-built by the method table (`ursa.coordinator.methods.registry`), registers
+MQTT session; it builds the method with its `MethodContext` (through the
+method table, `ursa.coordinator.methods.registry`), and the method registers
 FLICKER's kinds on the service's `Router`, answers the chunk requests of the
 CKKS public context, hands each message to the run (`FlickerSession`) and
 keeps the run in the store in the transaction of the message that changed
@@ -18,7 +18,8 @@ it: the correction loop in ``method_state('flicker', 'run')``, ``Enc(GD)``
 under ``'encrypted_counts'`` (written only when it changes) and the ring's
 `Relay` record in the ``phases`` table. The CKKS key lives in
 ``<state_dir>/ckks.key`` (0600, `ursa.coordinator.methods.flicker.keyfile`),
-so after ``kill -9`` a restarted coordinator restores the run and re-sends
+so after ``kill -9`` a restarted coordinator restores the run (`restore`,
+once the store is open) and re-sends
 what it waits on; the devices answer with the same message ids and cached
 replies, so nothing is counted twice. The run's deadlines are live phases:
 a broker outage extends them (`extend_deadlines`).
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Sequence, Set
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -80,12 +81,21 @@ _KINDS: tuple[type[BaseMessage], ...] = (
 class FlickerMethod:
     """FLICKER's coordinator half, the federation's balancing method.
 
+    Built with its context, as the runtime's other methods are; the store
+    behind the context opens later (the service starts), so the saved run
+    is read back by `restore`.
+
     Raises:
         BackendUnavailableError: TenSEAL is not installed (the ``ckks`` extra).
+        CryptoError: the key file is unreadable or others may read it.
+        ValueError: neither ``state_dir`` nor ``key_owner``.
 
     Args:
         spec: The federation's ``kind = "flicker"`` table.
-        federation: The federation id (messages carry it).
+        context: The runtime's surface (send, relay, sign, the clock, the
+            store, the enrolled devices' keys and certificates, relayed in
+            `RingStart` so each member can check them); its federation id is
+            the run's.
         num_classes: Classes of the federation's registry.
         state_dir: Where the CKKS key file lives (``key_owner`` instead: a
             key of the caller's, e.g. a simulation's counting one).
@@ -101,8 +111,8 @@ class FlickerMethod:
     def __init__(
         self,
         spec: FlickerSpec,
+        context: MethodContext,
         *,
-        federation: str,
         num_classes: int,
         state_dir: Path | None = None,
         seed: int | None = None,
@@ -112,14 +122,17 @@ class FlickerMethod:
         require_tenseal()  # at configuration, not when the first device enrols
         self.spec = spec
         self.config = FlickerServiceConfig(
-            federation=federation,
+            federation=context.federation,
             num_classes=num_classes,
             **spec.model_dump(exclude={"kind"}),
         )
-        self._load_key = _key_source(state_dir, key_owner)
-        self._rng = rng if rng is not None else _ring_rng(seed)
-        self._session: FlickerSession | None = None
-        self._ctx: MethodContext | None = None
+        self._ctx = context
+        self._session = FlickerSession(
+            self.config,
+            _key_owner(state_dir, key_owner),
+            context,
+            rng=rng if rng is not None else _ring_rng(seed),
+        )
         self._saved_counts: bytes | None = None
         self._waiting_logged = False
         self._started_at: float | None = None
@@ -134,20 +147,12 @@ class FlickerMethod:
         for kind in _KINDS:
             router.register(kind, self._on_message, owner=self.name)
 
-    def attach(self, context: MethodContext) -> None:
-        """Load (or create) the CKKS key and restore a saved run.
+    def restore(self) -> None:
+        """Read a saved run back from the store (the service started: it is open).
 
-        Replies go through the context (the service's signing point and
-        outbox, which it flushes); the members' keys and certificates come
-        from its enrolment table (relayed in `RingStart`, so each member can
-        check them).
-
-        Raises:
-            CryptoError: the key file is unreadable or others may read it.
+        An unreadable record is logged and a new run starts.
         """
-        session = FlickerSession(self.config, self._load_key(), context, rng=self._rng)
-        self._session, self._ctx = session, context
-        store = context.store
+        session, store = self._session, self._ctx.store
         record = store.method_state(self.name, RUN_KEY)
         if record is None:
             return
@@ -164,30 +169,26 @@ class FlickerMethod:
 
     def resume(self) -> None:
         """After a restart: re-send what the restored run waits on."""
-        self._require().resume()
+        self._session.resume()
 
     @property
     def session(self) -> FlickerSession:
-        """The run (after `attach`): its phase, outcome, context size."""
-        return self._require()
+        """The run: its phase, outcome, context size."""
+        return self._session
 
     # --- the stage --------------------------------------------------------------
 
     @property
     def is_over(self) -> bool:
         """Whether the run ended (balanced, saturated, capped, or failed)."""
-        session = self._session
-        return session is not None and session.phase in (
-            FlickerPhase.DONE,
-            FlickerPhase.FAILED,
-        )
+        return self._session.phase in (FlickerPhase.DONE, FlickerPhase.FAILED)
 
     def step(self, now: float, online: Set[str]) -> bool:
         """Start the run over the online devices, or act on deadlines; True: over.
 
         A ring needs `MIN_RING_DEVICES` online devices; until then it waits.
         """
-        session = self._require()
+        session = self._session
         if session.phase is FlickerPhase.IDLE:
             if len(online) < fl.MIN_RING_DEVICES:
                 if not self._waiting_logged:  # expected: the fleet comes online
@@ -216,27 +217,25 @@ class FlickerMethod:
         Raises:
             FlickerError: a run is in progress, or a bad order.
         """
-        run_id = self._require().start(order, round_index=0)
+        run_id = self._session.start(order, round_index=0)
         self._started_at = now
         self._save()
         return run_id
 
     def extend_deadlines(self, seconds: float) -> None:
         """A broker outage: the run's open deadlines move ``seconds`` later."""
-        session = self._session
-        if session is not None:
-            session.extend_deadlines(seconds)
+        self._session.extend_deadlines(seconds)
 
     def device_left(self, device: str) -> None:
         """A last will: a ring member that has not added its counts is skipped now."""
         session = self._session
-        if session is not None and session.phase is FlickerPhase.RING:
+        if session.phase is FlickerPhase.RING:
             session.device_left(device)
             self._save()
 
     def answers(self, request: ChunkRequest) -> bool:
         """Answer a chunk request for the CKKS context; False: not ours (a model)."""
-        session = self._require()
+        session = self._session
         if not session.is_context_request(request):
             return False
         try:
@@ -248,9 +247,9 @@ class FlickerMethod:
 
     # --- figures ----------------------------------------------------------------
 
-    def outcome(self) -> FlickerOutcome | None:
-        """The run so far (None before `attach`)."""
-        return None if self._session is None else self._session.outcome()
+    def outcome(self) -> FlickerOutcome:
+        """The run so far."""
+        return self._session.outcome()
 
     def summary(self) -> dict[str, Any]:
         """The run's figures: GI before and after, who resampled, and more.
@@ -260,24 +259,23 @@ class FlickerMethod:
         """
         outcome = self.outcome()
         started, ended = self._started_at, self._ended_at
-        before = None if outcome is None else outcome.gd_before
-        state = None if outcome is None else outcome.state
+        before, state = outcome.gd_before, outcome.state
         resampled = sorted(
             {
                 str(entry["device"])
-                for entry in (outcome.log if outcome is not None else ())
+                for entry in outcome.log
                 if entry.get("update") and entry.get("device")
             }
         )
         return {
-            "phase": None if outcome is None else str(outcome.phase),
+            "phase": str(outcome.phase),
             "gi_before": None if before is None else fl.global_imbalance(before),
             "gi_after": None if state is None else state.gi,
             "stop_reason": None
             if state is None or state.stop_reason is None
             else str(state.stop_reason),
             "resampled_devices": resampled,
-            "failure": None if outcome is None else outcome.failure,
+            "failure": outcome.failure,
             "nabla": self.spec.nabla,
             "global_counts_before": None if before is None else list(before),
             "global_counts_after": None if state is None else list(state.global_counts),
@@ -294,7 +292,7 @@ class FlickerMethod:
         fails it), so the run is saved either way.
         """
         try:
-            self._require().on_message(message)
+            self._session.on_message(message)
         except RejectedError:
             self.refused += 1
             raise
@@ -302,10 +300,7 @@ class FlickerMethod:
             self._save()
 
     def _save(self) -> None:
-        session, ctx = self._require(), self._ctx
-        if ctx is None:  # unreachable: set with the session
-            return
-        store = ctx.store
+        session, store = self._session, self._ctx.store
         record = session.to_record()
         ring = record.pop("ring")
         store.set_method_state(self.name, RUN_KEY, record)
@@ -317,21 +312,14 @@ class FlickerMethod:
             store.set_method_state(self.name, COUNTS_KEY, encoded)
             self._saved_counts = counts
 
-    def _require(self) -> FlickerSession:
-        if self._session is None:
-            raise RuntimeError("FlickerMethod.attach() was not called")
-        return self._session
 
-
-def _key_source(
-    state_dir: Path | None, key_owner: CkksKeyOwner | None
-) -> Callable[[], CkksKeyOwner]:
-    """How `attach` gets the key: the one given, else the state dir's file."""
+def _key_owner(state_dir: Path | None, key_owner: CkksKeyOwner | None) -> CkksKeyOwner:
+    """The key given, else the state dir's file (loaded, or created on first use)."""
     if key_owner is not None:
-        return lambda: key_owner
+        return key_owner
     if state_dir is None:
         raise ValueError("FLICKER needs a state_dir for its key, or a key_owner")
-    return lambda: load_or_create_key_owner(state_dir)
+    return load_or_create_key_owner(state_dir)
 
 
 def _ring_rng(seed: int | None) -> np.random.Generator:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -123,16 +124,20 @@ def test_the_method_table_builds_flicker_only_where_methods_name_it(
     tmp_path: Path,
 ) -> None:
     from ursa.coordinator.config import CoordinatorConfig
+    from ursa.coordinator.method_context import MethodContext
     from ursa.coordinator.methods.registry import balancing_method
 
     plain = CoordinatorConfig(federation="f", state_dir=tmp_path)
     config = CoordinatorConfig(federation="f", state_dir=tmp_path, methods=METHODS)
+    context = cast(MethodContext, SimpleNamespace(federation="f"))  # store unread
 
-    assert balancing_method(plain) is None
-    built = balancing_method(config)
+    assert balancing_method(plain, context) is None
+    built = balancing_method(config, context)
     assert isinstance(built, FlickerMethod)
+    assert built.config.federation == "f"
     assert built.config.reply_deadline_s == 30.0
     assert built.config.num_classes == config.registry.num_classes
+    assert (tmp_path / CKKS_KEY_FILENAME).exists()  # its key, made when built
 
 
 def _lose_the_first_relayed_hop(fed: Any) -> list[str]:
