@@ -1,12 +1,16 @@
 """A method's step in a round's BEFORE_TRAINING slot: after selection, before training.
 
-`ursa.coordinator.training.TrainingPlugin` runs its steps in order once the
-round's model is published and before the selected devices are told to
-train (CLIMB's dual step is one: `ursa.coordinator.methods.climb`)::
+The runtime runs the steps, not the training plugin: a
+`ursa.coordinator.step_runner.StepRunner`, built with the service's parts
+(`ursa.coordinator.components`), opens them in order once the plugin has
+published the round's model (`RoundPlugin.on_selected`), and the round
+cycle tells the plugin to train once they are done
+(`RoundPlugin.on_steps_done`); CLIMB's dual step is one
+(`ursa.coordinator.methods.climb`), the federated evaluation another::
 
-    plugin = TrainingPlugin(..., before_training=[ClimbDualStep.later(spec)])
-    step = ClimbDualStep(ctx, spec)  # at service start, with its context;
-    step.register(router)            # the step holds the context from then on
+    CoordinatorService(config, plugin=build, steps=[ClimbDualStep.later(spec)])
+    step = ClimbDualStep(ctx, spec)  # when the service wires its parts, with its
+    step.register(router)            # context; the step holds it from then on
     phase = step.open(info, now)     # per round: resumed from its phase record,
                                      # or asked anew; None: nothing this round
     step.on_message / on_tick        # its own kinds (router), deadlines
@@ -20,20 +24,21 @@ so a restarted coordinator calling `open` for the same round resumes it. Its
 handlers raise `RejectedError` (answered as an `ErrorReply`) for a message
 it refuses. What a step changes about the training after it is said here,
 not in the training plugin: `name` replaces ``fedavg`` in the signed method
-list, `weighting` says how the round averages its updates.
+list, `weighting` says how the round averages its updates (`weighting_of`);
+the plugin reads the rest through `ursa.coordinator.plugin.TrainingSteps`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
 from ursa.coordinator.aggregation import Weighting
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.phase import PhaseStatus
-from ursa.coordinator.plugin import CoordinatorView, Send
+from ursa.coordinator.plugin import CoordinatorView, RoundInfo, Send
 from ursa.protocol.messages import ModelUpdate
 from ursa.protocol.router import Router
 
@@ -43,6 +48,7 @@ __all__ = [
     "StepBuilder",
     "StepContext",
     "StepPhase",
+    "weighting_of",
 ]
 
 
@@ -51,19 +57,8 @@ StepT = TypeVar("StepT", bound="BeforeTraining")
 
 
 @dataclass(frozen=True)
-class RoundInfo:
-    """The round a step runs in: what the selected devices will train."""
-
-    round: int
-    model: str
-    version: int
-    """The global version the round trains from (the published model)."""
-    selected: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class StepContext:
-    """What the training plugin builds its steps with (`StepBuilder`)."""
+    """What the runtime builds the steps with (`StepBuilder`)."""
 
     federation: str
     view: CoordinatorView
@@ -74,7 +69,7 @@ class StepContext:
 
 
 class StepPhase(Protocol):
-    """What the training plugin reads of a step's open phase (a `Gather` is one)."""
+    """What the runtime reads of a step's open phase (a `Gather` is one)."""
 
     @property
     def key(self) -> str:
@@ -95,8 +90,8 @@ class StepPhase(Protocol):
 class BeforeTraining(ABC):
     """One method's phase before a round trains (see the module docstring).
 
-    Built with the training plugin's context and holding it from then on
-    (`ctx`); `later` says how to build it once that context exists.
+    Built with the runtime's context and holding it from then on (`ctx`);
+    `later` says how to build it once that context exists.
     """
 
     name: ClassVar[str]
@@ -111,7 +106,7 @@ class BeforeTraining(ABC):
 
     def __init__(self, ctx: StepContext) -> None:
         self.ctx = ctx
-        """The training plugin's context: the store, the epoch, send, clock."""
+        """The runtime's context: the store, the epoch, send, clock."""
 
     @classmethod
     def later(
@@ -119,7 +114,7 @@ class BeforeTraining(ABC):
         *args: P.args,
         **kwargs: P.kwargs,
     ) -> StepBuilder:
-        """This step with ``args``, built when the plugin's context exists."""
+        """This step with ``args``, built when the runtime's context exists."""
         kind = cast(type[BeforeTraining], cls)  # typed as its constructor above
         return StepBuilder(kind, lambda ctx: cls(ctx, *args, **kwargs))
 
@@ -188,13 +183,24 @@ class BeforeTraining(ABC):
 
 @dataclass(frozen=True)
 class StepBuilder:
-    """A step to build once the training plugin's context exists.
+    """A step to build once the runtime's context exists.
 
     ``kind`` says what the step is before it is built (its `name`, whether
-    it is `signed`, its `weighting`): the plugin names the signed methods
-    and its weighting from the configuration, and builds the steps when the
-    service lends it its view (`BeforeTraining.later` makes one).
+    it is `signed`, its `weighting`); the service's `StepRunner` builds it
+    with the runtime's context (`BeforeTraining.later` makes one).
     """
 
     kind: type[BeforeTraining]
     build: Callable[[StepContext], BeforeTraining]
+
+
+def weighting_of(steps: Sequence[type[BeforeTraining]]) -> Weighting | None:
+    """How the steps say their rounds average (None: none says).
+
+    Raises:
+        ValueError: two steps say different things.
+    """
+    said = {step.weighting for step in steps if step.weighting is not None}
+    if len(said) > 1:
+        raise ValueError(f"before-training steps disagree on weighting: {said}")
+    return said.pop() if said else None

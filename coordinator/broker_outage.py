@@ -6,7 +6,8 @@ a site bridge's link is, every live phase is given the outage's time back.
 The live phases are known here once (the stage's deadline, `StageMachine`;
 the key epoch's agent clocks, `KeyEpoch`: a sealing or a registry check is
 not nudged for the outage's time; the selection method's windows; the
-training plugin's steps; the balancing method's ring hop, reply and
+methods' before-training steps, `StepRunner`; the training plugin's round
+and secure aggregation; the balancing method's ring hop, reply and
 redundancy deadlines): an outage extends them all in one loop.
 """
 

@@ -6,20 +6,24 @@ part reaches into another's state. `CoordinatorService` owns one and runs
 its lifecycle (start, tick, stop). The order of construction is the order
 of dependence; the late references (presence and enrolment changes go to
 the key epoch, a keyed epoch opens a round, the methods' context reads the
-key epoch and re-announces the round) are bound methods looked up at call
-time. The methods' context is made before the key epoch, so the balancing
-method (which the key epoch runs) is built with it, as the selection
-method is.
+key epoch and re-announces the round, the key epoch signs the training
+plugin's aggregation mode) are looked up at call time. The methods' context
+is made before the key epoch, so the balancing method (which the key epoch
+runs) is built with it, as the selection method is; the training plugin is
+built here, by composition's `PluginBuilder`, with that context and the
+runtime's before-training steps (`StepRunner`), which the round cycle runs.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ursa.coordinator.admission import Admission
+from ursa.coordinator.before_training import StepBuilder, StepContext
 from ursa.coordinator.broker_link import BrokerLink
 from ursa.coordinator.broker_outage import BrokerOutage, LivePhase
 from ursa.coordinator.clock import Clock
@@ -37,7 +41,7 @@ from ursa.coordinator.methods.registry import (
     selection_method,
 )
 from ursa.coordinator.own_identity import OwnIdentity
-from ursa.coordinator.plugin import RoundPlugin
+from ursa.coordinator.plugin import PluginBuilder, PluginContext, RoundPlugin
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.ready_devices import ReadyDevices
 from ursa.coordinator.recovery import Recovery
@@ -48,6 +52,7 @@ from ursa.coordinator.round_cycle import RoundCycle
 from ursa.coordinator.round_state import Stage
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageFunctions, StageMachine
+from ursa.coordinator.step_runner import StepRunner
 from ursa.coordinator.store import CoordinatorStore
 from ursa.coordinator.store_batches import CommitPolicy
 from ursa.coordinator.store_slot import StoreSlot
@@ -80,6 +85,8 @@ class Components:
     """Every part of one coordinator, wired (module docstring; the service's Args).
 
     Args:
+        build_plugin: Builds the training plugin with the methods' context.
+        steps: The methods' before-training steps, built with the context.
         keep_error: Stores a refusal for ``ursa coordinator status``.
     """
 
@@ -89,7 +96,8 @@ class Components:
         *,
         transport: Transport | None,
         clock: Clock,
-        plugin: RoundPlugin,
+        build_plugin: PluginBuilder,
+        steps: Sequence[StepBuilder],
         rng: np.random.Generator,
         final_output: FinalOutput | None,
         telemetry: Telemetry,
@@ -99,7 +107,6 @@ class Components:
         self._clock = clock
         self.telemetry = telemetry
         telemetry.set_methods(m.kind for m in config.methods)
-        self.plugin = plugin = _checked_plugin(config, plugin)
         self.store = store = StoreSlot()
         """The store, handed to every part that persists (`open_store` fills it)."""
         self.outbox = outbox = Outbox("coordinator")
@@ -148,13 +155,6 @@ class Components:
             run=lambda: outgoing.run,
             is_enrolled=lambda device: device in devices.identities,
         )
-        ending = Ending(
-            config,
-            plugin=plugin,
-            final_output=final_output,
-            send=outgoing.send,
-            sign=outgoing.sign,
-        )
         ready = ReadyDevices(
             devices=devices,
             presence=presence,
@@ -184,7 +184,7 @@ class Components:
             presence=presence,
             outgoing=outgoing,
             identity_refusals=identity_refusals,
-            plugin=plugin,
+            plugin=lambda: self.plugin,
             flicker=flicker,
             ready=ready,
             rng=rng,
@@ -192,6 +192,20 @@ class Components:
             open_round=lambda now: self.rounds.start_round(now),
             forget_round=lambda: self.rounds.forget(),
             store=store,
+        )
+        self.steps = runner = StepRunner(
+            StepContext(self._federation, context, outgoing.send, clock), steps
+        )
+        """The methods' before-training steps (the round cycle runs them)."""
+        self.plugin = plugin = _checked_plugin(
+            config, build_plugin(PluginContext(context, runner))
+        )
+        ending = Ending(
+            config,
+            plugin=plugin,
+            final_output=final_output,
+            send=outgoing.send,
+            sign=outgoing.sign,
         )
         self.selection = selection = selection_method(config, context)
         self.health = TrainingHealth(sit_out_after=config.sit_out_after_failures)
@@ -201,6 +215,7 @@ class Components:
             stages=stages,
             selection=selection,
             plugin=plugin,
+            steps=runner,
             ending=ending,
             outgoing=outgoing,
             telemetry=telemetry,
@@ -225,7 +240,7 @@ class Components:
             Stage.TRAINING: rounds.stage_training,
             Stage.DONE: lambda now: None,
         }
-        live: tuple[LivePhase, ...] = (stages, key_epoch, selection, plugin)
+        live: tuple[LivePhase, ...] = (stages, key_epoch, selection, runner, plugin)
         self.outage = outage = BrokerOutage(
             presence, (*live, flicker) if flicker is not None else live
         )
@@ -238,7 +253,6 @@ class Components:
             identity_refusals=identity_refusals,
             key_epoch=key_epoch,
             selection=selection,
-            plugin=plugin,
             flicker=flicker,
             outgoing=outgoing,
         )
@@ -253,6 +267,7 @@ class Components:
             rounds=rounds,
             stages=stages,
             plugin=plugin,
+            steps=runner,
             selection=selection,
             flicker=flicker,
             outage=outage,

@@ -6,7 +6,8 @@ site bridge's state to the outage, a status to the presence, and anything
 else, unless already seen (message id or natural key, persisted), to its
 handler in one store transaction: the router's (the key epoch's, the
 selection method's, FLICKER's and the runtime's own: Hello, ErrorReply,
-Heartbeat), else the training plugin's in an open round. A refused message
+Heartbeat), else in an open round the methods' before-training steps'
+(`ursa.coordinator.step_runner`), else the training plugin's. A refused message
 is answered (`Rejections`) and marked seen unless the refusal depends on
 when it came. After every message the stage loop runs, so a phase that
 message completed moves on at once.
@@ -37,6 +38,7 @@ from ursa.coordinator.round_state import Stage
 from ursa.coordinator.selection_method import SelectionMethod
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageMachine
+from ursa.coordinator.step_runner import StepRunner
 from ursa.coordinator.store_slot import StoreSlot
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.protocol.envelope import message_kind
@@ -49,6 +51,7 @@ from ursa.protocol.messages import (
     Hello,
     Status,
 )
+from ursa.protocol.messages.secure_mean import MEAN_REFUSED
 from ursa.protocol.router import Dispatch, RejectedError, Router
 from ursa.protocol.topics import parse_bridge_state
 
@@ -76,6 +79,7 @@ class Inbox:
         rounds: The open round (the plugin's messages go to it).
         stages: The run's `RoundState`.
         plugin: The training plugin (its messages and failed devices).
+        steps: The methods' before-training steps (their messages, refused means).
         selection: The selection method (its answers' natural keys).
         flicker: FLICKER's coordinator half, if the federation runs it.
         outage: Site bridges' states.
@@ -102,6 +106,7 @@ class Inbox:
         rounds: RoundCycle,
         stages: StageMachine,
         plugin: RoundPlugin,
+        steps: StepRunner,
         selection: SelectionMethod,
         flicker: Balancing | None,
         outage: BrokerOutage,
@@ -124,6 +129,7 @@ class Inbox:
         self._rounds = rounds
         self._stages = stages
         self._plugin = plugin
+        self._steps = steps
         self._selection = selection
         self._flicker = flicker
         self._outage = outage
@@ -202,7 +208,8 @@ class Inbox:
                 raise RejectedError(
                     ErrorCode.WRONG_ROUND, f"round {message.round} not open"
                 )
-            self._plugin.on_message(work.round, message, send)
+            if not self._steps.dispatch(message):  # the next step opens at the step
+                self._plugin.on_message(work.round, message, send)
         else:
             raise RejectedError(
                 ErrorCode.UNAUTHORISED, f"a device may not send {kind} now"
@@ -283,4 +290,6 @@ class Inbox:
         work = self._rounds.work
         training = self._stages.state.stage is Stage.TRAINING
         if training and work is not None and round_index == work.round:
+            if code == MEAN_REFUSED:  # a step's mean: its result may not come
+                self._steps.refused(work.round, device)
             self._plugin.on_device_failed(work.round, device, code)

@@ -114,7 +114,9 @@ class KeyEpoch:
         presence: Who is online.
         outgoing: The signing point and outbox.
         identity_refusals: Which refusals of our identity count.
-        plugin: The training plugin (its aggregation mode is signed).
+        plugin: The training plugin (its aggregation mode and model spec are
+            signed), looked up when an epoch starts: it is built after the
+            key epoch, with the methods' context.
         flicker: FLICKER's coordinator half, if the federation runs it.
         ready: The online enrolled devices not refusing us (built before the
             key epoch: the methods' context, which FLICKER is built with,
@@ -136,7 +138,7 @@ class KeyEpoch:
         presence: Presence,
         outgoing: SigningPoint,
         identity_refusals: IdentityRefusals,
-        plugin: RoundPlugin,
+        plugin: Callable[[], RoundPlugin],
         flicker: Balancing | None,
         ready: ReadyDevices,
         rng: np.random.Generator,
@@ -435,8 +437,8 @@ class KeyEpoch:
                 key_bits=cfg.key_bits,
                 methods=cfg.method_names(),
                 method_settings=cfg.method_settings(),
-                aggregation=self._plugin.aggregation_mode(),
-                model_spec=self._plugin.model_spec(),
+                aggregation=self._plugin().aggregation_mode(),
+                model_spec=self._plugin().model_spec(),
             )
         )
         payload = self._outgoing.encode(notice)

@@ -2,7 +2,8 @@
 
 The service builds one `MethodContext` with its parts; the selection and
 the balancing method are built with it (`ursa.coordinator.methods.registry`),
-a round plugin gets it when the service starts (`attach`). It holds the
+as are the round plugin (its `PluginContext`) and the before-training steps.
+It holds the
 runtime's public surface as plain callables (send, relay, sign, the clock,
 the key epoch's view, who is online, the store, the enrolled devices' keys),
 so a method can neither reach the service's state nor depend on how the

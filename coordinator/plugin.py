@@ -9,10 +9,17 @@ coordinator restart (it must be idempotent), `on_message` gets every
 admitted device message the selection stages do not consume (already
 authenticated, deduplicated and checked for the round), and the coordinator
 completes the round once `is_complete()` is true or the training deadline
-passes, whichever comes first. Optional hooks: `attach(view)` once at start
-(read-only access to the key epoch and who is online, and the coordinator's
-store for the plugin's progress and phase records: `on_message` runs inside
-the transaction that marks the message seen), `on_tick(round, now,
+passes, whichever comes first. A plugin is built with its `PluginContext`
+(a `PluginBuilder` from composition, called when the service wires its
+parts): the view (read-only access to the key epoch and who is online, and
+the coordinator's store for the plugin's progress and phase records, open
+before any round: `on_message` runs inside the transaction that marks the
+message seen) and the runtime's before-training steps (`TrainingSteps`).
+
+The runtime runs the methods' steps between `on_selected` (the plugin has
+published the round's model) and `on_steps_done` (the plugin trains): it
+asks `round_info` what the round trains (None: no steps this round).
+Optional hooks: `on_tick(round, now,
 send)` at every tick of the training stage (sub-phase deadlines, re-requests),
 `on_device_failed(round, device, code)` when a selected device reports that
 its training failed (``training_failed``: the round stops waiting for it),
@@ -27,11 +34,12 @@ from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
+from ursa.coordinator.aggregation import Weighting
 from ursa.coordinator.federation_end import FinalModel
 from ursa.coordinator.store import CoordinatorStore
 from ursa.crypto.identity import DevicePublicIdentity
 from ursa.crypto.paillier import PaillierPublicKey
-from ursa.protocol.messages import BaseMessage, ModelSpec
+from ursa.protocol.messages import BaseMessage, ModelSpec, ModelUpdate
 
 SignedT = TypeVar("SignedT", bound=BaseMessage)
 """A message the coordinator signs (returned as the same type)."""
@@ -39,10 +47,15 @@ SignedT = TypeVar("SignedT", bound=BaseMessage)
 __all__ = [
     "CoordinatorView",
     "EpochView",
+    "NoSteps",
     "NoTraining",
+    "PluginBuilder",
+    "PluginContext",
+    "RoundInfo",
     "RoundOutcome",
     "RoundPlugin",
     "Send",
+    "TrainingSteps",
 ]
 
 Send = Callable[[BaseMessage, str | None], None]
@@ -91,6 +104,93 @@ class CoordinatorView(Protocol):
 
 
 @dataclass(frozen=True)
+class RoundInfo:
+    """The round a step runs in: what the selected devices will train."""
+
+    round: int
+    model: str
+    version: int
+    """The global version the round trains from (the published model)."""
+    selected: tuple[str, ...]
+
+
+class TrainingSteps(Protocol):
+    """What training reads of the round's before-training steps.
+
+    The runtime runs the steps (`ursa.coordinator.step_runner.StepRunner`);
+    the training plugin only asks them what they change about its round.
+    """
+
+    @property
+    def weighting(self) -> Weighting | None:
+        """How the rounds average updates, if a step says (None: the config's)."""
+        ...
+
+    def methods(self) -> tuple[str, ...]:
+        """The signed methods the steps name (CLIMB's ``climb``; none: empty)."""
+        ...
+
+    def fleet_needs_model(self, round_index: int) -> bool:
+        """Whether every online device reads the round's model in a step."""
+        ...
+
+    def awaits(self, round_index: int, now: float) -> bool:
+        """Whether a step's own figure is still on its way (the round waits)."""
+        ...
+
+    def on_update(self, round_index: int, device: str, message: ModelUpdate) -> None:
+        """An update was counted in the round."""
+        ...
+
+    def answered(self, round_index: int) -> Mapping[str, int]:
+        """Devices that answered each step of the round, by step name."""
+        ...
+
+    def metrics(self, round_index: int) -> Mapping[str, Any]:
+        """What the steps learned in the round (read once it aggregated)."""
+        ...
+
+
+class NoSteps:
+    """No before-training steps (a plugin built outside a service, or none composed)."""
+
+    weighting: Weighting | None = None
+
+    def methods(self) -> tuple[str, ...]:
+        """None."""
+        return ()
+
+    def fleet_needs_model(self, round_index: int) -> bool:
+        """Never."""
+        return False
+
+    def awaits(self, round_index: int, now: float) -> bool:
+        """Never."""
+        return False
+
+    def on_update(self, round_index: int, device: str, message: ModelUpdate) -> None:
+        """Nothing to note."""
+
+    def answered(self, round_index: int) -> Mapping[str, int]:
+        """No step ran."""
+        return {}
+
+    def metrics(self, round_index: int) -> Mapping[str, Any]:
+        """Nothing learned."""
+        return {}
+
+
+@dataclass(frozen=True)
+class PluginContext:
+    """What a round plugin is built with (its `PluginBuilder` is called with it)."""
+
+    view: CoordinatorView
+    """The key epoch, who is online, the store (open before any round)."""
+    steps: TrainingSteps
+    """The runtime's before-training steps, as training reads them."""
+
+
+@dataclass(frozen=True)
 class RoundOutcome:
     """A finished round's participants: counted in its sum, or failed."""
 
@@ -101,8 +201,19 @@ class RoundOutcome:
 class RoundPlugin(ABC):
     """Training phase of a round (after the exactly-K selection)."""
 
-    def attach(self, view: CoordinatorView) -> None:  # noqa: B027 - optional hook
-        """Called once when the service starts (default: ignore)."""
+    def round_info(self, round_index: int) -> RoundInfo | None:
+        """What the round trains while it waits on the runtime's steps.
+
+        Asked after `on_selected`; None (the default): the round runs no
+        before-training steps, `on_steps_done` follows at once.
+        """
+        return None
+
+    def on_steps_done(self, round_index: int, send: Send) -> None:  # noqa: B027
+        """The round's before-training steps are done: train (default: nothing).
+
+        Called at every tick of the training stage once they are (idempotent).
+        """
 
     def on_tick(self, round_index: int, now: float, send: Send) -> None:  # noqa: B027
         """Called at every tick of the training stage (default: nothing)."""
@@ -164,6 +275,10 @@ class RoundPlugin(ABC):
     def final_model(self, send: Send) -> FinalModel | None:
         """The federation is over: the final model, its chunks sent (None: no model)."""
         return None
+
+
+PluginBuilder = Callable[[PluginContext], RoundPlugin]
+"""Builds the training plugin when the service wires its parts (composition's)."""
 
 
 class NoTraining(RoundPlugin):

@@ -23,7 +23,6 @@ from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.enrolled_devices import EnrolledDevices
 from ursa.coordinator.identity_refusals import REFUSAL_REKEYS_KEY, IdentityRefusals
 from ursa.coordinator.key_epoch import KeyEpoch
-from ursa.coordinator.plugin import RoundPlugin
 from ursa.coordinator.presence import Presence
 from ursa.coordinator.round_cycle import RoundCycle
 from ursa.coordinator.round_state import RoundState, Stage
@@ -49,7 +48,6 @@ class Recovery:
         identity_refusals: The re-keys each device caused.
         key_epoch: The key epoch.
         selection: The selection method (it resumes its own steps).
-        plugin: The training plugin (told the selection again).
         flicker: FLICKER's coordinator half, if the federation runs it.
         outgoing: The signing point and outbox.
     """
@@ -65,7 +63,6 @@ class Recovery:
         identity_refusals: IdentityRefusals,
         key_epoch: KeyEpoch,
         selection: SelectionMethod,
-        plugin: RoundPlugin,
         flicker: Balancing | None,
         outgoing: SigningPoint,
     ) -> None:
@@ -77,7 +74,6 @@ class Recovery:
         self._identity_refusals = identity_refusals
         self._key_epoch = key_epoch
         self._selection = selection
-        self._plugin = plugin
         self._flicker = flicker
         self._outgoing = outgoing
 
@@ -137,8 +133,6 @@ class Recovery:
             if request is not None:
                 self._selection.resume(request)
         if stage is Stage.TRAINING and current is not None and current.selected:
-            self._plugin.on_selected(
-                current.round, current.selected, self._outgoing.send
-            )
+            self._rounds.train(current)
         if self._flicker is not None and stage is Stage.BALANCING:
             self._flicker.resume()

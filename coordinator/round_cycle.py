@@ -12,9 +12,14 @@ it with the round and publishes it; when the method says the selection is
 private (Dubhe's stratified draw), each selected device instead gets its own
 signed `SelectionResult` naming only itself, on its down topic.
 
-TRAINING: the `RoundPlugin` runs until complete (or the training deadline),
-then the round is marked complete in the store (once) and the next one opens,
-or a new key epoch first, or the federation ends (`ursa.coordinator.ending`).
+TRAINING: the `RoundPlugin` publishes the round's model (`on_selected`);
+the runtime runs the methods' before-training steps
+(`ursa.coordinator.step_runner`, opened once the plugin says what the round
+trains, `round_info`) and then tells the plugin to train (`on_steps_done`);
+the plugin runs until complete (or the training deadline), then the round is
+marked complete in the store (once), its steps are closed, and the next one
+opens, or a new key epoch first, or the federation ends
+(`ursa.coordinator.ending`).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from ursa.coordinator.selection_method import (
 )
 from ursa.coordinator.signing_point import SigningPoint
 from ursa.coordinator.stage_machine import StageMachine
+from ursa.coordinator.step_runner import StepRunner
 from ursa.coordinator.store_slot import StoreSlot
 from ursa.coordinator.telemetry import Telemetry
 from ursa.coordinator.training_health import HEALTH_KEY, TrainingHealth
@@ -75,6 +81,7 @@ class RoundCycle:
         stages: The run's `RoundState`.
         selection: The federation's selection method.
         plugin: The training plugin.
+        steps: The methods' before-training steps, run before it trains.
         ending: Decides and announces the end of the federation.
         outgoing: The signing point and outbox.
         telemetry: Told of each completed round.
@@ -98,6 +105,7 @@ class RoundCycle:
         stages: StageMachine,
         selection: SelectionMethod,
         plugin: RoundPlugin,
+        steps: StepRunner,
         ending: Ending,
         outgoing: SigningPoint,
         telemetry: Telemetry,
@@ -117,6 +125,7 @@ class RoundCycle:
         self._stages = stages
         self._selection = selection
         self._plugin = plugin
+        self._steps = steps
         self._ending = ending
         self._outgoing = outgoing
         self._telemetry = telemetry
@@ -318,7 +327,16 @@ class RoundCycle:
             selection.try_index,
         )
         self.deliver_selection(payload)
+        self.train(work)
+
+    def train(self, work: RoundWork) -> None:
+        """Hand the selected round to the plugin (again after a restart).
+
+        Its steps open at the next training tick (`stage_training`).
+        """
+        assert work.selected is not None
         self._plugin.on_selected(work.round, work.selected, self._outgoing.send)
+        self._steps.republish(work.round)  # only if they opened already
 
     def deliver_selection(self, payload: bytes) -> None:
         """Publish the signed selection, or under a private one tell each alone."""
@@ -338,16 +356,30 @@ class RoundCycle:
             self._outgoing.send(self._outgoing.sign(own), device)
 
     def stage_training(self, now: float) -> None:
-        """Tick the plugin; complete the round when it is done (or at the deadline)."""
+        """Tick the plugin, run the steps; complete the round when it is done.
+
+        (Or at the deadline.) The steps open once the plugin says what the
+        round trains (after its tick: FedDisk may start a round in it); once
+        they are done, the plugin is told to train.
+        """
         work = self._work
         if work is None:
             return
-        self._plugin.on_tick(work.round, now, self._outgoing.send)
+        steps, send = self._steps, self._outgoing.send
+        self._plugin.on_tick(work.round, now, send)
+        if not steps.has_opened(work.round):
+            info = self._plugin.round_info(work.round)
+            if info is not None:
+                steps.open(info, now)
+        if steps.on_tick(work.round, now):
+            self._plugin.on_steps_done(work.round, send)
         done = self._plugin.is_complete(work.round)
         if not done and not self._stages.deadline_passed(now):
             return
         if not done:
             logger.warning("round %d: training deadline passed", work.round)
+        else:
+            steps.close(work.round)
         if self._store.store.complete_round(work.round):
             self._telemetry.round_completed(work.round, work.selected or ())
             self._count_failures(work.round)

@@ -19,18 +19,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Set
+from collections.abc import Sequence, Set
 
 import numpy as np
 
 from ursa.coordinator.balancing import Balancing
+from ursa.coordinator.before_training import StepBuilder
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.components import Components
 from ursa.coordinator.config import CoordinatorConfig
 from ursa.coordinator.federation_end import FinalOutput
 from ursa.coordinator.key_epoch import KeyEpoch
 from ursa.coordinator.own_identity import IDENTITY_PUBLIC_FILENAME
-from ursa.coordinator.plugin import NoTraining, RoundPlugin
+from ursa.coordinator.plugin import NoTraining, PluginBuilder, RoundPlugin
 from ursa.coordinator.retained_sweep import RETAINED_SWEEP_S
 from ursa.coordinator.round_state import RoundState, Stage
 from ursa.coordinator.selection_method import SelectionMethod
@@ -61,7 +62,11 @@ class CoordinatorService:
         transport: A transport to use (tests: in-memory); None builds an
             `MqttTransport` from ``config.broker`` with a retained last will.
         clock: Seconds, for deadlines (tests inject a fake one).
-        plugin: The training phase; `NoTraining` completes rounds at once.
+        plugin: Builds the training phase with its context (`PluginContext`);
+            without one, `NoTraining` completes rounds at once.
+        steps: The methods' before-training steps (CLIMB's dual step, the
+            federated evaluation), run by the round cycle before the plugin
+            trains.
         rng: The generator for agent choice and trim/top-up.
         final_output: The model's architecture (for the final model card)
             and an ONNX exporter; without it: weights and a card only.
@@ -75,7 +80,8 @@ class CoordinatorService:
         *,
         transport: Transport | None = None,
         clock: Clock = time.time,
-        plugin: RoundPlugin | None = None,
+        plugin: PluginBuilder | None = None,
+        steps: Sequence[StepBuilder] = (),
         rng: np.random.Generator | None = None,
         final_output: FinalOutput | None = None,
         telemetry: Telemetry | None = None,
@@ -89,7 +95,8 @@ class CoordinatorService:
             config,
             transport=transport,
             clock=clock,
-            plugin=plugin or NoTraining(),
+            build_plugin=plugin or (lambda _ctx: NoTraining()),
+            steps=steps,
             rng=rng if rng is not None else np.random.default_rng(config.seed),
             final_output=final_output,
             telemetry=telemetry or Telemetry(),
@@ -147,6 +154,11 @@ class CoordinatorService:
     def key_epoch(self) -> KeyEpoch:
         """The key epoch component (its view and sets; for status and tests)."""
         return self._parts.key_epoch
+
+    @property
+    def plugin(self) -> RoundPlugin:
+        """The training plugin (for status and tests)."""
+        return self._parts.plugin
 
     @property
     def selection(self) -> SelectionMethod:
@@ -229,7 +241,6 @@ class CoordinatorService:
         logger.info("%s%s", cfg.summary(run), " (a new run)" if fresh else "")
         with self._lock:
             parts.recovery.restore(store, now)
-        parts.plugin.attach(parts.context)
         parts.link.connect(self.handle, self._on_retained, stop or self._stopped)
         if fresh:
             parts.retained.clear_notices()

@@ -4,12 +4,11 @@ Round r, after the signed selection (base version v = the latest checkpoint)::
 
     1  TransferManifest("<model>.v<v>") + Chunks -> each selected device
        (its down topic; once per device and version), or -> all (global)
-       when every online device reads v first (a step's
-       `BeforeTraining.fleet_needs_model`: a federated evaluation, CLIMB's
-       dual step)
-    2  the before-training steps, in order, each until it is done
-       (`ursa.coordinator.before_training`; CLIMB's dual step is one:
-       `ursa.coordinator.methods.climb`); their kinds go to them
+       when every online device reads v first (the runtime's steps say so:
+       `TrainingSteps.fleet_needs_model`); `ursa.coordinator.model_delivery`
+    2  the runtime runs the methods' before-training steps
+       (`ursa.coordinator.step_runner`) and then tells the plugin to train
+       (`on_steps_done`); under secure aggregation its key steps run next
     3  ModelAvailable(r, v, transfer id, sha256) -> all (retained): the
        selected devices train from v (a device missing chunks, or a device
        that was not sent v and needs it, asks `ChunkRequest`, answered on its
@@ -17,7 +16,7 @@ Round r, after the signed selection (base version v = the latest checkpoint)::
     4  device -> ModelUpdate(base_version=v, num_examples, delta inline, or
        transfer_id after an upload manifest + chunks) -> running weighted sum
        (`ursa.coordinator.aggregation`: FedAvg by num_examples, equal, or
-       what a step says: CLIMB averages deltas the devices already scaled)
+       what a step says, `TrainingSteps.weighting`)
     5  [every selected online device answered, or the update deadline]
        v+1 = v + server_lr * mean delta (plain: each delta clipped to
        clip_norm and weight to max_examples, combined by aggregation_rule;
@@ -42,8 +41,8 @@ round's record says why (``refused``).
 Upload chunks still missing are re-requested every ``retry_s``.
 
 Restarts: the running sum (a model artefact file, `ursa.coordinator.model_store`)
-is checkpointed after every accepted update, and each step keeps its phase
-record in the coordinator's store (written in the transaction of the
+is checkpointed after every accepted update, and secure aggregation keeps its
+phase records in the coordinator's store (written in the transaction of the
 message); `on_selected` for the same round (a restarted service) resumes
 them and re-publishes what the round waits on. The coordinator
 needs no torch: it starts from an initial weights file (see
@@ -71,22 +70,19 @@ from ursa.coordinator.aggregation import (
     finalize_aggregation,
     init_aggregation,
 )
-from ursa.coordinator.before_training import (
-    BeforeTraining,
-    RoundInfo,
-    StepBuilder,
-    StepContext,
-)
+from ursa.coordinator.before_training import StepContext
 from ursa.coordinator.clock import Clock
 from ursa.coordinator.federation_end import FinalModel, fits_inline
+from ursa.coordinator.model_delivery import ModelDelivery
 from ursa.coordinator.model_store import ModelStore, UnsafeModelError, signed_spec
-from ursa.coordinator.model_transfer import (
-    OutgoingModels,
-    TransferRejectedError,
-    Uploads,
-    model_notice,
+from ursa.coordinator.model_transfer import Uploads, model_notice
+from ursa.coordinator.plugin import (
+    PluginContext,
+    RoundInfo,
+    RoundOutcome,
+    RoundPlugin,
+    Send,
 )
-from ursa.coordinator.plugin import CoordinatorView, RoundOutcome, RoundPlugin, Send
 from ursa.coordinator.secure_aggregation.session import (
     SecureAggregation,
     check_accountant,
@@ -159,9 +155,11 @@ class TrainingRoundReport:
 
 
 class TrainingPlugin(RoundPlugin):
-    """FedAvg / equal training rounds over chunked model transfers, after steps.
+    """FedAvg / equal training rounds over chunked model transfers.
 
     Args:
+        ctx: The service's view and the runtime's before-training steps (the
+            weighting a step sets, the round's metrics).
         federation: The federation id (messages carry it).
         state_dir: The coordinator's state directory (models go below it).
         config: The training configuration.
@@ -170,20 +168,18 @@ class TrainingPlugin(RoundPlugin):
         evaluate: Called after every round with the new global model.
         on_round: Called with each finished round's record.
         clock: Seconds, for the phase deadlines (the service's clock).
-        before_training: Steps run in order before each round trains (e.g.
-            ``ClimbDualStep.later(spec)``); they name the signed method and
-            may set the weighting, and are built with the plugin's context
-            when the service lends it its view (`attach`).
         method: The training method devices run when no step names one
             (``fedavg``; ``fedprox`` aggregates as FedAvg too).
+        delivery: Who gets which model version (default: one made from
+            ``config``'s chunk size and fetch bound).
 
     Raises:
         ModelStoreError: no checkpoint and no (usable) initial weights.
-        ValueError: two steps own one message kind or set different weightings.
     """
 
     def __init__(
         self,
+        ctx: PluginContext,
         *,
         federation: str,
         state_dir: Path,
@@ -192,16 +188,13 @@ class TrainingPlugin(RoundPlugin):
         evaluate: Evaluator | None = None,
         on_round: Callable[[TrainingRoundReport], None] | None = None,
         clock: Clock = time.time,
-        before_training: Sequence[StepBuilder] = (),
         method: str = "fedavg",
+        delivery: ModelDelivery | None = None,
     ) -> None:
         self.config = config or TrainingConfig()
         self._method = method
-        self._builders = tuple(before_training)
-        self._state_dir = state_dir
-        self._secure: SecureAggregation | None = None
-        self._steps: tuple[BeforeTraining, ...] = ()
-        """The steps, built in `attach` (the secure aggregation's last)."""
+        self._view = ctx.view
+        self._steps = ctx.steps
         if self.config.aggregation.secure:
             check_accountant(self.config.aggregation)
         else:
@@ -210,9 +203,7 @@ class TrainingPlugin(RoundPlugin):
                 "device's model update (for debugging only)",
                 self.config.model,
             )
-        self._step_router = Router(COORDINATOR)
-        kinds = [builder.kind for builder in self._builders]
-        self._weighting = _weighting(self.config.weighting, kinds)
+        self._weighting = ctx.steps.weighting or self.config.weighting
         self._federation = federation
         self._store = ModelStore(
             state_dir, self.config.model, keep=self.config.keep_versions
@@ -232,13 +223,24 @@ class TrainingPlugin(RoundPlugin):
         self._evaluate = evaluate
         self._on_round = on_round
         self._clock = clock
-        self._view: CoordinatorView | None = None
         self._send: Send | None = None
-        self._outgoing = OutgoingModels(
+        self._delivery = delivery or ModelDelivery(
             federation,
+            self.config.model,
             chunk_size=self.config.chunk_size,
             max_requests=self.config.max_chunk_requests,
         )
+        self._secure: SecureAggregation | None = None
+        self._secure_router = Router(COORDINATOR)
+        if self.config.aggregation.secure:
+            self._secure = SecureAggregation(
+                StepContext(federation, ctx.view, self._emit, clock),
+                self.config.aggregation,
+                model=self.config.model,
+                state_dir=state_dir,
+                weighting=lambda: self._weighting.value,
+            )
+            self._secure.register(self._secure_router)
         self._open: OpenRound | None = None
         self.history: list[TrainingRoundReport] = []
 
@@ -269,42 +271,12 @@ class TrainingPlugin(RoundPlugin):
         """The rounds' secure aggregation (None: plain sums)."""
         return self._secure
 
-    @property
-    def before_training(self) -> tuple[BeforeTraining, ...]:
-        """The methods' steps each round runs before it trains.
-
-        Secure aggregation's key steps run after them (`secure_aggregation`).
-        """
-        return tuple(s for s in self._steps if s is not self._secure)
-
-    def attach(self, view: CoordinatorView) -> None:
-        """Keep the service's view (key epoch, who is online); build the steps.
-
-        Raises:
-            ValueError: two steps own one message kind.
-        """
-        self._view = view
-        ctx = StepContext(self._federation, view, self._emit, self._clock)
-        steps = [builder.build(ctx) for builder in self._builders]
-        if self.config.aggregation.secure:
-            self._secure = SecureAggregation(
-                ctx,
-                self.config.aggregation,
-                model=self.config.model,
-                state_dir=self._state_dir,
-                weighting=lambda: self._weighting.value,
-            )
-            steps.append(self._secure)
-        self._steps = tuple(steps)
-        for step in self._steps:
-            step.register(self._step_router)
-
     # --- RoundPlugin ------------------------------------------------------------
 
     def on_selected(
         self, round_index: int, selected: tuple[str, ...], send: Send
     ) -> None:
-        """Publish the model, run the before-training steps, let the selected train."""
+        """Publish the model; the round waits for the steps (`on_steps_done`)."""
         self._send = send
         current = self._open
         if current is not None and current.index == round_index:
@@ -340,7 +312,24 @@ class TrainingPlugin(RoundPlugin):
             work.phase = RoundPhase.DONE  # aggregated just before a restart
             return
         self._deliver(round_index, self._audience(round_index, selected))
-        self._open_steps(work, now, 0)
+
+    def round_info(self, round_index: int) -> RoundInfo | None:
+        """The open round's model and base version, while it waits on the steps."""
+        work = self._open
+        if work is None or work.index != round_index:
+            return None
+        if work.phase is not RoundPhase.BEFORE:
+            return None
+        return RoundInfo(work.index, work.model, work.base_version, work.selected)
+
+    def on_steps_done(self, round_index: int, send: Send) -> None:
+        """The runtime's steps are done: secure aggregation's keys, then train."""
+        self._send = send
+        work = self._open
+        if work is None or work.index != round_index:
+            return
+        if work.phase is RoundPhase.BEFORE:
+            self._open_keys(work, self._clock())
 
     def on_message(self, round_index: int, message: BaseMessage, send: Send) -> None:
         """Route a training-phase message (refusals raise `RejectedError`)."""
@@ -352,8 +341,8 @@ class TrainingPlugin(RoundPlugin):
         work = self._open
         if work is None or work.index != round_index:
             raise RejectedError(ErrorCode.LATE, f"round {round_index} is not training")
-        if self._step_router.dispatch(message) is not Dispatch.UNHANDLED:
-            self._after_step_event(work, self._clock())
+        if self._secure_router.dispatch(message) is not Dispatch.UNHANDLED:
+            self._after_keys_event(work, self._clock())
         elif isinstance(message, UpdateMessage | MaskedUpdate):
             secure = self._secure
             if (secure is None) != isinstance(message, UpdateMessage):
@@ -383,14 +372,15 @@ class TrainingPlugin(RoundPlugin):
         self._maybe_finish(work)
 
     def on_tick(self, round_index: int, now: float, send: Send) -> None:
-        """Tick the running step; close the round at its deadline; re-request chunks."""
+        """Tick the key steps; close the round at its deadline; re-request chunks."""
         self._send = send
         work = self._open
         if work is None or work.index != round_index:
             return
         if work.phase is RoundPhase.BEFORE:
-            self._steps[work.step].on_tick(round_index, now)
-            self._after_step_event(work, now)
+            if work.keys_opened and self._secure is not None:
+                self._secure.on_tick(round_index, now)
+                self._after_keys_event(work, now)
             return
         if work.phase is RoundPhase.UNMASK:
             assert self._secure is not None
@@ -409,27 +399,26 @@ class TrainingPlugin(RoundPlugin):
             self._emit(request, device)
 
     def extend_deadlines(self, seconds: float) -> None:
-        """The open round's step and update deadline wait ``seconds`` longer."""
+        """The open round's key steps and update deadline wait ``seconds`` longer.
+
+        The methods' steps are the runtime's (`ursa.coordinator.step_runner`).
+        """
         work = self._open
         if work is None or work.phase is RoundPhase.DONE or seconds <= 0:
             return
-        if work.phase is RoundPhase.BEFORE:
-            self._steps[work.step].extend_deadlines(seconds)
-        elif work.phase is RoundPhase.UNMASK and self._secure is not None:
+        if self._secure is not None and work.phase is not RoundPhase.TRAIN:
             self._secure.extend_deadlines(seconds)
         work.deadline_at += seconds
 
     def on_device_failed(self, round_index: int, device: str, code: str) -> None:
         """Stop waiting for a device whose training failed; close once none is left.
 
-        A refused mean's sum (``mean_refused``) goes to the steps instead: the
-        device still trains, but the sum's result may never come.
+        A refused mean's sum (``mean_refused``) is the runtime's steps' (the
+        device still trains): the round only looks again whether it may close.
         """
         work = self._open
         if code == MEAN_REFUSED:
             if work is not None and work.index == round_index:
-                for step in self._steps:
-                    step.refused(round_index, device)
                 self._maybe_finish(work)
             return
         if work is None or work.index != round_index or not work.fail(device):
@@ -463,9 +452,7 @@ class TrainingPlugin(RoundPlugin):
         last = self.history[-1] if self.history else None
         last_round = 0 if last is None else last.round
         if fits_inline(self._payload):
-            self._outgoing.publish(
-                self.config.model, self._latest.version, self._payload, last_round
-            )
+            self._delivery.keep(self._latest.version, self._payload, last_round)
         else:
             self._deliver(last_round, None)
         version = self._latest.version
@@ -489,8 +476,7 @@ class TrainingPlugin(RoundPlugin):
 
     def methods(self) -> tuple[str, ...]:
         """The training method devices must run: the steps' methods, else `method`."""
-        signed = (b.kind.name for b in self._builders if b.kind.signed)
-        return tuple(dict.fromkeys(signed)) or (self._method,)
+        return self._steps.methods() or (self._method,)
 
     def is_complete(self, round_index: int) -> bool:
         """Whether the round has been aggregated (or ended without updates)."""
@@ -515,18 +501,14 @@ class TrainingPlugin(RoundPlugin):
         self, round_index: int, selected: Sequence[str]
     ) -> Sequence[str] | None:
         """Who gets the round's model: its selected devices, or all (None)."""
-        if any(step.fleet_needs_model(round_index) for step in self._steps):
+        if self._steps.fleet_needs_model(round_index):
             return None
         return selected
 
     def _deliver(self, round_index: int, to: Sequence[str] | None) -> None:
         """The latest version's chunks to ``to`` (None: all), once per recipient."""
-        for message, device in self._outgoing.deliveries(
-            self.config.model,
-            self._latest.version,
-            self._payload,
-            round_index,
-            to,
+        for message, device in self._delivery.deliveries(
+            self._latest.version, self._payload, round_index, to
         ):
             self._emit(message, device)
 
@@ -545,10 +527,10 @@ class TrainingPlugin(RoundPlugin):
     def _republish(self, work: OpenRound) -> None:
         if work.phase is RoundPhase.DONE:
             return
-        self._outgoing.redeliver()
+        self._delivery.redeliver()
         self._deliver(work.index, self._audience(work.index, work.selected))
-        for step in self._steps[: work.step + 1]:
-            step.republish(work.index)
+        if work.keys_opened and self._secure is not None:
+            self._secure.republish(work.index)
         if work.phase is RoundPhase.TRAIN:
             self._emit(self._notice(work), None)
 
@@ -571,38 +553,34 @@ class TrainingPlugin(RoundPlugin):
         self._emit(self._notice(work), None)
         self._maybe_finish(work)
 
-    # --- before-training steps --------------------------------------------------
+    # --- secure aggregation's key steps -----------------------------------------
 
-    def _open_steps(self, work: OpenRound, now: float, first: int) -> None:
-        """Open the steps from ``first`` on, until one waits; then train."""
-        info = RoundInfo(work.index, work.model, work.base_version, work.selected)
-        for index in range(first, len(self._steps)):
-            step = self._steps[index]
-            work.step = index
-            phase = step.open(info, now)
-            if phase is not None and step is not self._secure:
-                work.phases[step.name] = phase  # its figures are in the metrics
-            if not step.is_done(work.index):
-                return
-        self._start_training(work, now)
+    def _open_keys(self, work: OpenRound, now: float) -> None:
+        """Secure aggregation's key steps (resumed after a restart); then train."""
+        secure = self._secure
+        if secure is not None and not work.keys_opened:
+            work.keys_opened = True
+            info = RoundInfo(work.index, work.model, work.base_version, work.selected)
+            secure.open(info, now)
+        self._after_keys_event(work, now)
 
-    def _after_step_event(self, work: OpenRound, now: float) -> None:
-        """Once the running step is done, open the next one (or train)."""
-        if work.phase is RoundPhase.BEFORE and self._steps[work.step].is_done(
-            work.index
-        ):
-            self._open_steps(work, now, work.step + 1)
+    def _after_keys_event(self, work: OpenRound, now: float) -> None:
+        """Once the key steps are done (or there are none), train."""
+        if work.phase is not RoundPhase.BEFORE:
+            return
+        secure = self._secure
+        if secure is None or (work.keys_opened and secure.is_done(work.index)):
+            self._start_training(work, now)
 
     def _online(self) -> Set[str]:
-        return frozenset() if self._view is None else self._view.online_devices()
+        return self._view.online_devices()
 
     # --- updates ------------------------------------------------------------------
 
     def _accepted(self, work: OpenRound, device: str, message: UpdateMessage) -> None:
         if message.metrics:
             work.device_metrics[device] = dict(message.metrics)
-        for step in self._steps:
-            step.on_update(work.index, device, message)
+        self._steps.on_update(work.index, device, message)
         self._store.save_partial(work.index, work.base_version, work.aggregation)
         logger.info(
             "round %d: update %d/%d from %s (%d examples)",
@@ -646,7 +624,7 @@ class TrainingPlugin(RoundPlugin):
             return
         if work.phase is not RoundPhase.TRAIN:
             return
-        online = None if self._view is None else self._online()
+        online = self._online()
         secure = self._secure
         if secure is None:
             waiting = work.waiting(online)
@@ -656,9 +634,7 @@ class TrainingPlugin(RoundPlugin):
                 expected=secure.expected(work.index),
                 answered=secure.contributors(work.index),
             )
-        if not waiting and any(
-            step.awaits(work.index, self._clock()) for step in self._steps
-        ):
+        if not waiting and self._steps.awaits(work.index, self._clock()):
             return  # a step's own figure (the fleet's evaluation) is on its way
         if not waiting:
             why = "every selected online device answered"
@@ -756,10 +732,10 @@ class TrainingPlugin(RoundPlugin):
             logger.warning("round %d: dropped silent devices %s", work.index, dropped)
         work.close()
         self._store.clear_round(work.index)
-        metrics: dict[str, Any] = {}
-        for step in self._steps:
-            metrics.update(step.metrics(work.index))
-            step.close(work.index)
+        metrics: dict[str, Any] = dict(self._steps.metrics(work.index))
+        if self._secure is not None:
+            metrics.update(self._secure.metrics(work.index))
+            self._secure.close(work.index)
         if work.device_metrics:
             metrics["devices"] = summarise_device_metrics(work.device_metrics)
         if secure_sums is not None:
@@ -778,18 +754,17 @@ class TrainingPlugin(RoundPlugin):
             work.selected,
             contributed,
             dropped,
-            {name: len(phase.answered) for name, phase in work.phases.items()},
+            self._steps.answered(work.index),
             self._clock() - work.started_at,
             metrics,
             failed,
             refused,
         )
         self.history.append(record)
-        if self._view is not None:  # for `ursa coordinator status`
-            self._view.store.set_meta(
-                LAST_ROUND_PREFIX + self.config.model,
-                json.dumps(round_figures(record), allow_nan=False),
-            )
+        self._view.store.set_meta(  # for `ursa coordinator status`
+            LAST_ROUND_PREFIX + self.config.model,
+            json.dumps(round_figures(record), allow_nan=False),
+        )
         logger.info(
             "round %d: %d updates -> version %d (%s)",
             work.index,
@@ -839,35 +814,8 @@ class TrainingPlugin(RoundPlugin):
 
     def _on_chunk_request(self, device: str, request: ChunkRequest, send: Send) -> None:
         """A device fetches a current version (its chunks go to it alone)."""
-        try:
-            replies = self._outgoing.answer(device, request, now=self._clock())
-        except TransferRejectedError as exc:
-            raise RejectedError(ErrorCode.TRANSFER_FAILED, str(exc)) from None
-        pushed = self._outgoing.pushed_to(request.transfer_id)
-        logger.debug(
-            "round %d: %s fetches %d chunk(s) of transfer %s%s",
-            request.round,
-            device,
-            len(replies) - 1,
-            request.transfer_id,
-            "" if pushed is None or device in pushed else " (not sent it)",
-        )
-        for reply in replies:
+        for reply in self._delivery.answer(device, request, self._clock()):
             send(reply, device)
-
-
-def _weighting(
-    configured: Weighting, steps: Sequence[type[BeforeTraining]]
-) -> Weighting:
-    """The configured weighting, unless a step says how its rounds average.
-
-    Raises:
-        ValueError: two steps say different things.
-    """
-    said = {step.weighting for step in steps if step.weighting is not None}
-    if len(said) > 1:
-        raise ValueError(f"before-training steps disagree on weighting: {said}")
-    return said.pop() if said else configured
 
 
 def _float_values(work: OpenRound) -> int:

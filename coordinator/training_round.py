@@ -24,7 +24,6 @@ from ursa.coordinator.aggregation import (
     Weighting,
     apply_update,
 )
-from ursa.coordinator.before_training import StepPhase
 from ursa.coordinator.model_store import DEFAULT_KEEP_VERSIONS
 from ursa.coordinator.model_transfer import (
     DEFAULT_MAX_CHUNK_REQUESTS,
@@ -89,7 +88,8 @@ class RoundPhase(StrEnum):
     """Where an open round is."""
 
     BEFORE = "before_training"
-    """The round's before-training steps run (`ursa.coordinator.before_training`)."""
+    """The runtime's before-training steps run (`ursa.coordinator.step_runner`),
+    then secure aggregation's key steps."""
     TRAIN = "train"
     UNMASK = "unmask"
     """Secure aggregation: the survivors' shares remove the masks from the sum."""
@@ -110,10 +110,8 @@ class OpenRound:
     aggregation: AggregationState
     uploads: Uploads
     started_at: float
-    step: int = 0
-    """The before-training step that runs (or ran last)."""
-    phases: dict[str, StepPhase] = field(default_factory=dict)
-    """The phases the round's before-training steps opened, by method name."""
+    keys_opened: bool = False
+    """Secure aggregation's key steps opened (after the runtime's steps)."""
     pending: dict[str, tuple[UpdateMessage | MaskedUpdate, float]] = field(
         default_factory=dict
     )

@@ -5,12 +5,15 @@ the integration tests all build through here, so a ``[[methods]]`` list means
 the same thing everywhere:
 
 * coordinator: the training method (``fedavg``, ``fedprox``, ``climb`` or
-  ``feddisk``) becomes its `RoundPlugin`, built by its entry in the
-  coordinator's method table (`ursa.coordinator.methods.registry`) from
-  the hooks, initial weights and runtime steps given here; no training
-  method, no plugin (rounds end at the selection). The selection and
-  balancing methods (FLICKER's coordinator half) are built by the runtime
-  through the same table, with its context;
+  ``feddisk``) becomes the builder of its `RoundPlugin` (the service builds
+  it with its context), made by its entry in the coordinator's method table
+  (`ursa.coordinator.methods.registry`) from the hooks and initial weights
+  given here; no training method, no plugin (rounds end at the selection).
+  The steps the runtime runs before each round trains (CLIMB's
+  `ClimbDualStep`, the federated evaluation) come from the same table
+  (`before_training_steps`). The selection and balancing methods (FLICKER's
+  coordinator half) are built by the runtime through the same table, with
+  its context;
 * device: a ``[training]`` section becomes a `TorchTrainer`, which the
   device's method table wraps as its training method needs (FedDisk's
   `FeddiskTrainer`); the device's methods (CLIMB's dual steps with its
@@ -41,10 +44,11 @@ from ursa.coordinator.training_hooks import RoundHooks, TrainingHooks
 from ursa.tools.error_text import brief
 
 if TYPE_CHECKING:
+    from ursa.coordinator.before_training import StepBuilder
     from ursa.coordinator.clock import Clock
     from ursa.coordinator.config import CoordinatorConfig
     from ursa.coordinator.federation_end import FinalOutput
-    from ursa.coordinator.plugin import RoundPlugin
+    from ursa.coordinator.plugin import PluginBuilder, PluginContext, RoundPlugin
     from ursa.coordinator.service import CoordinatorService
     from ursa.coordinator.telemetry import Telemetry
     from ursa.coordinator.training import Evaluator, TrainingRoundReport
@@ -63,6 +67,7 @@ __all__ = [
     "RoundHooks",
     "ServiceSetupError",
     "TrainingHooks",
+    "before_training_steps",
     "build_coordinator",
     "build_device",
     "coordinator_initial_weights",
@@ -86,26 +91,35 @@ class ServiceSetupError(ValueError):
     """A coordinator or device that cannot be built from its config (one line)."""
 
 
+def before_training_steps(config: CoordinatorConfig) -> list[StepBuilder]:
+    """The steps the runtime runs before each round of the training method trains.
+
+    The training method's own (CLIMB's dual step), then the federated
+    evaluation (``[evaluation] every``); none without a training method. The
+    method table says which (`ursa.coordinator.methods.registry`).
+    """
+    from ursa.coordinator.methods.registry import before_training_steps as steps
+
+    return list(steps(config))
+
+
 def training_plugin(
     config: CoordinatorConfig,
     hooks: TrainingHooks | None = None,
     telemetry: Telemetry | None = None,
-) -> RoundPlugin | None:
-    """The plugin of the config's training method (None without one).
+) -> PluginBuilder | None:
+    """The builder of the config's training method's plugin (None without one).
 
-    The method table builds it (`ursa.coordinator.methods.registry`); this
+    The method table makes it (`ursa.coordinator.methods.registry`); this
     gives it the hooks, the initial weights (checked against the
-    architecture), the holdout evaluator and the runtime's steps.
-    ``telemetry`` (the service's) also gets every round's record.
+    architecture) and the holdout evaluator. ``telemetry`` (the service's)
+    also gets every round's record.
 
     Raises:
-        ServiceSetupError: no checkpoint yet and no usable initial weights.
+        ServiceSetupError: an unusable ``[training]`` (also when the service
+            calls the builder: no checkpoint yet and no usable initial weights).
     """
-    from ursa.coordinator.methods.registry import (
-        TrainingInputs,
-        before_training_steps,
-        training_method,
-    )
+    from ursa.coordinator.methods.registry import TrainingInputs, training_method
     from ursa.coordinator.model_store import ModelStoreError
 
     if config.training_method() is None:
@@ -116,12 +130,25 @@ def training_plugin(
     inputs = TrainingInputs(
         hooks=replace(hooks, classifier=replace(classifier, evaluate=evaluate)),
         initial_weights=lambda model: coordinator_initial_weights(config, model),
-        steps=before_training_steps(config),
     )
     try:
-        return training_method(config, inputs)
+        build = training_method(config, inputs)
     except (ModelStoreError, OSError, ValueError) as exc:
         raise ServiceSetupError(f"[training]: {brief(exc)}") from None
+    return None if build is None else _setup_errors(build)
+
+
+def _setup_errors(build: Callable[[PluginContext], RoundPlugin]) -> PluginBuilder:
+    """``build``, raising `ServiceSetupError` (one line) for an unusable setup."""
+    from ursa.coordinator.model_store import ModelStoreError
+
+    def built(ctx: PluginContext) -> RoundPlugin:
+        try:
+            return build(ctx)
+        except (ModelStoreError, OSError, ValueError) as exc:
+            raise ServiceSetupError(f"[training]: {brief(exc)}") from None
+
+    return built
 
 
 def coordinator_initial_weights(config: CoordinatorConfig, model: str) -> Path | None:
@@ -253,12 +280,14 @@ def build_coordinator(
     config = registry_of_the_model(config)
     telemetry = Telemetry()
     plugin = training_plugin(config, hooks, telemetry)
+    steps = before_training_steps(config)
     output = final_output(config)
     try:
         if clock is None:
             return CoordinatorService(
                 config,
                 plugin=plugin,
+                steps=steps,
                 transport=transport,
                 final_output=output,
                 telemetry=telemetry,
@@ -266,6 +295,7 @@ def build_coordinator(
         return CoordinatorService(
             config,
             plugin=plugin,
+            steps=steps,
             transport=transport,
             clock=clock,
             final_output=output,

@@ -18,9 +18,11 @@ What an entry builds depends on its role, so each role has its entry class
   `SelectionContext` when the runtime's context exists;
 * balancing (`BalancingEntry`): a `Balancing` method (FLICKER), built with
   the `MethodContext` likewise;
-* training (`TrainingEntry`): the `RoundPlugin` of the federation's rounds
-  (its before-training steps with it), from `TrainingInputs` (the hooks and
-  initial weights composition gives);
+* training (`TrainingEntry`): the builder of the `RoundPlugin` of the
+  federation's rounds (the runtime calls it with the plugin's context),
+  from `TrainingInputs` (the hooks and initial weights composition gives),
+  and the method's own before-training steps (CLIMB's dual step), which the
+  runtime runs;
 * evaluation (`StepEntry`): federated evaluation's before-training step,
   when its section asks for one; not a signed method.
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -63,7 +66,7 @@ from ursa.coordinator.methods_config import (
     RandomSpec,
     TrainingSpec,
 )
-from ursa.coordinator.plugin import RoundPlugin
+from ursa.coordinator.plugin import NoSteps, PluginBuilder, PluginContext
 from ursa.coordinator.selection_method import SelectionContext, SelectionMethod
 from ursa.coordinator.store import CoordinatorStore
 from ursa.coordinator.training import TrainingPlugin
@@ -110,8 +113,6 @@ class TrainingInputs:
     hooks: TrainingHooks
     initial_weights: Callable[[str], Path | None]
     """A model's version 0 (by wire name), checked against the architecture."""
-    steps: tuple[StepBuilder, ...] = ()
-    """The runtime's own steps before training (federated evaluation)."""
 
 
 @dataclass(frozen=True)
@@ -132,12 +133,18 @@ class BalancingEntry:
     role: ClassVar[EntryRole] = EntryRole.BALANCING
 
 
+def _no_steps(spec: Any) -> tuple[StepBuilder, ...]:
+    return ()
+
+
 @dataclass(frozen=True)
 class TrainingEntry:
-    """A training kind: its settings class and its round plugin's builder."""
+    """A training kind: its settings class, its plugin's builder, its steps."""
 
     settings: type[BaseModel]
-    build: Callable[[Any, CoordinatorConfig, TrainingInputs], RoundPlugin]
+    build: Callable[[Any, CoordinatorConfig, TrainingInputs], PluginBuilder]
+    steps: Callable[[Any], tuple[StepBuilder, ...]] = _no_steps
+    """The method's own steps, run by the runtime before each round trains."""
     role: ClassVar[EntryRole] = EntryRole.TRAINING
 
 
@@ -195,54 +202,62 @@ def _classifier(
     inputs: TrainingInputs,
     *,
     weighting: str = "fedavg",
-    steps: tuple[StepBuilder, ...] = (),
-) -> TrainingPlugin:
-    """The classifier's plugin under ``spec``: FedAvg unless ``weighting`` says."""
+) -> Callable[[PluginContext], TrainingPlugin]:
+    """The classifier's plugin under ``spec``: FedAvg unless ``weighting`` says.
+
+    The initial weights are read (and checked) now, at composition; the
+    plugin is built when the runtime calls the builder with its context.
+    """
     training = (
         config.training_section()
         .training_config(weighting)
         .model_copy(update={"aggregation": config.aggregation})
     )
     hooks = inputs.hooks.classifier
-    return TrainingPlugin(
+    return partial(
+        TrainingPlugin,
         federation=config.federation,
         state_dir=config.state_dir,
         config=training,
         initial_weights=inputs.initial_weights(training.model),
         evaluate=hooks.evaluate,
         on_round=hooks.on_round,
-        before_training=[*steps, *inputs.steps],
         method=spec.kind,
     )
 
 
 def _fedavg(
     spec: FedAvgSpec, config: CoordinatorConfig, inputs: TrainingInputs
-) -> RoundPlugin:
+) -> PluginBuilder:
     weighting = "equal" if spec.weights == "equal" else "fedavg"
     return _classifier(spec, config, inputs, weighting=weighting)
 
 
 def _fedprox(
     spec: FedProxSpec, config: CoordinatorConfig, inputs: TrainingInputs
-) -> RoundPlugin:
+) -> PluginBuilder:
     """FedAvg's rounds: ``mu`` reaches the devices signed in each key epoch."""
     return _classifier(spec, config, inputs)
 
 
 def _climb(
     spec: ClimbSpec, config: CoordinatorConfig, inputs: TrainingInputs
-) -> RoundPlugin:
-    """FedAvg's rounds with CLIMB's dual step before each (it sets the weights)."""
-    return _classifier(spec, config, inputs, steps=(ClimbDualStep.later(spec),))
+) -> PluginBuilder:
+    """FedAvg's rounds; CLIMB's dual step (`_climb_steps`) sets the weights."""
+    return _classifier(spec, config, inputs)
+
+
+def _climb_steps(spec: ClimbSpec) -> tuple[StepBuilder, ...]:
+    return (ClimbDualStep.later(spec),)
 
 
 def _feddisk(
     spec: FeddiskSpec, config: CoordinatorConfig, inputs: TrainingInputs
-) -> RoundPlugin:
+) -> PluginBuilder:
     """A federated MADE first, then the classifier's density-ratio rounds."""
     made_hooks = inputs.hooks.made
-    made = TrainingPlugin(
+    made = partial(
+        TrainingPlugin,
         federation=config.federation,
         state_dir=config.state_dir,
         config=config.training_section()
@@ -252,10 +267,12 @@ def _feddisk(
         evaluate=made_hooks.evaluate,
         on_round=made_hooks.on_round,
     )
-    return FeddiskPlugin(
+    classifier = _classifier(spec, config, inputs)
+    return lambda ctx: FeddiskPlugin(
+        ctx.view,
         federation=config.federation,
-        made=made,
-        classifier=_classifier(spec, config, inputs),
+        made=made(PluginContext(ctx.view, NoSteps())),  # the MADE's: none
+        classifier=classifier(ctx),
         config=spec,
         on_switch=inputs.hooks.on_switch,
     )
@@ -276,7 +293,7 @@ COORDINATOR_METHODS: Mapping[str, MethodEntry] = {
     "random": SelectionEntry(RandomSpec, _random),
     "fedavg": TrainingEntry(FedAvgSpec, _fedavg),
     "fedprox": TrainingEntry(FedProxSpec, _fedprox),
-    "climb": TrainingEntry(ClimbSpec, _climb),
+    "climb": TrainingEntry(ClimbSpec, _climb, _climb_steps),
     "feddisk": TrainingEntry(FeddiskSpec, _feddisk),
     "flicker": BalancingEntry(FlickerSpec, _flicker),
     "evaluation": StepEntry(EvaluationConfig, _fleet_evaluation),
@@ -313,19 +330,27 @@ def balancing_method(config: CoordinatorConfig, ctx: MethodContext) -> Balancing
 
 
 def before_training_steps(config: CoordinatorConfig) -> tuple[StepBuilder, ...]:
-    """The runtime's own steps before training its sections ask for (evaluation)."""
+    """The steps the runtime runs before each round trains, in order.
+
+    The training method's own (CLIMB's dual step), then those the runtime's
+    sections ask for (federated evaluation); none without a training method.
+    """
+    spec = config.training_method()
+    if spec is None:
+        return ()
     built = (
         entry.build(config)
         for entry in COORDINATOR_METHODS.values()
         if isinstance(entry, StepEntry)
     )
-    return tuple(step for step in built if step is not None)
+    own = _entry(spec.kind, TrainingEntry).steps(spec)
+    return (*own, *(step for step in built if step is not None))
 
 
 def training_method(
     config: CoordinatorConfig, inputs: TrainingInputs
-) -> RoundPlugin | None:
-    """The round plugin of the federation's training method (None without one).
+) -> PluginBuilder | None:
+    """The plugin builder of the federation's training method (None without one).
 
     Raises:
         ModelStoreError, OSError, ValueError: a checkpoint, weights or

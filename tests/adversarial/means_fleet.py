@@ -27,7 +27,7 @@ from ursa.coordinator.methods_config import (
     FedAvgSpec,
     FeddiskSpec,
 )
-from ursa.coordinator.plugin import RoundPlugin
+from ursa.coordinator.plugin import PluginBuilder, PluginContext
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
@@ -162,32 +162,35 @@ class Fleet:
     forger: ForgingTransport | None
 
 
-def training_plugin(
-    fed: Federation, tmp_path: Path, steps: Sequence[StepBuilder]
-) -> TrainingPlugin:
-    """Plain rounds of `INITIAL` with ``steps`` before each."""
+def training_plugin(fed: Federation, tmp_path: Path) -> PluginBuilder:
+    """Plain rounds of `INITIAL` (the runtime's steps before each)."""
     initial = tmp_path / "initial.ursw"
     initial.write_bytes(arrays_to_bytes(INITIAL))
-    return TrainingPlugin(
-        federation=fed.config.federation,
-        state_dir=fed.config.state_dir,
-        config=TrainingConfig(aggregation=PLAIN),
-        initial_weights=initial,
-        clock=fed.clock,
-        before_training=list(steps),
-    )
+
+    def build(ctx: PluginContext) -> TrainingPlugin:
+        return TrainingPlugin(
+            ctx,
+            federation=fed.config.federation,
+            state_dir=fed.config.state_dir,
+            config=TrainingConfig(aggregation=PLAIN),
+            initial_weights=initial,
+            clock=fed.clock,
+        )
+
+    return build
 
 
 def start_fleet(
     fed: Federation,
     *,
-    plugin: RoundPlugin,
+    plugin: PluginBuilder,
+    steps: Sequence[StepBuilder] = (),
     training: Spec,
     forge: Forge | None,
     trainer: Callable[[int], ModelTrainer],
     device_training: DeviceSpec | None = None,
 ) -> Fleet:
-    """The real coordinator with ``plugin``, a device per id, the forger.
+    """The real coordinator with ``plugin`` and ``steps``, a device per id, the forger.
 
     The devices' ``[[methods]]`` are Dubhe and ``device_training`` (default:
     ``training``'s kind with its device defaults).
@@ -203,6 +206,7 @@ def start_fleet(
         transport=InMemoryTransport(fed.bus, "coordinator"),
         clock=fed.clock,
         plugin=plugin,
+        steps=steps,
     )
     fed.coordinator.start()
     trainers: dict[str, ModelTrainer] = {}
@@ -234,7 +238,7 @@ def start_fleet(
         fed.transports[device_id] = transport
         client.start()
     fed.settle()
-    return Fleet(fed, plugin, trainers, forger)
+    return Fleet(fed, fed.coordinator.plugin, trainers, forger)
 
 
 def run_out(fed: Federation, seconds: float, *, ticks: int = 100) -> None:

@@ -52,6 +52,7 @@ from ursa.coordinator.fleet_eval import FleetEvaluation
 from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.methods_config import ClimbSpec, FedAvgSpec, FeddiskSpec
+from ursa.coordinator.plugin import CoordinatorView, NoSteps, PluginContext
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.paillier import PaillierPublicKey, encrypted_vector_from
 from ursa.edge_sdk.methods.climb.dual import ClimbConfig
@@ -112,7 +113,8 @@ def climb_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MakeFleet]
         made.append(fed)
         return start_fleet(
             fed,
-            plugin=training_plugin(fed, tmp, [ClimbDualStep.later()]),
+            plugin=training_plugin(fed, tmp),
+            steps=[ClimbDualStep.later()],
             training=ClimbSpec(),
             forge=forge,
             trainer=RecordingTrainer,
@@ -260,7 +262,8 @@ def eval_fleet(tmp: Path, forge: Forge | None) -> Fleet:
     )
     return start_fleet(
         fed,
-        plugin=training_plugin(fed, tmp, [step]),
+        plugin=training_plugin(fed, tmp),
+        steps=[step],
         training=FedAvgSpec(),
         forge=forge,
         trainer=EvaluatingTrainer,
@@ -338,8 +341,9 @@ def feddisk_fleet(tmp: Path, forge: Forge | None) -> Fleet:
     made_file.write_bytes(arrays_to_bytes(INITIAL))
     state = fed.config.state_dir
 
-    def training(model: str) -> TrainingPlugin:
+    def training(view: CoordinatorView, model: str) -> TrainingPlugin:
         return TrainingPlugin(
+            PluginContext(view, NoSteps()),
             federation=fed.config.federation,
             state_dir=state,
             config=TrainingConfig(model=model, aggregation=PLAIN),
@@ -347,13 +351,16 @@ def feddisk_fleet(tmp: Path, forge: Forge | None) -> Fleet:
             clock=fed.clock,
         )
 
-    plugin = FeddiskPlugin(
-        federation=fed.config.federation,
-        made=training("made"),
-        classifier=training("classifier"),
-        config=FEDDISK,
-        clock=fed.clock,
-    )
+    def plugin(ctx: PluginContext) -> FeddiskPlugin:
+        return FeddiskPlugin(
+            ctx.view,
+            federation=fed.config.federation,
+            made=training(ctx.view, "made"),
+            classifier=training(ctx.view, "classifier"),
+            config=FEDDISK,
+            clock=fed.clock,
+        )
+
     fleet = start_fleet(
         fed,
         plugin=plugin,

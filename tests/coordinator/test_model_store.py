@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -177,13 +178,15 @@ def test_a_model_past_the_specs_bounds_is_not_signed(
 
 
 def test_the_training_plugin_signs_its_models_spec(tmp_path: Path) -> None:
+    from ursa.coordinator.plugin import CoordinatorView, NoSteps, PluginContext
     from ursa.coordinator.training import TrainingPlugin
 
     initial = tmp_path / "initial.ursw"
     arrays = {"w": np.zeros((3, 4), dtype=np.float32)}
     initial.write_bytes(arrays_to_bytes(arrays))
+    unread = PluginContext(cast(CoordinatorView, object()), NoSteps())
     plugin = TrainingPlugin(
-        federation="fed", state_dir=tmp_path, initial_weights=initial
+        unread, federation="fed", state_dir=tmp_path, initial_weights=initial
     )
     spec = plugin.model_spec()
     assert spec is not None and spec.triples() == (("w", (3, 4), "float"),)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from ursa.coordinator.before_training import BeforeTraining, StepBuilder, StepCo
 from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import ClimbSpec, DubheSpec, FedAvgSpec
 from ursa.coordinator.model_store import ModelStore
+from ursa.coordinator.plugin import CoordinatorView, NoSteps, PluginContext
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.status import read_status
@@ -39,6 +41,9 @@ from ursa.protocol.inmemory import InMemoryTransport
 from ursa.protocol.messages import ChunkRequest, ModelUpdate
 
 FED = "fed"
+
+UNREAD = PluginContext(cast(CoordinatorView, object()), NoSteps())
+"""A plugin's context no test here reads (a plugin built outside a service)."""
 
 PLAIN = AggregationConfig(mode="plain")
 """These tests check the plain path's wire (updates in the clear, by design)."""
@@ -94,21 +99,27 @@ def start_training(
     """
     initial = tmp_path / "initial.ursw"
     initial.write_bytes(arrays_to_bytes(INITIAL))
-    plugin = TrainingPlugin(
+    build = partial(
+        TrainingPlugin,
         federation=FED,
         state_dir=fed.config.state_dir,
         config=config,
         initial_weights=initial,
         clock=fed.clock,
-        before_training=[*climb_steps(climb), *(steps or [])],
         evaluate=evaluate,
     )
     transport = InMemoryTransport(fed.bus, "coordinator")
     method = ClimbSpec() if climb is not None else FedAvgSpec()
     fed.config = fed.config.model_copy(update={"methods": (DubheSpec(), method)})
     fed.coordinator = CoordinatorService(
-        fed.config, transport=transport, clock=fed.clock, plugin=plugin
+        fed.config,
+        transport=transport,
+        clock=fed.clock,
+        plugin=build,
+        steps=[*climb_steps(climb), *(steps or [])],
     )
+    plugin = fed.coordinator.plugin
+    assert isinstance(plugin, TrainingPlugin)
     fed.coordinator.start()
     for index, device_id in enumerate(fed.device_ids):
         device_config = fed.device_config(device_id).model_copy(
@@ -360,7 +371,7 @@ def test_a_restarted_plugin_resumes_from_the_latest_checkpoint(
     plugin = start_training(fed, tmp_path, TrainingConfig(aggregation=PLAIN))
     assert plugin.version == 2
 
-    again = TrainingPlugin(federation=FED, state_dir=fed.config.state_dir)
+    again = TrainingPlugin(UNREAD, federation=FED, state_dir=fed.config.state_dir)
 
     assert again.version == 2
     for name, value in again.global_arrays.items():
@@ -369,7 +380,7 @@ def test_a_restarted_plugin_resumes_from_the_latest_checkpoint(
 
 def test_a_plugin_without_weights_refuses_to_start(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no initial weights"):
-        TrainingPlugin(federation=FED, state_dir=tmp_path)
+        TrainingPlugin(UNREAD, federation=FED, state_dir=tmp_path)
 
 
 def test_float16_deltas_are_half_the_bytes_and_still_aggregate(
@@ -400,19 +411,21 @@ def restart_coordinator(
 ) -> TrainingPlugin:
     """Stop the coordinator; a new, unstarted one with a new plugin on its state."""
     fed.coordinator.stop()
-    plugin = TrainingPlugin(
-        federation=FED,
-        state_dir=fed.config.state_dir,
-        config=config,
-        clock=fed.clock,
-        before_training=climb_steps(climb),
-    )
     fed.coordinator = CoordinatorService(
         fed.config,
         transport=InMemoryTransport(fed.bus, "coordinator"),
         clock=fed.clock,
-        plugin=plugin,
+        plugin=partial(
+            TrainingPlugin,
+            federation=FED,
+            state_dir=fed.config.state_dir,
+            config=config,
+            clock=fed.clock,
+        ),
+        steps=climb_steps(climb),
     )
+    plugin = fed.coordinator.plugin
+    assert isinstance(plugin, TrainingPlugin)
     return plugin
 
 

@@ -80,7 +80,7 @@ class Harness:
             CoordinatorConfig(**settings),
             transport=InMemoryTransport(self.bus, "coordinator"),
             clock=self.clock,
-            plugin=plugin,
+            plugin=None if plugin is None else (lambda _ctx: plugin),
         )
         self.ids = [f"d{i}" for i in range(n)]
         self.clients: dict[str, EdgeClient] = {}

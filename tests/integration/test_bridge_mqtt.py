@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -118,13 +119,16 @@ def test_a_federation_trains_with_half_its_devices_behind_a_site_bridge(
     config = config.model_copy(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 60})}
     )
-    plugin = TrainingPlugin(
+    build = partial(
+        TrainingPlugin,
         federation="split",
         state_dir=config.state_dir,
         config=TrainingConfig(update_timeout_s=30),
         initial_weights=initial,
     )
-    service = CoordinatorService(config, plugin=plugin)
+    service = CoordinatorService(config, plugin=build)
+    plugin = service.plugin
+    assert isinstance(plugin, TrainingPlugin)
     service.start()
     loop = threading.Thread(target=service.run, daemon=True)
     loop.start()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -110,13 +111,16 @@ def _torch_federation(
         methods=(RandomSpec(), FedAvgSpec()),
         deadlines=DEADLINES,
     )
-    plugin = TrainingPlugin(
+    build = partial(
+        TrainingPlugin,
         federation=config.federation,
         state_dir=config.state_dir,
         config=TrainingConfig(update_timeout_s=NEVER_S),
         initial_weights=initial,
     )
-    service = CoordinatorService(config, plugin=plugin)
+    service = CoordinatorService(config, plugin=build)
+    plugin = service.plugin
+    assert isinstance(plugin, TrainingPlugin)
     service.start()
     thread = threading.Thread(target=service.run, name="coordinator", daemon=True)
     thread.start()

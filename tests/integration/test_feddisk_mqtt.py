@@ -12,6 +12,7 @@ import pytest
 
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.methods_config import DubheSpec, FeddiskSpec
+from ursa.coordinator.plugin import NoSteps, PluginContext
 from ursa.coordinator.service import CoordinatorService
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.identity import verify_signature
@@ -75,27 +76,35 @@ def test_feddisk_trains_the_made_then_the_weighted_classifier_over_mosquitto(
     )
     timeouts = TrainingConfig(update_timeout_s=40)
     switches: list[tuple[int, int]] = []
-    plugin = FeddiskPlugin(
-        federation="disk",
-        made=TrainingPlugin(
+
+    def build(ctx: PluginContext) -> FeddiskPlugin:
+        return FeddiskPlugin(
+            ctx.view,
             federation="disk",
-            state_dir=config.state_dir,
-            config=timeouts.model_copy(update={"model": "made"}),
-            initial_weights=made_initial,
-        ),
-        classifier=TrainingPlugin(
-            federation="disk",
-            state_dir=config.state_dir,
-            config=timeouts,
-            initial_weights=initial,
-            evaluate=score,
-        ),
-        config=FeddiskSpec(
-            max_made_rounds=MAX_MADE, loss_timeout_s=15, verdict_timeout_s=15
-        ),
-        on_switch=lambda r, v: switches.append((r, v)),
-    )
-    service = CoordinatorService(config, plugin=plugin)
+            made=TrainingPlugin(
+                PluginContext(ctx.view, NoSteps()),
+                federation="disk",
+                state_dir=config.state_dir,
+                config=timeouts.model_copy(update={"model": "made"}),
+                initial_weights=made_initial,
+            ),
+            classifier=TrainingPlugin(
+                ctx,
+                federation="disk",
+                state_dir=config.state_dir,
+                config=timeouts,
+                initial_weights=initial,
+                evaluate=score,
+            ),
+            config=FeddiskSpec(
+                max_made_rounds=MAX_MADE, loss_timeout_s=15, verdict_timeout_s=15
+            ),
+            on_switch=lambda r, v: switches.append((r, v)),
+        )
+
+    service = CoordinatorService(config, plugin=build)
+    plugin = service.plugin
+    assert isinstance(plugin, FeddiskPlugin)
     service.start()
     loop = threading.Thread(target=service.run, daemon=True)
     loop.start()

@@ -48,9 +48,13 @@ def test_fedprox_rounds_over_mosquitto_train_with_the_signed_mu(
     config = config.model_copy(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 60})}
     )
-    plugin = compose.training_plugin(config)
+    service = CoordinatorService(
+        config,
+        plugin=compose.training_plugin(config),
+        steps=compose.before_training_steps(config),
+    )
+    plugin = service.plugin
     assert isinstance(plugin, TrainingPlugin)
-    service = CoordinatorService(config, plugin=plugin)
     service.start()
     loop = threading.Thread(target=service.run, daemon=True)
     loop.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +56,18 @@ def test_fleet_accuracy_is_the_sum_of_the_devices_counts_and_no_device_is_seen(
     config = config.model_copy(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 60})}
     )
-    plugin = TrainingPlugin(
+    build = partial(
+        TrainingPlugin,
         federation="feval",
         state_dir=config.state_dir,
         config=TrainingConfig(update_timeout_s=30),
         initial_weights=initial,
         evaluate=keep,
-        before_training=[
+    )
+    service = CoordinatorService(
+        config,
+        plugin=build,
+        steps=[
             FleetEvaluation.later(
                 config.evaluation,
                 num_classes=10,
@@ -69,8 +75,9 @@ def test_fleet_accuracy_is_the_sum_of_the_devices_counts_and_no_device_is_seen(
             )
         ],
     )
+    plugin = service.plugin
+    assert isinstance(plugin, TrainingPlugin)
     assert plugin.methods() == ("fedavg",)  # evaluation is not a signed method
-    service = CoordinatorService(config, plugin=plugin)
     service.start()
     loop = threading.Thread(target=service.run, daemon=True)
     loop.start()

@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import threading
 from contextlib import closing
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -80,15 +81,21 @@ def test_dubhe_climb_flicker_trains_after_flicker_balanced_the_images(
     config = config.model_copy(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 60})}
     )
-    plugin = TrainingPlugin(
+    build = partial(
+        TrainingPlugin,
         federation="flkfed",
         state_dir=config.state_dir,
         config=TrainingConfig(update_timeout_s=30),
         initial_weights=initial,
         evaluate=score,
-        before_training=[ClimbDualStep.later(ClimbSpec(dual_timeout_s=15))],
     )
-    service = CoordinatorService(config, plugin=plugin)
+    service = CoordinatorService(
+        config,
+        plugin=build,
+        steps=[ClimbDualStep.later(ClimbSpec(dual_timeout_s=15))],
+    )
+    plugin = service.plugin
+    assert isinstance(plugin, TrainingPlugin)
     service.start()
     loop = threading.Thread(target=service.run, daemon=True)
     loop.start()

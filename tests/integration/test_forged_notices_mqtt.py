@@ -16,6 +16,7 @@ import hashlib
 import logging
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -95,13 +96,16 @@ def test_every_device_refuses_forged_notices_over_mosquitto(
     config = fed.coordinator_config(
         N, k=N, tries=1, rounds=ROUNDS, methods=(DubheSpec(), FedAvgSpec())
     )
-    plugin = TrainingPlugin(
+    build = partial(
+        TrainingPlugin,
         federation=FED,
         state_dir=config.state_dir,
         config=TrainingConfig(update_timeout_s=30),
         initial_weights=initial,
     )
-    service = CoordinatorService(config, plugin=plugin)
+    service = CoordinatorService(config, plugin=build)
+    plugin = service.plugin
+    assert isinstance(plugin, TrainingPlugin)
     service.start()
     loop = threading.Thread(target=service.run, name="coordinator", daemon=True)
     loop.start()

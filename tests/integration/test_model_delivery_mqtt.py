@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,8 @@ def test_a_never_selected_device_receives_no_model_bytes_but_the_final(
     config = fed.coordinator_config(
         N, k=K, tries=3, rounds=ROUNDS, methods=(DubheSpec(), FedAvgSpec())
     )
-    plugin = TrainingPlugin(
+    build = partial(
+        TrainingPlugin,
         federation="deliver",
         state_dir=config.state_dir,
         config=TrainingConfig(update_timeout_s=30),
@@ -69,7 +71,9 @@ def test_a_never_selected_device_receives_no_model_bytes_but_the_final(
     config = config.model_copy(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 60})}
     )
-    service = CoordinatorService(config, plugin=plugin)
+    service = CoordinatorService(config, plugin=build)
+    plugin = service.plugin
+    assert isinstance(plugin, TrainingPlugin)
     service.start()
     loop = threading.Thread(target=service.run, daemon=True)
     loop.start()

@@ -35,7 +35,12 @@ from ursa.edge_sdk.torch_trainer import TorchTrainer
 from ursa.edge_sdk.training import TrainConfig, evaluate
 from ursa.models.registry import initial_arrays
 from ursa.models.weights import arrays_to_bytes
-from ursa.tools.compose import RoundHooks, TrainingHooks, training_plugin
+from ursa.tools.compose import (
+    RoundHooks,
+    TrainingHooks,
+    before_training_steps,
+    training_plugin,
+)
 from ursa.tools.data.loaders import load_digits
 from ursa.tools.data.metrics import distance_to_uniform
 from ursa.tools.observe.server import observe_service
@@ -138,8 +143,12 @@ def test_metrics_status_and_dashboard_follow_a_live_federation(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 60})}
     )
     hooks = TrainingHooks(classifier=RoundHooks(score, on_round))
-    plugin = training_plugin(config, hooks, telemetry)
-    service = CoordinatorService(config, plugin=plugin, telemetry=telemetry)
+    service = CoordinatorService(
+        config,
+        plugin=training_plugin(config, hooks, telemetry),
+        steps=before_training_steps(config),
+        telemetry=telemetry,
+    )
     view = observe_service(service, "127.0.0.1:0")
     url = view.url
     before = _metrics(url)

@@ -10,6 +10,7 @@ coordinator has gone gets it from the broker.
 from __future__ import annotations
 
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -87,14 +88,17 @@ def test_a_failing_trainer_closes_the_round_before_its_deadline(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 600})}
     )
     records: list[TrainingRoundReport] = []
-    plugin = TrainingPlugin(
+    build = partial(
+        TrainingPlugin,
         federation="fails",
         state_dir=config.state_dir,
         config=TrainingConfig(update_timeout_s=600),
         initial_weights=initial,
         on_round=records.append,
     )
-    service = CoordinatorService(config, plugin=plugin)
+    service = CoordinatorService(config, plugin=build)
+    plugin = service.plugin
+    assert isinstance(plugin, TrainingPlugin)
     service.start()
     loop = threading.Thread(target=service.run, daemon=True)
     loop.start()

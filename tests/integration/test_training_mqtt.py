@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -82,18 +83,22 @@ def test_three_climb_rounds_over_mosquitto_improve_the_global_model(
     config = fed.coordinator_config(
         N, k=K, tries=3, rounds=ROUNDS, methods=(DubheSpec(), ClimbSpec())
     )
-    plugin = TrainingPlugin(
+    build = partial(
+        TrainingPlugin,
         federation="learn",
         state_dir=config.state_dir,
         config=TrainingConfig(update_timeout_s=30),
         initial_weights=initial,
         evaluate=score,
-        before_training=[ClimbDualStep.later(ClimbSpec(dual_timeout_s=15))],
     )
     config = config.model_copy(
         update={"deadlines": config.deadlines.model_copy(update={"training_s": 60})}
     )
-    service = CoordinatorService(config, plugin=plugin)
+    service = CoordinatorService(
+        config, plugin=build, steps=[ClimbDualStep.later(ClimbSpec(dual_timeout_s=15))]
+    )
+    plugin = service.plugin
+    assert isinstance(plugin, TrainingPlugin)
     service.start()
     loop = threading.Thread(target=service.run, daemon=True)
     loop.start()

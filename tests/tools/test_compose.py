@@ -6,20 +6,41 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from ursa.coordinator.plugin import CoordinatorView
+from ursa.coordinator.before_training import StepContext
+from ursa.coordinator.plugin import CoordinatorView, PluginContext, RoundPlugin
+from ursa.coordinator.step_runner import StepRunner
+from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.edge_sdk.methods.flicker.method import Flicker
 from ursa.tools import compose
 from ursa.tools.cli import service as cli_service
 
 DUBHE = {"kind": "dubhe"}
 UNREAD_VIEW = cast(CoordinatorView, object())
-"""A view for building a plugin's steps: they keep it and read it per round."""
+"""A view for building a plugin and its steps: they keep it and read it per round."""
+
+
+def _built(
+    config: Any, view: CoordinatorView = UNREAD_VIEW
+) -> tuple[RoundPlugin, StepRunner]:
+    """The config's training plugin and steps, built as the service builds them.
+
+    Raises:
+        ServiceSetupError: as `compose.training_plugin`, or when building.
+    """
+    build = compose.training_plugin(config)
+    assert build is not None
+    steps = StepRunner(
+        StepContext("f", view, lambda m, d: None, lambda: 0.0),
+        compose.before_training_steps(config),
+    )
+    return build(PluginContext(view, steps)), steps
 
 
 def test_labels_from_npy_and_text(tmp_path: Path) -> None:
@@ -67,13 +88,11 @@ def test_training_plugin_of_the_training_method(tmp_path: Path) -> None:
     assert compose.training_plugin(_coordinator(tmp_path, [DUBHE], None)) is None
     climb = [DUBHE, {"kind": "climb", "dual_period": 2}]
     with pytest.raises(compose.ServiceSetupError, match="initial weights"):
-        compose.training_plugin(_coordinator(tmp_path, climb, {}))
+        _built(_coordinator(tmp_path, climb, {}))
     section = {"initial_weights": str(_weights(tmp_path, "--input-dim", "8"))}
-    plugin = compose.training_plugin(_coordinator(tmp_path, climb, section))
+    plugin, steps = _built(_coordinator(tmp_path, climb, section))
     assert isinstance(plugin, TrainingPlugin)
-    assert plugin.before_training == ()  # built when the service lends a view
-    plugin.attach(UNREAD_VIEW)
-    (step,) = plugin.before_training
+    (step,) = steps.steps  # the runtime's, not the plugin's
     assert isinstance(step, ClimbDualStep) and step.spec.dual_period == 2
     assert plugin.version == 0 and plugin.weighting == "climb"
     assert plugin.methods() == ("climb",)
@@ -82,7 +101,6 @@ def test_training_plugin_of_the_training_method(tmp_path: Path) -> None:
 
 def test_the_service_signs_the_configs_methods(tmp_path: Path) -> None:
     from ursa.coordinator.service import CoordinatorService
-    from ursa.coordinator.training import TrainingPlugin
     from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 
     section = {"initial_weights": str(_weights(tmp_path, "--input-dim", "8"))}
@@ -93,10 +111,15 @@ def test_the_service_signs_the_configs_methods(tmp_path: Path) -> None:
     # a plugin that runs another method than the config names is refused
     climb_config = _coordinator(tmp_path, [DUBHE, {"kind": "climb"}], section)
     climb = compose.training_plugin(climb_config)
-    assert isinstance(climb, TrainingPlugin)
+    assert climb is not None
     says = "names fedavg, the training plugin runs climb"
     with pytest.raises(ValueError, match=says):
-        CoordinatorService(config, plugin=climb, transport=transport)
+        CoordinatorService(
+            config,
+            plugin=climb,
+            steps=compose.before_training_steps(climb_config),
+            transport=transport,
+        )
     del service
 
 
@@ -106,14 +129,18 @@ def test_feddisk_method_builds_the_two_phase_plugin(tmp_path: Path) -> None:
     section = {"initial_weights": str(_weights(tmp_path, "--input-dim", "8"))}
     feddisk: dict[str, Any] = {"kind": "feddisk", "max_made_rounds": 7}
     with pytest.raises(compose.ServiceSetupError, match="initial weights"):
-        compose.training_plugin(_coordinator(tmp_path, [DUBHE, feddisk], section))
+        _built(_coordinator(tmp_path, [DUBHE, feddisk], section))
     made = _weights(tmp_path, "--model", "made", "--input-dim", "8", name="m.ursw")
     feddisk["made_initial_weights"] = str(made)
-    plugin = compose.training_plugin(_coordinator(tmp_path, [DUBHE, feddisk], section))
-
-    assert isinstance(plugin, FeddiskPlugin)
+    store = CoordinatorStore(tmp_path / DB_FILENAME)  # FedDisk's progress is in it
+    try:
+        view = cast(CoordinatorView, SimpleNamespace(store=store))
+        plugin, _ = _built(_coordinator(tmp_path, [DUBHE, feddisk], section), view)
+        assert isinstance(plugin, FeddiskPlugin)
+        assert plugin.phase == "made" and plugin.made_rounds == 0
+    finally:
+        store.close()
     assert plugin.config.max_made_rounds == 7 and plugin.methods() == ("feddisk",)
-    assert plugin.phase == "made" and plugin.made_rounds == 0
     assert plugin.made.config.model == "made" and plugin.made.version == 0
     assert plugin.classifier.config.model == "classifier"
     assert plugin.classifier.config.weighting == "fedavg"
@@ -274,13 +301,14 @@ def test_flicker_on_both_sides_builds_each_half(tmp_path: Path) -> None:
 def test_a_coordinator_architecture_builds_version_0_and_checks_weights(
     tmp_path: Path,
 ) -> None:
+    from ursa.coordinator.training import TrainingPlugin
     from ursa.models.registry import initial_arrays
     from ursa.models.weights import arrays_from_bytes
 
     fedavg = [DUBHE, {"kind": "fedavg"}]
     arch = {"architecture": "mlp", "model_options": {"input_dim": 8, "num_classes": 10}}
-    plugin = compose.training_plugin(_coordinator(tmp_path, fedavg, arch))
-    assert plugin is not None and plugin.version == 0
+    plugin, _ = _built(_coordinator(tmp_path, fedavg, arch))
+    assert isinstance(plugin, TrainingPlugin) and plugin.version == 0
     built = arrays_from_bytes((tmp_path / "c" / "initial-classifier.ursw").read_bytes())
     expected = initial_arrays("mlp", arch["model_options"], seed=0)
     assert list(built) == list(expected)
@@ -298,14 +326,13 @@ def test_a_coordinator_architecture_builds_version_0_and_checks_weights(
 
 
 def test_an_import_path_architecture_on_both_sides(tmp_path: Path) -> None:
+    from ursa.coordinator.training import TrainingPlugin
     from ursa.edge_sdk.module_trainer import ModuleTrainer
 
     factory = "tests.models.spec_factories:softmax"
     section = {"architecture": factory, "model_options": {"features": 4, "classes": 3}}
-    plugin = compose.training_plugin(
-        _coordinator(tmp_path, [DUBHE, {"kind": "fedavg"}], section)
-    )
-    assert plugin is not None and plugin.version == 0
+    plugin, _ = _built(_coordinator(tmp_path, [DUBHE, {"kind": "fedavg"}], section))
+    assert isinstance(plugin, TrainingPlugin) and plugin.version == 0
     with pytest.raises(ValidationError, match="neither built in"):
         _coordinator(tmp_path, [DUBHE, {"kind": "fedavg"}], {"architecture": "resnet"})
 
@@ -368,10 +395,9 @@ def test_a_holdout_file_scores_every_version_beside_federated_evaluation(
         "registry": {"num_classes": 3, "groups": [1, 3], "sigma": [0.5, 0.0]},
         "evaluation": {"every": 2, "holdout_file": str(holdout)},
     }
-    plugin = compose.training_plugin(CoordinatorConfig.model_validate(fields))
+    plugin, steps = _built(CoordinatorConfig.model_validate(fields))
     assert isinstance(plugin, TrainingPlugin)
-    plugin.attach(UNREAD_VIEW)
-    (step,) = plugin.before_training
+    (step,) = steps.steps
     assert isinstance(step, FleetEvaluation) and step.num_classes == 3
     score = compose.holdout_evaluator(CoordinatorConfig.model_validate(fields))
     assert score is not None

@@ -18,7 +18,7 @@ import numpy as np
 
 from ursa.coordinator.telemetry import Telemetry
 from ursa.crypto.paillier_keys import MIN_SECURE_KEY_BITS
-from ursa.tools.compose import training_plugin
+from ursa.tools.compose import before_training_steps, training_plugin
 from ursa.tools.demo.coordinator import (
     MadeHooks,
     coordinator_config,
@@ -218,11 +218,18 @@ class DemoRun:
             update={"trust": operator.coordinator(config.state_dir)}
         )  # a trial's setup: the operator certifies the coordinator and every device
         hooks = training_hooks(evaluate, on_round, made)
-        plugin = training_plugin(config, hooks, self.telemetry)
-        classifier = plugin.classifier if isinstance(plugin, FeddiskPlugin) else plugin
-        if not isinstance(classifier, TrainingPlugin):
+        build = training_plugin(config, hooks, self.telemetry)
+        if build is None:
             raise DemoError("the demo trains: its config names a training method")
-        service = CoordinatorService(config, plugin=plugin, telemetry=self.telemetry)
+        service = CoordinatorService(
+            config,
+            plugin=build,
+            steps=before_training_steps(config),
+            telemetry=self.telemetry,
+        )
+        plugin = service.plugin
+        classifier = plugin.classifier if isinstance(plugin, FeddiskPlugin) else plugin
+        assert isinstance(classifier, TrainingPlugin)
         view = self._observe(service)
         stop = self.stop_service
         service.start()

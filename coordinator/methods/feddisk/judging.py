@@ -53,14 +53,18 @@ class FeddiskJudging(RoundPlugin):
     _federation: str
     _made: TrainingPlugin
     _clock: Clock
-    _state: FeddiskState
-    _view: CoordinatorView | None
+    _view: CoordinatorView
     _head: MeanHead | None
     """What the open judgement is about (round, epoch, MADE version)."""
     _agent: str
     """The key epoch's agent, whose verdict the judgement waits for."""
     _loss: Gather[MeanReport, EncryptedSum] | None
     _verdict: Wait[MadeVerdict] | None
+
+    @property
+    @abstractmethod
+    def _state(self) -> FeddiskState:
+        """FedDisk's saved progress (read from the store, open before any round)."""
 
     @abstractmethod
     def _decide(
@@ -106,14 +110,8 @@ class FeddiskJudging(RoundPlugin):
 
     def _open_loss(self, round_index: int, version: int, send: Send) -> None:
         """Ask for the loss of MADE ``version`` (or resume the saved step)."""
-        view = self._view
-        epoch = None if view is None else view.epoch_view()
-        if (
-            view is None
-            or epoch is None
-            or epoch.public_key is None
-            or epoch.agent is None
-        ):
+        epoch = self._view.epoch_view()
+        if epoch is None or epoch.public_key is None or epoch.agent is None:
             logger.warning(
                 "round %d: no key epoch; %s version %d is not judged",
                 round_index,
@@ -141,10 +139,10 @@ class FeddiskJudging(RoundPlugin):
             now=now,
             timeout_s=self.config.loss_timeout_s,
             send=send,
-            saved=view.store.phase(key),
+            saved=self._view.store.phase(key),
         )
         self._verdict = None
-        saved = view.store.phase(verdict_key(model, round_index))
+        saved = self._view.store.phase(verdict_key(model, round_index))
         if saved is not None and not self._loss.is_open:  # waiting for it
             try:
                 self._verdict = Wait.from_record(saved, MadeVerdict)
@@ -186,7 +184,7 @@ class FeddiskJudging(RoundPlugin):
         ``replied``: the device whose report it was (saved as one row).
         """
         head = self._head
-        assert head is not None and self._view is not None
+        assert head is not None
         store = self._view.store
         save_gather(store, loss, head.round, replied)
         if loss.is_open:
@@ -225,7 +223,7 @@ class FeddiskJudging(RoundPlugin):
         wait, head = self._verdict, self._head
         if wait is None or head is None:
             raise RejectedError(ErrorCode.LATE, "the loss sum has not been sent")
-        epoch = None if self._view is None else self._view.epoch_view()
+        epoch = self._view.epoch_view()
         wait.offer(message.sender, message, lambda m: check_verdict(m, epoch, head))
         logger.info(
             "round %d: agent's verdict on %s version %d: stop=%s, best %d",
@@ -243,10 +241,9 @@ class FeddiskJudging(RoundPlugin):
         self._loss, self._verdict = None, None
         if head is None:
             return None
-        if self._view is not None:
-            model = self.config.made_model
-            self._view.store.drop_phase(loss_step_key(model, head.round))
-            self._view.store.drop_phase(verdict_key(model, head.round))
+        model = self.config.made_model
+        self._view.store.drop_phase(loss_step_key(model, head.round))
+        self._view.store.drop_phase(verdict_key(model, head.round))
         return head.version
 
     def _publish_made(self, round_index: int, send: Send) -> None:
@@ -254,4 +251,4 @@ class FeddiskJudging(RoundPlugin):
         self._made.publish_latest(round_index, send)
 
     def _online(self) -> Set[str]:
-        return frozenset() if self._view is None else self._view.online_devices()
+        return self._view.online_devices()

@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from functools import cached_property
 from typing import Any, Literal
 
 from ursa.coordinator.clock import Clock
@@ -48,7 +49,12 @@ from ursa.coordinator.federation_end import FinalModel
 from ursa.coordinator.methods.feddisk.judging import FeddiskJudging
 from ursa.coordinator.methods.feddisk.state import FeddiskRoundKind, FeddiskState
 from ursa.coordinator.methods_config import FeddiskSpec
-from ursa.coordinator.plugin import CoordinatorView, RoundOutcome, Send
+from ursa.coordinator.plugin import (
+    CoordinatorView,
+    RoundInfo,
+    RoundOutcome,
+    Send,
+)
 from ursa.coordinator.training import TrainingPlugin
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -73,9 +79,12 @@ class FeddiskPlugin(FeddiskJudging):
     """FedDisk rounds: MADE training judged blind, then classifier training.
 
     Args:
+        view: The service's view (the store holds FedDisk's progress).
         federation: The federation id (messages carry it).
-        made: The global MADE's training rounds (FedAvg weighting).
-        classifier: The classifier's training rounds (phase 2).
+        made: The global MADE's training rounds (FedAvg weighting, no
+            before-training steps).
+        classifier: The classifier's training rounds (phase 2; the runtime's
+            steps run before them).
         config: FedDisk's phase-1 settings.
         clock: Seconds, for the loss and verdict deadlines.
         on_switch: Called with (round, best MADE version) after the switch.
@@ -87,6 +96,7 @@ class FeddiskPlugin(FeddiskJudging):
 
     def __init__(
         self,
+        view: CoordinatorView,
         *,
         federation: str,
         made: TrainingPlugin,
@@ -108,8 +118,7 @@ class FeddiskPlugin(FeddiskJudging):
         self._classifier = classifier
         self._clock = clock
         self._on_switch = on_switch
-        self._state = FeddiskState()
-        self._view: CoordinatorView | None = None
+        self._view = view
         self._head = None
         self._agent = ""
         self._loss = None
@@ -151,16 +160,14 @@ class FeddiskPlugin(FeddiskJudging):
 
     # --- RoundPlugin ------------------------------------------------------------
 
-    def attach(self, view: CoordinatorView) -> None:
-        """Keep the service's view, load the saved progress, attach both models.
+    @cached_property
+    def _state(self) -> FeddiskState:
+        """FedDisk's saved progress, read once from the store (open by then).
 
         Raises:
             FeddiskStateError: the saved progress is corrupt.
         """
-        self._state = FeddiskState.load(view.store)
-        self._view = view
-        self._made.attach(view)
-        self._classifier.attach(view)
+        return FeddiskState.load(self._view.store)
 
     def on_selected(
         self, round_index: int, selected: tuple[str, ...], send: Send
@@ -181,6 +188,20 @@ class FeddiskPlugin(FeddiskJudging):
             self._open_loss(round_index, version, send)
             return
         self._decide(round_index, None, send)
+
+    def round_info(self, round_index: int) -> RoundInfo | None:
+        """The classifier's round, while it waits on the runtime's steps.
+
+        The steps are the classifier's (a federated evaluation scores it): a
+        MADE round or a loss step runs none.
+        """
+        if self.phase != "classifier":
+            return None
+        return self._classifier.round_info(round_index)
+
+    def on_steps_done(self, round_index: int, send: Send) -> None:
+        """The active model's round trains (the MADE's waits on no steps)."""
+        self._active().on_steps_done(round_index, send)
 
     def on_message(self, round_index: int, message: BaseMessage, send: Send) -> None:
         """Take loss reports and verdicts; route the rest to the active model."""

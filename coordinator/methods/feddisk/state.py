@@ -42,7 +42,7 @@ class FeddiskRoundKind(StrEnum):
 class FeddiskState:
     """FedDisk's progress; `save` after changing a field.
 
-    Without a store (a plugin not attached to a service yet) it lives in
+    Without a store (a test's progress, not a service's) it lives in
     memory only.
     """
 
@@ -94,7 +94,7 @@ class FeddiskState:
         }
 
     def save(self) -> None:
-        """Write the progress to the store (if attached to one)."""
+        """Write the progress to the store (if it has one)."""
         if self.store is not None:
             self.store.set_method_state(METHOD, _KEY, self.to_record())
 

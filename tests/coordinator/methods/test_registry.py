@@ -26,13 +26,13 @@ from ursa.coordinator.methods.registry import (
     selection_method,
     training_method,
 )
-from ursa.coordinator.plugin import CoordinatorView
+from ursa.coordinator.plugin import CoordinatorView, NoSteps, PluginContext, RoundPlugin
 from ursa.coordinator.selection_method import SelectionContext
 from ursa.coordinator.training import TrainingPlugin
 from ursa.models.weights import arrays_to_bytes
 
 UNREAD_VIEW = cast(CoordinatorView, object())
-"""A view for building a plugin's steps: they keep it and read it per round."""
+"""A view for building a plugin: it keeps it and reads it per round."""
 UNREAD_CONTEXT = cast(SelectionContext, object())
 """A selection method keeps its context and reads it per round."""
 
@@ -54,8 +54,13 @@ def _inputs(tmp_path: Path, config: CoordinatorConfig) -> TrainingInputs:
     return TrainingInputs(
         hooks=TrainingHooks(),
         initial_weights=lambda model: weights,
-        steps=before_training_steps(config),
     )
+
+
+def _plugin(config: CoordinatorConfig, inputs: TrainingInputs) -> RoundPlugin:
+    build = training_method(config, inputs)
+    assert build is not None
+    return build(PluginContext(UNREAD_VIEW, NoSteps()))
 
 
 def test_the_table_has_every_kind_methods_may_name_and_evaluation() -> None:
@@ -84,16 +89,19 @@ def test_selection_methods_are_built_from_their_table(tmp_path: Path) -> None:
 
 
 def test_evaluation_is_a_step_only_when_its_section_asks(tmp_path: Path) -> None:
-    assert before_training_steps(_config(tmp_path)) == ()
-    config = _config(tmp_path, evaluation={"every": 2})
+    fedavg = {"kind": "fedavg"}
+    assert before_training_steps(_config(tmp_path, fedavg)) == ()
+    config = _config(tmp_path, fedavg, evaluation={"every": 2})
     (step,) = before_training_steps(config)
     assert step.kind is FleetEvaluation
+    # without a training method no round trains: no step runs before one
+    assert before_training_steps(_config(tmp_path, evaluation={"every": 2})) == ()
 
 
 def test_fedavg_weights_as_its_table_says(tmp_path: Path) -> None:
     for weights, weighting in (("examples", "fedavg"), ("equal", "equal")):
         config = _config(tmp_path, {"kind": "fedavg", "weights": weights})
-        plugin = training_method(config, _inputs(tmp_path, config))
+        plugin = _plugin(config, _inputs(tmp_path, config))
         assert isinstance(plugin, TrainingPlugin)
         assert plugin.config.weighting == weighting
         assert plugin.methods() == ("fedavg",)
@@ -101,19 +109,18 @@ def test_fedavg_weights_as_its_table_says(tmp_path: Path) -> None:
 
 def test_fedprox_trains_fedavgs_rounds_under_its_own_name(tmp_path: Path) -> None:
     config = _config(tmp_path, {"kind": "fedprox", "mu": 0.1})
-    plugin = training_method(config, _inputs(tmp_path, config))
+    plugin = _plugin(config, _inputs(tmp_path, config))
     assert isinstance(plugin, TrainingPlugin)
     assert plugin.config.weighting == "fedavg" and plugin.methods() == ("fedprox",)
 
 
 def test_climbs_dual_step_comes_before_the_runtimes_evaluation(tmp_path: Path) -> None:
     config = _config(tmp_path, {"kind": "climb"}, evaluation={"every": 1})
-    plugin = training_method(config, _inputs(tmp_path, config))
+    plugin = _plugin(config, _inputs(tmp_path, config))
     assert isinstance(plugin, TrainingPlugin)
-    plugin.attach(UNREAD_VIEW)
-    kinds = [type(step) for step in plugin.before_training]
+    assert plugin.methods() == ("climb",)
+    kinds = [step.kind for step in before_training_steps(config)]
     assert kinds == [ClimbDualStep, FleetEvaluation]
-    assert plugin.weighting == "climb"
 
 
 def test_feddisk_builds_its_two_phase_plugin(tmp_path: Path) -> None:
@@ -121,12 +128,11 @@ def test_feddisk_builds_its_two_phase_plugin(tmp_path: Path) -> None:
     made.write_bytes(arrays_to_bytes({"bias": np.zeros(4, dtype=np.float32)}))
     feddisk = {"kind": "feddisk", "made_initial_weights": str(made)}
     config = _config(tmp_path, feddisk, evaluation={"every": 1})
-    plugin = training_method(config, _inputs(tmp_path, config))
+    plugin = _plugin(config, _inputs(tmp_path, config))
     assert isinstance(plugin, FeddiskPlugin)
     assert plugin.made.config.model == "made"
     assert plugin.classifier.config.model == "classifier"
-    plugin.classifier.attach(UNREAD_VIEW)
-    assert [type(s) for s in plugin.classifier.before_training] == [FleetEvaluation]
+    assert [s.kind for s in before_training_steps(config)] == [FleetEvaluation]
 
 
 def test_no_training_method_no_plugin(tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ from ursa.coordinator.before_training import RoundInfo, StepBuilder, StepContext
 from ursa.coordinator.methods.climb import ClimbDualStep
 from ursa.coordinator.methods_config import ClimbSpec
 from ursa.coordinator.phase import PhaseStatus
-from ursa.coordinator.plugin import EpochView
+from ursa.coordinator.plugin import EpochView, PluginContext
+from ursa.coordinator.step_runner import StepRunner
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
 from ursa.crypto.paillier import (
@@ -299,38 +300,49 @@ def test_an_unscaled_delta_is_noted(
     assert "d0 sent an unscaled delta (w=1)" in caplog.text
 
 
-# --- composed into a TrainingPlugin -------------------------------------------------
+# --- composed into the runtime's steps -----------------------------------------------
 
 
-def plugin(tmp_path: Path, *steps: StepBuilder) -> TrainingPlugin:
+def runner(store: CoordinatorStore, *steps: StepBuilder) -> StepRunner:
+    """The runtime's steps, as the service builds them."""
+    ctx = StepContext(FED, FakeView(None, store), lambda m, d: None, lambda: 0.0)
+    return StepRunner(ctx, steps)
+
+
+def plugin(
+    tmp_path: Path, store: CoordinatorStore, *steps: StepBuilder
+) -> TrainingPlugin:
     initial = tmp_path / "w.ursw"
     initial.write_bytes(arrays_to_bytes({"w": np.zeros(2, np.float32)}))
     return TrainingPlugin(
+        PluginContext(FakeView(None, store), runner(store, *steps)),
         federation=FED,
         state_dir=tmp_path / "state",
         config=TrainingConfig(),
         initial_weights=initial,
-        before_training=steps,
     )
 
 
 def test_the_step_names_the_signed_method_and_the_weighting(tmp_path: Path) -> None:
-    composed = plugin(tmp_path, ClimbDualStep.later())
-    assert composed.methods() == ("climb",)
-    assert composed.weighting is Weighting.CLIMB
-    plain = plugin(tmp_path)
-    assert plain.methods() == ("fedavg",) and plain.weighting is Weighting.FEDAVG
+    store = CoordinatorStore(tmp_path / DB_FILENAME)
+    try:
+        composed = plugin(tmp_path, store, ClimbDualStep.later())
+        assert composed.methods() == ("climb",)
+        assert composed.weighting is Weighting.CLIMB
+        plain = plugin(tmp_path, store)
+        assert plain.methods() == ("fedavg",) and plain.weighting is Weighting.FEDAVG
+    finally:
+        store.close()
 
 
 def test_two_owners_of_the_dual_report_are_refused(tmp_path: Path) -> None:
-    twice = plugin(tmp_path, ClimbDualStep.later(), ClimbDualStep.later())
     store = CoordinatorStore(tmp_path / DB_FILENAME)
     try:
         with pytest.raises(
             ValueError,
             match=r"MeanReport of purpose 'climb\.dual' is handled by 'climb'",
         ):
-            twice.attach(FakeView(None, store))  # the steps are built at start
+            runner(store, ClimbDualStep.later(), ClimbDualStep.later())
     finally:
         store.close()
 

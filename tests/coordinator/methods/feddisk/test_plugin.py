@@ -13,7 +13,7 @@ import pytest
 
 from ursa.coordinator.methods.feddisk.plugin import FeddiskPlugin
 from ursa.coordinator.methods_config import FeddiskSpec
-from ursa.coordinator.plugin import EpochView
+from ursa.coordinator.plugin import EpochView, NoSteps, PluginContext
 from ursa.coordinator.secure_aggregation.config import AggregationConfig
 from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
 from ursa.coordinator.training import TrainingConfig, TrainingPlugin
@@ -115,6 +115,7 @@ class Harness:
 
         def training(model: str, initial: Path) -> TrainingPlugin:
             return TrainingPlugin(
+                PluginContext(self.view, NoSteps()),
                 federation=FED,
                 state_dir=state,
                 config=TrainingConfig(
@@ -125,6 +126,7 @@ class Harness:
             )
 
         self.plugin = FeddiskPlugin(
+            self.view,
             federation=FED,
             made=training("made", made_file),
             classifier=training("classifier", classifier_file),
@@ -132,7 +134,6 @@ class Harness:
             clock=self.clock,
             on_switch=lambda r, v: self.switches.append((r, v)),
         )
-        self.plugin.attach(self.view)
         return self.plugin
 
     def send(self, message: BaseMessage, device: str | None) -> None:
@@ -145,14 +146,18 @@ class Harness:
         return [m for m, _ in self.sent if m.kind == kind]  # type: ignore[attr-defined]
 
     def select(self, round_index: int) -> None:
+        """As the round cycle: selected, then no steps to wait on."""
         self.plugin.on_selected(round_index, SELECTED, self.send)
+        self.plugin.on_steps_done(round_index, self.send)
 
     def deliver(self, round_index: int, message: BaseMessage) -> None:
         self.plugin.on_message(round_index, message, self.send)
+        self.plugin.on_steps_done(round_index, self.send)  # the step after it
 
     def tick(self, round_index: int, seconds: float) -> None:
         self.clock.now += seconds
         self.plugin.on_tick(round_index, self.clock.now, self.send)
+        self.plugin.on_steps_done(round_index, self.send)
 
     def update(self, round_index: int, device: str, model: str = "made") -> None:
         plugin = self.plugin.made if model == "made" else self.plugin.classifier
@@ -256,13 +261,14 @@ def test_models_must_match_the_config(harness: Callable[..., Harness]) -> None:
 
     with pytest.raises(ValueError, match="expects 'mine'"):
         FeddiskPlugin(
+            h.view,
             federation=FED,
             made=made,
             classifier=classifier,
             config=FeddiskSpec(made_model="mine"),
         )
     with pytest.raises(ValueError, match="both 'made'"):
-        FeddiskPlugin(federation=FED, made=made, classifier=made)
+        FeddiskPlugin(h.view, federation=FED, made=made, classifier=made)
 
 
 def test_a_made_round_then_a_blind_loss_step_and_another_made_round(

@@ -14,7 +14,7 @@ pytest.importorskip("torch")  # the federation here trains: torch-free Pythons s
 from tests.mu_recording_trainer import MuRecordingTrainer
 from ursa.coordinator.config import CoordinatorConfig, TrainingSection
 from ursa.coordinator.methods_config import DubheSpec, FedProxSpec
-from ursa.coordinator.plugin import CoordinatorView
+from ursa.coordinator.plugin import CoordinatorView, NoSteps, PluginContext
 from ursa.coordinator.training import TrainingPlugin
 from ursa.crypto.identity import verify_signature
 from ursa.edge_sdk.client import EdgeClient, device_will
@@ -66,12 +66,12 @@ def test_the_plugin_aggregates_as_fedavg_and_runs_fedprox(tmp_path: Path) -> Non
         methods=(DubheSpec(), FedProxSpec(mu=1.0)),
         training={"architecture": "mlp", "model_options": MODEL},
     )
-    plugin = compose.training_plugin(config)
+    build = compose.training_plugin(config)
+    assert build is not None and compose.before_training_steps(config) == []
+    plugin = build(PluginContext(cast(CoordinatorView, object()), NoSteps()))
     assert isinstance(plugin, TrainingPlugin)
     assert plugin.methods() == ("fedprox",)
     assert plugin.weighting == "fedavg"
-    plugin.attach(cast(CoordinatorView, object()))  # builds the steps: none
-    assert plugin.before_training == ()
 
 
 def test_settings_must_belong_to_a_listed_method() -> None:

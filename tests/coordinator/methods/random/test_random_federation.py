@@ -87,7 +87,7 @@ def with_slow_rounds(fed: Any) -> None:
         fed.config,
         transport=InMemoryTransport(fed.bus, "coordinator"),
         clock=fed.clock,
-        plugin=NeverDone(),
+        plugin=lambda _ctx: NeverDone(),
     )
 
 
