@@ -39,7 +39,8 @@ from ursa.edge_sdk.methods.flicker import algorithm as dev
 from ursa.edge_sdk.methods.flicker.context import DEFAULT_MAX_CONTEXT_BYTES
 from ursa.edge_sdk.methods.flicker.errors import RefusedError
 from ursa.edge_sdk.methods.flicker.participant import FlickerParticipant
-from ursa.protocol.envelope import decode, encode, message_kind, signing_bytes
+from ursa.lab.simulate.bare_device_link import BareDeviceLink
+from ursa.protocol.envelope import decode, message_kind, signing_bytes
 from ursa.protocol.errors import ProtocolError
 from ursa.protocol.messages import (
     COORDINATOR,
@@ -51,15 +52,7 @@ from ursa.protocol.messages import (
     RingHop,
     TransferManifest,
 )
-from ursa.protocol.outbox import Outbox
 from ursa.protocol.router import Dispatch, RejectedError, Router
-from ursa.protocol.topics import (
-    device_subscriptions,
-    name_for,
-    parse_topic,
-    qos_for,
-    up_topic,
-)
 from ursa.protocol.transport import Transport
 
 __all__ = ["FleetDevice"]
@@ -102,10 +95,9 @@ class FleetDevice:
         self.identity = identity
         self.rejections: list[tuple[str, str]] = []
         self._federation = federation
-        self._transport = transport
         self._coordinator = coordinator
         self._lock = threading.Lock()
-        self._outbox = Outbox(identity.device_id)
+        self._link = BareDeviceLink(federation, identity.device_id, transport)
         self.participant = FlickerParticipant(
             self,
             peers={d: p for d, p in peers.items() if d != identity.device_id},
@@ -134,9 +126,7 @@ class FleetDevice:
 
     def send(self, message: BaseMessage) -> None:
         """Queue a message for the coordinator (published after the handler)."""
-        name = name_for(message_kind(message))
-        topic = up_topic(self._federation, self.device_id, name)
-        self._outbox.put(topic, encode(message), qos_for(name))
+        self._link.send(message)
 
     def seal_for(
         self, peer: DevicePublicIdentity, context: bytes, plaintext: bytes
@@ -196,18 +186,12 @@ class FleetDevice:
 
     def attach(self) -> None:
         """Deliver the transport's messages to `handle`; subscribe to own topics."""
-        self._transport.set_handler(self.handle)
-        for pattern in device_subscriptions(self._federation, self.device_id):
-            self._transport.subscribe(pattern)
+        self._link.attach(self.handle)
 
     def handle(self, topic: str, payload: bytes) -> None:
         """Transport handler: admit one raw message, route it, publish the replies."""
-        try:
-            where = parse_topic(topic)
-        except ProtocolError:
-            return  # not an ursa topic
-        own = where.device == self.device_id and where.direction == "down"
-        if where.federation != self._federation or not (where.scope == "global" or own):
+        own = self._link.addressed(topic)
+        if own is None:
             return
         try:
             message = decode(payload)
@@ -228,7 +212,7 @@ class FleetDevice:
         except Exception as exc:  # nothing received may crash the device
             logger.exception("FLICKER: %s failed on %s", kind, self.device_id)
             self._note(kind, f"internal error: {exc!r}")
-        self._outbox.flush(self._transport)
+        self._link.flush()
 
     def _admit(self, message: BaseMessage, relayed: bool) -> None:
         if message.federation != self._federation:

@@ -2,22 +2,21 @@
 
 A simulation runs the production `FlickerMethod` (and so its
 `FlickerSession`), as Flower's simulation runs the production apps: the host
-builds it with a `MethodContext` made of the runtime's own parts (a
-`CoordinatorStore` in the given directory, the `SigningPoint` with a
-coordinator identity of its own, an `Outbox`, the `Router` FLICKER registers
-its kinds on) and answers refusals through the runtime's `Rejections` (a
-signed `ErrorReply` to the sender). What the host leaves out is admission:
-the in-memory bus of a simulation is trusted (topic, sender, enrolment,
-limits and seen ids are `CoordinatorService`'s, tested there). It keeps the
-refusals it answered in `rejections`, for the tests and the bench.
+builds it with a `MethodContext` made of the runtime's own parts
+(`ursa.lab.simulate.host_parts`: a `CoordinatorStore` in the given
+directory, the `SigningPoint` with a coordinator identity of its own, an
+`Outbox`; and the `Router` FLICKER registers its kinds on) and answers
+refusals through the runtime's `Rejections` (a signed `ErrorReply` to the
+sender). What the host leaves out is admission: the in-memory bus of a
+simulation is trusted (topic, sender, enrolment, limits and seen ids are
+`CoordinatorService`'s, tested there). It keeps the refusals it answered in
+`rejections`, for the tests and the bench.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from ursa.coordinator.clock import Clock
@@ -29,34 +28,17 @@ from ursa.coordinator.methods.flicker.outcome import (
     FlickerPhase,
     FlickerServiceConfig,
 )
-from ursa.coordinator.refusal_log import RefusalLog
-from ursa.coordinator.rejections import Rejections
-from ursa.coordinator.signing_point import SigningPoint
-from ursa.coordinator.store import DB_FILENAME, CoordinatorStore
-from ursa.coordinator.telemetry import Telemetry
 from ursa.crypto.ckks import CkksKeyOwner
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
-from ursa.protocol.envelope import decode, message_kind
-from ursa.protocol.errors import ProtocolError
-from ursa.protocol.messages import COORDINATOR, ChunkRequest, ErrorCode
-from ursa.protocol.outbox import Outbox
+from ursa.lab.simulate.host_parts import HostParts, Refusal
+from ursa.protocol.envelope import message_kind
+from ursa.protocol.messages import COORDINATOR, BaseMessage, ChunkRequest, ErrorCode
 from ursa.protocol.router import Dispatch, RejectedError, Router
-from ursa.protocol.topics import coordinator_subscriptions, parse_topic
 from ursa.protocol.transport import Transport
 
 __all__ = ["FlickerHost", "Refusal"]
 
 logger = logging.getLogger("ursa.lab.simulate.flicker")
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """One message the method refused: who sent it, its kind, the code and why."""
-
-    device: str | None
-    kind: str
-    code: str
-    reason: str
 
 
 class FlickerHost:
@@ -86,24 +68,19 @@ class FlickerHost:
         identity: DeviceIdentity | None = None,
     ) -> None:
         self.devices = devices
-        self.rejections: list[Refusal] = []
-        self.identity = identity or DeviceIdentity.generate(COORDINATOR)
-        self._transport = transport
         self._clock = clock
-        self._lock = threading.Lock()  # the transport's thread and the ticks
-        self._store = store = CoordinatorStore(state_dir / DB_FILENAME)
-        self._outbox = outbox = Outbox("coordinator (lab)")
-        telemetry = Telemetry()
-        self._outgoing = outgoing = SigningPoint(federation, outbox, telemetry)
-        outgoing.start(self.identity, store.run_id())
-        self._rejections = Rejections(
+        self._parts = parts = HostParts(
             federation,
-            telemetry=telemetry,
-            refusals=RefusalLog(logger),
-            outgoing=outgoing,
+            transport,
+            state_dir=state_dir,
             clock=clock,
-            round_index=lambda: 0,
+            logger=logger,
+            identity=identity,
         )
+        self._lock = parts.lock  # the transport's thread and the ticks
+        self.identity = parts.identity
+        self.rejections: list[Refusal] = parts.rejections
+        store, outgoing = parts.store, parts.outgoing
         self.method = method = build(
             MethodContext(
                 federation=federation,
@@ -153,9 +130,7 @@ class FlickerHost:
 
     def attach(self) -> None:
         """Deliver the transport's messages to `handle`; subscribe to device topics."""
-        self._transport.set_handler(self.handle)
-        for pattern in coordinator_subscriptions(self.config.federation):
-            self._transport.subscribe(pattern)
+        self._parts.attach(self.handle)
 
     def start(self, order: Sequence[str] | None = None) -> str:
         """Start a run over ``order`` (default: every device, shuffled); its id.
@@ -168,51 +143,27 @@ class FlickerHost:
                 rng = self.method.session.rng
                 order = fl.choose_ring_order(sorted(self.devices), rng)
             run_id = self.method.start(order, self._clock())
-        self._outbox.flush(self._transport)
+        self._parts.flush()
         return run_id
 
     def tick(self) -> None:
         """Act on passed deadlines, as the service's BALANCING stage does."""
         with self._lock:
             self.method.step(self._clock(), frozenset(self.devices))
-        self._outbox.flush(self._transport)
+        self._parts.flush()
 
     def handle(self, topic: str, payload: bytes) -> None:
         """Transport handler: decode, route to the method, answer a refusal."""
-        try:
-            where = parse_topic(topic)
-        except ProtocolError:
-            return  # not an ursa topic
-        if where.federation != self.config.federation or where.direction != "up":
-            return  # another federation's, or the coordinator's own messages
-        if where.device is None:
-            return
-        with self._lock:
-            self._route(where.device, payload)
-        self._outbox.flush(self._transport)
+        self._parts.receive(topic, payload, self._route)
 
-    def _route(self, device: str, payload: bytes) -> None:
-        kind, message_id = "?", None
-        try:
-            message = decode(payload)
-            kind, message_id = message_kind(message), message.message_id
-            if isinstance(message, ChunkRequest):
-                if not self.method.answers(message):
-                    raise RejectedError(ErrorCode.MALFORMED, "not the CKKS context")
-            elif self._router.dispatch(message) is not Dispatch.HANDLED:
-                raise RejectedError(ErrorCode.UNAUTHORISED, f"{kind} is not FLICKER's")
-        except ProtocolError as exc:
-            self._refuse(device, kind, ErrorCode.MALFORMED, str(exc), message_id)
-        except RejectedError as exc:
-            self._refuse(device, kind, exc.code, exc.reason, message_id)
+    def _route(self, message: BaseMessage) -> None:
+        if isinstance(message, ChunkRequest):
+            if not self.method.answers(message):
+                raise RejectedError(ErrorCode.MALFORMED, "not the CKKS context")
+        elif self._router.dispatch(message) is not Dispatch.HANDLED:
+            kind = message_kind(message)
+            raise RejectedError(ErrorCode.UNAUTHORISED, f"{kind} is not FLICKER's")
 
     def close(self) -> None:
         """Close the store (its directory is the caller's)."""
-        with self._lock:
-            self._store.close()
-
-    def _refuse(
-        self, device: str, kind: str, code: str, reason: str, in_reply_to: str | None
-    ) -> None:
-        self.rejections.append(Refusal(device, kind, code, reason))
-        self._rejections.reject(device, kind, code, reason, in_reply_to)
+        self._parts.close()

@@ -10,7 +10,11 @@ system's own algorithm code, only without a broker:
   means (plaintext means, or with ``climb_encrypted`` the real Paillier path:
   `encrypt_dual_report` -> `ursa.coordinator.methods.climb.dual_sum` ->
   `decrypt_dual_means`);
-  participants scale their deltas by ``w_i``;
+  participants scale their deltas by ``w_i``; with ``engine="production"``
+  the dual steps are the production objects' instead: the coordinator's
+  `ClimbDualStep` and every device's `Climb` over the in-memory bus
+  (`ursa.lab.simulate.climb_fleet`, real Paillier at ``key_bits``), of which
+  the reference loop above is the fast twin (tested equal);
 * ``feddisk``: phase 1 (`ursa.lab.simulate.feddisk`), then weighted rounds;
 * ``focal``: local focal loss (gamma 2, as the CLIMB reference code);
 * training: `ursa.lab.simulate.fleet_mlp.train_fleet` (the vectorised equivalent of
@@ -52,6 +56,7 @@ from ursa.edge_sdk.methods.climb.dual import (
     plain_dual_means,
 )
 from ursa.edge_sdk.training import TrainConfig, train_local
+from ursa.lab.simulate.climb_fleet import ClimbFleet, device_id
 from ursa.lab.simulate.feddisk import MadePhaseSettings, feddisk_phase_one
 from ursa.lab.simulate.fleet_mlp import (
     FleetResult,
@@ -67,6 +72,8 @@ from ursa.tools.data.metrics import distributions
 
 METHODS = ("fedavg", "focal", "climb", "feddisk")
 TRAINERS = ("vectorised", "sequential")
+ENGINES = ("reference", "production")
+"""How CLIMB's dual steps run: the simulator's loop, or the production objects."""
 FINAL_WINDOW = 10
 """Final accuracy = mean of the last this-many rounds (the issue's definition)."""
 
@@ -89,6 +96,7 @@ class RunSettings:
     dubhe_tries: int = 20
     feddisk: MadePhaseSettings = field(default_factory=MadePhaseSettings)
     trainer: str = "vectorised"
+    engine: str = "reference"
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,8 @@ class RunResult:
     extra_rounds: int
     diagnostics: dict[str, Any]
     elapsed_s: float
+    climb_weights: tuple[float, ...] = ()
+    """CLIMB: every device's ``w_i`` after the run (device order)."""
 
 
 def run_method(
@@ -118,6 +128,8 @@ def run_method(
         raise ValueError(
             f"unknown trainer {settings.trainer!r}; choose from {TRAINERS}"
         )
+    if settings.engine not in ENGINES:
+        raise ValueError(f"unknown engine {settings.engine!r}; choose from {ENGINES}")
     n, k = fed.num_devices, settings.participants
     if not 1 <= k <= n:
         raise ValueError(f"need 1 <= K <= N, got K={k}, N={n}")
@@ -155,34 +167,39 @@ def run_method(
     accuracy: list[float] = []
     per_class: list[npt.NDArray[np.float64]] = []
     distances: list[float] = []
-    for rnd in range(settings.rounds):
-        chosen = select(extra_rounds + rnd)
-        distances.append(
-            float(np.abs(p[chosen].mean(axis=0) - 1 / fed.num_classes).sum())
-        )
-        scales = None
+    try:
+        for rnd in range(settings.rounds):
+            chosen = select(extra_rounds + rnd)
+            distances.append(
+                float(np.abs(p[chosen].mean(axis=0) - 1 / fed.num_classes).sum())
+            )
+            scales = None
+            if climb is not None:
+                climb.before_round(rnd, arrays, devices, chosen)
+                scales = climb.weights[chosen].tolist()
+            seeds = [_device_seed(seed, rnd, int(i)) for i in chosen]
+            results = _train(
+                settings,
+                model_config,
+                arrays,
+                [devices[i] for i in chosen],
+                config,
+                seeds,
+                scales,
+            )
+            state = init_aggregation(arrays, weighting)
+            for i, res in zip(chosen, results, strict=True):
+                update = DeviceDelta(device_id(int(i)), res.delta, res.num_examples)
+                state, _ = apply_update(state, update)
+            arrays = finalize_aggregation(state, arrays)
+            acc, classes = evaluate_arrays(
+                arrays, fed.test_x, fed.test_y, fed.num_classes
+            )
+            accuracy.append(acc)
+            per_class.append(classes)
+    finally:
         if climb is not None:
-            if rnd % settings.dual_period == 0:
-                climb.dual_step(arrays, devices)
-            scales = climb.weights[chosen].tolist()
-        seeds = [_device_seed(seed, rnd, int(i)) for i in chosen]
-        results = _train(
-            settings,
-            model_config,
-            arrays,
-            [devices[i] for i in chosen],
-            config,
-            seeds,
-            scales,
-        )
-        state = init_aggregation(arrays, weighting)
-        for i, res in zip(chosen, results, strict=True):
-            update = DeviceDelta(f"dev{int(i):05d}", res.delta, res.num_examples)
-            state, _ = apply_update(state, update)
-        arrays = finalize_aggregation(state, arrays)
-        acc, classes = evaluate_arrays(arrays, fed.test_x, fed.test_y, fed.num_classes)
-        accuracy.append(acc)
-        per_class.append(classes)
+            climb.close()
     diagnostics["selection"]["mean_distance_to_uniform"] = float(np.mean(distances))
     if climb is not None:
         diagnostics["climb"] = climb.summary()
@@ -197,6 +214,7 @@ def run_method(
         extra_rounds,
         diagnostics,
         time.perf_counter() - start,
+        () if climb is None else tuple(float(w) for w in climb.weights),
     )
 
 
@@ -229,27 +247,65 @@ def device_losses(
 
 
 class _ClimbState:
-    """The devices' dual variables, kept by the simulator on their behalf."""
+    """The devices' dual variables: kept by the simulator, or by the devices.
+
+    The reference engine keeps them on the devices' behalf; the production
+    engine reads them from the devices of a `ClimbFleet`.
+    """
 
     def __init__(self, fed: Federation, settings: RunSettings, seed: int) -> None:
         self.config = settings.climb
-        self.encrypted = settings.climb_encrypted
+        self.period = settings.dual_period
+        self.engine = settings.engine
+        self.encrypted = settings.climb_encrypted or self.engine == "production"
         self.lambdas = np.zeros(fed.num_devices)
         self.weights = np.ones(fed.num_devices)
         self.steps = 0
         self.max_lambda = 0.0
         self.keys: tuple[PaillierPublicKey, PaillierSecretKey] | None = None
-        if self.encrypted:
+        self.fleet: ClimbFleet | None = None
+        if self.engine == "production":
+            self.fleet = ClimbFleet(
+                fed.devices,
+                self.config,
+                dual_period=self.period,
+                key_bits=settings.key_bits,
+                num_classes=fed.num_classes,
+            )
+        elif self.encrypted:
             self.keys = generate_keypair(settings.key_bits)
+
+    def before_round(
+        self,
+        rnd: int,
+        arrays: Arrays,
+        devices: Sequence[DeviceData],
+        chosen: npt.NDArray[np.int64],
+    ) -> None:
+        """Round ``rnd`` (from 0): the dual step if one is due."""
+        if self.fleet is not None:  # the step's own period, rounds from 1
+            selected = [device_id(int(i)) for i in chosen]
+            if self.fleet.dual_step(rnd + 1, arrays, selected):
+                self._stepped(self.fleet.weights, self.fleet.lambdas)
+        elif rnd % self.period == 0:
+            self.dual_step(arrays, devices)
 
     def dual_step(self, arrays: Arrays, devices: Sequence[DeviceData]) -> None:
         losses = device_losses(arrays, devices)
         means = self._means(losses)
-        self.weights, self.lambdas = apply_dual_means_all(
-            losses, self.lambdas, means, self.config
-        )
+        self._stepped(*apply_dual_means_all(losses, self.lambdas, means, self.config))
+
+    def _stepped(
+        self, weights: npt.NDArray[np.float64], lambdas: npt.NDArray[np.float64]
+    ) -> None:
+        self.weights, self.lambdas = weights, lambdas
         self.steps += 1
         self.max_lambda = max(self.max_lambda, float(self.lambdas.max()))
+
+    def close(self) -> None:
+        """Remove the production engine's stores."""
+        if self.fleet is not None:
+            self.fleet.close()
 
     def _means(self, losses: npt.NDArray[np.float64]) -> DualMeans:
         if self.keys is None:
@@ -258,12 +314,13 @@ class _ClimbState:
         state = init_dual_sum(public, max_parties=self.config.max_parties)
         for i, (f, lam) in enumerate(zip(losses, self.lambdas, strict=True)):
             report = encrypt_dual_report(public, self.config, float(f), float(lam))
-            state, _ = add_report(state, f"dev{i:05d}", report.to_bytes(public))
+            state, _ = add_report(state, device_id(i), report.to_bytes(public))
         return decrypt_dual_means(secret, self.config, finalize_encrypted_sum(state))
 
     def summary(self) -> dict[str, Any]:
         lam = self.lambdas
         return {
+            "engine": self.engine,
             "dual_steps": self.steps,
             "encrypted": self.encrypted,
             "final_lambda": {"mean": float(lam.mean()), "max": float(lam.max())},

@@ -23,6 +23,11 @@ is within ~1 point of its 600-round accuracy. The other two comparisons:
         --methods fedavg -k 20 --fedvc 16 --local-epochs 1 --batch-size 4 \
         --lr 0.1 --rounds 1000
 
+``--engine production`` plays CLIMB's dual steps with the production objects
+(the coordinator's `ClimbDualStep` and every device's `Climb` over the
+in-memory bus, Paillier at ``--key-bits``) instead of the simulator's own
+loop, which is their tested fast twin and the default (``reference``).
+
 Only argparse, json and numpy are imported at module level, so `ursa --help`
 stays light; the simulation modules (torch for the initial model and FedDisk's
 MADEs) load when the command runs.
@@ -84,6 +89,7 @@ class TrainSimConfig:
     target: float = 0.9
     smooth: int = 5
     trainer: str = "vectorised"
+    engine: str = "reference"
     curves: bool = False
 
 
@@ -161,6 +167,7 @@ def _run_comparison(config: TrainSimConfig) -> dict[str, Any]:
                     max_made_rounds=config.made_max_rounds,
                 ),
                 trainer=config.trainer,
+                engine=config.engine,
             )
             for method in config.methods:
                 name = variant_name(method, selection, multiple)
@@ -305,6 +312,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--target", type=float, default=d.target, help="target test accuracy")
     add("--smooth", type=int, default=d.smooth, help="window for 'best accuracy'")
     add("--trainer", default=d.trainer, choices=("vectorised", "sequential"))
+    add("--engine", default=d.engine, choices=("reference", "production"),
+        help="CLIMB's dual steps: the simulator's loop, or the production "
+        "ClimbDualStep and devices' Climb over the in-memory bus (Paillier at "
+        "--key-bits)")  # fmt: skip
     add("--curves", action="store_true", help="include accuracy per round in JSON")
     add("--json", action="store_true", help="print the report as JSON")
 

@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from ursa.edge_sdk.methods.climb.dual import ClimbConfig
 from ursa.edge_sdk.training import TrainConfig, evaluate_loss
 from ursa.lab.simulate.feddisk import MadePhaseSettings
 from ursa.lab.simulate.methods import RunSettings, device_losses, run_method
@@ -59,6 +60,38 @@ def test_climb_encrypted_duals_give_the_plaintext_run(fed) -> None:  # type: ign
     np.testing.assert_allclose(enc.accuracy, plain.accuracy, atol=1e-9)
 
 
+@pytest.fixture(scope="module")
+def fed8():  # type: ignore[no-untyped-def]
+    spec = PartitionSpec(kind="climb", num_devices=8, rho=5, alpha=0.1, num_minority=2)
+    return build_federation(load_digits(), spec, np.random.default_rng(0))
+
+
+def test_the_production_dual_steps_give_the_reference_run(fed8) -> None:  # type: ignore[no-untyped-def]
+    settings = RunSettings(
+        rounds=6, participants=4, train=TRAIN, hidden_sizes=(16,), dual_period=2,
+        climb=ClimbConfig(eta_d=0.5), key_bits=512,
+    )  # fmt: skip
+    plain = run_method(fed8, "climb", settings, seed=0)
+    encrypted = run_method(
+        fed8, "climb", dataclasses.replace(settings, climb_encrypted=True), seed=0
+    )
+    production = run_method(
+        fed8, "climb", dataclasses.replace(settings, engine="production"), seed=0
+    )
+
+    climb = production.diagnostics["climb"]
+    assert climb["engine"] == "production" and climb["dual_steps"] == 3
+    assert len(set(production.climb_weights)) > 1  # the duals moved the weights
+    np.testing.assert_allclose(
+        production.climb_weights, encrypted.climb_weights, atol=1e-9
+    )
+    np.testing.assert_allclose(production.climb_weights, plain.climb_weights, atol=1e-6)
+    np.testing.assert_allclose(production.accuracy, encrypted.accuracy, atol=1e-9)
+    assert climb["final_lambda"] == pytest.approx(  # f_i in float32, per device
+        encrypted.diagnostics["climb"]["final_lambda"], abs=1e-7
+    )
+
+
 def test_device_losses_equal_evaluate_loss(fed) -> None:  # type: ignore[no-untyped-def]
     config = {"input_dim": 64, "num_classes": 10, "hidden_sizes": [16]}
     arrays = initial_arrays("mlp", config, seed=0)
@@ -94,5 +127,7 @@ def test_feddisk_counts_its_made_rounds() -> None:
 def test_bad_settings_raise(fed) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="method"):
         run_method(fed, "fedprox", RunSettings(rounds=1), seed=0)
+    with pytest.raises(ValueError, match="engine"):
+        run_method(fed, "climb", RunSettings(rounds=1, engine="service"), seed=0)
     with pytest.raises(ValueError, match="K"):
         run_method(fed, "fedavg", RunSettings(rounds=1, participants=99), seed=0)

@@ -25,6 +25,24 @@ def test_cli_runs_a_tiny_comparison(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["federations"][0]["partition"] == "climb"
 
 
+def test_the_production_engine_runs_climb_on_the_production_objects(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    main(
+        ["--devices", "6", "--rounds", "2", "--seeds", "0", "--methods", "climb",
+         "--local-epochs", "1", "--engine", "production", "--key-bits", "512",
+         "--json"]
+    )  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+
+    climb = report["methods"]["climb"]["seeds"][0]["diagnostics"]["climb"]
+    assert (climb["engine"], climb["dual_steps"], climb["encrypted"]) == (
+        "production",
+        2,
+        True,
+    )
+
+
 def test_selections_are_compared_side_by_side(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
