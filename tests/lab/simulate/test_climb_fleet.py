@@ -163,3 +163,14 @@ def test_a_report_with_no_open_step_gets_a_signed_late_reply(
     (reply,) = replies
     assert isinstance(reply, ErrorReply) and reply.in_reply_to == stray.message_id
     assert reply.signature  # the coordinator signs its replies
+
+
+def test_an_undecodable_report_is_refused_as_malformed(fleet: ClimbFleet) -> None:
+    device = device_id(1)
+    raw = InMemoryTransport(fleet.bus, "raw")
+    raw.connect()
+    raw.publish(up_topic(FEDERATION, device, name_for("mean_report")), b"\x00junk")
+    raw.close()
+
+    (refusal,) = fleet.host.rejections
+    assert (refusal.device, refusal.kind, refusal.code) == (device, "?", "malformed")
