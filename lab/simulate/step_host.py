@@ -119,7 +119,9 @@ class StepHost:
         outgoing = parts.outgoing
         view = _EpochOnly(epoch, parts.store, outgoing, devices)
         self.step: BeforeTraining = step.build(
-            StepContext(federation, view, outgoing.send, clock)
+            StepContext(
+                federation=federation, view=view, send=outgoing.send, clock=clock
+            )
         )
         self._router = Router(COORDINATOR)
         self.step.register(self._router)

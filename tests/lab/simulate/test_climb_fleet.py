@@ -1,5 +1,8 @@
 """The lab's `ClimbFleet`: the production `ClimbDualStep` and devices' `Climb`.
 
+(With it the parts it is made of: `StepHost`, `HostParts`, `ClimbDevice`,
+`BareDeviceLink`.)
+
 A dual step over the in-memory bus gives every device the weight and lambda
 of CLIMB's dual update on the fleet's means; a device the bus never reaches
 is left out at the step's deadline; what a device or the coordinator refuses
