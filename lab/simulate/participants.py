@@ -4,9 +4,9 @@
 
 ``dubhe`` (the Dubhe paper's draw): every device registers its category
 (Algorithm 1, `ursa.edge_sdk.registration`) with sigma from the paper's
-parameter search (`search_sigma`: the sigma grid of
-`ursa.coordinator.selection.sigma_grid`, H tries per point scored by the
-agent's ``||E_h(p_o,h) - p_u||_1``, common random numbers for every point).
+parameter search (`ursa.lab.simulate.sigma_search.search_sigma`, the one
+`ursa simulate selection` runs: the sigma grid, H tries per point scored by
+the agent's ``||E_h(p_o,h) - p_u||_1``, common random numbers for every point).
 Each round, H tentative sets: each device volunteers with probability eq. (6),
 the coordinator trims or tops up to exactly K (`finalize_selections`), and the
 agent adopts the try whose members' mean distribution is closest to uniform
@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ursa.coordinator.selection import finalize_selections, sigma_grid
+from ursa.coordinator.selection import finalize_selections
 from ursa.edge_sdk.methods.dubhe.draws import participation_probabilities
-from ursa.edge_sdk.methods.dubhe.tries import best_try, search_score
+from ursa.edge_sdk.methods.dubhe.tries import best_try
 from ursa.edge_sdk.registration import registry_indices, thresholds_for
+from ursa.lab.simulate.sigma_search import search_sigma
 from ursa.protocol.codebook import Codebook, default_groups
 
 SELECTIONS = ("random", "dubhe")
-DEFAULT_SEARCH_TRIES = 100
 
 Selector = Callable[[int], npt.NDArray[np.int64]]
 """round index -> sorted indices of the round's participants."""
@@ -70,7 +70,7 @@ def make_selector(
     if kind != "dubhe":
         raise ValueError(f"unknown selection {kind!r}; choose from {SELECTIONS}")
     codebook = Codebook(p.shape[1], default_groups(p.shape[1]))
-    sigma = search_sigma(p, codebook, k, np.random.default_rng(rng.integers(2**63)))
+    sigma, _ = search_sigma(p, codebook, k, seed=int(rng.integers(2**63)))
     indices = registry_indices(p, codebook, thresholds_for(codebook, sigma))
     registry = np.bincount(indices, minlength=codebook.length).astype(np.int64)
     prob = participation_probabilities(registry, indices, k)
@@ -87,29 +87,3 @@ def make_selector(
         "registry_nonzero": int(np.count_nonzero(registry)),
     }
     return select, info
-
-
-def search_sigma(
-    p: npt.NDArray[np.float64],
-    codebook: Codebook,
-    k: int,
-    rng: np.random.Generator,
-    *,
-    tries: int = DEFAULT_SEARCH_TRIES,
-    steps: int = 10,
-) -> tuple[float, ...]:
-    """Dubhe §5.3.2: the grid point with the lowest ``||E_h(p_o,h) - p_u||_1``."""
-    n = p.shape[0]
-    coins = rng.random((tries, n))
-    trim_seed = int(rng.integers(2**63))
-    best: tuple[tuple[float, ...], float] | None = None
-    for point in sigma_grid(codebook, steps):
-        indices = registry_indices(p, codebook, thresholds_for(codebook, point))
-        registry = np.bincount(indices, minlength=codebook.length).astype(np.int64)
-        prob = participation_probabilities(registry, indices, k)
-        sets = finalize_selections(coins < prob, k, np.random.default_rng(trim_seed))
-        score = search_score(p[sets].sum(axis=1), np.full(tries, k))
-        if best is None or score < best[1]:
-            best = (point, score)
-    assert best is not None  # the grid is never empty
-    return best[0]

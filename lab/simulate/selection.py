@@ -21,10 +21,11 @@ the search coins and trims, the devices' coins, the coordinator's trims, the
 random and greedy baselines, the rank shuffle and the devices' shared seed
 each have their own, so adding a method never shifts another method's draws.
 
-Draws, try sums and the sigma search live in `ursa.lab.simulate.selection_draws`,
-the sum backends in `ursa.lab.simulate.selection_sums` (plaintext) and
-`ursa.lab.simulate.encrypted_sums` (Paillier), the participation-rate sweep and plots
-in `ursa.lab.simulate.selection_plot`, the population variants in
+Draws and try sums live in `ursa.lab.simulate.selection_draws`, the sigma
+search in `ursa.lab.simulate.sigma_search`, the sum backends in
+`ursa.lab.simulate.selection_sums` (plaintext) and
+`ursa.lab.simulate.encrypted_sums` (Paillier), the participation-rate sweep
+and plots in `ursa.lab.simulate.selection_plot`, the population variants in
 `ursa.lab.simulate.selection_partition`.
 """
 
@@ -41,7 +42,6 @@ from ursa.edge_sdk.registration import registry_indices, thresholds_for
 from ursa.lab.simulate.baselines import greedy_selection, random_selection
 from ursa.lab.simulate.selection_draws import (
     DRAWS,
-    SEARCH_SCORES,
     STREAM_GREEDY,
     STREAM_POPULATION,
     STREAM_RANDOM,
@@ -49,7 +49,6 @@ from ursa.lab.simulate.selection_draws import (
     decoded_try_sums,
     draw_sets,
     rng_stream,
-    search_sigma,
 )
 from ursa.lab.simulate.selection_partition import PARTITIONS, selection_population
 from ursa.lab.simulate.selection_sums import (
@@ -61,6 +60,7 @@ from ursa.lab.simulate.selection_sums import (
     plain_registry_sum,
     plain_try_sums,
 )
+from ursa.lab.simulate.sigma_search import SEARCH_SCORES, fixed_point, search_sigma
 from ursa.protocol.codebook import Codebook, default_groups
 from ursa.tools.data.metrics import (
     distance_to_uniform,
@@ -168,7 +168,7 @@ def evaluate(
     """
     codebook = config.codebook()
     k, rounds, seed = config.k, config.rounds, config.seed
-    fixed = np.rint(p * DISTRIBUTION_SCALE).astype(np.int64)
+    fixed = fixed_point(p)
     out: dict[str, Any] = {}
     props: dict[str, list[float]] = {"global": p.mean(axis=0).tolist()}
     kept: dict[str, list[list[int]]] = {}
@@ -192,7 +192,6 @@ def evaluate(
         if config.sigma is None:
             backend.phase(f"search:{draw}")
             point, _ = search_sigma(
-                fixed,
                 p,
                 codebook,
                 k,

@@ -1,6 +1,6 @@
-"""Dubhe's volunteer draws, per-try sums and sigma search for the simulator.
+"""Dubhe's volunteer draws and per-try sums for the fast selection engine.
 
-Split out of `ursa.lab.simulate.selection` (which re-exports `search_sigma`).
+The sigma search over them is `ursa.lab.simulate.sigma_search`.
 Every random choice comes from its own stream, ``np.random.default_rng([seed,
 stream])``, numbered below, so an encrypted `SumBackend` sees the same draws.
 """
@@ -10,19 +10,16 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ursa.coordinator.selection import finalize_selections, sigma_grid
+from ursa.coordinator.selection import finalize_selections
 from ursa.edge_sdk.methods.dubhe.draws import (
     assign_ranks,
     participation_probabilities,
     stratified_volunteers,
 )
-from ursa.edge_sdk.methods.dubhe.tries import search_score, try_distances
-from ursa.edge_sdk.registration import registry_indices, thresholds_for
-from ursa.lab.simulate.selection_sums import DISTRIBUTION_SCALE, PLAINTEXT, SumBackend
-from ursa.protocol.codebook import Codebook
+from ursa.edge_sdk.methods.dubhe.tries import try_distances
+from ursa.lab.simulate.selection_sums import DISTRIBUTION_SCALE, SumBackend
 
 DRAWS = ("paper", "stratified")
-SEARCH_SCORES = ("paper", "distance")
 _CHUNK_ELEMENTS = 2_000_000
 
 (
@@ -100,49 +97,6 @@ def decoded_try_sums(
         raise ValueError(f"the sum backend returned shape {sums.shape}")
     out: NDArray[np.float64] = sums / DISTRIBUTION_SCALE
     return out
-
-
-def search_sigma(
-    fixed: NDArray[np.int64],
-    p: NDArray[np.float64],
-    codebook: Codebook,
-    k: int,
-    *,
-    draw: str = "paper",
-    tries: int = 100,
-    steps: int = 10,
-    score: str = "paper",
-    seed: int = 0,
-    backend: SumBackend = PLAINTEXT,
-) -> tuple[tuple[float, ...], float]:
-    """Dubhe §5.3.2: walk the sigma grid, H tries each, keep the agent's best point.
-
-    ``score="paper"`` is the paper's ``||E_h(p_o,h) - p_u||_1``; ``"distance"``
-    is ``E_h ||p_o,h - p_u||_1``, computed by the agent from the same H sums,
-    which also counts each point's round-to-round spread. Every grid point sees
-    the same random streams (common random numbers).
-
-    Returns:
-        The adopted sigma values (groups except C) and their score.
-    """
-    if score not in SEARCH_SCORES:
-        raise ValueError(f"unknown search score {score!r}; choose from {SEARCH_SCORES}")
-    best: tuple[tuple[float, ...], float] | None = None
-    for point in sigma_grid(codebook, steps):
-        indices = registry_indices(p, codebook, thresholds_for(codebook, point))
-        registry = backend.registry_sum(indices, codebook.length)
-        sets, _ = draw_sets(draw, registry, indices, k, 1, tries, seed, search=True)
-        sums = decoded_try_sums(sets, fixed, backend)[0]
-        counts = np.full(tries, k)
-        value = (
-            search_score(sums, counts)
-            if score == "paper"
-            else float(try_distances(sums, counts).mean())
-        )
-        if best is None or value < best[1]:
-            best = (point, value)
-    assert best is not None  # the grid is never empty
-    return best
 
 
 def agent_pick(
