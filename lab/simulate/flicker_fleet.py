@@ -35,6 +35,7 @@ from ursa.coordinator.methods_config import FlickerSpec
 from ursa.crypto.ckks import CkksKeyOwner
 from ursa.crypto.identity import DeviceIdentity
 from ursa.edge_sdk.methods.flicker import algorithm as dev
+from ursa.lab.simulate.fake_clock import FakeClock
 from ursa.lab.simulate.flicker_device import FleetDevice
 from ursa.lab.simulate.flicker_host import FlickerHost
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
@@ -44,21 +45,6 @@ __all__ = ["FakeClock", "Fleet", "build_fleet"]
 
 FEDERATION = "flicker"
 MAX_TICKS = 10_000
-
-
-class FakeClock:
-    """A clock that moves only when told to."""
-
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        """The current fake time in seconds."""
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock forward."""
-        self.now += seconds
 
 
 @dataclass

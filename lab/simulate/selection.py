@@ -6,7 +6,13 @@ sigma by the paper's parameter search unless given, then plays ``rounds``
 rounds of H tries and reports the mean and spread of ``||p_o - p_u||_1`` per
 method.
 
-The same device and coordinator functions as the real system do the work:
+Two engines play Dubhe's rounds. ``service`` runs them on the production
+runtime: the `CoordinatorService` with its `DubheSelection` and one
+`EdgeClient` per device with its Dubhe method, over the in-memory bus, real
+Paillier at a test-only key size (`ursa.lab.simulate.selection_service`,
+one federation per H). ``fast`` (the default, for paper-size runs: the
+service engine takes seconds per round at N = 1000) calls the same device
+and coordinator functions in vectorised form:
 `ursa.edge_sdk.registration` (categories, eq. 6, coins, stratified draw, the
 agent's argmin) and `ursa.coordinator.selection` (trim/top-up). The two sums
 that the real system computes under encryption go through a `SumBackend`:
@@ -51,6 +57,7 @@ from ursa.lab.simulate.selection_draws import (
     rng_stream,
 )
 from ursa.lab.simulate.selection_partition import PARTITIONS, selection_population
+from ursa.lab.simulate.selection_service import service_rounds
 from ursa.lab.simulate.selection_sums import (
     DISTRIBUTION_SCALE,
     PLAINTEXT,
@@ -75,15 +82,18 @@ from ursa.tools.data.partition import (
 
 __all__ = [
     "DISTRIBUTION_SCALE",
+    "ENGINES",
     "PAPER_GREEDY",
     "PAPER_REDUCTION",
     "PAPER_TABLE_2",
     "PLAINTEXT",
+    "DubheRounds",
     "RegistrySum",
     "SelectionSimConfig",
     "SumBackend",
     "TrySums",
     "evaluate",
+    "fast_rounds",
     "make_population",
     "plain_registry_sum",
     "plain_try_sums",
@@ -94,6 +104,7 @@ __all__ = [
 PAPER_TABLE_2 = {"H1": 0.2946, "H2": 0.2588, "H5": 0.2176, "H10": 0.1971, "H20": 0.1750}
 PAPER_GREEDY = 0.0144
 PAPER_REDUCTION = 0.644
+ENGINES = ("fast", "service")
 
 
 @dataclass(frozen=True)
@@ -105,7 +116,10 @@ class SelectionSimConfig:
     the agent's criterion in the search: "paper" or "distance" (see
     `search_sigma`). ``skew_spread`` spreads the device skews (0: all equal).
     ``partition`` names the population generator (`PARTITIONS`; "dubhe" is
-    `ursa.tools.data.partition.dubhe_partition`).
+    `ursa.tools.data.partition.dubhe_partition`). ``engine`` plays Dubhe's
+    rounds: "fast" (this module's vectorised draws) or "service" (the
+    production coordinator and devices, `ursa.lab.simulate.selection_service`,
+    one federation per H).
     """
 
     num_classes: int = 10
@@ -125,6 +139,7 @@ class SelectionSimConfig:
     search_steps: int = 10
     search_score: str = "paper"
     partition: str = "dubhe"
+    engine: str = "fast"
 
     def __post_init__(self) -> None:
         if not self.tries or min(self.tries) < 1:
@@ -137,6 +152,8 @@ class SelectionSimConfig:
             raise ValueError(f"search_score must be one of {SEARCH_SCORES}")
         if self.partition not in PARTITIONS:
             raise ValueError(f"partition must be one of {PARTITIONS}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if not 1 <= self.k <= self.num_clients:
             raise ValueError(f"need 1 <= K <= N, got K={self.k}, N={self.num_clients}")
 
@@ -151,6 +168,81 @@ def _stats(values: NDArray[np.float64]) -> dict[str, float]:
     return {"mean": float(values.mean()), "std": float(values.std())}
 
 
+@dataclass(frozen=True)
+class DubheRounds:
+    """One draw's rounds as an engine played them.
+
+    Attributes:
+        picks: Per H, the adopted set of every round (rounds x K indices).
+        registry: The overall registry (devices per slot).
+        volunteers: Per round, the devices that drew yes in try 0.
+        runs: Per H, what a service run reports of itself (empty: fast).
+    """
+
+    picks: dict[int, NDArray[np.int64]]
+    registry: NDArray[np.int64]
+    volunteers: NDArray[np.int64]
+    runs: dict[str, dict[str, float]]
+
+
+def fast_rounds(
+    p: NDArray[np.float64],
+    config: SelectionSimConfig,
+    draw: str,
+    point: tuple[float, ...],
+    backend: SumBackend = PLAINTEXT,
+) -> DubheRounds:
+    """The fast engine: every H reads the first H of the same max(H) tries."""
+    codebook = config.codebook()
+    indices = registry_indices(p, codebook, thresholds_for(codebook, point))
+    registry = backend.registry_sum(indices, codebook.length)
+    sets, volunteers = draw_sets(
+        draw,
+        registry,
+        indices,
+        config.k,
+        config.rounds,
+        max(config.tries),
+        config.seed,
+        search=False,
+    )
+    sums = decoded_try_sums(sets, fixed_point(p), backend)
+    picks = {h: agent_pick(sets, sums, h) for h in config.tries}
+    return DubheRounds(picks, registry, volunteers[:, 0], {})
+
+
+def service_engine_rounds(
+    counts: NDArray[np.int64],
+    config: SelectionSimConfig,
+    draw: str,
+    point: tuple[float, ...],
+) -> DubheRounds:
+    """The service engine: one production federation per H (`service_rounds`)."""
+    codebook = config.codebook()
+    p = distributions(counts)
+    indices = registry_indices(p, codebook, thresholds_for(codebook, point))
+    picks: dict[int, NDArray[np.int64]] = {}
+    runs: dict[str, dict[str, float]] = {}
+    volunteers = np.zeros(config.rounds, dtype=np.int64)
+    for h in config.tries:
+        run = service_rounds(
+            counts,
+            codebook,
+            point,
+            k=config.k,
+            tries=h,
+            rounds=config.rounds,
+            seed=config.seed,
+            draw=draw,
+        )
+        picks[h] = run.selections
+        runs[f"H{h}"] = {"elapsed_s": run.elapsed_s, "key_epochs": run.key_epochs}
+        if h == max(config.tries):
+            volunteers = run.volunteers
+    registry = plain_registry_sum(indices, codebook.length)  # what devices decrypt
+    return DubheRounds(picks, registry, volunteers, runs)
+
+
 def evaluate(
     p: NDArray[np.float64],
     config: SelectionSimConfig,
@@ -158,17 +250,26 @@ def evaluate(
     greedy_rounds: int | None = None,
     backend: SumBackend = PLAINTEXT,
     keep_selections: bool = False,
+    counts: NDArray[np.int64] | None = None,
 ) -> dict[str, Any]:
     """Run every method on one population (N x C distributions ``p``).
 
-    Uses ``config``'s K, tries, rounds, seed, sigma, draws and search settings
-    (not its population settings). Returns per-method stats, the adopted
-    sigma, and each method's mean class proportions; with ``keep_selections``
-    also every round's adopted set per Dubhe variant and H ("selections").
+    Uses ``config``'s K, tries, rounds, seed, sigma, draws, search settings and
+    engine (not its population settings). Returns per-method stats, the
+    adopted sigma, and each method's mean class proportions; with
+    ``keep_selections`` also every round's adopted set per Dubhe variant and
+    H ("selections"). The service engine needs the label ``counts`` (the
+    devices' data) and computes its sums itself (``backend`` is the fast
+    engine's).
+
+    Raises:
+        ValueError: the service engine without ``counts``, or with a backend.
     """
+    service = config.engine == "service"
+    if service and (counts is None or backend is not PLAINTEXT):
+        raise ValueError("the service engine needs the label counts and no backend")
     codebook = config.codebook()
     k, rounds, seed = config.k, config.rounds, config.seed
-    fixed = fixed_point(p)
     out: dict[str, Any] = {}
     props: dict[str, list[float]] = {"global": p.mean(axis=0).tolist()}
     kept: dict[str, list[list[int]]] = {}
@@ -205,23 +306,21 @@ def evaluate(
         else:
             point = tuple(config.sigma)
         backend.phase(f"rounds:{draw}")
-        indices = registry_indices(p, codebook, thresholds_for(codebook, point))
-        registry = backend.registry_sum(indices, codebook.length)
-        sets, volunteers = draw_sets(
-            draw, registry, indices, k, rounds, max(config.tries), seed, search=False
+        played = (
+            service_engine_rounds(counts, config, draw, point)
+            if counts is not None and service
+            else fast_rounds(p, config, draw, point, backend)
         )
-        sums = decoded_try_sums(sets, fixed, backend)
-        per_h = {
-            f"H{h}": record(f"{key}_H{h}", agent_pick(sets, sums, h))
-            for h in config.tries
-        }
+        per_h = {f"H{h}": record(f"{key}_H{h}", played.picks[h]) for h in config.tries}
         out[key] = per_h
         out[f"reduction_vs_random{suffix}"] = {
             name: 1.0 - v["mean"] / out["random"]["mean"] for name, v in per_h.items()
         }
         out[f"sigma{suffix}"] = [*point, 0.0]
-        out[f"registry_nonzero{suffix}"] = int(np.count_nonzero(registry))
-        out[f"volunteers{suffix}"] = _stats(volunteers[:, 0].astype(np.float64))
+        out[f"registry_nonzero{suffix}"] = int(np.count_nonzero(played.registry))
+        out[f"volunteers{suffix}"] = _stats(played.volunteers.astype(np.float64))
+        if played.runs:
+            out[f"service{suffix}"] = played.runs
     out["class_proportions"] = props
     if keep_selections:
         out["selections"] = kept
@@ -258,6 +357,7 @@ def simulate_selection(
         config,
         backend=backend,
         keep_selections=keep_selections,
+        counts=population.counts,
     )
     report: dict[str, Any] = {
         "config": {

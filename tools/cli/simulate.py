@@ -116,7 +116,18 @@ def _register_selection(names: Subparsers) -> None:
         ),
     )
     add("--key-bits", type=int, default=2048, help="Paillier key size (--encrypted)")
-    add("--force", action="store_true", help="allow --encrypted with N > 2000")
+    add(
+        "--engine",
+        choices=("fast", "service"),
+        default="fast",
+        help=(
+            "who plays Dubhe's rounds: the vectorised draws (fast, default) or "
+            "the production coordinator and devices over the in-memory bus "
+            "(service: one federation per H, 512-bit test keys, seconds per "
+            "round at N=1000; refuses N > 2000 without --force)"
+        ),
+    )
+    add("--force", action="store_true", help="allow --encrypted or service, N > 2000")
     add("--json", action="store_true", help="print one JSON object")
     add(
         "--plot", metavar="PATH", help="write a PNG (class proportions; sweep if given)"
@@ -131,6 +142,7 @@ def _run_selection(args: argparse.Namespace) -> int:
     from ursa.lab.simulate.encrypted_sums import EncryptedSums, simulate_encrypted
     from ursa.lab.simulate.selection import SelectionSimConfig, simulate_selection
     from ursa.lab.simulate.selection_plot import participation_sweep, plot_selection
+    from ursa.lab.simulate.selection_service import ServiceRunError, check_service_size
     from ursa.lab.simulate.selection_sums import PLAINTEXT
 
     draws = ("paper", "stratified") if args.draw == "both" else (args.draw,)
@@ -152,7 +164,15 @@ def _run_selection(args: argparse.Namespace) -> int:
             search_tries=args.search_tries,
             search_score=args.search_score,
             partition=args.partition,
+            engine=args.engine,
         )
+        if args.engine == "service":
+            if args.encrypted or args.sweep:
+                raise ValueError(
+                    "--engine service runs its own Paillier and no sweep: "
+                    "drop --encrypted and --sweep"
+                )
+            check_service_size(args.clients, force=args.force)
         if args.encrypted:
             report = simulate_encrypted(config, args.key_bits, force=args.force)
         else:
@@ -166,7 +186,7 @@ def _run_selection(args: argparse.Namespace) -> int:
             )
             if sums is not None:
                 sweep["crypto"] = sums.report()
-    except (ValueError, CryptoError) as exc:  # typed input errors
+    except (ValueError, CryptoError, ServiceRunError) as exc:  # typed errors
         print(f"ursa simulate selection: {exc}", file=sys.stderr)
         return 2
     if sweep is not None:
@@ -192,7 +212,8 @@ def format_selection_table(report: Mapping[str, Any]) -> str:
         f"partition {pop['partition']}, mean top-class share "
         f"{pop['mean_top_class']:.3f}",
         f"K={report['config']['k']}  rounds={report['config']['rounds']}  "
-        f"G={report['groups']} (registry {report['registry_length']} slots)",
+        f"G={report['groups']} (registry {report['registry_length']} slots)  "
+        f"engine {report['config']['engine']}",
     ]
     for key, label in (("", "paper draw"), ("_stratified", "stratified draw")):
         if f"sigma{key}" in report:
@@ -219,6 +240,12 @@ def format_selection_table(report: Mapping[str, Any]) -> str:
         + f", greedy {paper['greedy']}; reduction vs random "
         f"{paper['reduction_vs_random']:.1%}"
     )
+    for key, label in (("", "dubhe"), ("_stratified", "dubhe stratified")):
+        for h, run in report.get(f"service{key}", {}).items():
+            lines.append(
+                f"service run {label} H={h[1:]}: {run['elapsed_s']:.1f} s, "
+                f"{run['key_epochs']} key epoch(s)"
+            )
     if "crypto" in report:
         lines.extend(format_crypto(report["crypto"]))
     lines.append(f"elapsed {report['elapsed_s']:.1f} s")
