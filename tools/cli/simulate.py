@@ -61,9 +61,11 @@ def _register_selection(names: Subparsers) -> None:
         "selection",
         help="Dubhe vs random vs greedy: ||p_o - p_u||_1 per round",
         description=(
-            "Seeded, vectorised simulation of Dubhe client selection on a synthetic "
+            "Seeded simulation of Dubhe client selection on a synthetic "
             "population (global imbalance rho, average EMD), beside random and "
-            "greedy selection. Prints a table, or one JSON object with --json."
+            "greedy selection: vectorised (--engine fast) or on the production "
+            "coordinator and devices (--engine service). Prints a table, or one "
+            "JSON object with --json."
         ),
     )
     add = parser.add_argument
