@@ -258,7 +258,10 @@ def _delta(rng: np.random.Generator, params: int) -> dict[str, NDArray[np.float3
     """A float32 model delta of ``params`` values; about 1 in 5 exceeds the clip."""
     norm = float(rng.uniform(1.0, 12.5))
     flat = rng.standard_normal(params).astype(np.float32)
-    flat *= np.float32(norm / max(float(np.linalg.norm(flat)), 1e-12))
+    # No BLAS (np.linalg.norm): OpenBLAS's threads would spin on after it and
+    # their CPU would land on the device clocks timed next.
+    length = math.sqrt(float(np.add.reduce(np.square(flat, dtype=np.float64))))
+    flat *= np.float32(norm / max(length, 1e-12))
     split_at = params - BIAS_VALUES
     return {
         "dense.weight": flat[:split_at].reshape(-1, BIAS_VALUES),

@@ -366,7 +366,10 @@ def clipped_delta(
         raise SecAggError(f"the delta lacks the model's {missing[:3]}")
     floats = {name: delta[name] for name in wanted}
     flat = flatten(floats)[0].astype(np.float64)
-    norm = float(np.linalg.norm(flat))
+    # Not np.linalg.norm: its BLAS dot wakes OpenBLAS's worker threads, which
+    # then spin for milliseconds after the call (a CPU cost larger than the
+    # norm itself, on every core of a Pi); a ufunc sum stays on this thread.
+    norm = math.sqrt(float(np.add.reduce(np.square(flat))))
     if not math.isfinite(norm):
         raise SecAggError("the delta holds NaN or inf")
     return (flat * (clip_norm / norm) if norm > clip_norm else flat), norm
