@@ -7,9 +7,11 @@ secrets only inside its neighbourhood. Here the sparse graph is a circulant
 (Harary) graph over a seeded pseudorandom order of the devices: each device is
 joined to the ``degree // 2`` nearest devices on each side of that order.
 
-Both ends compute the graph: a device from the roster it is sent, the
-coordinator from the same list, with the same `graph_seed`. The graph depends
-only on (the set of participants, degree, seed), never on list order.
+Both ends compute the graph from the same participant list and `graph_seed`:
+the coordinator all of it (`neighbours`), a device only the parts it needs
+(`NeighbourRing`), so a device's work grows with the degree, not with K. The
+graph depends only on (the set of participants, degree, seed), never on list
+order.
 
 Caveat: the seed is the round's context, known to the coordinator in advance
 (it is not a jointly random coin as in Bell et al.). A coordinator that
@@ -24,11 +26,12 @@ import hashlib
 import hmac
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
     "SPARSE_DEGREE_BASE",
     "SPARSE_DEGREE_PER_BIT",
+    "NeighbourRing",
     "graph_seed",
     "neighbours",
     "share_holders",
@@ -48,36 +51,112 @@ def graph_seed(federation: str, run: str, round_index: int) -> bytes:
     return hashlib.sha256(framed).digest()
 
 
+class NeighbourRing:
+    """A round's graph as the ring it is cut from: any node's neighbourhood on demand.
+
+    `neighbours` builds every neighbourhood, O(K * d) set work: what the
+    coordinator needs. A device needs only its own neighbourhood and its index
+    among each sender's share holders; asking the ring for those costs the
+    ring's order (K HMACs and a sort, once) plus O(d) per question, so its
+    share step grows with the degree, not with K.
+
+    The order: ``degree`` rounded up to even; if that reaches ``len - 1`` the
+    graph is complete. Otherwise participants are ordered by
+    ``HMAC-SHA256(seed, id)`` (ties by id) and each is joined to the
+    ``degree // 2`` nearest on either side of that ring. Every device has the
+    same number of neighbours (the effective degree); the order depends only
+    on (the set of participants, degree, seed), never on list order.
+
+    Raises:
+        ValueError: duplicate participants or a negative degree.
+    """
+
+    def __init__(self, participants: Iterable[str], degree: int, seed: bytes) -> None:
+        ids = sorted(participants)
+        position = {u: i for i, u in enumerate(ids)}
+        if len(position) != len(ids):
+            raise ValueError("duplicate participant ids")
+        self._effective = _effective_degree(len(ids), degree)
+        self._complete = self._effective == len(ids) - 1
+        if not self._complete:
+            ids.sort(key=lambda u: (hmac.digest(seed, u.encode(), "sha256"), u))
+            position = {u: i for i, u in enumerate(ids)}
+        self._order = tuple(ids)  # sorted ids (complete) or the ring
+        self._position = position
+        self._half = self._effective // 2
+
+    def __contains__(self, device_id: object) -> bool:
+        return device_id in self._position
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @property
+    def degree(self) -> int:
+        """The effective degree: every node's number of neighbours."""
+        return self._effective
+
+    def neighbours_of(self, device_id: str) -> tuple[str, ...]:
+        """``device_id``'s neighbours, sorted, itself excluded.
+
+        Raises:
+            KeyError: not a participant.
+        """
+        return tuple(v for v in self.share_holders(device_id) if v != device_id)
+
+    def share_holders(self, owner: str) -> tuple[str, ...]:
+        """Who holds ``owner``'s shares, in index order: sorted(N(owner) + owner).
+
+        Raises:
+            KeyError: not a participant.
+        """
+        if self._complete:
+            if owner not in self._position:
+                raise KeyError(owner)
+            return self._order
+        return tuple(sorted(self._window(owner)))
+
+    def share_index(self, owner: str, holder: str) -> int:
+        """``holder``'s share index (1-based) among ``owner``'s share holders.
+
+        O(d) (no sort): the holders before it in sorted order, plus one.
+
+        Raises:
+            KeyError: either is not a participant.
+            ValueError: ``holder`` holds none of ``owner``'s shares.
+        """
+        at, place = self._position[owner], self._position[holder]
+        if self._complete:
+            return place + 1
+        count = len(self._order)
+        if min((place - at) % count, (at - place) % count) > self._half:
+            raise ValueError(f"{holder!r} holds no share of {owner!r}")
+        return 1 + sum(1 for v in self._window(owner) if v < holder)
+
+    def graph(self) -> dict[str, tuple[str, ...]]:
+        """Every participant's neighbours (sorted ids, self excluded); symmetric."""
+        if self._complete:
+            return {u: tuple(v for v in self._order if v != u) for u in self._order}
+        return {u: self.neighbours_of(u) for u in self._order}
+
+    def _window(self, owner: str) -> list[str]:
+        """``owner`` and the ``half`` nearest on each side of the ring."""
+        at, count, half = self._position[owner], len(self._order), self._half
+        return [self._order[(at + step) % count] for step in range(-half, half + 1)]
+
+
 def neighbours(
     participants: Sequence[str], degree: int, seed: bytes
 ) -> dict[str, tuple[str, ...]]:
     """Each participant's neighbours (sorted ids, self excluded); symmetric.
 
-    ``degree >= len(participants) - 1`` gives the complete graph. Otherwise
-    ``degree`` is rounded up to even, participants are ordered by
-    ``HMAC-SHA256(seed, id)`` and each is joined to the ``degree // 2``
-    nearest on either side of that ring; if the rounded degree reaches
-    ``len - 1`` the graph is complete. Every device has the same number of
-    neighbours (the effective degree).
+    The whole graph of `NeighbourRing` (see it for the construction).
+    ``degree >= len(participants) - 1`` gives the complete graph.
 
     Raises:
         ValueError: duplicate participants or a negative degree.
     """
-    ids = sorted(participants)
-    if len(set(ids)) != len(ids):
-        raise ValueError("duplicate participant ids")
-    count = len(ids)
-    effective = _effective_degree(count, degree)
-    if effective == count - 1:
-        return {u: tuple(v for v in ids if v != u) for u in ids}
-    ring = sorted(ids, key=lambda u: (hmac.digest(seed, u.encode(), "sha256"), u))
-    half = effective // 2
-    graph: dict[str, tuple[str, ...]] = {}
-    for position, u in enumerate(ring):
-        around = {ring[(position + step) % count] for step in range(1, half + 1)}
-        around |= {ring[(position - step) % count] for step in range(1, half + 1)}
-        graph[u] = tuple(sorted(around))
-    return graph
+    return NeighbourRing(participants, degree, seed).graph()
 
 
 def share_holders(graph: Mapping[str, tuple[str, ...]], owner: str) -> tuple[str, ...]:

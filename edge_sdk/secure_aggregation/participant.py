@@ -23,7 +23,9 @@ Share box from u to v (version 1)::
                  | lp(u) | lp(v) | lp(c_u.pub) | lp(c_v.pub)   (lp: 4-byte BE length)
 
 ``index`` is v's position (1-based) in ``share_holders(graph, u)``, i.e. in
-sorted(N(u) + u); the recipient checks it. The masked input is
+sorted(N(u) + u); the recipient checks it. A device asks the round's
+`NeighbourRing` only for its own neighbourhood and its index among each
+sender's holders: its work grows with the degree, not with K. The masked input is
 ``y = x + PRG(b_u) + sum_{v in N(u) ∩ U2, v > u} PRG(s_uv) - sum_{v < u} PRG(s_uv)``
 (mod 2^32; ids compare as Python strings), U2 ∩ N(u) being the neighbours whose
 boxes reached u.
@@ -78,12 +80,7 @@ from ursa.crypto.mask_stream import (
     pair_context,
     pairwise_seed,
 )
-from ursa.crypto.neighbour_graph import (
-    graph_seed,
-    neighbours,
-    share_holders,
-    share_threshold,
-)
+from ursa.crypto.neighbour_graph import NeighbourRing, graph_seed, share_threshold
 from ursa.crypto.shamir import (
     SecretKind,
     Share,
@@ -251,9 +248,8 @@ class MaskingParticipant:
         self._c_public = self._c.public_key().public_bytes_raw()
         self._s_public = self._s.public_key().public_bytes_raw()
         self._stage = ParticipantStage.KEYS
-        self._participants: frozenset[str] = frozenset()
+        self._ring = NeighbourRing((), 0, b"")
         self._neighbours: tuple[str, ...] = ()
-        self._graph: dict[str, tuple[str, ...]] = {}
         self._peers: dict[str, PeerAdvert] = {}
         self._share_threshold = 0
         self._own_share: tuple[int, bytes, bytes] = (0, b"", b"")
@@ -308,19 +304,14 @@ class MaskingParticipant:
                 missing, duplicate or badly signed neighbour advert.
         """
         self._require(ParticipantStage.ADVERTISED, "share")
-        ids = self._checked_participants(participants)
+        ring = self._checked_participants(participants)
         try:
-            threshold_n = share_threshold(self._threshold, len(ids), self._degree)
+            threshold_n = share_threshold(self._threshold, len(ring), self._degree)
         except ValueError as exc:
             raise SecAggError(str(exc)) from exc
-        graph = neighbours(
-            sorted(ids),
-            self._degree,
-            graph_seed(self._federation, self._run, self._round),
-        )
-        mine = graph[self.device_id]
-        peers = self._checked_roster(roster, ids, mine)
-        holders = share_holders(graph, self.device_id)
+        holders = ring.share_holders(self.device_id)
+        mine = tuple(v for v in holders if v != self.device_id)
+        peers = self._checked_roster(roster, ring, mine)
         s_shares = split_secret(_raw_private(self._s), threshold_n, len(holders))
         b_shares = split_secret(self._b, threshold_n, len(holders))
         boxes: list[tuple[str, bytes]] = []
@@ -335,8 +326,7 @@ class MaskingParticipant:
                 + b_share.data
             )
             boxes.append((holder, self._seal(peers[holder], plaintext)))
-        self._participants = frozenset(ids)
-        self._graph = graph
+        self._ring = ring
         self._neighbours = mine
         self._peers = peers
         self._share_threshold = threshold_n
@@ -439,7 +429,7 @@ class MaskingParticipant:
             )
         if self.device_id not in alive:
             raise SecAggError("this device is not among the survivors")
-        strangers = (alive | gone) - self._participants
+        strangers = {u for u in alive | gone if u not in self._ring}
         if strangers:
             raise SecAggError(f"not participants of this round: {sorted(strangers)}")
         shared = set(self._received)
@@ -474,36 +464,38 @@ class MaskingParticipant:
         if self._stage is not stage:
             raise SecAggError(f"cannot {action} at stage {self._stage}")
 
-    def _checked_participants(self, participants: Sequence[str]) -> list[str]:
-        ids = list(participants)
+    def _checked_participants(self, participants: Sequence[str]) -> NeighbourRing:
+        """The round's ring, once every participant id is checked (once)."""
         try:
-            for device_id in ids:
+            for device_id in participants:
                 validate_device_id(device_id)
-        except IdentityFormatError as exc:
-            raise SecAggError(str(exc)) from exc
-        if len(set(ids)) != len(ids):
-            raise SecAggError("duplicate participant ids")
-        if self.device_id not in ids:
-            raise SecAggError("this device is not among the participants")
-        if len(ids) < self._threshold:
-            raise SecAggError(
-                f"{len(ids)} participants, fewer than the threshold {self._threshold}"
+            ring = NeighbourRing(
+                participants,
+                self._degree,
+                graph_seed(self._federation, self._run, self._round),
             )
-        return ids
+        except (IdentityFormatError, ValueError) as exc:
+            raise SecAggError(str(exc)) from exc
+        if self.device_id not in ring:
+            raise SecAggError("this device is not among the participants")
+        if len(ring) < self._threshold:
+            raise SecAggError(
+                f"{len(ring)} participants, fewer than the threshold {self._threshold}"
+            )
+        return ring
 
     def _checked_roster(
         self,
         roster: Sequence[PeerAdvert],
-        ids: Sequence[str],
+        ring: NeighbourRing,
         mine: tuple[str, ...],
     ) -> dict[str, PeerAdvert]:
-        known = set(ids)
         by_id: dict[str, PeerAdvert] = {}
         for advert in roster:
             device_id = advert.identity.device_id
             if device_id in by_id:
                 raise SecAggError(f"two adverts for {device_id!r}")
-            if device_id not in known:
+            if device_id not in ring:
                 raise SecAggError(f"advert of {device_id!r}, not a participant")
             by_id[device_id] = advert
         own = by_id.pop(self.device_id, None)
@@ -591,7 +583,7 @@ class MaskingParticipant:
         if len(plaintext) != _PLAINTEXT_BYTES or plaintext[0] != _VERSION:
             raise SecAggError(f"malformed share box plaintext from {sender!r}")
         (index,) = struct.unpack(">H", plaintext[1:3])
-        expected = share_holders(self._graph, sender).index(self.device_id) + 1
+        expected = self._ring.share_index(sender, self.device_id)
         if index != expected:
             raise SecAggError(
                 f"share box from {sender!r} carries index {index}, expected {expected}"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hmac
 import math
+import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ursa.crypto.neighbour_graph import (
+    NeighbourRing,
     graph_seed,
     neighbours,
     share_holders,
@@ -81,3 +84,66 @@ def test_share_threshold() -> None:
         share_threshold(threshold=0, k=4, degree=3)
     with pytest.raises(ValueError):
         share_threshold(threshold=5, k=4, degree=3)
+
+
+def _first_graph(
+    ids: list[str], degree: int, seed: bytes
+) -> dict[str, tuple[str, ...]]:
+    """The graph as first built (every neighbourhood from sets): the reference."""
+    ids = sorted(ids)
+    count = len(ids)
+    effective = min(count - 1, degree + degree % 2)
+    if effective == count - 1:
+        return {u: tuple(v for v in ids if v != u) for u in ids}
+    ring = sorted(ids, key=lambda u: (hmac.digest(seed, u.encode(), "sha256"), u))
+    half = effective // 2
+    graph = {}
+    for position, u in enumerate(ring):
+        around = {ring[(position + step) % count] for step in range(1, half + 1)}
+        around |= {ring[(position - step) % count] for step in range(1, half + 1)}
+        graph[u] = tuple(sorted(around))
+    return graph
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 90),
+    degree=st.integers(0, 100),
+    salt=st.integers(0, 2**32),
+)
+def test_a_devices_own_queries_agree_with_the_whole_graph(
+    n: int, degree: int, salt: int
+) -> None:
+    """What a device asks the ring is what the coordinator's full graph says."""
+    chooser = random.Random(salt)
+    ids = [f"d{chooser.getrandbits(40):x}-{i}" for i in range(n)]
+    chooser.shuffle(ids)
+    seed = graph_seed("fed", f"run-{salt}", salt % 97)
+    graph = _first_graph(ids, degree, seed)
+    assert neighbours(ids, degree, seed) == graph
+    ring = NeighbourRing(ids, degree, seed)
+    assert ring.degree == min(n - 1, degree + degree % 2)
+    for owner in ids:
+        assert ring.neighbours_of(owner) == graph[owner]
+        holders = share_holders(graph, owner)
+        assert ring.share_holders(owner) == holders
+        for index, holder in enumerate(holders, start=1):
+            assert ring.share_index(owner, holder) == index
+        for stranger in set(ids) - set(holders):
+            with pytest.raises(ValueError, match="holds no share"):
+                ring.share_index(owner, stranger)
+
+
+def test_the_ring_knows_its_participants_and_refuses_strangers() -> None:
+    ring = NeighbourRing(_ids(40), 6, SEED)
+    assert "dev-007" in ring and "dev-999" not in ring and len(ring) == 40
+    for ask in (ring.neighbours_of, ring.share_holders):
+        with pytest.raises(KeyError):
+            ask("dev-999")
+    with pytest.raises(KeyError):
+        ring.share_index("dev-001", "dev-999")
+    complete = NeighbourRing(_ids(5), 4, SEED)
+    with pytest.raises(KeyError):
+        complete.share_holders("dev-999")
+    with pytest.raises(ValueError, match="duplicate"):
+        NeighbourRing(["a", "b", "a"], 1, SEED)
