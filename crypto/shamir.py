@@ -54,6 +54,9 @@ PRIME = (1 << 130) - 5
 SHARE_BLOCK_BYTES = 17
 """One block's share: an element of the field (below 2^130)."""
 MAX_HOLDERS = 0xFFFF
+_MAX_LANE_BITS = 2048
+"""Widest lane `_evaluations` packs; wider (huge thresholds), the per-block
+Horner with a reduction per step is faster than arithmetic on such integers."""
 SecretKind = Literal["b", "s"]
 """Which secret of a secure-aggregation owner a share belongs to: b_u or s_u."""
 _UNMASK_VERSION = 1
@@ -101,22 +104,13 @@ def split_secret(secret: bytes, threshold: int, holders: int) -> list[Share]:
         raise ShareError(f"holders must be in [1, {MAX_HOLDERS}], not {holders}")
     if not 1 <= threshold <= holders:
         raise ShareError(f"threshold must be in [1, {holders}], not {threshold}")
-    blocks = [
-        _split_block(
-            int.from_bytes(secret[offset : offset + BLOCK_BYTES], "big"),
-            threshold,
-            holders,
-        )
+    values = [
+        int.from_bytes(secret[offset : offset + BLOCK_BYTES], "big")
         for offset in range(0, len(secret), BLOCK_BYTES)
     ]
     return [
-        Share(
-            index,
-            b"".join(
-                block[index - 1].to_bytes(SHARE_BLOCK_BYTES, "big") for block in blocks
-            ),
-        )
-        for index in range(1, holders + 1)
+        Share(index, b"".join(y.to_bytes(SHARE_BLOCK_BYTES, "big") for y in row))
+        for index, row in enumerate(_evaluations(values, threshold, holders), 1)
     ]
 
 
@@ -146,16 +140,53 @@ def combine_shares(shares: Sequence[Share], threshold: int) -> bytes:
     return secret
 
 
-def _split_block(value: int, threshold: int, holders: int) -> list[int]:
-    """The polynomial's values at 1..holders (Horner), its constant ``value``."""
-    coefficients = [secrets.randbelow(PRIME) for _ in range(threshold - 1)]
-    out = []
+def _evaluations(values: list[int], threshold: int, holders: int) -> list[list[int]]:
+    """Per holder x in 1..holders, every block's polynomial at x (constant: the block).
+
+    Each block gets ``threshold - 1`` fresh uniform coefficients. The blocks'
+    polynomials are evaluated together: the coefficients of one degree are
+    packed side by side into one integer, each in a lane wide enough that
+    the exact, unreduced value (below ``2^130 * x^threshold``) never carries
+    into the next lane, so one Horner pass over Python integers evaluates
+    every block and each lane is reduced once at the end: a device's split
+    of s and b (four blocks, 45 holders, threshold 30) costs half as much.
+    """
+    blocks = len(values)
+    coefficients = [  # highest degree first
+        [secrets.randbelow(PRIME) for _ in range(blocks)] for _ in range(threshold - 1)
+    ]
+    width = PRIME.bit_length() + threshold * holders.bit_length() + 1
+    if width > _MAX_LANE_BITS:
+        return _evaluations_per_block(values, coefficients, holders)
+    lane = (1 << width) - 1
+    packed = [
+        sum(c << (j * width) for j, c in enumerate(degree)) for degree in coefficients
+    ]
+    constant = sum(v << (j * width) for j, v in enumerate(values))
+    rows = []
     for x in range(1, holders + 1):
         acc = 0
-        for coefficient in coefficients:  # highest degree first
-            acc = (acc * x + coefficient) % PRIME
-        out.append((acc * x + value) % PRIME)
-    return out
+        for coefficient in packed:
+            acc = acc * x + coefficient
+        acc = acc * x + constant
+        rows.append([((acc >> (j * width)) & lane) % PRIME for j in range(blocks)])
+    return rows
+
+
+def _evaluations_per_block(
+    values: list[int], coefficients: list[list[int]], holders: int
+) -> list[list[int]]:
+    """`_evaluations` one block at a time, reducing at every Horner step."""
+    rows = []
+    for x in range(1, holders + 1):
+        row = []
+        for j, value in enumerate(values):
+            acc = 0
+            for degree in coefficients:
+                acc = (acc * x + degree[j]) % PRIME
+            row.append((acc * x + value) % PRIME)
+        rows.append(row)
+    return rows
 
 
 def _combine(shares: Sequence[Share]) -> bytes:

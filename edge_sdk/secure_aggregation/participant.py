@@ -312,19 +312,21 @@ class MaskingParticipant:
         holders = ring.share_holders(self.device_id)
         mine = tuple(v for v in holders if v != self.device_id)
         peers = self._checked_roster(roster, ring, mine)
-        s_shares = split_secret(_raw_private(self._s), threshold_n, len(holders))
-        b_shares = split_secret(self._b, threshold_n, len(holders))
+        # One split of s || b: a share of it is the share of s then that of b
+        # (the blocks' polynomials are independent), in one pass over the holders.
+        shares = split_secret(
+            _raw_private(self._s) + self._b, threshold_n, len(holders)
+        )
         boxes: list[tuple[str, bytes]] = []
-        for holder, s_share, b_share in zip(holders, s_shares, b_shares, strict=True):
+        for holder, share in zip(holders, shares, strict=True):
             if holder == self.device_id:
-                self._own_share = (s_share.index, s_share.data, b_share.data)
+                self._own_share = (
+                    share.index,
+                    share.data[:_SHARE_BYTES],
+                    share.data[_SHARE_BYTES:],
+                )
                 continue
-            plaintext = (
-                bytes([_VERSION])
-                + struct.pack(">H", s_share.index)
-                + s_share.data
-                + b_share.data
-            )
+            plaintext = bytes([_VERSION]) + struct.pack(">H", share.index) + share.data
             boxes.append((holder, self._seal(peers[holder], plaintext)))
         self._ring = ring
         self._neighbours = mine
