@@ -131,7 +131,7 @@ class NeighbourRing:
         count = len(self._order)
         if min((place - at) % count, (at - place) % count) > self._half:
             raise ValueError(f"{holder!r} holds no share of {owner!r}")
-        return 1 + sum(1 for v in self._window(owner) if v < holder)
+        return 1 + len([v for v in self._window(owner) if v < holder])
 
     def graph(self) -> dict[str, tuple[str, ...]]:
         """Every participant's neighbours (sorted ids, self excluded); symmetric."""
@@ -139,10 +139,15 @@ class NeighbourRing:
             return {u: tuple(v for v in self._order if v != u) for u in self._order}
         return {u: self.neighbours_of(u) for u in self._order}
 
-    def _window(self, owner: str) -> list[str]:
-        """``owner`` and the ``half`` nearest on each side of the ring."""
-        at, count, half = self._position[owner], len(self._order), self._half
-        return [self._order[(at + step) % count] for step in range(-half, half + 1)]
+    def _window(self, owner: str) -> tuple[str, ...]:
+        """``owner`` and the ``half`` nearest on each side of the ring (slices)."""
+        at, count, ring = self._position[owner], len(self._order), self._order
+        low, high = at - self._half, at + self._half + 1
+        if low < 0:
+            return ring[low:] + ring[:high]
+        if high > count:
+            return ring[low:] + ring[: high - count]
+        return ring[low:high]
 
 
 def neighbours(

@@ -248,6 +248,12 @@ class MaskingParticipant:
         self._c_public = self._c.public_key().public_bytes_raw()
         self._s_public = self._s.public_key().public_bytes_raw()
         self._stage = ParticipantStage.KEYS
+        self._box_label = _framed(  # every box transcript starts with the round's
+            _BOX_LABEL,
+            federation.encode(),
+            run.encode(),
+            struct.pack(">Q", round_index),
+        )
         self._ring = NeighbourRing((), 0, b"")
         self._neighbours: tuple[str, ...] = ()
         self._peers: dict[str, PeerAdvert] = {}
@@ -533,14 +539,7 @@ class MaskingParticipant:
         c_sender = self._c_public if own_is_sender else peer.c_public
         c_recipient = peer.c_public if own_is_sender else self._c_public
         transcript = _framed(
-            _BOX_LABEL,
-            self._federation.encode(),
-            self._run.encode(),
-            struct.pack(">Q", self._round),
-            sender.encode(),
-            recipient.encode(),
-            c_sender,
-            c_recipient,
+            self._box_label, sender.encode(), recipient.encode(), c_sender, c_recipient
         )
         secret = self._c_secrets.get(peer.c_public)
         if secret is None:  # one exchange per peer serves both directions

@@ -3,13 +3,32 @@
 from __future__ import annotations
 
 import dataclasses
+import struct
+from collections.abc import Callable
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import (
+    X25519PrivateKey,
+    X25519PublicKey,
+)
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 import ursa.edge_sdk.secure_aggregation as device_secagg
 from tests.secagg_round import FEDERATION, RUN, Round, device_ids
 from ursa.crypto.identity import DeviceIdentity
+from ursa.crypto.mask_stream import (
+    MASK_BLOCK_WORDS,
+    PAIR_MASK_LABEL,
+    SELF_MASK_LABEL,
+    mask_stream,
+    pair_context,
+    pairwise_seed,
+)
+from ursa.crypto.neighbour_graph import graph_seed, neighbours, share_threshold
+from ursa.crypto.shamir import Share, combine_shares
 from ursa.edge_sdk.secure_aggregation import (
     KeyAdvert,
     MaskingParticipant,
@@ -228,6 +247,85 @@ def test_seeded_rng_makes_keys_reproducible() -> None:
         )
 
     assert make().advertise() == make().advertise()
+
+
+def _drawing(values: list[bytes]) -> Callable[[int], bytes]:
+    """An rng that hands out c, s and b in that order."""
+    remaining = iter(values)
+    return lambda _: next(remaining)
+
+
+def _framed(label: bytes, *parts: bytes) -> bytes:
+    return label + b"".join(struct.pack(">I", len(p)) + p for p in parts)
+
+
+def test_boxes_and_the_masked_vector_are_the_documented_bytes() -> None:
+    """Rebuilt from the module docstring alone: the box, its index, the mask."""
+    k, degree, threshold, round_index = 12, 4, 8, 5
+    keys = {
+        d: [bytes([i, j]) * 16 for j in range(3)] for i, d in enumerate(device_ids(k))
+    }
+    identities = {d: DeviceIdentity.generate(d) for d in keys}
+    devices = {
+        d: MaskingParticipant(
+            identity=identities[d],
+            federation=FEDERATION,
+            run=RUN,
+            round_index=round_index,
+            threshold=threshold,
+            degree=degree,
+            rng=_drawing(keys[d]),
+        )
+        for d in keys
+    }
+    adverts = {d: device.advertise() for d, device in devices.items()}
+    graph = neighbours(sorted(keys), degree, graph_seed(FEDERATION, RUN, round_index))
+    boxes = {}
+    for d, device in devices.items():
+        roster = [PeerAdvert.of(identities[v].public(), adverts[v]) for v in graph[d]]
+        for recipient, box in device.share(roster, sorted(keys)):
+            boxes[d, recipient] = box
+    assert set(boxes) == {(u, v) for u in graph for v in graph[u]}
+    s_shares: dict[str, list[Share]] = {}
+    for (u, v), box in boxes.items():
+        transcript = _framed(
+            b"ursa-secagg-box-v1",
+            FEDERATION.encode(),
+            RUN.encode(),
+            struct.pack(">Q", round_index),
+            u.encode(),
+            v.encode(),
+            adverts[u].c_public,
+            adverts[v].c_public,
+        )
+        c_v = X25519PrivateKey.from_private_bytes(keys[v][0])
+        shared = c_v.exchange(X25519PublicKey.from_public_bytes(adverts[u].c_public))
+        key = HKDF(
+            algorithm=hashes.SHA256(), length=32, salt=None, info=transcript
+        ).derive(shared)
+        assert box[0] == 1 and len(box) == SHARE_BOX_BYTES
+        plain = ChaCha20Poly1305(key).decrypt(
+            box[1:13], box[13:], box[:13] + transcript
+        )
+        index = struct.unpack(">H", plain[1:3])[0]
+        assert plain[0] == 1
+        assert index == sorted((*graph[u], u)).index(v) + 1
+        s_shares.setdefault(u, []).append(Share(index, plain[3:37]))
+    t_n = share_threshold(threshold, k, degree)
+    for u, shares in s_shares.items():
+        assert combine_shares(shares[:t_n], t_n) == keys[u][1]  # s_u
+    for d, device in devices.items():
+        device.receive_shares([(u, boxes[u, d]) for u in graph[d]])
+    x = np.arange(3 * MASK_BLOCK_WORDS + 11, dtype=np.uint32)
+    u = "dev-05"
+    expected = x + mask_stream(keys[u][2], x.size, SELF_MASK_LABEL)
+    s_u = X25519PrivateKey.from_private_bytes(keys[u][1])
+    for v in graph[u]:
+        context = pair_context(FEDERATION, RUN, round_index, u, v)
+        seed = pairwise_seed(s_u, adverts[v].s_public, context)
+        stream = mask_stream(seed, x.size, PAIR_MASK_LABEL)
+        expected = expected + stream if v > u else expected - stream
+    assert np.array_equal(devices[u].mask(x), expected)
 
 
 def test_exported_members_are_pinned() -> None:
