@@ -23,10 +23,9 @@ target, and it holds only while fewer than a third of a neighbourhood collude.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import math
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 __all__ = [
     "SPARSE_DEGREE_BASE",
@@ -40,6 +39,7 @@ __all__ = [
 ]
 
 _SEED_LABEL = b"ursa-secagg-graph-v1"
+_SHA256_BLOCK = 64
 SPARSE_DEGREE_PER_BIT = 4
 SPARSE_DEGREE_BASE = 16
 
@@ -79,7 +79,7 @@ class NeighbourRing:
         self._effective = _effective_degree(len(ids), degree)
         self._complete = self._effective == len(ids) - 1
         if not self._complete:
-            ids.sort(key=lambda u: (hmac.digest(seed, u.encode(), "sha256"), u))
+            ids.sort(key=_ring_key(seed))
             position = {u: i for i, u in enumerate(ids)}
         self._order = tuple(ids)  # sorted ids (complete) or the ring
         self._position = position
@@ -226,6 +226,29 @@ def share_threshold(threshold: int, k: int, degree: int) -> int:
     if effective == k - 1:
         return threshold
     return math.ceil(2 * (effective + 1) / 3)
+
+
+def _ring_key(seed: bytes) -> Callable[[str], tuple[bytes, str]]:
+    """``u -> (HMAC-SHA256(seed, u), u)``, the ring's sort key.
+
+    RFC 2104 from two SHA-256 states keyed once: a device orders all K
+    participants, and ``hmac.digest`` sets OpenSSL's HMAC up anew per call
+    (about six times the cost). The seed is public (the round's context):
+    nothing here is secret. Tests check it against ``hmac.digest``.
+    """
+    key = seed if len(seed) <= _SHA256_BLOCK else hashlib.sha256(seed).digest()
+    key = key.ljust(_SHA256_BLOCK, b"\0")
+    inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
+    outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
+
+    def ring_key(device_id: str) -> tuple[bytes, str]:
+        digest = inner.copy()
+        digest.update(device_id.encode())
+        mac = outer.copy()
+        mac.update(digest.digest())
+        return mac.digest(), device_id
+
+    return ring_key
 
 
 def _effective_degree(count: int, degree: int) -> int:

@@ -147,3 +147,11 @@ def test_the_ring_knows_its_participants_and_refuses_strangers() -> None:
         complete.share_holders("dev-999")
     with pytest.raises(ValueError, match="duplicate"):
         NeighbourRing(["a", "b", "a"], 1, SEED)
+
+
+@pytest.mark.parametrize("seed_bytes", [0, 1, 32, 63, 64, 65, 200])
+def test_the_ring_order_is_hmac_sha256_for_any_seed_length(seed_bytes: int) -> None:
+    """The ring's own HMAC (two keyed SHA-256 states) is `hmac.digest`'s."""
+    seed = bytes((7 * i + 1) % 256 for i in range(seed_bytes))
+    ids = [f"dev-{i:03d}" for i in range(70)]
+    assert neighbours(ids, 10, seed) == _first_graph(ids, 10, seed)
