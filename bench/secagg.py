@@ -20,9 +20,13 @@ Figures per setting are means over the survivors (the devices that complete
 the round), CPU from `time.process_time` around each device's own calls
 (verifying the coordinator's signature, key generation and advert, share,
 receive, clip + encode + mask, unmask); the envelope's encoding is the
-transport's, in both rounds, and not counted. The coordinator's CPU is its
-whole secure round: signing, checking adverts, graph and routing, summing the
-masked vectors, reconstructing the secrets and unmasking.
+transport's, in both rounds, and not counted. `time.process_time` counts every
+thread of the process, so nothing in the round may leave threads running
+(BLAS: OpenBLAS's workers spin on after a call, and that CPU would land on
+whichever clock ran next; hence no `np.linalg.norm` here or on the device).
+The coordinator's CPU is its whole secure round: signing, checking adverts,
+graph and routing, summing the masked vectors, reconstructing the secrets and
+unmasking.
 """
 
 from __future__ import annotations
