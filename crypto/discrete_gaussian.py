@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ursa.crypto.errors import EncodingError
+from ursa.crypto.vector_norm import l2_norm
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -215,7 +216,7 @@ def round_conditionally(
     if max_tries < 1:
         raise ValueError(f"max_tries must be >= 1, got {max_tries}")
     bound = inflated_l2(bound_l2, vector.size, beta)
-    norm = float(np.linalg.norm(vector))
+    norm = l2_norm(vector)
     if norm > bound_l2 * (1.0 + 1e-9):
         raise ValueError(f"values have L2 norm {norm:g} > bound {bound_l2:g}: clip")
     floor = np.floor(vector)
@@ -223,7 +224,7 @@ def round_conditionally(
     base = floor.astype(np.int64)
     for _ in range(max_tries):
         rounded = base + (rng.random(vector.size) < fraction)
-        if float(np.linalg.norm(rounded)) <= bound:
+        if l2_norm(rounded) <= bound:
             return RoundedVector(rounded, bound)
     raise ConditionalRoundingError(
         f"{max_tries} roundings all exceeded the L2 bound {bound:g}"

@@ -37,6 +37,7 @@ from ursa.crypto.discrete_gaussian import sample_discrete_gaussian
 from ursa.crypto.errors import CryptoError, UntrustedIdentityError
 from ursa.crypto.fixed_point import VectorLayout
 from ursa.crypto.identity import DeviceIdentity, DevicePublicIdentity
+from ursa.crypto.vector_norm import l2_norm
 from ursa.edge_sdk.secure_aggregation.participant import (
     MaskingParticipant,
     PeerAdvert,
@@ -366,10 +367,7 @@ def clipped_delta(
         raise SecAggError(f"the delta lacks the model's {missing[:3]}")
     floats = {name: delta[name] for name in wanted}
     flat = flatten(floats)[0].astype(np.float64)
-    # Not np.linalg.norm: its BLAS dot wakes OpenBLAS's worker threads, which
-    # then spin for milliseconds after the call (a CPU cost larger than the
-    # norm itself, on every core of a Pi); a ufunc sum stays on this thread.
-    norm = math.sqrt(float(np.add.reduce(np.square(flat))))
+    norm = l2_norm(flat)  # not np.linalg.norm: see `ursa.crypto.vector_norm`
     if not math.isfinite(norm):
         raise SecAggError("the delta holds NaN or inf")
     return (flat * (clip_norm / norm) if norm > clip_norm else flat), norm
