@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -41,8 +41,13 @@ class TrainingReport:
     metrics: Mapping[str, float] = field(default_factory=dict)
 
 
-class Trainer(ABC):
-    """Local training when the device is among a round's K participants."""
+class Trainer(Protocol):
+    """Local training when the device is among a round's K participants.
+
+    A protocol, not a base: a `ModelTrainer` is one without standing on it
+    (it trains through `ModelTrainer.train_delta`), so no trainer is more
+    than one ursa class deep.
+    """
 
     @abstractmethod
     def train(self, round_index: int) -> TrainingReport:
@@ -52,9 +57,10 @@ class Trainer(ABC):
         """Train on these samples from now on (FLICKER's resampled data).
 
         Raises:
-            NotImplementedError: this trainer cannot change its data.
+            NotImplementedError: this trainer cannot change its data (the
+                default, for a subclass that does not override it).
         """
-        raise NotImplementedError(f"{type(self).__name__} cannot change its data")
+        _fixed_data(self)
 
 
 class NoOpTrainer(Trainer):
@@ -90,8 +96,10 @@ class LocalDelta:
     metrics: Mapping[str, float] = field(default_factory=dict)
 
 
-class ModelTrainer(Trainer):
+class ModelTrainer(ABC):
     """Trains from the global model the coordinator publishes; returns deltas.
+
+    A `Trainer` by shape (`train`, `use_data`), not by inheritance.
 
     Attributes:
         model: The wire name of the model it trains (`ModelAvailable.model`).
@@ -163,6 +171,7 @@ class ModelTrainer(Trainer):
         the tensor) sits the device out; another error there defers the
         judgement to the first download.
         """
+        return None
 
     @property
     def features(self) -> int | None:
@@ -185,6 +194,14 @@ class ModelTrainer(Trainer):
         """
         return None
 
+    def use_data(self, x: npt.NDArray[Any], y: npt.NDArray[np.int64]) -> None:
+        """Refuse: this trainer's data is fixed (FLICKER needs one that is not)."""
+        _fixed_data(self)
+
     def train(self, round_index: int) -> TrainingReport:
         """Not used: the client calls `train_delta` with the downloaded model."""
         raise RuntimeError("a ModelTrainer trains through train_delta")
+
+
+def _fixed_data(trainer: object) -> NoReturn:
+    raise NotImplementedError(f"{type(trainer).__name__} cannot change its data")

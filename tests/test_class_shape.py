@@ -1,12 +1,14 @@
 """The runtimes' shape: no inheritance towers, no reach into another's privates.
 
 Every class in ``ursa.edge_sdk``, ``ursa.coordinator`` and ``ursa.protocol``
-has at most one concrete ursa-defined class above it in its MRO: state is
-shared by handing parts their collaborators, not by stacking classes.
-Exempt are pydantic message and config models and the abstract contracts a
-class implements (an ABC with abstract methods, or a Protocol): a method
-class over its one contract. And no class reads another object's
-``_private`` attribute (``self._x`` is its own; ``other._x`` is not).
+has at most one ursa-defined class above it in its MRO, abstract or not:
+state is shared by handing parts their collaborators, not by stacking
+classes. Exempt are pydantic message and config models, and a method class
+(one implementing a method contract: `DeviceMethod`, `RoundPlugin`,
+`BeforeTraining`, `SelectionMethod`) whose ursa ancestors are all abstract
+contracts (an ABC with abstract methods, or a Protocol). And no class reads
+another object's ``_private`` attribute (``self._x`` is its own; ``other._x``
+is not).
 
 Both allow-lists only shrink: an entry that no longer offends fails the test.
 """
@@ -17,6 +19,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 import pydantic
@@ -64,25 +67,81 @@ def _contract(cls: type) -> bool:
     return inspect.isabstract(cls) or bool(getattr(cls, "_is_protocol", False))
 
 
+def _method_contracts() -> tuple[type, ...]:
+    from ursa.coordinator.before_training import BeforeTraining
+    from ursa.coordinator.plugin import RoundPlugin
+    from ursa.coordinator.selection_method import SelectionMethod
+    from ursa.edge_sdk.method import DeviceMethod
+
+    return (DeviceMethod, RoundPlugin, BeforeTraining, SelectionMethod)
+
+
+def _is_tower(cls: type) -> bool:
+    """More than one ursa class above ``cls``, outside the exemptions."""
+    if issubclass(cls, pydantic.BaseModel):
+        return False
+    above = [base for base in cls.__mro__[1:] if base.__module__.startswith("ursa.")]
+    if len(above) <= 1:
+        return False
+    method = issubclass(cls, _method_contracts())
+    return not (method and all(_contract(base) for base in above))
+
+
 def _towers() -> set[str]:
-    towers = set()
-    for cls in _classes():
-        if issubclass(cls, pydantic.BaseModel):
-            continue
-        concrete = [
-            base
-            for base in cls.__mro__[1:]
-            if base.__module__.startswith("ursa.") and not _contract(base)
-        ]
-        if len(concrete) > 1:
-            towers.add(f"{cls.__module__}.{cls.__qualname__}")
-    return towers
+    return {
+        f"{cls.__module__}.{cls.__qualname__}" for cls in _classes() if _is_tower(cls)
+    }
 
 
 def test_no_class_stands_on_more_than_one_concrete_ursa_class() -> None:
     towers = _towers()
     assert towers - TOWERS == set(), "new inheritance towers"
     assert TOWERS - towers == set(), "no longer towers: take them off TOWERS"
+
+
+def _in_ursa(*classes: type) -> None:
+    for cls in classes:
+        cls.__module__ = "ursa.edge_sdk.example"
+
+
+def test_a_stack_of_abstract_bases_is_a_tower_outside_method_classes() -> None:
+    class Contract(ABC):
+        @abstractmethod
+        def train(self) -> None: ...
+
+    class Refined(Contract):
+        @abstractmethod
+        def train_more(self) -> None: ...
+
+    class Leaf(Refined):
+        def train(self) -> None: ...
+
+        def train_more(self) -> None: ...
+
+    _in_ursa(Contract, Refined, Leaf)
+    assert not _is_tower(Refined)
+    assert _is_tower(Leaf)
+
+
+def test_a_method_class_may_implement_two_contracts() -> None:
+    from ursa.edge_sdk.method import DeviceMethod
+    from ursa.edge_sdk.secure_mean import MeanParticipant
+
+    assert DeviceMethod.__module__.startswith("ursa.")
+    assert MeanParticipant.__module__.startswith("ursa.")
+
+    class Both(DeviceMethod, MeanParticipant):
+        pass
+
+    class Plain:
+        pass
+
+    class OverMethod(Plain, DeviceMethod):
+        pass
+
+    _in_ursa(Both, Plain, OverMethod)
+    assert not _is_tower(Both)
+    assert _is_tower(OverMethod)
 
 
 def _private_reads(source: str) -> list[str]:
