@@ -191,6 +191,7 @@ class Components:
             clock=clock,
             open_round=lambda now: self.rounds.start_round(now),
             forget_round=lambda: self.rounds.forget(),
+            registered=lambda epoch, message: self.selection.registered(epoch, message),
             store=store,
         )
         self.steps = runner = StepRunner(

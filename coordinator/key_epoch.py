@@ -41,9 +41,11 @@ each registration is one-hot on an anonymous shuffled list
 (`ursa.coordinator.registry_verdicts`: refused registrants leave the epoch and
 the sum), then the encrypted `RegistrySum` of the others is published
 (retained) and the first round opens. Under
-Dubhe's stratified draw a registration carries a one-time public key, kept
-with its ciphertext for the rank hand-out (`ursa.coordinator.methods.dubhe.
-ranks`); a registration whose draw differs is refused (``method_mismatch``). Whom it
+Dubhe's stratified draw a registration carries a one-time public key for
+the rank hand-out: the key epoch keeps the registry ciphertext and hands the
+registration to the selection method in the same transaction
+(`SelectionMethod.registered`), which keeps the key in its own records; a
+registration whose draw differs is refused (``method_mismatch``). Whom it
 still waits for is a pending set built once when registration opens and
 shrunk by each registration, departure and sit-out, so a message costs the
 same at any fleet size. Each completed page pushes the deadline out to a full
@@ -125,6 +127,10 @@ class KeyEpoch:
         clock: Seconds (the sealing's and the check's nudges).
         open_round: Opens the first round of a keyed epoch.
         forget_round: Drops the open round (a new key epoch starts).
+        registered: Hands an accepted registration to the selection method
+            (`SelectionMethod.registered`) in the registration's transaction,
+            so what the method keeps of it (Dubhe's rank key) is written with
+            the registration or not at all.
         store: The runtime's store (epochs, registrations), handed on to the
             sealing, the registry check and the ready set.
     """
@@ -145,6 +151,7 @@ class KeyEpoch:
         clock: Clock,
         open_round: Callable[[float], None],
         forget_round: Callable[[], None],
+        registered: Callable[[int, Registration], None],
         store: StoreSlot,
     ) -> None:
         self._config = config
@@ -159,6 +166,7 @@ class KeyEpoch:
         self._clock = clock
         self._open_round = open_round
         self._forget_round = forget_round
+        self._registered = registered
         self._ready = ready
         self._store = store
         self._work: EpochWork | None = None
@@ -616,10 +624,12 @@ class KeyEpoch:
             total = vector
         else:
             total = add_encrypted(work.public_key, work.running_sum, vector)
-        rank_entry = (message.registry, message.rank_key or b"")
-        self._store.store.add_registration(
-            work.epoch, device, total.to_bytes(work.public_key), rank_entry
-        )
+        store = self._store.store
+        with store.transaction():
+            store.add_registration(
+                work.epoch, device, total.to_bytes(work.public_key), message.registry
+            )
+            self._registered(work.epoch, message)
         work.running_sum = total
         work.registered.add(device)
         self._sets_changed(device)

@@ -34,7 +34,7 @@ import numpy as np
 
 from ursa.coordinator.plugin import EpochView
 from ursa.coordinator.store import CoordinatorStore, NaturalKey
-from ursa.protocol.messages import BaseMessage
+from ursa.protocol.messages import BaseMessage, Registration
 from ursa.protocol.router import Router
 
 __all__ = [
@@ -153,6 +153,19 @@ class SelectionMethod(ABC):
 
     def resume(self, request: SelectionRequest) -> None:  # noqa: B027
         """After a restart in SELECTING: reload progress, re-send what it waits on."""
+
+    def registered(  # noqa: B027 - optional hook
+        self, epoch: int, registration: Registration
+    ) -> None:
+        """The key epoch accepted ``registration``: keep what the method needs of it.
+
+        Called inside the registration's transaction, so the method's rows
+        and the registration are written together or not at all (Dubhe's
+        rank key); the registry ciphertext is the key epoch's, not the
+        method's. It does not refuse (the key epoch judged the registration):
+        an error it raises rolls the whole message back, registration
+        included. Default: nothing to keep.
+        """
 
     def epoch_unusable(self, epoch: EpochView, online: Set[str]) -> str | None:
         """Why the next round needs a new key epoch first (None: it does not)."""

@@ -41,9 +41,9 @@ method's own migration lives in its folder and is run through the registry.
 What is stored is what the coordinator may know (docs/threat_model.md): device public
 identities, who is online, the agent, public keys, ciphertexts (running
 registry sum), the selection and the signed notices it published, and what
-each method keeps (ciphertexts and public answers: never a plaintext); when
-ranks are handed out, each registrant's registry ciphertext and one-time
-public key. Never a plaintext category, registry or secret
+each method keeps (ciphertexts, public answers and one-time public keys:
+never a plaintext), and each registrant's registry ciphertext until its key
+epoch's check is over. Never a plaintext category, registry or secret
 key: the coordinator has none.
 """
 
@@ -125,9 +125,9 @@ CREATE TABLE IF NOT EXISTS epochs (
 CREATE TABLE IF NOT EXISTS registrations (
     epoch INTEGER NOT NULL, device_id TEXT NOT NULL,
     PRIMARY KEY (epoch, device_id));
-CREATE TABLE IF NOT EXISTS rank_entries (
+CREATE TABLE IF NOT EXISTS registries (
     epoch INTEGER NOT NULL, device_id TEXT NOT NULL, registry BLOB NOT NULL,
-    rank_key BLOB NOT NULL, PRIMARY KEY (epoch, device_id));
+    PRIMARY KEY (epoch, device_id));
 CREATE TABLE IF NOT EXISTS rounds (
     round INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, announce BLOB NOT NULL,
     selected TEXT, try_index INTEGER, result BLOB,
@@ -431,6 +431,12 @@ class CoordinatorStore:
         ).fetchall()
         return {str(d): bytes(v) for d, v in rows}
 
+    def drop_method_rows(self, method: str, key: str) -> None:
+        """Forget a method's rows under ``key`` (their use is over)."""
+        self._write(
+            "DELETE FROM method_rows WHERE method = ? AND key = ?", (method, key)
+        )
+
     def count_method_rows(self, method: str, key: str) -> int:
         """How many rows a method keeps under ``key``."""
         row = self._exec(
@@ -602,13 +608,13 @@ class CoordinatorStore:
     ) -> None:
         """A new key epoch with its agent, recipients and signed notice.
 
-        The earlier epochs' rank entries go: their hand-out is over.
+        The earlier epochs' registry ciphertexts go: their check is over.
         """
         self._write(
             "INSERT INTO epochs (epoch, agent, recipients, notice) VALUES (?, ?, ?, ?)",
             (epoch, agent, json.dumps(list(recipients)), notice),
         )
-        self._write("DELETE FROM rank_entries WHERE epoch < ?", (epoch,))
+        self._write("DELETE FROM registries WHERE epoch < ?", (epoch,))
 
     def set_public_key(self, epoch: int, message: bytes) -> None:
         """The agent's signed public-key message, as relayed."""
@@ -621,13 +627,13 @@ class CoordinatorStore:
         epoch: int,
         device_id: str,
         running_sum: bytes,
-        rank_entry: tuple[bytes, bytes] | None = None,
+        registry: bytes | None = None,
     ) -> None:
-        """One more registrant and the new running sum.
+        """One more registrant, its registry ciphertext and the new running sum.
 
-        ``rank_entry``: (registry ciphertext, the rank hand-out's one-time
-        public key or b""), kept for the agent's one-hot check and the
-        epoch's rank hand-out.
+        ``registry`` is kept for the agent's one-hot check (`registry_blobs`);
+        what a method keeps of the registration it writes in the same
+        transaction, under its own name (`SelectionMethod.registered`).
         """
         with self.transaction():
             self._write("INSERT INTO registrations VALUES (?, ?)", (epoch, device_id))
@@ -635,16 +641,16 @@ class CoordinatorStore:
                 "UPDATE epochs SET running_sum = ? WHERE epoch = ?",
                 (running_sum, epoch),
             )
-            if rank_entry is not None:
+            if registry is not None:
                 self._write(
-                    "INSERT INTO rank_entries VALUES (?, ?, ?, ?)",
-                    (epoch, device_id, *rank_entry),
+                    "INSERT INTO registries VALUES (?, ?, ?)",
+                    (epoch, device_id, registry),
                 )
 
     def registry_blobs(self, epoch: int) -> dict[str, bytes]:
         """Device -> registry ciphertext of an epoch's registrants (the check's)."""
         rows = self._exec(
-            "SELECT device_id, registry FROM rank_entries WHERE epoch = ?", (epoch,)
+            "SELECT device_id, registry FROM registries WHERE epoch = ?", (epoch,)
         ).fetchall()
         return {str(r[0]): bytes(r[1]) for r in rows}
 
@@ -654,7 +660,7 @@ class CoordinatorStore:
         """Registrants the agent's check left out, and the sum of the others."""
         with self.transaction():
             for device in devices:
-                for table in ("registrations", "rank_entries"):
+                for table in ("registrations", "registries"):
                     self._write(
                         f"DELETE FROM {table} WHERE epoch = ? AND device_id = ?",
                         (epoch, device),
@@ -663,14 +669,6 @@ class CoordinatorStore:
                 "UPDATE epochs SET running_sum = ? WHERE epoch = ?",
                 (running_sum, epoch),
             )
-
-    def rank_entries(self, epoch: int) -> dict[str, tuple[bytes, bytes]]:
-        """Device -> (registry ciphertext, one-time key) of an epoch's registrants."""
-        rows = self._exec(
-            "SELECT device_id, registry, rank_key FROM rank_entries WHERE epoch = ?",
-            (epoch,),
-        ).fetchall()
-        return {str(r[0]): (bytes(r[1]), bytes(r[2])) for r in rows}
 
     def set_registry_sum(self, epoch: int, message: bytes) -> None:
         """The published RegistrySum message (closes registration)."""

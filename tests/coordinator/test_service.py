@@ -10,6 +10,7 @@ import pytest
 
 from ursa.coordinator.config import BrokerConfig, EnrolmentConfig
 from ursa.coordinator.methods.dubhe import DubheSelection, DubheStep
+from ursa.coordinator.methods.dubhe.migration import VERSION as DUBHE_SCHEMA
 from ursa.coordinator.methods.dubhe.records import DubheRecords
 from ursa.coordinator.round_state import Stage
 from ursa.coordinator.service import MAX_HELD
@@ -367,7 +368,7 @@ def test_restart_from_sqlite_mid_round_resumes_without_double_counting(
     fed.bus.drop_filter = None
     fed.coordinator = fed.new_coordinator()
     fed.coordinator.start()
-    assert fed.coordinator.store.get_meta("schema.dubhe") == "1"
+    assert fed.coordinator.store.get_meta("schema.dubhe") == str(DUBHE_SCHEMA)
     resumed = DubheRecords(fed.coordinator.store).round(1)  # the bus runs on inline
     assert bool(kept.volunteers) is (stall != "volunteer")
     assert kept.volunteers.items() <= resumed.volunteers.items()

@@ -1,12 +1,14 @@
 """The stratified draw's rank hand-out on the coordinator, once per key epoch.
 
 Every registrant sent, with its encrypted registry, a one-time X25519 public
-key (kept by the store, `CoordinatorStore.rank_entries`). Before the epoch's
-first round draws, the coordinator puts the registrants in a uniformly random
-order (its seeded generator, fixed once and persisted), cuts the order into
-pages and sends the agent each page's (registry, one-time key) pairs as a
-`RankRequest`, without device ids. The agent ranks the entries in order,
-seals each rank to its one-time key and answers `SealedRanks` by position;
+key (kept in Dubhe's records beside the key epoch's registries:
+`ursa.coordinator.methods.dubhe.records.DubheRecords.rank_entries`). Before
+the epoch's first round draws, the coordinator puts the registrants in a
+uniformly random order (its seeded generator, fixed once and persisted),
+cuts the order into pages and sends the agent each page's (registry,
+one-time key) pairs as a `RankRequest`, without device ids. The agent ranks
+the entries in order, seals each rank to its one-time key and answers
+`SealedRanks` by position;
 the coordinator maps each position back to its device and relays the box
 (`SealedRank`). The coordinator sees ciphertexts and boxes only; the agent
 sees an anonymous, shuffled list of categories.

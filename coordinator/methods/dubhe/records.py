@@ -1,12 +1,15 @@
 """Dubhe's own part of the coordinator's store: each round's answers and tries.
 
-The core store knows rounds, not Dubhe: a round's volunteers (each device's H
-draws), the members' encrypted distributions, the tentative sets and the
-candidates sent to the agent are kept here, under Dubhe's method name, in the
-store's generic method tables (`CoordinatorStore.add_method_row`: one row per
-device and round, so an answer costs one write; `method_state`: one JSON
-value per round for the tries and the candidates). A `random` federation's
-store holds none of it.
+The core store knows rounds and key epochs, not Dubhe: a round's volunteers
+(each device's H draws), the members' encrypted distributions, the tentative
+sets and the candidates sent to the agent, and each registrant's one-time
+rank key of the stratified draw (sent with its registration; the registry
+ciphertext beside it is the key epoch's, `CoordinatorStore.registry_blobs`)
+are kept here, under Dubhe's method name, in the store's generic method
+tables (`CoordinatorStore.add_method_row`: one row per device and round or
+epoch, so an answer costs one write; `method_state`: one JSON value per round
+for the tries and the candidates). A `random` federation's store holds none
+of it.
 
 A device sends one `Volunteer` and one `EncryptedDistribution` per round:
 their rows are their de-duplication (`natural_key`), so a re-sent copy needs
@@ -25,6 +28,7 @@ __all__ = [
     "CANDIDATES",
     "DISTRIBUTIONS",
     "NAMESPACE",
+    "RANK_KEYS",
     "TRIES",
     "VOLUNTEERS",
     "DubheRecords",
@@ -42,6 +46,9 @@ TRIES = "tries."
 """State key prefix of a round's tentative sets (JSON lists of device ids)."""
 CANDIDATES = "candidates."
 """State key prefix of the tries sent to the agent, in the order of its sums."""
+RANK_KEYS = "rank_keys."
+"""Row key prefix of a key epoch's rank keys (``rank_keys.<epoch>``): the
+registrants' one-time X25519 public keys of the stratified draw's hand-out."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,27 @@ class DubheRecords:
         self._store.set_method_state(
             NAMESPACE, f"{CANDIDATES}{round_index}", list(candidates)
         )
+
+    def add_rank_key(self, epoch: int, device: str, rank_key: bytes) -> None:
+        """A registrant's one-time rank key (in its registration's transaction)."""
+        self._store.add_method_row(NAMESPACE, f"{RANK_KEYS}{epoch}", device, rank_key)
+
+    def rank_entries(self, epoch: int) -> dict[str, tuple[bytes, bytes]]:
+        """Device -> (registry ciphertext, rank key) of the epoch's registrants.
+
+        The registrants the agent's check kept (the key epoch's registries)
+        that sent a rank key: a dropped registrant's key is not handed out.
+        """
+        keys = self._store.method_rows(NAMESPACE, f"{RANK_KEYS}{epoch}")
+        return {
+            device: (registry, keys[device])
+            for device, registry in self._store.registry_blobs(epoch).items()
+            if device in keys
+        }
+
+    def drop_rank_keys(self, epoch: int) -> None:
+        """Forget the epoch's rank keys: its hand-out is complete."""
+        self._store.drop_method_rows(NAMESPACE, f"{RANK_KEYS}{epoch}")
 
     def volunteer_count(self, round_index: int) -> int:
         """How many devices answered the round's announce."""

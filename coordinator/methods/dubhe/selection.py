@@ -122,6 +122,7 @@ from ursa.protocol.messages import (
     BaseMessage,
     EncryptedDistribution,
     ErrorCode,
+    Registration,
     SealedRank,
     SealedRanks,
     TryAssignment,
@@ -286,6 +287,11 @@ class DubheSelection(SelectionMethod):
         """The open step's window waits ``seconds`` longer (the broker was away)."""
         if self._round is not None and seconds > 0:
             self._round.deadline_at += seconds
+
+    def registered(self, epoch: int, registration: Registration) -> None:
+        """Keep the registrant's rank key (stratified draw) for the epoch's hand-out."""
+        if registration.rank_key is not None:
+            self._kept().add_rank_key(epoch, registration.sender, registration.rank_key)
 
     def epoch_unusable(self, epoch: EpochView, online: Set[str]) -> str | None:
         """With H > 1 every round needs the agent: a new epoch when it is gone."""
@@ -788,6 +794,9 @@ class DubheSelection(SelectionMethod):
         if not completed:
             return
         ctx.store.set_method_state(self.name, RANKS_DONE_KEY, handout.done_record())
+        if handout.is_complete:
+            self._kept().drop_rank_keys(handout.epoch)
+            self._entries = {}
         logger.info(
             "key epoch %d: ranks of %d of %d pages handed out",
             handout.epoch,
@@ -811,12 +820,14 @@ class DubheSelection(SelectionMethod):
 
     def _load_handout(self, request: SelectionRequest) -> RankHandout:
         store = self._ctx.store
-        self._entries = store.rank_entries(request.epoch)
+        self._entries = self._kept().rank_entries(request.epoch)
         handout = RankHandout.restored(
             store.method_state(self.name, RANKS_KEY),
             store.method_state(self.name, RANKS_DONE_KEY),
         )
         if handout is None or handout.epoch != request.epoch:
+            if handout is not None:  # an earlier epoch's, maybe cut short
+                self._kept().drop_rank_keys(handout.epoch)
             handout = RankHandout.start(request.epoch, self._entries, request.rng)
             store.set_method_state(self.name, RANKS_KEY, handout.plan_record())
             store.set_method_state(self.name, RANKS_DONE_KEY, handout.done_record())

@@ -4,10 +4,12 @@
 (``test_restart_from_sqlite_mid_round_resumes_without_double_counting``),
 which restarts on a store rewritten in the old form.
 
-The old form is written by hand (`LEGACY_SCHEMA`, the old DDL's only copy),
-as the coordinator of the version before wrote it: Dubhe's rows in core
-``volunteers`` and ``distributions`` tables, tries and candidates as columns
-of ``rounds``, no ``method_rows`` table and no ``schema.dubhe`` in ``meta``.
+The old forms are written by hand (`LEGACY_SCHEMA`, the old DDL's only
+copy), as the coordinators of the versions before wrote them: before
+version 1, Dubhe's rows in core ``volunteers`` and ``distributions`` tables,
+tries and candidates as columns of ``rounds``, no ``method_rows`` table and
+no ``schema.dubhe`` in ``meta``; before version 2 too, each registrant's
+registry ciphertext and rank key in a core ``rank_entries`` table.
 """
 
 from __future__ import annotations
@@ -20,8 +22,12 @@ from pathlib import Path
 import pytest
 
 from ursa.coordinator.methods.dubhe import DubheStep
-from ursa.coordinator.methods.dubhe.migration import LEGACY_SCHEMA
-from ursa.coordinator.methods.dubhe.records import DubheRecords, natural_key
+from ursa.coordinator.methods.dubhe.migration import LEGACY_SCHEMA, VERSION
+from ursa.coordinator.methods.dubhe.records import (
+    RANK_KEYS,
+    DubheRecords,
+    natural_key,
+)
 from ursa.coordinator.methods.registry import migrate_store
 from ursa.coordinator.store import CoordinatorStore
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
@@ -31,6 +37,9 @@ from ursa.protocol.messages import EncryptedDistribution, TryAssignment, Volunte
 from .test_selection import FED, FakeContext, distribution, method, request
 
 TRIES = (("d0", "d1"), ("d0", "d2"))
+REGISTRY = {"d0": b"registry-0", "d1": b"registry-1", "d2": b"registry-2"}
+RANK_KEY = {"d0": bytes(range(32)), "d1": bytes(range(1, 33)), "d2": b""}
+"""d2 registered under the paper draw's form: no rank key (``b""``)."""
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +66,10 @@ def write_old_store(path: Path, blob: bytes) -> None:
                 "INSERT INTO volunteers VALUES (1, ?, ?)", (device, json.dumps(draws))
             )
         db.execute("INSERT INTO distributions VALUES (1, 'd0', ?)", (blob,))
+        db.executemany(
+            "INSERT INTO rank_entries VALUES (1, ?, ?, ?)",
+            [(d, REGISTRY[d], RANK_KEY[d]) for d in REGISTRY],
+        )
         db.commit()
 
 
@@ -67,7 +80,9 @@ def write_as_before(path: Path) -> None:
         db.execute("ALTER TABLE rounds ADD COLUMN candidates TEXT")
         db.executescript(LEGACY_SCHEMA)
         rows = db.execute(
-            "SELECT key, device_id, value FROM method_rows WHERE method = 'dubhe'"
+            "SELECT key, device_id, value FROM method_rows WHERE method = 'dubhe' "
+            "AND key NOT LIKE ? || '%'",
+            (RANK_KEYS,),
         ).fetchall()
         for key, device, value in rows:
             table, _, round_index = str(key).partition(".")
@@ -89,6 +104,14 @@ def write_as_before(path: Path) -> None:
                     "DELETE FROM method_state WHERE method = 'dubhe' AND key = ?",
                     (key,),
                 )
+        db.execute(
+            "INSERT INTO rank_entries SELECT r.epoch, r.device_id, r.registry, "
+            "coalesce(k.value, x'') FROM registries r LEFT JOIN method_rows k "
+            "ON k.method = 'dubhe' AND k.key = ? || r.epoch "
+            "AND k.device_id = r.device_id",
+            (RANK_KEYS,),
+        )
+        db.execute("DROP TABLE registries")
         db.execute("DROP TABLE method_rows")
         db.execute("DELETE FROM meta WHERE key = 'schema.dubhe'")
         db.commit()
@@ -103,7 +126,7 @@ def test_the_old_rows_move_once_into_dubhes_records(
 
     store = CoordinatorStore(path)
     migrate_store(store)
-    assert store.get_meta("schema.dubhe") == "1"
+    assert store.get_meta("schema.dubhe") == str(VERSION)
     kept = DubheRecords(store).round(1)
     assert kept.volunteers == {"d0": (True, True), "d1": (True, False)}
     assert kept.tries == TRIES
@@ -114,11 +137,15 @@ def test_the_old_rows_move_once_into_dubhes_records(
     record = store.round(1)
     assert record is not None and (record.epoch, record.selected) == (1, None)
     store.set_meta("after", "x")
-    assert not store.migrate("dubhe", 1, lambda sql: pytest.fail("ran twice"))
+    assert store.registry_blobs(1) == REGISTRY
+    assert store.method_rows("dubhe", f"{RANK_KEYS}1") == {
+        d: k for d, k in RANK_KEY.items() if k
+    }
+    assert not store.migrate("dubhe", VERSION, lambda sql: pytest.fail("twice"))
     store.close()
 
     with closing(sqlite3.connect(path)) as db:  # committed, the old form gone
-        assert not {"volunteers", "distributions"} & _tables(db)
+        assert not {"volunteers", "distributions", "rank_entries"} & _tables(db)
         columns = {str(r[1]) for r in db.execute("PRAGMA table_info(rounds)")}
     if sqlite3.sqlite_version_info >= (3, 35, 0):
         assert not {"tries", "candidates"} & columns
@@ -149,4 +176,54 @@ def test_the_moved_round_resumes_and_counts_a_resent_answer_once(
         EncryptedDistribution(federation=FED, round=1, sender="d0", distribution=blob)
     )  # a re-sent answer: ignored
     assert list(DubheRecords(store).round(1).distributions) == ["d0"]
+    store.close()
+
+
+def _store_at_version_1(path: Path) -> None:
+    """What the version before wrote: Dubhe's rounds moved, rank entries core."""
+    store = CoordinatorStore(path)
+    store.set_meta("schema.dubhe", "1")
+    store.add_method_row("dubhe", "volunteers.1", "d0", b"[true]")
+    store.close()
+    with closing(sqlite3.connect(path)) as db:
+        db.execute("DROP TABLE registries")
+        db.executescript(LEGACY_SCHEMA)
+        db.executemany(
+            "INSERT INTO rank_entries VALUES (?, ?, ?, ?)",
+            [(e, d, REGISTRY[d], RANK_KEY[d]) for e in (1, 2) for d in REGISTRY],
+        )
+        db.commit()
+
+
+def test_a_store_at_version_1_moves_only_its_rank_entries(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite3"
+    _store_at_version_1(path)
+
+    store = CoordinatorStore(path)
+    migrate_store(store)
+    assert store.get_meta("schema.dubhe") == str(VERSION)
+    records = DubheRecords(store)
+    assert store.method_rows("dubhe", "volunteers.1") == {"d0": b"[true]"}
+    for epoch in (1, 2):
+        assert store.registry_blobs(epoch) == REGISTRY
+        assert records.rank_entries(epoch) == {
+            d: (REGISTRY[d], k) for d, k in RANK_KEY.items() if k
+        }
+    store.close()
+    with closing(sqlite3.connect(path)) as db:
+        assert "rank_entries" not in _tables(db)
+
+
+def test_a_registrant_the_check_dropped_has_no_rank_entry(tmp_path: Path) -> None:
+    store = CoordinatorStore(tmp_path / "c.sqlite3")
+    records = DubheRecords(store)
+    for device in ("d0", "d1"):
+        store.add_registration(1, device, b"sum", REGISTRY[device])
+        records.add_rank_key(1, device, RANK_KEY[device])
+    store.drop_registrations(1, ["d1"], b"sum")
+
+    assert records.rank_entries(1) == {"d0": (REGISTRY["d0"], RANK_KEY["d0"])}
+    records.drop_rank_keys(1)
+    assert records.rank_entries(1) == {}
+    assert store.registry_blobs(1) == {"d0": REGISTRY["d0"]}  # the key epoch's
     store.close()

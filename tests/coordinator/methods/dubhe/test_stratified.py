@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections import Counter
 from typing import Any
 
 import numpy as np
 import pytest
 
+from ursa.coordinator.methods.dubhe import DubheSelection
 from ursa.coordinator.methods.dubhe import ranks as coordinator_ranks
+from ursa.coordinator.methods.dubhe.records import RANK_KEYS, DubheRecords
 from ursa.coordinator.methods_config import DubheSpec
 from ursa.coordinator.store import DB_FILENAME
 from ursa.crypto.identity import verify_signature
@@ -20,7 +23,9 @@ from ursa.edge_sdk.methods.dubhe.ranks import new_one_time_key, shared_seed
 from ursa.edge_sdk.methods_config import DubheDeviceSpec as DeviceDubheSpec
 from ursa.protocol.envelope import decode, signing_bytes
 from ursa.protocol.errors import ProtocolError
-from ursa.protocol.messages import ErrorCode
+from ursa.protocol.messages import ErrorCode, Registration
+
+from .test_migration import write_as_before
 
 
 def stratified(federation: Any, **overrides: Any) -> Any:
@@ -167,9 +172,12 @@ def test_a_device_with_the_paper_draw_is_refused_at_registration(
     assert fed.messages("rank_request") == []
 
 
+@pytest.mark.parametrize("old_form", [False, True], ids=["store", "old_form"])
 def test_a_coordinator_killed_mid_hand_out_resends_only_the_open_pages(
-    federation: Any, monkeypatch: pytest.MonkeyPatch
+    federation: Any, monkeypatch: pytest.MonkeyPatch, old_form: bool
 ) -> None:
+    """``old_form``: the store is rewritten as the versions before wrote it
+    (the rank keys in the core ``rank_entries``); the restart moves them."""
     monkeypatch.setattr(coordinator_ranks, "RANK_PAGE_SIZE", 3)
     fed = stratified(federation, num_devices=10, k=3, tries=1, rounds=3)
 
@@ -191,6 +199,8 @@ def test_a_coordinator_killed_mid_hand_out_resends_only_the_open_pages(
 
     fed.coordinator_transport.kill()  # kill -9
     fed.coordinator.store.close()
+    if old_form:
+        write_as_before(fed.config.state_dir / DB_FILENAME)
     fed.bus.drop_filter = None
     before = len(fed.messages("rank_request"))
     fed.coordinator = fed.new_coordinator()
@@ -203,3 +213,30 @@ def test_a_coordinator_killed_mid_hand_out_resends_only_the_open_pages(
     assert all(c.method(Dubhe).rank(1) is not None for c in fed.devices.values())
     served = selections(fed)
     assert [served[r] for r in range(1, 4)] == expected_sets(fed, 3, 3, 1)
+
+
+def test_a_registration_and_its_rank_key_are_kept_together_or_not_at_all(
+    federation: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fed = stratified(federation, num_devices=5, k=2, tries=1, rounds=1)
+    victim = sorted(fed.device_ids)[0]
+    keep = DubheSelection.registered
+
+    def failing(self: DubheSelection, epoch: int, registration: Registration) -> None:
+        keep(self, epoch, registration)  # the rank key's row is written ...
+        if registration.sender == victim:  # ... and then the write fails
+            raise sqlite3.OperationalError("disk I/O error (injected)")
+
+    monkeypatch.setattr(DubheSelection, "registered", failing)
+    fed.bus.drop_filter = lambda s, r, topic, payload: "sealed_ranks" in topic
+    fed.start(settle=False)
+
+    store = fed.coordinator.store
+    record = store.epoch(1)
+    assert record is not None and victim not in record.registered
+    others = set(fed.device_ids) - {victim}
+    assert record.registered == others
+    assert set(store.registry_blobs(1)) == others
+    assert set(store.method_rows("dubhe", f"{RANK_KEYS}1")) == others
+    assert set(DubheRecords(store).rank_entries(1)) == others
+    assert "internal error on a message" in caplog.text

@@ -56,8 +56,10 @@ def test_a_random_federations_store_has_no_selection_rows(federation: Any) -> No
     assert fed.coordinator.is_done
     store = fed.coordinator.store
     tables = store._exec("SELECT name FROM sqlite_master WHERE type = 'table'")
-    assert not {"volunteers", "distributions"} & {str(r[0]) for r in tables}
+    names = {str(r[0]) for r in tables}
+    assert not {"volunteers", "distributions", "rank_entries"} & names
     assert store._exec("SELECT COUNT(*) FROM method_rows").fetchone()[0] == 0
+    assert set(store.registry_blobs(1)) == set(fed.device_ids)  # the key epoch's
 
 
 def test_the_draw_differs_between_rounds(federation: Any) -> None:
