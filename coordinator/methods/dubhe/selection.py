@@ -57,7 +57,8 @@ store's round records after a restart.
 RANKS (stratified draw, the epoch's first round only): before its devices
 can draw, each registrant needs its rank. The coordinator sends the agent
 the epoch's anonymous registrations in `RankRequest` pages and relays each
-sealed rank back (`ursa.coordinator.methods.dubhe.ranks`); volunteers that
+sealed rank back (the step is `ursa.coordinator.methods.dubhe.rank_step`,
+its pages `ursa.coordinator.methods.dubhe.ranks`); volunteers that
 arrive meanwhile count as in VOLUNTEERING, whose window opens when every
 page is done. A stalled agent is asked again after ``agent_s``; an agent
 gone offline ends the step with a uniform selection and a new key epoch.
@@ -82,11 +83,7 @@ from typing import ClassVar, NoReturn
 
 from ursa._compat import StrEnum
 from ursa.coordinator.methods.dubhe.participation import ParticipationCap
-from ursa.coordinator.methods.dubhe.ranks import (
-    RANKS_DONE_KEY,
-    RANKS_KEY,
-    RankHandout,
-)
+from ursa.coordinator.methods.dubhe.rank_step import RankStep
 from ursa.coordinator.methods.dubhe.records import (
     NAMESPACE,
     DubheRecords,
@@ -102,7 +99,6 @@ from ursa.coordinator.methods.dubhe.tries import (
     without,
 )
 from ursa.coordinator.plugin import EpochView
-from ursa.coordinator.seal_pages import BoxVerdict
 from ursa.coordinator.selection_method import (
     Selection,
     SelectionContext,
@@ -123,7 +119,6 @@ from ursa.protocol.messages import (
     EncryptedDistribution,
     ErrorCode,
     Registration,
-    SealedRank,
     SealedRanks,
     TryAssignment,
     TrySums,
@@ -248,8 +243,12 @@ class DubheSelection(SelectionMethod):
         if draw not in ("paper", "stratified"):
             raise ValueError(f"unknown draw {draw!r}: 'paper' or 'stratified'")
         self._stratified = draw == "stratified"
-        self._handout: RankHandout | None = None
-        self._entries: dict[str, tuple[bytes, bytes]] = {}
+        self._ranks = RankStep(
+            ctx,
+            stratified=self._stratified,
+            agent_s=agent_s,
+            open_round=lambda: None if self._round is None else self._round.round,
+        )
         self._tries = tries
         self._num_classes = num_classes
         self._volunteer_s = volunteer_s
@@ -281,7 +280,7 @@ class DubheSelection(SelectionMethod):
         router.register(Volunteer, self._on_volunteer, owner=self.name)
         router.register(EncryptedDistribution, self._on_distribution, owner=self.name)
         router.register(AgentAnswer, self._on_agent_answer, owner=self.name)
-        router.register(SealedRanks, self._on_sealed_ranks, owner=self.name)
+        router.register(SealedRanks, self._ranks.on_sealed_ranks, owner=self.name)
 
     def extend_deadlines(self, seconds: float) -> None:
         """The open step's window waits ``seconds`` longer (the broker was away)."""
@@ -290,8 +289,7 @@ class DubheSelection(SelectionMethod):
 
     def registered(self, epoch: int, registration: Registration) -> None:
         """Keep the registrant's rank key (stratified draw) for the epoch's hand-out."""
-        if registration.rank_key is not None:
-            self._kept().add_rank_key(epoch, registration.sender, registration.rank_key)
+        self._ranks.registered(epoch, registration)
 
     def epoch_unusable(self, epoch: EpochView, online: Set[str]) -> str | None:
         """With H > 1 every round needs the agent: a new epoch when it is gone."""
@@ -310,9 +308,9 @@ class DubheSelection(SelectionMethod):
             explicit=request.explicit_replies,
             k=request.k,
         )
-        if self._ranks_owed(request):
+        if self._ranks.owed(request):
             self._round.step = DubheStep.RANKS
-            self._send_rank_pages(request.round, request.now, again=True)
+            self._ranks.send_pages(request.round, request.now, again=True)
 
     def resume(self, request: SelectionRequest) -> None:
         """Reload the round from the store; re-send what its step waits on."""
@@ -325,9 +323,9 @@ class DubheSelection(SelectionMethod):
         work.k = request.k
         work.explicit = request.explicit_replies
         self._round = work
-        if work.step is DubheStep.VOLUNTEERING and self._ranks_owed(request):
+        if work.step is DubheStep.VOLUNTEERING and self._ranks.owed(request):
             work.step = DubheStep.RANKS
-            self._send_rank_pages(request.round, request.now, again=True)
+            self._ranks.send_pages(request.round, request.now, again=True)
         elif work.step is DubheStep.DISTRIBUTIONS:
             self._send_assignments(
                 work, sorted(work.members() - set(work.distributions))
@@ -364,33 +362,11 @@ class DubheSelection(SelectionMethod):
     # --- steps ----------------------------------------------------------------------
 
     def _ranking(self, work: _Round, request: SelectionRequest) -> Selection | None:
-        handout = self._handout
-        if handout is None or handout.is_complete:
-            work.step = DubheStep.VOLUNTEERING
-            work.deadline_at = request.now + self._volunteer_s
-            self._entries = {}
-            return None
-        ctx = self._ctx
-        epoch = ctx.epoch_view()
-        if epoch is None or epoch.agent not in ctx.online_devices():
-            eligible = sorted(request.eligible)
-            chosen = request.rng.permutation(len(eligible))[: request.k]
-            logger.warning(
-                "round %d: agent offline before every rank was handed out; "
-                "a uniform selection and a new key epoch before the next round",
-                work.round,
-            )
-            return Selection(tuple(eligible[int(i)] for i in chosen), None, rekey=True)
-        if handout.sent_at is None:  # pages went out while a message was handled
-            handout.sent_at = request.now
-        elif request.now - handout.sent_at >= self._agent_s:
-            logger.warning(
-                "key epoch %d: no ranks from agent %s for %.0f s; asking again",
-                handout.epoch,
-                epoch.agent,
-                request.now - handout.sent_at,
-            )
-            self._send_rank_pages(request.round, request.now, again=True)
+        if not self._ranks.complete:
+            return self._ranks.waited(work.round, request)
+        work.step = DubheStep.VOLUNTEERING
+        work.deadline_at = request.now + self._volunteer_s
+        self._ranks.finished()
         return None
 
     def _volunteering(
@@ -758,102 +734,6 @@ class DubheSelection(SelectionMethod):
             return
         h = candidates[best]
         work.answer = Selection(work.tries()[h], h)
-
-    def _on_sealed_ranks(self, message: SealedRanks) -> None:
-        """A page's sealed ranks: relay each entry's first box to its device."""
-        ctx = self._ctx
-        epoch = ctx.epoch_view()
-        handout = self._handout
-        if epoch is None or message.sender != epoch.agent:
-            raise RejectedError(ErrorCode.UNAUTHORISED, "only the agent ranks")
-        if handout is None or handout.epoch != message.epoch:
-            raise RejectedError(
-                ErrorCode.WRONG_EPOCH, f"no rank hand-out for epoch {message.epoch}"
-            )
-        devices = [handout.device_at(message.page, b.entry) for b in message.boxes]
-        if None in devices:
-            raise RejectedError(
-                ErrorCode.MALFORMED, f"an entry outside page {message.page}"
-            )
-        completed = False
-        for device, box in zip(devices, message.boxes, strict=True):
-            assert device is not None
-            verdict, page = handout.record(device)
-            if verdict is not BoxVerdict.NEW:
-                continue
-            relayed = SealedRank(
-                federation=ctx.federation,
-                round=0,
-                sender=COORDINATOR,
-                message_id=derived_id("rank", handout.epoch, device),
-                epoch=handout.epoch,
-                box=box.box,
-            )
-            ctx.send(relayed, device)
-            completed |= page is not None
-        if not completed:
-            return
-        ctx.store.set_method_state(self.name, RANKS_DONE_KEY, handout.done_record())
-        if handout.is_complete:
-            self._kept().drop_rank_keys(handout.epoch)
-            self._entries = {}
-        logger.info(
-            "key epoch %d: ranks of %d of %d pages handed out",
-            handout.epoch,
-            handout.paging.pages_done,
-            handout.paging.num_pages,
-        )
-        work = self._round
-        if work is not None and not handout.is_complete:
-            self._send_rank_pages(work.round, None, again=False)
-
-    # --- the rank hand-out ------------------------------------------------------------
-
-    def _ranks_owed(self, request: SelectionRequest) -> bool:
-        """Whether the epoch's ranks are still to hand out (loads or starts them)."""
-        if not self._stratified:
-            return False
-        handout = self._handout
-        if handout is None or handout.epoch != request.epoch:
-            handout = self._load_handout(request)
-        return not handout.is_complete
-
-    def _load_handout(self, request: SelectionRequest) -> RankHandout:
-        store = self._ctx.store
-        self._entries = self._kept().rank_entries(request.epoch)
-        handout = RankHandout.restored(
-            store.method_state(self.name, RANKS_KEY),
-            store.method_state(self.name, RANKS_DONE_KEY),
-        )
-        if handout is None or handout.epoch != request.epoch:
-            if handout is not None:  # an earlier epoch's, maybe cut short
-                self._kept().drop_rank_keys(handout.epoch)
-            handout = RankHandout.start(request.epoch, self._entries, request.rng)
-            store.set_method_state(self.name, RANKS_KEY, handout.plan_record())
-            store.set_method_state(self.name, RANKS_DONE_KEY, handout.done_record())
-            logger.info(
-                "key epoch %d: handing out %d ranks in %d pages",
-                request.epoch,
-                len(handout.order),
-                handout.paging.num_pages,
-            )
-        self._handout = handout
-        if handout.is_complete:
-            self._entries = {}  # nothing left to send: not kept in memory
-        return handout
-
-    def _send_rank_pages(
-        self, round_index: int, now: float | None, *, again: bool
-    ) -> None:
-        """Send the agent its next rank pages (and, `again`, the open ones)."""
-        ctx, handout = self._ctx, self._handout
-        epoch = ctx.epoch_view()
-        if handout is None or epoch is None or epoch.agent is None:
-            return
-        handout.sent_at = now
-        for page in handout.pages_to_send(again=again):
-            message = handout.request(page, self._entries, ctx.federation, round_index)
-            ctx.send(message, epoch.agent)
 
     # --- the participation cap --------------------------------------------------------
 
