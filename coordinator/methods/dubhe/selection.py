@@ -34,7 +34,8 @@ A distribution whose ciphertext count is not the layout's (public: the
 coordinator checks it on arrival) or that does not parse drops its sender
 from the round's tries; its tries go on without it.
 
-AGENT: the complete tries' sums go to the epoch's agent (`TrySums`), which
+AGENT (`ursa.coordinator.methods.dubhe.agent_step`): the complete tries'
+sums go to the epoch's agent (`TrySums`), which
 answers the index of the best one, signed, and the positions of sums no
 honest members can produce (`AgentAnswer.bad_tries`: a slot over its bound,
 totals that are not the member count's distributions). With a good try left,
@@ -66,22 +67,23 @@ Under this draw the selection is sent to each selected device alone
 (`private_selection`): every device knows the shared seed, and a broadcast
 set would let it link device ids to categories.
 
-Progress lives in Dubhe's records in the store (volunteers' draws, tentative
-sets, encrypted distributions, candidates: `ursa.coordinator.methods.dubhe.
-records`), written in the transaction of the message that changed it; the
-step is read back from what is there, so a restarted coordinator resumes
-with fresh windows and re-sends what it waits on. The coordinator sees draws
-and ciphertexts only: never a distribution.
+The open round's progress in memory is a `RoundProgress`
+(`ursa.coordinator.methods.dubhe.round_progress`), which every step reads
+and advances. Progress lives in Dubhe's records in the store (volunteers'
+draws, tentative sets, encrypted distributions, candidates:
+`ursa.coordinator.methods.dubhe.records`), written in the transaction of
+the message that changed it; the step is read back from what is there, so a
+restarted coordinator resumes with fresh windows and re-sends what it waits
+on. The coordinator sees draws and ciphertexts only: never a distribution.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Set
-from dataclasses import dataclass, field
 from typing import ClassVar, NoReturn
 
-from ursa._compat import StrEnum
+from ursa.coordinator.methods.dubhe.agent_step import AgentStep
 from ursa.coordinator.methods.dubhe.participation import ParticipationCap
 from ursa.coordinator.methods.dubhe.rank_step import RankStep
 from ursa.coordinator.methods.dubhe.records import (
@@ -90,13 +92,12 @@ from ursa.coordinator.methods.dubhe.records import (
     DubheRound,
     natural_key,
 )
+from ursa.coordinator.methods.dubhe.round_progress import DubheStep, RoundProgress
 from ursa.coordinator.methods.dubhe.tries import (
-    common_suspects,
     complete_tries,
     fallback_selection,
     make_tries,
     short_tries,
-    without,
 )
 from ursa.coordinator.plugin import EpochView
 from ursa.coordinator.selection_method import (
@@ -108,10 +109,7 @@ from ursa.coordinator.selection_method import (
 from ursa.coordinator.store import NaturalKey, RoundRecord
 from ursa.crypto.encoding import FixedPoint
 from ursa.crypto.errors import CryptoError
-from ursa.crypto.identity import verify_signature
-from ursa.crypto.paillier import EncryptedVector, encrypted_vector_from, sum_encrypted
-from ursa.protocol.envelope import signing_bytes
-from ursa.protocol.ids import derived_id
+from ursa.crypto.paillier import encrypted_vector_from
 from ursa.protocol.messages import (
     COORDINATOR,
     AgentAnswer,
@@ -121,7 +119,6 @@ from ursa.protocol.messages import (
     Registration,
     SealedRanks,
     TryAssignment,
-    TrySums,
     Volunteer,
 )
 from ursa.protocol.messages.dubhe import DISTRIBUTION_BOUND
@@ -133,82 +130,8 @@ logger = logging.getLogger("ursa.coordinator.dubhe")
 
 MAX_BACKOFF = 16
 """A short volunteering window is retried 2, 4, ... up to 16 windows later."""
-MAX_RESUMS = 8
-"""Re-sums after an all-bad agent answer, each without one more suspect."""
 DISTRIBUTION_CODEC = FixedPoint(DISTRIBUTION_BOUND)
 """The devices' label-distribution codec: its layout fixes the ciphertext count."""
-
-
-class DubheStep(StrEnum):
-    """Where Dubhe is in the open round."""
-
-    RANKS = "ranks"
-    """Stratified draw: the epoch's ranks are being handed out."""
-    VOLUNTEERING = "volunteering"
-    DISTRIBUTIONS = "distributions"
-    AGENT = "agent"
-    SELECTED = "selected"
-    """The round's selection was handed to the runtime; late answers are refused."""
-
-
-@dataclass
-class _Round:
-    """The open round as Dubhe works on it (mirrors the store's round record)."""
-
-    round: int
-    epoch: int
-    step: DubheStep
-    deadline_at: float
-    volunteers: dict[str, tuple[bool, ...]] = field(default_factory=dict)
-    """Every answer's draws (all-no ones too, under explicit replies)."""
-    explicit: bool = False
-    """The announce asked every online device to answer (`SelectionRequest`)."""
-    yes: list[int] = field(default_factory=list)
-    """Per try, how many volunteers drew yes (kept per message: O(H))."""
-    tentative: tuple[tuple[str, ...], ...] | None = None
-    distributions: dict[str, EncryptedVector] = field(default_factory=dict)
-    candidates: tuple[int, ...] | None = None
-    answer: Selection | None = None
-    """The agent's verified choice, handed over at the next step."""
-    retries: int = 0
-    """Volunteering windows that closed short of K (each next one is longer)."""
-    short_at: int | None = None
-    """Answers held when the window last closed short of K: under explicit
-    replies the next window closes early only once a new answer came, so a
-    fleet of fewer than K online devices that have all answered waits the
-    backoff out instead of re-announcing at every tick."""
-    k: int = 0
-    dropped: set[str] = field(default_factory=set)
-    """Out of this round's tries: a malformed distribution, or a suspect of
-    an all-bad agent answer (kept in memory: a restart asks again)."""
-    bad_sums: tuple[int, ...] | None = None
-    """Try indices of the agent's all-bad answer, for the next step to act on."""
-    resums: int = 0
-
-    def count(self, draws: tuple[bool, ...]) -> None:
-        """Add one volunteer's draws to the per-try counts."""
-        if len(self.yes) < len(draws):
-            self.yes.extend([0] * (len(draws) - len(self.yes)))
-        for h, drew in enumerate(draws):
-            self.yes[h] += bool(drew)
-
-    def all_answered(self, eligible: Set[str]) -> bool:
-        """Under explicit replies: whether every eligible device has answered.
-
-        O(1) until the answers are as many as the eligible devices, then one
-        pass (a fleet under the threshold).
-        """
-        if not self.explicit or len(self.volunteers) < len(eligible):
-            return False
-        return all(d in self.volunteers for d in eligible)
-
-    def members(self) -> set[str]:
-        """Every device in some tentative set."""
-        return {d for t in self.tentative or () for d in t}
-
-    def tries(self) -> tuple[tuple[str, ...], ...]:
-        """The tentative sets without the dropped members."""
-        return without(self.tentative or (), self.dropped)
 
 
 class DubheSelection(SelectionMethod):
@@ -255,8 +178,9 @@ class DubheSelection(SelectionMethod):
         self._distributions_s = distributions_s
         self._agent_s = agent_s
         self._ctx = ctx
-        self._round: _Round | None = None
+        self._round: RoundProgress | None = None
         self._cap = cap
+        self._agent = AgentStep(ctx, agent_s=agent_s, cap=cap)
         self._cap_loaded = False
 
     @property
@@ -300,7 +224,7 @@ class DubheSelection(SelectionMethod):
     def open_round(self, request: SelectionRequest) -> None:
         """A new round: collect volunteers for one window (ranks first if owed)."""
         self._load_cap(request.round)
-        self._round = _Round(
+        self._round = RoundProgress(
             request.round,
             request.epoch,
             DubheStep.VOLUNTEERING,
@@ -331,7 +255,7 @@ class DubheSelection(SelectionMethod):
                 work, sorted(work.members() - set(work.distributions))
             )
         elif work.step is DubheStep.AGENT:
-            self._send_try_sums(work)
+            self._agent.send_sums(work)
 
     def select(self, request: SelectionRequest) -> Selection | None:
         """Run the open round's steps until one waits or the selection is made."""
@@ -340,12 +264,14 @@ class DubheSelection(SelectionMethod):
             self.open_round(request)
             work = self._round
             assert work is not None
-        steps: dict[DubheStep, Callable[[_Round, SelectionRequest], Selection | None]]
+        steps: dict[
+            DubheStep, Callable[[RoundProgress, SelectionRequest], Selection | None]
+        ]
         steps = {
             DubheStep.RANKS: self._ranking,
             DubheStep.VOLUNTEERING: self._volunteering,
             DubheStep.DISTRIBUTIONS: self._distributions,
-            DubheStep.AGENT: self._agent,
+            DubheStep.AGENT: self._agent.tick,
         }
         while work.step in steps:
             step = work.step
@@ -361,7 +287,9 @@ class DubheSelection(SelectionMethod):
 
     # --- steps ----------------------------------------------------------------------
 
-    def _ranking(self, work: _Round, request: SelectionRequest) -> Selection | None:
+    def _ranking(
+        self, work: RoundProgress, request: SelectionRequest
+    ) -> Selection | None:
         if not self._ranks.complete:
             return self._ranks.waited(work.round, request)
         work.step = DubheStep.VOLUNTEERING
@@ -370,7 +298,7 @@ class DubheSelection(SelectionMethod):
         return None
 
     def _volunteering(
-        self, work: _Round, request: SelectionRequest
+        self, work: RoundProgress, request: SelectionRequest
     ) -> Selection | None:
         eligible = request.eligible  # kept per event: its size costs O(1)
         if work.explicit:  # every eligible device answers: wait for them all
@@ -425,7 +353,7 @@ class DubheSelection(SelectionMethod):
         return None
 
     def _distributions(
-        self, work: _Round, request: SelectionRequest
+        self, work: RoundProgress, request: SelectionRequest
     ) -> Selection | None:
         ctx = self._ctx
         epoch, online = ctx.epoch_view(), ctx.online_devices()
@@ -437,11 +365,7 @@ class DubheSelection(SelectionMethod):
         tries = work.tries()
         candidates = complete_tries(tries, delivered)
         if candidates and epoch.agent in online and epoch.public_key is not None:
-            work.candidates = candidates
-            self._kept().set_candidates(work.round, candidates)
-            work.step = DubheStep.AGENT
-            work.deadline_at = request.now + self._agent_s
-            self._send_try_sums(work)
+            self._agent.ask(work, candidates, request.now)
             return None
         volunteers_alive = {d for d in work.volunteers if d in online}
         alive = sorted(
@@ -458,93 +382,9 @@ class DubheSelection(SelectionMethod):
         )
         return Selection(selected, try_index, rekey=epoch.agent not in online)
 
-    def _agent(self, work: _Round, request: SelectionRequest) -> Selection | None:
-        if work.answer is not None:
-            return self._topped_up(work, work.answer, request)
-        if work.bad_sums is not None:
-            return self._after_bad_sums(work, request)
-        ctx = self._ctx
-        epoch = ctx.epoch_view()
-        agent = None if epoch is None else epoch.agent
-        agent_gone = agent not in ctx.online_devices()
-        if not (agent_gone or request.now >= work.deadline_at):
-            return None
-        assert work.tentative is not None
-        candidates = work.candidates or (0,)
-        logger.warning(
-            "round %d: agent %s; fallback to try %d and a new key epoch before "
-            "the next round",
-            work.round,
-            "offline" if agent_gone else "silent past the deadline",
-            candidates[0],
-        )
-        return Selection(work.tries()[candidates[0]], candidates[0], rekey=True)
-
-    def _topped_up(
-        self, work: _Round, selection: Selection, request: SelectionRequest
-    ) -> Selection:
-        """The agent's try, topped up to K when members were dropped from it.
-
-        The honest fleet keeps K participants a round; the top-up is uniform
-        over the eligible devices outside the try (not dropped, not capped),
-        as a short try's is. O(N) only in a round that dropped a member.
-        """
-        need = request.k - len(selection.selected)
-        if need <= 0 or not work.dropped:
-            return selection
-        held = self._cap.capped(work.round) if self._cap is not None else frozenset()
-        taken = set(selection.selected) | work.dropped
-        pool = sorted(d for d in request.eligible if d not in taken and d not in held)
-        extra = [pool[int(i)] for i in request.rng.permutation(len(pool))[:need]]
-        chosen = tuple(sorted((*selection.selected, *extra)))
-        return Selection(chosen, selection.try_index, selection.rekey)
-
-    def _after_bad_sums(
-        self, work: _Round, request: SelectionRequest
-    ) -> Selection | None:
-        """Every try sum was bad: drop a suspect and sum again, or select around.
-
-        Never a re-key: the agent answered, and what it refused is one device's
-        contribution, not the epoch's key.
-        """
-        bad, work.bad_sums = work.bad_sums or (), None
-        suspects = common_suspects(work.tries(), bad)
-        if suspects and work.resums < MAX_RESUMS:
-            culprit = suspects[int(request.rng.integers(len(suspects)))]
-            work.dropped.add(culprit)
-            work.resums += 1
-            candidates = complete_tries(work.tries(), set(work.distributions))
-            logger.warning(
-                "round %d: every try sum bad (%s); dropping %s (%d in every bad "
-                "try) and summing %d tries again",
-                work.round,
-                ", ".join(map(str, bad)),
-                culprit,
-                len(suspects),
-                len(candidates),
-            )
-            if candidates:
-                work.candidates = candidates
-                self._kept().set_candidates(work.round, candidates)
-                work.deadline_at = request.now + self._agent_s
-                self._send_try_sums(work)
-                return None
-        spoilt = {d for h in bad for d in work.tries()[h]} | work.dropped
-        clean = sorted(set(request.eligible) - spoilt)
-        pool = clean if len(clean) >= request.k else sorted(request.eligible)
-        chosen = request.rng.permutation(len(pool))[: request.k]
-        logger.warning(
-            "round %d: every try sum bad and no single suspect; a uniform "
-            "selection from %d devices %s, no new key epoch",
-            work.round,
-            len(pool),
-            "outside the bad tries" if pool is clean else "(all eligible)",
-        )
-        return Selection(tuple(sorted(pool[int(i)] for i in chosen)), None)
-
     # --- sending --------------------------------------------------------------------
 
-    def _send_assignments(self, work: _Round, devices: list[str]) -> None:
+    def _send_assignments(self, work: RoundProgress, devices: list[str]) -> None:
         ctx = self._ctx
         for device in devices:
             indices = tuple(
@@ -558,33 +398,9 @@ class DubheSelection(SelectionMethod):
             )
             ctx.send(message, device)
 
-    def _send_try_sums(self, work: _Round) -> None:
-        """Sum each candidate try's distributions and send the sums to the agent."""
-        ctx = self._ctx
-        epoch = ctx.epoch_view()
-        if epoch is None or epoch.public_key is None or work.tentative is None:
-            return
-        public_key, tentative = epoch.public_key, work.tries()
-        candidates = work.candidates or ()
-        sums = tuple(
-            sum_encrypted(
-                public_key, (work.distributions[d] for d in tentative[h])
-            ).to_bytes(public_key)
-            for h in candidates
-        )
-        message = TrySums(
-            federation=ctx.federation,
-            round=work.round,
-            sender=COORDINATOR,
-            message_id=derived_id("try_sums", work.epoch, work.round, work.resums),
-            sums=sums,
-            member_counts=tuple(len(tentative[h]) for h in candidates),
-        )
-        ctx.send(message, epoch.agent)
-
     # --- handlers ---------------------------------------------------------------------
 
-    def _open(self, message: BaseMessage, step: DubheStep) -> _Round:
+    def _open(self, message: BaseMessage, step: DubheStep) -> RoundProgress:
         """The open round if ``message`` is for it and it is at ``step``.
 
         Raises:
@@ -689,7 +505,9 @@ class DubheSelection(SelectionMethod):
         self._kept().add_distribution(work.round, device, message.distribution)
         work.distributions[device] = vector
 
-    def _drop_malformed(self, work: _Round, device: str, reason: str) -> NoReturn:
+    def _drop_malformed(
+        self, work: RoundProgress, device: str, reason: str
+    ) -> NoReturn:
         """Drop `device` from the round's tries (they go on without it); refuse."""
         work.dropped.add(device)
         logger.warning(
@@ -701,39 +519,7 @@ class DubheSelection(SelectionMethod):
         raise RejectedError(ErrorCode.BAD_CIPHERTEXT, reason)
 
     def _on_agent_answer(self, message: AgentAnswer) -> None:
-        device = message.sender  # admission checked it is the topic's device
-        work = self._open(message, DubheStep.AGENT)
-        epoch = self._ctx.epoch_view()
-        if epoch is None or device != epoch.agent or epoch.agent_identity is None:
-            raise RejectedError(
-                ErrorCode.UNAUTHORISED, "only the epoch's agent answers"
-            )
-        try:
-            verify_signature(
-                epoch.agent_identity, signing_bytes(message), message.signature
-            )
-        except CryptoError as exc:
-            raise RejectedError(ErrorCode.BAD_SIGNATURE, str(exc)) from None
-        candidates = work.candidates or ()
-        best = message.best_try
-        named = (*message.bad_tries, *(() if best is None else (best,)))
-        if any(p >= len(candidates) for p in named) or work.tentative is None:
-            raise RejectedError(
-                ErrorCode.MALFORMED,
-                f"try positions {named} outside the {len(candidates)} sums",
-            )
-        if message.bad_tries:
-            logger.warning(
-                "round %d: agent found try sums %s bad (of %d)",
-                work.round,
-                ", ".join(str(candidates[p]) for p in message.bad_tries),
-                len(candidates),
-            )
-        if best is None:  # every sum bad: the next step drops a suspect
-            work.bad_sums = tuple(candidates[p] for p in message.bad_tries)
-            return
-        h = candidates[best]
-        work.answer = Selection(work.tries()[h], h)
+        self._agent.on_answer(self._open(message, DubheStep.AGENT), message)
 
     # --- the participation cap --------------------------------------------------------
 
@@ -784,7 +570,9 @@ class DubheSelection(SelectionMethod):
         """Dubhe's records in the store the context holds (open from start)."""
         return DubheRecords(self._ctx.store)
 
-    def _restored(self, round_: RoundRecord, record: DubheRound, now: float) -> _Round:
+    def _restored(
+        self, round_: RoundRecord, record: DubheRound, now: float
+    ) -> RoundProgress:
         """The round as the store has it, at the step its data says, fresh window."""
         if round_.selected is not None:
             step, window = DubheStep.SELECTED, 0.0
@@ -794,7 +582,7 @@ class DubheSelection(SelectionMethod):
             step, window = DubheStep.DISTRIBUTIONS, self._distributions_s
         else:
             step, window = DubheStep.AGENT, self._agent_s
-        work = _Round(
+        work = RoundProgress(
             round_.round,
             round_.epoch,
             step,

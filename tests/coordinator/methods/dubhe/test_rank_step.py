@@ -2,33 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from ursa.coordinator.methods.dubhe.rank_step import RankStep
 from ursa.coordinator.methods.dubhe.records import DubheRecords
 from ursa.coordinator.store import CoordinatorStore
 from ursa.crypto.paillier import PaillierPublicKey, PaillierSecretKey
-from ursa.crypto.paillier_keys import generate_keypair
 from ursa.protocol.messages import RankRequest, Registration
 
 from .test_selection import DEVICES, FED, FakeContext, request
 
 REGISTRY = b"\x01" * 8
-
-
-@pytest.fixture(scope="module")
-def keys() -> tuple[PaillierPublicKey, PaillierSecretKey]:
-    return generate_keypair(512)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[CoordinatorStore]:
-    store = CoordinatorStore(tmp_path / "c.sqlite3")
-    yield store
-    store.close()
 
 
 def _registration(device: str, rank_key: bytes | None) -> Registration:
@@ -56,24 +38,26 @@ def _registered_stratified(ctx: FakeContext) -> RankStep:
 
 
 def test_the_paper_draw_keeps_no_rank_key_and_owes_nothing(
-    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+    empty_store: CoordinatorStore,
+    step_keys: tuple[PaillierPublicKey, PaillierSecretKey],
 ) -> None:
-    ctx = FakeContext(store, keys[0])
+    ctx = FakeContext(empty_store, step_keys[0])
     step = _step(ctx, stratified=False)
-    store.add_registration(1, "d0", b"sum", REGISTRY)
+    empty_store.add_registration(1, "d0", b"sum", REGISTRY)
     step.registered(1, _registration("d0", None))
 
-    assert store.count_method_rows("dubhe", "rank_keys.1") == 0
+    assert empty_store.count_method_rows("dubhe", "rank_keys.1") == 0
     assert not step.owed(request(ctx, 0.0))
     assert step.complete
 
 
 def test_the_stratified_draw_pages_every_registrant_to_the_agent(
-    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+    empty_store: CoordinatorStore,
+    step_keys: tuple[PaillierPublicKey, PaillierSecretKey],
 ) -> None:
-    ctx = FakeContext(store, keys[0])
+    ctx = FakeContext(empty_store, step_keys[0])
     step = _registered_stratified(ctx)
-    assert set(DubheRecords(store).rank_entries(1)) == set(DEVICES)
+    assert set(DubheRecords(empty_store).rank_entries(1)) == set(DEVICES)
 
     assert step.owed(request(ctx, 0.0))
     step.send_pages(1, 0.0, again=False)
@@ -85,9 +69,10 @@ def test_the_stratified_draw_pages_every_registrant_to_the_agent(
 
 
 def test_an_agent_gone_before_the_ranks_gives_a_uniform_selection_and_a_rekey(
-    store: CoordinatorStore, keys: tuple[PaillierPublicKey, PaillierSecretKey]
+    empty_store: CoordinatorStore,
+    step_keys: tuple[PaillierPublicKey, PaillierSecretKey],
 ) -> None:
-    ctx = FakeContext(store, keys[0])
+    ctx = FakeContext(empty_store, step_keys[0])
     step = _registered_stratified(ctx)
     assert step.owed(request(ctx, 0.0))
     ctx.online.discard("d4")
