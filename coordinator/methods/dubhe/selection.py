@@ -24,7 +24,8 @@ re-announces in a loop).
 With H = 1 that try is the selection. Each `Volunteer` costs O(H): a
 per-try counter, never a pass over the fleet.
 
-DISTRIBUTIONS (H > 1): each member of some try gets a `TryAssignment` and
+DISTRIBUTIONS (H > 1; `ursa.coordinator.methods.dubhe.distribution_step`):
+each member of some try gets a `TryAssignment` and
 answers with its encrypted label distribution once; per try the coordinator
 sums the members' ciphertexts. The step closes as soon as every online
 member has answered (else at ``deadlines.distributions_s``); tries with a
@@ -81,9 +82,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Set
-from typing import ClassVar, NoReturn
+from typing import ClassVar
 
 from ursa.coordinator.methods.dubhe.agent_step import AgentStep
+from ursa.coordinator.methods.dubhe.distribution_step import DistributionStep
 from ursa.coordinator.methods.dubhe.participation import ParticipationCap
 from ursa.coordinator.methods.dubhe.rank_step import RankStep
 from ursa.coordinator.methods.dubhe.records import (
@@ -94,8 +96,6 @@ from ursa.coordinator.methods.dubhe.records import (
 )
 from ursa.coordinator.methods.dubhe.round_progress import DubheStep, RoundProgress
 from ursa.coordinator.methods.dubhe.tries import (
-    complete_tries,
-    fallback_selection,
     make_tries,
     short_tries,
 )
@@ -107,21 +107,17 @@ from ursa.coordinator.selection_method import (
     SelectionRequest,
 )
 from ursa.coordinator.store import NaturalKey, RoundRecord
-from ursa.crypto.encoding import FixedPoint
 from ursa.crypto.errors import CryptoError
 from ursa.crypto.paillier import encrypted_vector_from
 from ursa.protocol.messages import (
-    COORDINATOR,
     AgentAnswer,
     BaseMessage,
     EncryptedDistribution,
     ErrorCode,
     Registration,
     SealedRanks,
-    TryAssignment,
     Volunteer,
 )
-from ursa.protocol.messages.dubhe import DISTRIBUTION_BOUND
 from ursa.protocol.router import RejectedError, Router
 
 __all__ = ["DubheSelection", "DubheStep"]
@@ -130,8 +126,6 @@ logger = logging.getLogger("ursa.coordinator.dubhe")
 
 MAX_BACKOFF = 16
 """A short volunteering window is retried 2, 4, ... up to 16 windows later."""
-DISTRIBUTION_CODEC = FixedPoint(DISTRIBUTION_BOUND)
-"""The devices' label-distribution codec: its layout fixes the ciphertext count."""
 
 
 class DubheSelection(SelectionMethod):
@@ -173,7 +167,6 @@ class DubheSelection(SelectionMethod):
             open_round=lambda: None if self._round is None else self._round.round,
         )
         self._tries = tries
-        self._num_classes = num_classes
         self._volunteer_s = volunteer_s
         self._distributions_s = distributions_s
         self._agent_s = agent_s
@@ -181,6 +174,12 @@ class DubheSelection(SelectionMethod):
         self._round: RoundProgress | None = None
         self._cap = cap
         self._agent = AgentStep(ctx, agent_s=agent_s, cap=cap)
+        self._members = DistributionStep(
+            ctx,
+            num_classes=num_classes,
+            distributions_s=distributions_s,
+            agent=self._agent,
+        )
         self._cap_loaded = False
 
     @property
@@ -251,7 +250,7 @@ class DubheSelection(SelectionMethod):
             work.step = DubheStep.RANKS
             self._ranks.send_pages(request.round, request.now, again=True)
         elif work.step is DubheStep.DISTRIBUTIONS:
-            self._send_assignments(
+            self._members.send_assignments(
                 work, sorted(work.members() - set(work.distributions))
             )
         elif work.step is DubheStep.AGENT:
@@ -270,7 +269,7 @@ class DubheSelection(SelectionMethod):
         steps = {
             DubheStep.RANKS: self._ranking,
             DubheStep.VOLUNTEERING: self._volunteering,
-            DubheStep.DISTRIBUTIONS: self._distributions,
+            DubheStep.DISTRIBUTIONS: self._members.tick,
             DubheStep.AGENT: self._agent.tick,
         }
         while work.step in steps:
@@ -347,56 +346,8 @@ class DubheSelection(SelectionMethod):
         self._kept().set_tries(work.round, tentative)
         if self._tries == 1:
             return Selection(tentative[0], 0)
-        work.step = DubheStep.DISTRIBUTIONS
-        work.deadline_at = request.now + self._distributions_s
-        self._send_assignments(work, sorted(work.members()))
+        self._members.ask(work, request.now)
         return None
-
-    def _distributions(
-        self, work: RoundProgress, request: SelectionRequest
-    ) -> Selection | None:
-        ctx = self._ctx
-        epoch, online = ctx.epoch_view(), ctx.online_devices()
-        assert work.tentative is not None and epoch is not None
-        delivered = set(work.distributions)
-        waiting = (work.members() & online) - delivered - work.dropped
-        if waiting and request.now < work.deadline_at:  # the dead never send
-            return None
-        tries = work.tries()
-        candidates = complete_tries(tries, delivered)
-        if candidates and epoch.agent in online and epoch.public_key is not None:
-            self._agent.ask(work, candidates, request.now)
-            return None
-        volunteers_alive = {d for d in work.volunteers if d in online}
-        alive = sorted(
-            (delivered | volunteers_alive | set(request.eligible)) - work.dropped
-        )
-        try_index, selected = fallback_selection(
-            tries, candidates, alive, request.k, request.rng
-        )
-        logger.warning(
-            "round %d: agent %s unavailable or no complete try; fallback to try %s",
-            work.round,
-            epoch.agent,
-            try_index,
-        )
-        return Selection(selected, try_index, rekey=epoch.agent not in online)
-
-    # --- sending --------------------------------------------------------------------
-
-    def _send_assignments(self, work: RoundProgress, devices: list[str]) -> None:
-        ctx = self._ctx
-        for device in devices:
-            indices = tuple(
-                h for h, members in enumerate(work.tentative or ()) if device in members
-            )
-            message = TryAssignment(
-                federation=ctx.federation,
-                round=work.round,
-                sender=COORDINATOR,
-                try_indices=indices,
-            )
-            ctx.send(message, device)
 
     # --- handlers ---------------------------------------------------------------------
 
@@ -468,55 +419,8 @@ class DubheSelection(SelectionMethod):
         work.count(message.draws)
 
     def _on_distribution(self, message: EncryptedDistribution) -> None:
-        device = message.sender  # admission checked it is the topic's device
         work = self._open(message, DubheStep.DISTRIBUTIONS)
-        ctx = self._ctx
-        epoch = ctx.epoch_view()
-        if device not in work.members() or epoch is None or epoch.public_key is None:
-            raise RejectedError(ErrorCode.UNAUTHORISED, "not a member of any try")
-        if device in work.distributions:
-            logger.info("duplicate distribution of %s ignored", device)
-            return
-        if device in work.dropped:
-            raise RejectedError(
-                ErrorCode.UNAUTHORISED, f"dropped from round {work.round}'s tries"
-            )
-        try:
-            vector = encrypted_vector_from(
-                message.distribution, epoch.public_key, num_parties=1
-            )
-        except CryptoError as exc:
-            self._drop_malformed(work, device, str(exc))
-        layout = DISTRIBUTION_CODEC.layout(work.k, epoch.public_key.key_bits)
-        needed = layout.num_plaintexts(self._num_classes)
-        if vector.length != self._num_classes:
-            self._drop_malformed(
-                work,
-                device,
-                f"distribution has {vector.length} values, not {self._num_classes}",
-            )
-        if len(vector.ciphertexts) != needed:
-            self._drop_malformed(
-                work,
-                device,
-                f"distribution has {len(vector.ciphertexts)} ciphertexts; "
-                f"{self._num_classes} values for K={work.k} take {needed}",
-            )
-        self._kept().add_distribution(work.round, device, message.distribution)
-        work.distributions[device] = vector
-
-    def _drop_malformed(
-        self, work: RoundProgress, device: str, reason: str
-    ) -> NoReturn:
-        """Drop `device` from the round's tries (they go on without it); refuse."""
-        work.dropped.add(device)
-        logger.warning(
-            "round %d: %s's distribution is malformed (%s); its tries go on without it",
-            work.round,
-            device,
-            reason,
-        )
-        raise RejectedError(ErrorCode.BAD_CIPHERTEXT, reason)
+        self._members.on_distribution(work, message)
 
     def _on_agent_answer(self, message: AgentAnswer) -> None:
         self._agent.on_answer(self._open(message, DubheStep.AGENT), message)
