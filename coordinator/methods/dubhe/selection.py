@@ -2,7 +2,8 @@
 
 A `SelectionMethod` in three steps, each with its own window:
 
-VOLUNTEERING: the retained `RoundAnnounce` asks every registered device for
+VOLUNTEERING (`ursa.coordinator.methods.dubhe.volunteer_step`): the
+retained `RoundAnnounce` asks every registered device for
 its H draws, under one of two rules the announce signs
 (``explicit_replies``, from ``[selection] explicit_replies_below``). Below
 the threshold every online registered device answers (`Volunteer`, all H
@@ -95,10 +96,7 @@ from ursa.coordinator.methods.dubhe.records import (
     natural_key,
 )
 from ursa.coordinator.methods.dubhe.round_progress import DubheStep, RoundProgress
-from ursa.coordinator.methods.dubhe.tries import (
-    make_tries,
-    short_tries,
-)
+from ursa.coordinator.methods.dubhe.volunteer_step import VolunteerStep
 from ursa.coordinator.plugin import EpochView
 from ursa.coordinator.selection_method import (
     Selection,
@@ -123,9 +121,6 @@ from ursa.protocol.router import RejectedError, Router
 __all__ = ["DubheSelection", "DubheStep"]
 
 logger = logging.getLogger("ursa.coordinator.dubhe")
-
-MAX_BACKOFF = 16
-"""A short volunteering window is retried 2, 4, ... up to 16 windows later."""
 
 
 class DubheSelection(SelectionMethod):
@@ -180,7 +175,13 @@ class DubheSelection(SelectionMethod):
             distributions_s=distributions_s,
             agent=self._agent,
         )
-        self._cap_loaded = False
+        self._volunteers = VolunteerStep(
+            ctx,
+            tries=tries,
+            volunteer_s=volunteer_s,
+            cap=cap,
+            members=self._members,
+        )
 
     @property
     def private_selection(self) -> bool:
@@ -222,7 +223,7 @@ class DubheSelection(SelectionMethod):
 
     def open_round(self, request: SelectionRequest) -> None:
         """A new round: collect volunteers for one window (ranks first if owed)."""
-        self._load_cap(request.round)
+        self._volunteers.restore_cap(request.round)
         self._round = RoundProgress(
             request.round,
             request.epoch,
@@ -241,7 +242,7 @@ class DubheSelection(SelectionMethod):
         if record is None or record.epoch != request.epoch:
             self.open_round(request)
             return
-        self._load_cap(request.round)
+        self._volunteers.restore_cap(request.round)
         work = self._restored(record, self._kept().round(request.round), request.now)
         work.k = request.k
         work.explicit = request.explicit_replies
@@ -268,7 +269,7 @@ class DubheSelection(SelectionMethod):
         ]
         steps = {
             DubheStep.RANKS: self._ranking,
-            DubheStep.VOLUNTEERING: self._volunteering,
+            DubheStep.VOLUNTEERING: self._volunteers.tick,
             DubheStep.DISTRIBUTIONS: self._members.tick,
             DubheStep.AGENT: self._agent.tick,
         }
@@ -294,59 +295,6 @@ class DubheSelection(SelectionMethod):
         work.step = DubheStep.VOLUNTEERING
         work.deadline_at = request.now + self._volunteer_s
         self._ranks.finished()
-        return None
-
-    def _volunteering(
-        self, work: RoundProgress, request: SelectionRequest
-    ) -> Selection | None:
-        eligible = request.eligible  # kept per event: its size costs O(1)
-        if work.explicit:  # every eligible device answers: wait for them all
-            done = work.all_answered(eligible) and work.short_at != len(work.volunteers)
-        else:  # silence means no: K volunteers per try are all it can know
-            done = len(work.yes) == self._tries and min(work.yes) >= request.k
-        if not (done or request.now >= work.deadline_at):
-            return None
-        volunteers = {  # one that sits out since it volunteered takes no place
-            d: draws
-            for d, draws in work.volunteers.items()
-            if d not in request.excluded
-        }
-        if short_tries(volunteers, eligible, request.k):
-            work.retries += 1  # wait longer each time: never a re-announce loop
-            window = self._volunteer_s * min(2**work.retries, MAX_BACKOFF)
-            logger.warning(
-                "round %d: %d eligible devices online < K=%d; re-announcing, "
-                "next try in %.0f s",
-                work.round,
-                len(eligible),
-                request.k,
-                window,
-            )
-            work.deadline_at = request.now + window
-            work.short_at = len(work.volunteers)
-            self._ctx.reannounce()
-            return None
-        logger.info(
-            "round %d: %d answers (yes per try %s), %d eligible, %s",
-            work.round,
-            len(work.volunteers),
-            work.yes,
-            len(eligible),
-            "explicit replies" if work.explicit else "silence means no",
-        )
-        tentative = make_tries(
-            volunteers,
-            eligible,
-            request.k,
-            self._tries,
-            request.rng,
-            self._held_back(work.round, eligible, request.k),
-        )
-        work.tentative = tentative
-        self._kept().set_tries(work.round, tentative)
-        if self._tries == 1:
-            return Selection(tentative[0], 0)
-        self._members.ask(work, request.now)
         return None
 
     # --- handlers ---------------------------------------------------------------------
@@ -389,34 +337,7 @@ class DubheSelection(SelectionMethod):
         work = self._open(
             message, DubheStep.RANKS if ranking else DubheStep.VOLUNTEERING
         )
-        ctx = self._ctx
-        epoch = ctx.epoch_view()
-        if epoch is None or device not in epoch.registered:
-            raise RejectedError(
-                ErrorCode.UNAUTHORISED, f"not registered in key epoch {work.epoch}"
-            )
-        if len(message.draws) != self._tries:
-            raise RejectedError(
-                ErrorCode.MALFORMED,
-                f"{len(message.draws)} draws for {self._tries} tries",
-            )
-        if not (work.explicit or any(message.draws)):
-            raise RejectedError(
-                ErrorCode.MALFORMED,
-                f"round {work.round}: silence means no; an all-no answer is not sent",
-            )
-        known = work.volunteers.get(device)
-        if known == message.draws:  # a re-sent answer (a restart): counted once
-            logger.info("duplicate volunteer of %s ignored", device)
-            return
-        if known is not None:
-            raise RejectedError(
-                ErrorCode.MALFORMED,
-                f"round {work.round} is answered already, with other draws",
-            )
-        self._kept().add_volunteer(work.round, device, message.draws)
-        work.volunteers[device] = message.draws
-        work.count(message.draws)
+        self._volunteers.on_volunteer(work, message)
 
     def _on_distribution(self, message: EncryptedDistribution) -> None:
         work = self._open(message, DubheStep.DISTRIBUTIONS)
@@ -424,49 +345,6 @@ class DubheSelection(SelectionMethod):
 
     def _on_agent_answer(self, message: AgentAnswer) -> None:
         self._agent.on_answer(self._open(message, DubheStep.AGENT), message)
-
-    # --- the participation cap --------------------------------------------------------
-
-    def _load_cap(self, round_index: int) -> None:
-        """Once per start: the cap's counts from the store's last window of rounds."""
-        cap = self._cap
-        if cap is None or self._cap_loaded:
-            return
-        self._cap_loaded = True
-        store = self._ctx.store
-        first = max(1, round_index - cap.window + 1)
-        stored = (store.round(r) for r in range(first, round_index))
-        cap.restore(
-            (r.round, r.selected) for r in stored if r is not None and r.selected
-        )
-
-    def _held_back(
-        self, round_index: int, eligible: Set[str], k: int
-    ) -> frozenset[str]:
-        """Devices over the cap this round; none when the rest are fewer than K."""
-        if self._cap is None:
-            return frozenset()
-        held = self._cap.capped(round_index)
-        if not held:
-            return held
-        if len(eligible) - sum(1 for d in held if d in eligible) < k:
-            logger.warning(
-                "round %d: without the %d devices at the participation cap "
-                "fewer than K=%d are eligible; the cap is lifted this round",
-                round_index,
-                len(held),
-                k,
-            )
-            return frozenset()
-        logger.info(
-            "round %d: %d devices at the participation cap (%d of %d rounds) "
-            "sit this round out",
-            round_index,
-            len(held),
-            self._cap.limit,
-            self._cap.window,
-        )
-        return held
 
     # --- plumbing ---------------------------------------------------------------------
 
