@@ -29,6 +29,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from ursa.coordinator.agent_signature import require_agent_signed
 from ursa.coordinator.before_training import RoundInfo, StepContext
 from ursa.coordinator.config import EvaluationConfig
 from ursa.coordinator.encrypted_sum import EncryptedSum
@@ -36,9 +37,6 @@ from ursa.coordinator.gather import Gather
 from ursa.coordinator.phase import PhaseStatus
 from ursa.coordinator.secure_mean import MeanHead, MeanWire
 from ursa.coordinator.secure_mean_step import SecureMeanStep
-from ursa.crypto.errors import CryptoError
-from ursa.crypto.identity import verify_signature
-from ursa.protocol.envelope import signing_bytes
 from ursa.protocol.messages import (
     FLEET_EVAL,
     ErrorCode,
@@ -196,21 +194,7 @@ class FleetEvaluation(SecureMeanStep):
                 ErrorCode.LATE, f"round {message.round} awaits no evaluation result"
             )
         head, parties = summed
-        epoch = self.ctx.view.epoch_view()
-        if (
-            epoch is None
-            or message.sender != epoch.agent
-            or epoch.agent_identity is None
-        ):
-            raise RejectedError(
-                ErrorCode.UNAUTHORISED, "only the epoch's agent answers"
-            )
-        try:
-            verify_signature(
-                epoch.agent_identity, signing_bytes(message), message.signature
-            )
-        except CryptoError as exc:
-            raise RejectedError(ErrorCode.BAD_SIGNATURE, str(exc)) from None
+        require_agent_signed(self.ctx.view.epoch_view(), message)
         said = (message.epoch, message.model_version, message.num_parties)
         if said != (head.epoch, head.version, parties):
             raise RejectedError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+from ursa.coordinator.agent_signature import require_agent_signed
 from ursa.coordinator.methods.dubhe.participation import ParticipationCap
 from ursa.coordinator.methods.dubhe.records import DubheRecords
 from ursa.coordinator.methods.dubhe.round_progress import DubheStep, RoundProgress
@@ -24,10 +25,7 @@ from ursa.coordinator.selection_method import (
     SelectionContext,
     SelectionRequest,
 )
-from ursa.crypto.errors import CryptoError
-from ursa.crypto.identity import verify_signature
 from ursa.crypto.paillier import sum_encrypted
-from ursa.protocol.envelope import signing_bytes
 from ursa.protocol.ids import derived_id
 from ursa.protocol.messages import COORDINATOR, AgentAnswer, ErrorCode, TrySums
 from ursa.protocol.router import RejectedError
@@ -176,18 +174,8 @@ class AgentStep:
 
     def on_answer(self, work: RoundProgress, message: AgentAnswer) -> None:
         """The agent's signed answer for the open round (at this step)."""
-        device = message.sender  # admission checked it is the topic's device
-        epoch = self._ctx.epoch_view()
-        if epoch is None or device != epoch.agent or epoch.agent_identity is None:
-            raise RejectedError(
-                ErrorCode.UNAUTHORISED, "only the epoch's agent answers"
-            )
-        try:
-            verify_signature(
-                epoch.agent_identity, signing_bytes(message), message.signature
-            )
-        except CryptoError as exc:
-            raise RejectedError(ErrorCode.BAD_SIGNATURE, str(exc)) from None
+        # admission checked the sender is the topic's device
+        require_agent_signed(self._ctx.epoch_view(), message)
         candidates = work.candidates or ()
         best = message.best_try
         named = (*message.bad_tries, *(() if best is None else (best,)))
