@@ -92,8 +92,8 @@ def feddisk_phase_one(
     rng: np.random.Generator,
 ) -> FeddiskPhase:
     """Run FedDisk phase 1 over the federation; returns each device's weights."""
-    made_config = {"input_dim": fed.input_dim, "hidden_sizes": [settings.made_hidden]}
-    start = initial_arrays("made", made_config, seed=int(rng.integers(2**31)))
+    made_config = _made_config(fed.input_dim, settings)
+    start = initial_made(fed.input_dim, settings, rng)
     splits = [_split(len(d.y), settings.val_fraction, rng) for d in fed.devices]
     made_train = [d.x[tr] for d, (tr, _) in zip(fed.devices, splits, strict=True)]
     made_val = [d.x[va] for d, (_, va) in zip(fed.devices, splits, strict=True)]
@@ -154,6 +154,22 @@ def feddisk_phase_one(
         ),
     }
     return FeddiskPhase(weights, stopper.rounds, summary, raw)
+
+
+def initial_made(
+    input_dim: int, settings: MadePhaseSettings, rng: np.random.Generator
+) -> Arrays:
+    """The global MADE's version 0: ``rng``'s first draw seeds it.
+
+    The production engine (`ursa.lab.simulate.feddisk_service`) starts from it
+    too, so both engines begin phase 1 from the same weights.
+    """
+    seed = int(rng.integers(2**31))
+    return initial_arrays("made", _made_config(input_dim, settings), seed=seed)
+
+
+def _made_config(input_dim: int, settings: MadePhaseSettings) -> dict[str, Any]:
+    return {"input_dim": input_dim, "hidden_sizes": [settings.made_hidden]}
 
 
 def _global_made(

@@ -16,6 +16,10 @@ system's own algorithm code, only without a broker:
   (`ursa.lab.simulate.climb_fleet`, real Paillier at ``key_bits``), of which
   the reference loop above is the fast twin (tested equal);
 * ``feddisk``: phase 1 (`ursa.lab.simulate.feddisk`), then weighted rounds;
+  with ``engine="production"`` the whole run is the production runtime's
+  instead: the coordinator's `FeddiskPlugin` and one `EdgeClient` per device
+  over the in-memory bus, secure aggregation on
+  (`ursa.lab.simulate.feddisk_service`; random selection only);
 * ``focal``: local focal loss (gamma 2, as the CLIMB reference code);
 * training: `ursa.lab.simulate.fleet_mlp.train_fleet` (the vectorised equivalent of
   `train_local`, tested equal) or ``trainer="sequential"`` (`train_local` per
@@ -57,7 +61,11 @@ from ursa.edge_sdk.methods.climb.dual import (
 )
 from ursa.edge_sdk.training import TrainConfig, train_local
 from ursa.lab.simulate.climb_fleet import ClimbFleet, device_id
-from ursa.lab.simulate.feddisk import MadePhaseSettings, feddisk_phase_one
+from ursa.lab.simulate.feddisk import (
+    MadePhaseSettings,
+    feddisk_phase_one,
+    initial_made,
+)
 from ursa.lab.simulate.fleet_mlp import (
     FleetResult,
     cross_entropy,
@@ -73,7 +81,7 @@ from ursa.tools.data.metrics import distributions
 METHODS = ("fedavg", "focal", "climb", "feddisk")
 TRAINERS = ("vectorised", "sequential")
 ENGINES = ("reference", "production")
-"""How CLIMB's dual steps run: the simulator's loop, or the production objects."""
+"""How CLIMB's dual steps and FedDisk's run: the simulator's loop, or production."""
 FINAL_WINDOW = 10
 """Final accuracy = mean of the last this-many rounds (the issue's definition)."""
 
@@ -141,6 +149,8 @@ def run_method(
     }
     arrays = initial_arrays("mlp", model_config, seed=_seed(seed, _INIT))
     p = distributions(fed.counts)
+    if method == "feddisk" and settings.engine == "production":
+        return _feddisk_production(fed, settings, seed, arrays, model_config, start)
     select, select_info = make_selector(
         settings.selection, p, k, np.random.default_rng([seed, _SELECT]),
         tries=settings.dubhe_tries,
@@ -203,19 +213,87 @@ def run_method(
     diagnostics["selection"]["mean_distance_to_uniform"] = float(np.mean(distances))
     if climb is not None:
         diagnostics["climb"] = climb.summary()
-    with warnings.catch_warnings():  # a class absent from the test set stays NaN
-        warnings.simplefilter("ignore", RuntimeWarning)
-        final = np.nanmean(np.stack(per_class[-FINAL_WINDOW:]), axis=0)
     return RunResult(
         method,
         seed,
         accuracy,
-        [float(v) for v in final],
+        _final_per_class(per_class),
         extra_rounds,
         diagnostics,
         time.perf_counter() - start,
         () if climb is None else tuple(float(w) for w in climb.weights),
     )
+
+
+def _feddisk_production(
+    fed: Federation,
+    settings: RunSettings,
+    seed: int,
+    arrays: Arrays,
+    model_config: dict[str, Any],
+    start: float,
+) -> RunResult:
+    """FedDisk on the production coordinator and devices (`feddisk_service`).
+
+    Raises:
+        ValueError: a selection other than random, or FedVC.
+    """
+    from ursa.lab.simulate.feddisk_service import feddisk_service_run
+
+    if settings.selection != "random":
+        raise ValueError(
+            f"FedDisk's production engine selects at random, not {settings.selection!r}"
+        )
+    accuracy: list[float] = []
+    per_class: list[npt.NDArray[np.float64]] = []
+
+    def score(model: Arrays) -> None:
+        acc, classes = evaluate_arrays(model, fed.test_x, fed.test_y, fed.num_classes)
+        accuracy.append(acc)
+        per_class.append(classes)
+
+    run = feddisk_service_run(
+        fed,
+        initial=arrays,
+        made_initial=initial_made(
+            fed.input_dim, settings.feddisk, np.random.default_rng([seed, _FEDDISK])
+        ),
+        hidden_sizes=settings.hidden_sizes,
+        train=settings.train,
+        made=settings.feddisk,
+        rounds=settings.rounds,
+        participants=settings.participants,
+        seed=seed,
+        key_bits=settings.key_bits,
+        on_model=score,
+    )
+    p = distributions(fed.counts)
+    distances = [
+        float(np.abs(p[list(chosen)].mean(axis=0) - 1 / fed.num_classes).sum())
+        for chosen in run.selections
+    ]
+    selection = {
+        "kind": "random",
+        "engine": "production",
+        "mean_distance_to_uniform": float(np.mean(distances)),
+    }
+    return RunResult(
+        "feddisk",
+        seed,
+        accuracy,
+        _final_per_class(per_class),
+        run.made_rounds,
+        {"selection": selection, "feddisk": run.summary()},
+        time.perf_counter() - start,
+    )
+
+
+def _final_per_class(per_class: Sequence[npt.NDArray[np.float64]]) -> list[float]:
+    """Per-class accuracy over the last `FINAL_WINDOW` rounds."""
+    with warnings.catch_warnings():  # a class absent from the test set stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        final = np.nanmean(np.stack(per_class[-FINAL_WINDOW:]), axis=0)
+    return [float(v) for v in final]
 
 
 def evaluate_arrays(

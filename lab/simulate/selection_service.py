@@ -29,13 +29,11 @@ fast engine neither.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +53,7 @@ from ursa.edge_sdk.client import EdgeClient, device_will
 from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.methods_config import DubheDeviceSpec
 from ursa.lab.simulate.fake_clock import FakeClock
+from ursa.lab.simulate.quiet_runtime import quiet_runtime
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import COORDINATOR
@@ -76,9 +75,6 @@ WINDOW_S = 10.0
 """Every window of the simulated run; the fake clock jumps one window per tick."""
 MAX_TICKS_PER_ROUND = 200
 """Ticks a round may take before the run is declared stuck."""
-QUIET_LOGGERS = ("ursa.edge_sdk", "ursa.coordinator", "ursa.protocol")
-"""Their per-device lines (tofu trust, a window closing) say nothing about a
-simulation; errors still show."""
 
 STREAM_DEVICES = 100
 """Random stream of the devices' generators (``[seed, STREAM_DEVICES, i]``),
@@ -122,19 +118,6 @@ def check_service_size(num_clients: int, *, force: bool = False) -> None:
             f"--engine service with N={num_clients} > {SERVICE_MAX_CLIENTS}: one "
             "device runtime and state dir per device; pass --force to run it anyway"
         )
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    loggers = [logging.getLogger(name) for name in QUIET_LOGGERS]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
 
 
 def _scratch() -> str | None:
@@ -223,12 +206,12 @@ def service_rounds(
         methods=(DubheSpec(draw=kind, max_participation=1.0),),
     )
     clients: list[EdgeClient] = []
-    with _quiet():
+    with quiet_runtime():
         coordinator = CoordinatorService(
             config, transport=InMemoryTransport(bus, COORDINATOR), clock=clock
         )
     try:
-        with _quiet():
+        with quiet_runtime():
             coordinator.start()
             for i in range(n):
                 client = _device(bus, root, i, table[i], kind, seed)
@@ -245,7 +228,7 @@ def service_rounds(
                 )
             return _collected(coordinator, n, rounds, started)
     finally:
-        with _quiet():
+        with quiet_runtime():
             for client in clients:
                 client.stop()
             coordinator.stop()

@@ -26,7 +26,13 @@ is within ~1 point of its 600-round accuracy. The other two comparisons:
 ``--engine production`` plays CLIMB's dual steps with the production objects
 (the coordinator's `ClimbDualStep` and every device's `Climb` over the
 in-memory bus, Paillier at ``--key-bits``) instead of the simulator's own
-loop, which is their tested fast twin and the default (``reference``).
+loop, which is their tested fast twin and the default (``reference``). For
+FedDisk it runs the whole federation on the production runtime
+(`ursa.lab.simulate.feddisk_service`: the coordinator's `FeddiskPlugin`, one
+`EdgeClient` per device, secure aggregation, random selection only):
+
+    ursa simulate train --partition noise --methods fedavg,feddisk \
+        --engine production --key-bits 1024 ...
 
 Only argparse, json and numpy are imported at module level, so `ursa --help`
 stays light; the simulation modules (torch for the initial model and FedDisk's
@@ -313,9 +319,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--smooth", type=int, default=d.smooth, help="window for 'best accuracy'")
     add("--trainer", default=d.trainer, choices=("vectorised", "sequential"))
     add("--engine", default=d.engine, choices=("reference", "production"),
-        help="CLIMB's dual steps: the simulator's loop, or the production "
-        "ClimbDualStep and devices' Climb over the in-memory bus (Paillier at "
-        "--key-bits)")  # fmt: skip
+        help="CLIMB's dual steps and FedDisk's runs: the simulator's loop, or "
+        "the production runtime over the in-memory bus (CLIMB: ClimbDualStep "
+        "and devices' Climb; FedDisk: the coordinator's FeddiskPlugin and "
+        "EdgeClients, random selection only; Paillier at --key-bits)")  # fmt: skip
     add("--curves", action="store_true", help="include accuracy per round in JSON")
     add("--json", action="store_true", help="print the report as JSON")
 
