@@ -31,8 +31,9 @@ FedDisk it runs the whole federation on the production runtime
 (`ursa.lab.simulate.feddisk_service`: the coordinator's `FeddiskPlugin`, one
 `EdgeClient` per device, secure aggregation, random selection only):
 
-    ursa simulate train --partition noise --methods fedavg,feddisk \
-        --engine production --key-bits 1024 ...
+    ursa simulate train --partition noise --devices 20 --methods feddisk \
+        --local-epochs 2 --batch-size 5 --lr 0.1 --rounds 40 --seeds 0 \
+        --engine production --key-bits 1024
 
 Only argparse, json and numpy are imported at module level, so `ursa --help`
 stays light; the simulation modules (torch for the initial model and FedDisk's
