@@ -64,6 +64,7 @@ from ursa.edge_sdk.training import TrainConfig
 from ursa.lab.simulate.fake_clock import FakeClock
 from ursa.lab.simulate.feddisk import MadePhaseSettings
 from ursa.lab.simulate.quiet_runtime import quiet_runtime
+from ursa.lab.simulate.stuck_run import ServiceRunError
 from ursa.models.weights import Arrays, arrays_to_bytes
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import COORDINATOR
@@ -81,7 +82,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FeddiskServiceRun",
-    "ServiceRunError",
     "device_settings",
     "feddisk_service_run",
 ]
@@ -92,10 +92,6 @@ WINDOW_S = 10.0
 """Every window and timeout of the simulated run (the clock jumps them)."""
 MAX_IDLE_TICKS = 200
 """Ticks without progress before the run is declared stuck."""
-
-
-class ServiceRunError(RuntimeError):
-    """The simulated federation stopped making progress (a stuck run)."""
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from ursa.edge_sdk.config import DeviceConfig
 from ursa.edge_sdk.methods_config import DubheDeviceSpec
 from ursa.lab.simulate.fake_clock import FakeClock
 from ursa.lab.simulate.quiet_runtime import quiet_runtime
+from ursa.lab.simulate.stuck_run import ServiceRunError
 from ursa.protocol.codebook import Codebook
 from ursa.protocol.inmemory import InMemoryBus, InMemoryTransport
 from ursa.protocol.messages import COORDINATOR
@@ -62,7 +63,6 @@ __all__ = [
     "SERVICE_KEY_BITS",
     "SERVICE_MAX_CLIENTS",
     "ServiceRounds",
-    "ServiceRunError",
     "service_rounds",
 ]
 
@@ -79,10 +79,6 @@ MAX_TICKS_PER_ROUND = 200
 STREAM_DEVICES = 100
 """Random stream of the devices' generators (``[seed, STREAM_DEVICES, i]``),
 apart from `ursa.lab.simulate.selection_draws`' streams."""
-
-
-class ServiceRunError(RuntimeError):
-    """The simulated federation did not finish its rounds (a stuck run)."""
 
 
 @dataclass(frozen=True)

@@ -144,8 +144,9 @@ def _run_selection(args: argparse.Namespace) -> int:
     from ursa.lab.simulate.encrypted_sums import EncryptedSums, simulate_encrypted
     from ursa.lab.simulate.selection import SelectionSimConfig, simulate_selection
     from ursa.lab.simulate.selection_plot import participation_sweep, plot_selection
-    from ursa.lab.simulate.selection_service import ServiceRunError, check_service_size
+    from ursa.lab.simulate.selection_service import check_service_size
     from ursa.lab.simulate.selection_sums import PLAINTEXT
+    from ursa.lab.simulate.stuck_run import ServiceRunError
 
     draws = ("paper", "stratified") if args.draw == "both" else (args.draw,)
     try:
