@@ -357,6 +357,10 @@ class KeyEpoch:
                 ),
             ),
         )
+        assert work.sealing is not None
+        # the boxes of a page completed just before the kill may have died in
+        # the outbox: whoever has not registered is sealed for again
+        work.sealing.reopen(d for d in record.recipients if d not in work.registered)
         if record.public_key_msg is not None:
             message = decode(record.public_key_msg)
             assert isinstance(message, AgentPublicKey)

@@ -11,14 +11,18 @@ on the wire grows with the fleet.
 Each recipient is relayed one box: a second box for it (the agent re-sealed
 a page sent again, or a resent message) is a duplicate. After a restart the
 coordinator knows only the completed prefix (`done_through`), so the open
-pages are asked for again; a recipient that got its box before the restart
-may get a second one, which a device that holds the key ignores.
+pages are asked for again. A completed page is not proof that its boxes
+reached anyone: the relayed boxes wait in the in-memory outbox after the
+commit, and a ``kill -9`` in between loses them. So a restart also reopens
+every completed page that holds a recipient not yet registered (`reopen`);
+a recipient that got its box before the restart may get a second one, which
+a device that holds the key ignores.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ursa.protocol.messages import SEAL_PAGE_SIZE
@@ -148,6 +152,24 @@ class SealPaging:
         del self._open[page]
         self._done.add(page)
         return BoxVerdict.NEW, page
+
+    def reopen(self, recipients: Iterable[str]) -> list[int]:
+        """Mark the completed pages holding `recipients` as not done; those pages.
+
+        They open again in order, within the window, before any page not yet
+        sent; `open_next` hands them out.
+        """
+        pages = sorted(
+            {
+                page
+                for d in recipients
+                if (page := self._page_of.get(d)) is not None and page in self._done
+            }
+        )
+        self._done.difference_update(pages)
+        if pages:
+            self._next = min(self._next, pages[0])
+        return pages
 
     def is_recipient(self, device: str) -> bool:
         """Whether `device` is owed a box in this epoch."""

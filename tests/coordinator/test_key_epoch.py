@@ -97,6 +97,40 @@ def test_a_coordinator_killed_mid_paging_asks_only_for_the_open_pages(
     assert fed.coordinator.is_done
 
 
+def test_boxes_lost_in_the_outbox_at_a_kill_are_sealed_again_after_the_restart(
+    federation: Any,
+) -> None:
+    """Pages complete in the store, their relayed boxes never sent (kill -9)."""
+    fed = federation(num_devices=9, k=2, tries=2, rounds=1, seal_page_size=2)
+    lost = set(fed.device_ids[-4:])  # their boxes die with the coordinator
+
+    def drop(s: str, r: str, topic: str, payload: bytes) -> bool:
+        message = _message(payload) if s == "coordinator" else None
+        if message is None or message.kind != "sealed_secret_key":
+            return False
+        return bool(message.recipient in lost)
+
+    fed.bus.drop_filter = drop
+    fed.start()
+    lost.discard(_agent(fed))  # the agent keeps its own key
+    assert fed.coordinator.state.stage is Stage.REGISTRATION
+    assert not any(fed.devices[d].epoch_view.secret_key for d in lost)
+
+    fed.coordinator_transport.kill()
+    fed.coordinator.store.close()
+    fed.bus.drop_filter = None
+    before = len(fed.messages("seal_request"))
+    fed.coordinator = fed.new_coordinator()
+    fed.coordinator.start()
+    fed.settle()
+
+    requests = fed.messages("seal_request")[before:]
+    resent = {keys.device_id for _, m in requests for keys in m.recipients}
+    assert lost <= resent
+    assert all(fed.devices[d].epoch_view.secret_key is not None for d in lost)
+    assert fed.coordinator.is_done
+
+
 def test_a_stalled_agent_is_asked_again_and_finishes_after_its_restart(
     federation: Any,
 ) -> None:

@@ -172,3 +172,16 @@ def test_only_the_agent_needs_no_page_and_bad_sizes_are_refused() -> None:
     assert SealPaging.plan(["a"], "a").is_complete
     with pytest.raises(ValueError):
         SealPaging.plan(["a", "b"], "a", page_size=0)
+
+
+def test_reopen_sends_a_completed_page_again_before_the_unsent_ones() -> None:
+    ids = _ids(9)  # the agent and 8 others: 4 pages of 2
+    paging = SealPaging.plan(ids, ids[0], page_size=2, done_through=3)
+
+    assert paging.reopen([ids[3], ids[4], ids[7], "stranger"]) == [1]
+    assert paging.done_through == 1 and not paging.is_complete
+    assert paging.open_next() == [1, 3]
+    assert paging.record(ids[3]) == (BoxVerdict.NEW, None)
+    assert paging.record(ids[4]) == (BoxVerdict.NEW, 1)
+    assert paging.record(ids[1])[0] is BoxVerdict.DUPLICATE  # page 0 stayed done
+    assert paging.reopen([]) == []
