@@ -340,27 +340,28 @@ class KeyEpoch:
         if record is None:
             return
         cfg = self._config
+        registered = set(record.registered)
+        sealing = SealPaging.plan(
+            record.recipients,
+            record.agent,
+            page_size=cfg.seal_page_size,
+            done_through=sealed_through(
+                store.get_meta(SEAL_PAGES_KEY), record.epoch, cfg.seal_page_size
+            ),
+        )
+        # the boxes of a page completed just before the kill may have died in
+        # the outbox: whoever has not registered is sealed for again
+        sealing.reopen(d for d in record.recipients if d not in registered)
         work = EpochWork(
             record.epoch,
             record.agent,
             record.recipients,
             record.notice,
             public_key_msg=record.public_key_msg,
-            registered=set(record.registered),
+            registered=registered,
             registry_sum_msg=record.registry_sum_msg,
-            sealing=SealPaging.plan(
-                record.recipients,
-                record.agent,
-                page_size=cfg.seal_page_size,
-                done_through=sealed_through(
-                    store.get_meta(SEAL_PAGES_KEY), record.epoch, cfg.seal_page_size
-                ),
-            ),
+            sealing=sealing,
         )
-        assert work.sealing is not None
-        # the boxes of a page completed just before the kill may have died in
-        # the outbox: whoever has not registered is sealed for again
-        work.sealing.reopen(d for d in record.recipients if d not in work.registered)
         if record.public_key_msg is not None:
             message = decode(record.public_key_msg)
             assert isinstance(message, AgentPublicKey)
